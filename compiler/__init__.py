@@ -1,0 +1,1 @@
+"""tlc: an MLIR-style compiler for neural-network graphs."""

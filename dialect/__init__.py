@@ -1,0 +1,1 @@
+"""`tlc.dialect`: the `tl` dialect (ops, types, metadata), the .tlir grammar, parser and printers."""

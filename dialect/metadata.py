@@ -1,0 +1,112 @@
+"""Op-local metadata: the typed fields an op kind carries (axis, permutation, window geometry...).
+
+Each op declares its fields once as `Field` records; the .tlir parser, the .tlir printer, the
+listing printer and the shape rules all read metadata through this table, and values are stored
+on the xDSL op as ordinary MLIR attributes (`i64` integers, `array<i64: ...>`, `array<i1: ...>`,
+strings), so the generic MLIR form carries them too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+from xdsl.dialects.builtin import (
+    DenseArrayBase,
+    IntegerAttr,
+    IntegerType,
+    StringAttr,
+    i1,
+    i64,
+)
+from xdsl.ir import Attribute
+
+
+class Kind(Enum):
+    """How a field's value is written in .tlir and stored as an attribute."""
+
+    INT = "integer"
+    INTS = "list of integers"
+    BOOLS = "list of booleans"
+    STR = "string"
+
+
+@dataclass(frozen=True)
+class Field:
+    """One metadata field of an op kind.
+
+    `default` computes the value when the text omits the field, from the fields already read and
+    the declared output shape (e.g. a conv's `dilation` defaults to ones); None means required.
+    `choices` restricts a string field.
+    """
+
+    name: str
+    kind: Kind
+    default: Callable[[dict[str, Any], tuple[int, ...] | None], Any] | None = None
+    choices: tuple[str, ...] = ()
+
+
+class MetadataError(Exception):
+    """A metadata value has the wrong kind; raised by `check_value`."""
+
+
+def check_value(field: Field, value: Any) -> Any:
+    """Validate a parsed Python value against the field's kind; return it normalised."""
+    if field.kind is Kind.INT:
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise MetadataError(f"'{field.name}' must be a non-negative integer")
+        return value
+    if field.kind is Kind.INTS:
+        if not isinstance(value, list) or not all(
+            isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value
+        ):
+            raise MetadataError(f"'{field.name}' must be a list of non-negative integers")
+        return tuple(value)
+    if field.kind is Kind.BOOLS:
+        if not isinstance(value, list) or not all(isinstance(v, bool) for v in value):
+            raise MetadataError(f"'{field.name}' must be a list of booleans")
+        return tuple(value)
+    if not isinstance(value, str):
+        raise MetadataError(f"'{field.name}' must be a string")
+    if field.choices and value not in field.choices:
+        raise MetadataError(f"'{field.name}' must be one of {', '.join(field.choices)}")
+    return value
+
+
+def to_attr(field: Field, value: Any) -> Attribute:
+    if field.kind is Kind.INT:
+        return IntegerAttr(value, i64)
+    if field.kind is Kind.INTS:
+        return DenseArrayBase.from_list(i64, list(value))
+    if field.kind is Kind.BOOLS:
+        return DenseArrayBase.from_list(i1, [int(v) for v in value])
+    return StringAttr(value)
+
+
+def from_attr(field: Field, attr: Attribute) -> Any:
+    """Read a stored attribute back; raises MetadataError if it is not of the field's kind."""
+    if field.kind is Kind.INT and isinstance(attr, IntegerAttr):
+        return attr.value.data
+    if field.kind in (Kind.INTS, Kind.BOOLS) and isinstance(attr, DenseArrayBase):
+        width = attr.elt_type.width.data if isinstance(attr.elt_type, IntegerType) else 0
+        values = tuple(attr.get_values())
+        if field.kind is Kind.BOOLS and width == 1:
+            return tuple(bool(v) for v in values)
+        if field.kind is Kind.INTS and width == 64:
+            return values
+    if field.kind is Kind.STR and isinstance(attr, StringAttr):
+        return attr.data
+    raise MetadataError(f"attribute '{field.name}' must be a {field.kind.value}")
+
+
+def fmt_value(field: Field, value: Any) -> str:
+    """The .tlir text of a value (also used inside describe strings)."""
+    if field.kind is Kind.INT:
+        return str(value)
+    if field.kind is Kind.INTS:
+        return "[" + ", ".join(str(v) for v in value) + "]"
+    if field.kind is Kind.BOOLS:
+        return "[" + ", ".join("true" if v else "false" for v in value) + "]"
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'

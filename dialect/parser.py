@@ -1,0 +1,257 @@
+"""The .tlir front end: Lark (LALR) parses the text, a transformer builds the xDSL module.
+
+Every op gets a `FileLineColLoc`. The parser accepts structurally wrong graphs (forward
+references, ids out of order, wrong parent counts, wrong shapes) so that verify-structure and
+infer-shapes can report them; it rejects only what cannot be represented: syntax errors,
+undefined or redefined values, unknown op kinds and ill-typed metadata.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from importlib.resources import files
+from typing import Any
+
+import numpy as np
+from lark import Lark, Token, Transformer, Tree, v_args
+from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, VisitError
+from xdsl.dialects.builtin import DenseIntOrFPElementsAttr, ModuleOp, TensorType, f64
+from xdsl.ir import Operation, SSAValue
+
+from tlc.diagnostics import DiagnosticError, Location, error
+from tlc.dialect.metadata import MetadataError, check_value
+from tlc.dialect.ops import OPS_BY_TAG, GraphOp, NodeOp, OutputOp, PayloadOp, RecordOp
+
+
+@cache
+def _lark() -> Lark:
+    grammar = files("tlc.dialect").joinpath("tlir.lark").read_text()
+    return Lark(grammar, parser="lalr", propagate_positions=True, maybe_placeholders=True)
+
+
+def parse_tlir(text: str, filename: str = "<stdin>", line_offset: int = 0) -> ModuleOp:
+    """Parse a .tlir document into a module of `tl.graph` and `tl.payload` ops.
+
+    `line_offset` shifts every location (used for `--split-input-file` chunks so diagnostics
+    carry the physical line numbers of the whole file).
+    """
+    try:
+        tree = _lark().parse(text)
+    except UnexpectedInput as exc:
+        raise _syntax_error(exc, text, filename, line_offset) from None
+    try:
+        return _Builder(filename, line_offset).transform(tree)
+    except VisitError as exc:
+        if isinstance(exc.orig_exc, DiagnosticError):
+            raise exc.orig_exc from None
+        raise
+
+
+def _syntax_error(exc: UnexpectedInput, text: str, filename: str, offset: int) -> DiagnosticError:
+    line, col = max(exc.line, 1), max(exc.column, 1)
+    if isinstance(exc, UnexpectedEOF):
+        lines = text.splitlines() or [""]
+        line, col = len(lines), len(lines[-1]) + 1
+        message = "unexpected end of input"
+    elif isinstance(exc, UnexpectedCharacters):
+        message = f"unexpected character {text[exc.pos_in_stream]!r}"
+    else:
+        token = exc.token  # type: ignore[attr-defined]
+        shown = "end of input" if token.type == "$END" else repr(str(token))
+        message = f"unexpected {shown}"
+    expected = sorted(getattr(exc, "expected", None) or getattr(exc, "allowed", None) or [])
+    if expected:
+        message += "; expected " + ", ".join(_TOKEN_NAMES.get(t, t) for t in expected)
+    return error(message, Location(filename, line + offset, col))
+
+
+_TOKEN_NAMES = {
+    "VALUE": "a value like %0",
+    "SYMBOL": "a symbol like @name",
+    "NAME": "a name",
+    "INT": "an integer",
+    "NUMBER": "a number",
+    "STRING": "a string",
+    "LBRACE": "'{'",
+    "RBRACE": "'}'",
+    "LPAR": "'('",
+    "RPAR": "')'",
+    "LSQB": "'['",
+    "RSQB": "']'",
+    "COMMA": "','",
+    "COLON": "':'",
+    "EQUAL": "'='",
+    "OUTPUT": "'output'",
+    "TRUE": "'true'",
+    "FALSE": "'false'",
+    "TL_GRAPH": "'tl.graph'",
+    "__ANON_0": "'tl.graph'",
+    "__ANON_1": "'tl.payload'",
+}
+
+
+class _Builder(Transformer[Token, ModuleOp]):
+    """Builds ops bottom-up; a graph resolves its operands once all its nodes exist."""
+
+    def __init__(self, filename: str, line_offset: int):
+        super().__init__()
+        self.filename = filename
+        self.offset = line_offset
+
+    def _loc(self, meta: Any) -> Location:
+        return Location(self.filename, meta.line + self.offset, meta.column)
+
+    def _tok_loc(self, tok: Token) -> Location:
+        return Location(self.filename, (tok.line or 1) + self.offset, tok.column or 1)
+
+    # -- values ----------------------------------------------------------------------------
+
+    def number(self, items: list[Token]) -> int | float:
+        text = str(items[0])
+        return float(text) if any(c in text for c in ".eEin") else int(text)
+
+    def string(self, items: list[Token]) -> str:
+        return bytes(str(items[0])[1:-1], "utf-8").decode("unicode_escape")
+
+    def true(self, _items: list[Any]) -> bool:
+        return True
+
+    def false(self, _items: list[Any]) -> bool:
+        return False
+
+    def list(self, items: list[Any]) -> list[Any]:
+        return [] if items == [None] else items
+
+    def shape(self, items: list[Token | None]) -> tuple[int, ...]:
+        return tuple(int(t) for t in items if t is not None)
+
+    def shape_decl(self, items: list[tuple[int, ...]]) -> tuple[int, ...]:
+        return items[0]
+
+    @v_args(meta=True)
+    def entry(self, meta: Any, items: list[Any]) -> tuple[str, Any, Location]:
+        return (str(items[0]), items[1], self._loc(meta))
+
+    def attrdict(self, items: list[Any]) -> list[tuple[str, Any, Location]]:
+        return [] if items == [None] else items
+
+    def operands(self, items: list[Token | None]) -> list[Token]:
+        return [t for t in items if t is not None]
+
+    # -- graphs ----------------------------------------------------------------------------
+
+    @v_args(meta=True)
+    def node(self, meta: Any, items: list[Any]) -> tuple[NodeOp, list[Token]]:
+        value, kind, operands, attrs, shape = items
+        op_class = OPS_BY_TAG.get(str(kind))
+        if op_class is None:
+            raise error(f"unknown op kind '{kind}'", self._tok_loc(kind))
+        fields = self._fields(op_class, attrs or [], shape, self._tok_loc(kind))
+        op = op_class(int(str(value)[1:]), [], shape, fields)
+        op.location = self._loc(meta).to_attr()
+        return op, operands or []
+
+    def _fields(
+        self,
+        op_class: type[NodeOp],
+        attrs: list[tuple[str, Any, Location]],
+        declared: tuple[int, ...] | None,
+        where: Location,
+    ) -> dict[str, Any]:
+        known = {f.name: f for f in op_class.FIELDS}
+        given: dict[str, Any] = {}
+        for name, value, loc in attrs:
+            if name not in known:
+                raise error(f"unknown metadata field '{name}' for op '{op_class.TAG}'", loc)
+            if name in given:
+                raise error(f"metadata field '{name}' given twice", loc)
+            try:
+                given[name] = check_value(known[name], value)
+            except MetadataError as exc:
+                raise error(f"{op_class.TAG}: {exc}", loc) from None
+        fields: dict[str, Any] = {}
+        for f in op_class.FIELDS:
+            if f.name in given:
+                fields[f.name] = given[f.name]
+            elif f.default is not None and f.default(fields, declared) is not None:
+                fields[f.name] = f.default(fields, declared)
+            else:
+                raise error(f"op '{op_class.TAG}' requires metadata field '{f.name}'", where)
+        return fields
+
+    @v_args(meta=True)
+    def output(self, meta: Any, items: list[Token]) -> tuple[OutputOp, Token]:
+        # The operand is bound when the graph resolves names; a placeholder keeps the op valid.
+        return self._located(OutputOp.__new__(OutputOp), meta), items[0]
+
+    def _located(self, op: Operation, meta: Any) -> Operation:
+        op.location = self._loc(meta).to_attr()
+        return op
+
+    @v_args(meta=True)
+    def graph(self, meta: Any, items: list[Any]) -> GraphOp:
+        symbol, *nodes, (output_stub, output_ref) = items
+        defined: dict[str, NodeOp] = {}
+        for op, _ in nodes:
+            name = f"%{op.id}"
+            if name in defined:
+                raise error(f"redefinition of value {name}", op.location and _loc_of(op))
+            defined[name] = op
+
+        def lookup(tok: Token) -> SSAValue:
+            target = defined.get(str(tok))
+            if target is None:
+                raise error(f"use of undefined value {tok}", self._tok_loc(tok))
+            return target.result
+
+        for op, refs in nodes:
+            op.operands = [lookup(t) for t in refs]
+        output = OutputOp(lookup(output_ref))
+        output.location = output_stub.location
+        graph = GraphOp(str(symbol)[1:], [op for op, _ in nodes] + [output])
+        graph.location = self._loc(meta).to_attr()
+        return graph
+
+    # -- payloads --------------------------------------------------------------------------
+
+    @v_args(meta=True)
+    def record(self, meta: Any, items: list[Any]) -> RecordOp:
+        value, kind, attrs = items
+        fields = {}
+        for name, raw, loc in attrs or []:
+            if name in fields:
+                raise error(f"payload field '{name}' given twice", loc)
+            fields[name] = dense_attr(raw, name, loc)
+        op = RecordOp(int(str(value)[1:]), str(kind), fields)
+        op.location = self._loc(meta).to_attr()
+        return op
+
+    @v_args(meta=True)
+    def payload(self, meta: Any, items: list[Any]) -> PayloadOp:
+        symbol, *records = items
+        op = PayloadOp(str(symbol)[1:], records)
+        op.location = self._loc(meta).to_attr()
+        return op
+
+    def start(self, items: list[Operation]) -> ModuleOp:
+        return ModuleOp(items)
+
+    def __default__(self, data: str, children: list[Any], meta: Any) -> Tree[Any]:
+        return Tree(data, children, meta)
+
+
+def _loc_of(op: Operation) -> Location | None:
+    from tlc.diagnostics import location_of
+
+    return location_of(op)
+
+
+def dense_attr(raw: Any, name: str, loc: Location | None) -> DenseIntOrFPElementsAttr:
+    """A payload field (number or nested list) as a dense f64 tensor attribute."""
+    try:
+        array = np.asarray(raw, dtype=np.float64)
+    except (ValueError, TypeError):
+        raise error(f"payload field '{name}' is not a rectangular array of numbers", loc) from None
+    return DenseIntOrFPElementsAttr.from_list(
+        TensorType(f64, array.shape), array.reshape(-1).tolist()
+    )

@@ -1,0 +1,140 @@
+"""Printers for a module of `tl` ops: .tlir text, TorchLean's listing, GraphViz dot, MLIR form.
+
+`print_tlir` is the inverse of `parse_tlir`: printing then parsing gives the same module. Fields
+equal to their default are left out, as a user would write them.
+"""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+from xdsl.dialects.builtin import DenseIntOrFPElementsAttr, ModuleOp
+from xdsl.ir import Operation
+from xdsl.printer import Printer
+
+from tlc.dialect.metadata import fmt_value
+from tlc.dialect.ops import GraphOp, NodeOp, PayloadOp, RecordOp
+from tlc.dialect.shapes import fmt_shape
+
+
+def print_tlir(module: ModuleOp) -> str:
+    chunks = []
+    for op in module.ops:
+        if isinstance(op, GraphOp):
+            chunks.append(_graph_tlir(op))
+        elif isinstance(op, PayloadOp):
+            chunks.append(_payload_tlir(op))
+        else:
+            chunks.append(print_mlir_op(op))
+    return "\n".join(chunks)
+
+
+def _graph_tlir(graph: GraphOp) -> str:
+    lines = [f"tl.graph @{graph.graph_name} {{"]
+    lines.extend(f"  {node_tlir(node)}" for node in graph.nodes)
+    output = graph.output
+    if output is not None:
+        lines.append(f"  output %{_value_id(output.value.owner)}")
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def _value_id(owner: object) -> int:
+    assert isinstance(owner, NodeOp)
+    return owner.id
+
+
+def node_tlir(node: NodeOp) -> str:
+    text = f"%{node.id} = {node.TAG}"
+    if node.parents or node.ARITY[0] > 0:
+        text += "(" + ", ".join(f"%{pid}" for pid in node.parent_ids()) + ")"
+    fields = _non_default_fields(node)
+    if fields:
+        text += " {" + ", ".join(f"{name} = {value}" for name, value in fields) + "}"
+    declared = node.declared_shape
+    if declared is not None:
+        text += f" : {fmt_shape(declared)}"
+    return text
+
+
+def _non_default_fields(node: NodeOp) -> list[tuple[str, str]]:
+    values = node.metadata()
+    shown: list[tuple[str, str]] = []
+    seen: dict[str, object] = {}
+    for f in node.FIELDS:
+        value = values[f.name]
+        default = f.default(seen, node.declared_shape) if f.default is not None else None
+        seen[f.name] = value
+        if default is None or tuple_or(value) != tuple_or(default):
+            shown.append((f.name, fmt_value(f, value)))
+    return shown
+
+
+def tuple_or(value: object) -> object:
+    return tuple(value) if isinstance(value, list | tuple) else value
+
+
+def _payload_tlir(payload: PayloadOp) -> str:
+    lines = [f"tl.payload @{payload.graph_name} {{"]
+    lines.extend(f"  {_record_tlir(r)}" for r in payload.records)
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def _record_tlir(record: RecordOp) -> str:
+    fields = ", ".join(
+        f"{name} = {_array_text(dense_to_numpy(attr))}"
+        for name, attr in record.fields.data.items()
+        if isinstance(attr, DenseIntOrFPElementsAttr)
+    )
+    return f"%{record.node.value.data} = {record.kind.data} {{{fields}}}"
+
+
+def dense_to_numpy(attr: DenseIntOrFPElementsAttr) -> np.ndarray:
+    values = np.array(attr.get_values(), dtype=np.float64)
+    return values.reshape(attr.get_shape())
+
+
+def _array_text(array: np.ndarray) -> str:
+    if array.ndim == 0:
+        return _float_text(float(array))
+    return "[" + ", ".join(_array_text(row) for row in array) + "]"
+
+
+def _float_text(x: float) -> str:
+    """Shortest text that reads back as the same float64."""
+    if np.isnan(x):
+        return "nan"
+    if np.isinf(x):
+        return "inf" if x > 0 else "-inf"
+    return repr(x)
+
+
+def print_listing(graph: GraphOp) -> str:
+    """TorchLean's `Graph.pretty`: `1: linear(payload=node_id) parents=[0] out=[5]`."""
+    return "\n".join(
+        f"{n.id}: {n.describe()} parents={fmt_shape(n.parent_ids())} out={fmt_shape(n.declared_shape)}"
+        for n in graph.nodes
+    )
+
+
+def print_dot(graph: GraphOp) -> str:
+    """TorchLean's `Graph.toDot`: boxes labelled `id: describe\\nout=shape`, producer -> consumer."""
+
+    def escape(s: str) -> str:
+        return s.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+    lines = [
+        f'  n{n.id} [label="{escape(f"{n.id}: {n.describe()}")}\\nout={escape(fmt_shape(n.declared_shape))}"];'
+        for n in graph.nodes
+    ]
+    lines += [f"  n{pid} -> n{n.id};" for n in graph.nodes for pid in n.parent_ids()]
+    return "digraph IR {\n  rankdir=LR;\n  node [shape=box, fontsize=10];\n" + "\n".join(lines) + "\n}\n"
+
+
+def print_mlir_op(op: Operation, debuginfo: bool = False) -> str:
+    """MLIR's generic form, by xDSL's printer (readable back by xDSL and MLIR tools)."""
+    buf = io.StringIO()
+    Printer(stream=buf, print_generic_format=True, print_debuginfo=debuginfo).print_op(op)
+    return buf.getvalue() + "\n"

@@ -1,0 +1,60 @@
+"""The `tl` tensor types: a node's declared output shape, or `unshaped` where the text omits it.
+
+Shapes carry no scalar type: the scalar context (f64, f32, interval) is chosen when the graph runs.
+Generic form: `!tl.tensor<[2, 3]>`, `!tl.tensor<[]>` (a scalar) and `!tl.unshaped`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from xdsl.dialects.builtin import ArrayAttr, IntAttr
+from xdsl.ir import Attribute, ParametrizedAttribute, TypeAttribute
+from xdsl.irdl import irdl_attr_definition, param_def
+from xdsl.parser import AttrParser
+from xdsl.printer import Printer
+
+from tlc.dialect.shapes import Shape, fmt_shape
+
+
+@irdl_attr_definition
+class TensorType(ParametrizedAttribute, TypeAttribute):
+    """A dtype-free tensor of a known shape."""
+
+    name = "tl.tensor"
+    dims: ArrayAttr[IntAttr] = param_def()
+
+    def __init__(self, shape: Sequence[int]):
+        super().__init__(ArrayAttr([IntAttr(d) for d in shape]))
+
+    @property
+    def shape(self) -> Shape:
+        return tuple(d.data for d in self.dims.data)
+
+    @classmethod
+    def parse_parameters(cls, parser: AttrParser) -> Sequence[Attribute]:
+        parser.parse_punctuation("<")
+        dims = parser.parse_comma_separated_list(
+            parser.Delimiter.SQUARE, parser.parse_integer
+        )
+        parser.parse_punctuation(">")
+        return (ArrayAttr([IntAttr(d) for d in dims]),)
+
+    def print_parameters(self, printer: Printer) -> None:
+        printer.print_string(f"<{fmt_shape(self.shape)}>")
+
+
+@irdl_attr_definition
+class UnshapedType(ParametrizedAttribute, TypeAttribute):
+    """A node whose output shape was left out of the text; infer-shapes replaces it."""
+
+    name = "tl.unshaped"
+
+
+def shape_of_type(t: Attribute) -> Shape | None:
+    """The declared shape of a node result, or None where it is not declared."""
+    return t.shape if isinstance(t, TensorType) else None
+
+
+def type_for(shape: Shape | None) -> TensorType | UnshapedType:
+    return UnshapedType() if shape is None else TensorType(shape)

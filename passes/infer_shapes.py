@@ -1,0 +1,59 @@
+"""infer-shapes: TorchLean's `Graph.checkShapes`, which also fills in omitted shapes.
+
+Runs the structure check first, then each node's shape rule on its parents' inferred shapes. A
+declared shape must equal the inferred one; an omitted shape (`!tl.unshaped`) is filled in. The
+IR is changed only once every graph of the module has checked out, so a failing run never leaves
+half-inferred IR behind.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from xdsl.context import Context
+from xdsl.dialects.builtin import ModuleOp
+from xdsl.passes import ModulePass
+
+from tlc.diagnostics import error
+from tlc.dialect.ops import GraphOp
+from tlc.dialect.shapes import Shape, ShapeError, fmt_shape
+from tlc.passes.verify_structure import check_structure, run_on_graphs
+
+
+def infer_graph_shapes(graph: GraphOp) -> list[Shape]:
+    """The inferred output shape of every node, or a located DiagnosticError."""
+    check_structure(graph)
+    inferred: list[Shape] = []
+    for i, node in enumerate(graph.nodes):
+        try:
+            out = node.infer([inferred[pid] for pid in node.parent_ids()])
+        except ShapeError as exc:
+            raise error(str(exc), node) from None
+        declared = node.declared_shape
+        if declared is not None and declared != out:
+            raise error(
+                f"IR graph: node {i}: outShape mismatch: inferred={fmt_shape(out)}, "
+                f"declared={fmt_shape(declared)} ({node.summary()})",
+                node,
+            )
+        inferred.append(out)
+    return inferred
+
+
+@dataclass(frozen=True)
+class InferShapesPass(ModulePass):
+    """Check every node's declared shape against its op's rule; fill in omitted shapes."""
+
+    name = "infer-shapes"
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        results: list[tuple[GraphOp, list[Shape]]] = []
+
+        def check(graph: GraphOp) -> None:
+            results.append((graph, infer_graph_shapes(graph)))
+
+        run_on_graphs(op, check)
+        for graph, shapes in results:
+            for node, shape in zip(graph.nodes, shapes, strict=True):
+                if node.declared_shape is None:
+                    node.set_declared_shape(shape)

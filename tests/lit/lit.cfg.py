@@ -1,0 +1,24 @@
+# lit configuration for tlc's tool tests (see docs/testing.md).
+# ruff: noqa: F821  (lit injects `config` and `lit_config`)
+import os
+import sys
+
+import lit.formats
+
+config.name = "tlc"
+config.test_format = lit.formats.ShTest(execute_external=False)
+config.suffixes = [".tlir", ".mlir"]
+config.excludes = ["Inputs", "lit.cfg.py"]
+config.test_source_root = os.path.dirname(__file__)
+config.environment["PATH"] = os.pathsep.join(
+    [os.path.dirname(sys.executable), config.environment.get("PATH", os.environ.get("PATH", ""))]
+)
+config.environment["PYTHONHASHSEED"] = "0"
+# %roundtrip: print then re-parse a file; the result must equal printing it once.
+config.substitutions.append(
+    ("%roundtrip", "python -m tlc.tools.roundtrip")
+)
+if os.path.exists("/usr/bin/dot") or any(
+    os.path.exists(os.path.join(p, "dot")) for p in os.environ.get("PATH", "").split(os.pathsep)
+):
+    config.available_features.add("dot")

@@ -1,0 +1,57 @@
+"""What every tlc tool shares: input/output files and the exit-code contract.
+
+Exit codes: 0 success, 1 diagnostics (bad input), 2 usage error (argparse), 70 internal error.
+A traceback reaches the user only for an internal error, never for bad input.
+"""
+
+from __future__ import annotations
+
+import sys
+import traceback
+from collections.abc import Callable
+
+from tlc.diagnostics import DiagnosticError, SourceManager
+
+EXIT_DIAGNOSTICS = 1
+EXIT_INTERNAL = 70
+
+
+def read_input(path: str) -> tuple[str, str]:
+    """(name used in diagnostics, text); `-` reads stdin."""
+    if path == "-":
+        return "<stdin>", sys.stdin.read()
+    try:
+        with open(path, encoding="utf-8") as f:
+            return path, f.read()
+    except OSError as exc:
+        raise DiagnosticError.simple(f"cannot read '{path}': {exc.strerror}") from None
+
+
+def write_output(path: str, text: str) -> None:
+    if path == "-":
+        sys.stdout.write(text)
+        return
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+    except OSError as exc:
+        raise DiagnosticError.simple(f"cannot write '{path}': {exc.strerror}") from None
+
+
+def run_tool(body: Callable[[], int], prog: str, sources: SourceManager | None = None) -> int:
+    """Run a tool's body, mapping diagnostics to exit 1 and anything unexpected to exit 70."""
+    try:
+        return body()
+    except DiagnosticError as exc:
+        manager = sources or SourceManager()
+        for diag in exc.diagnostics:
+            sys.stderr.write(manager.render(diag) + "\n")
+        return EXIT_DIAGNOSTICS
+    except KeyboardInterrupt:
+        return 130
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else 2
+    except Exception:
+        sys.stderr.write(f"{prog}: internal error (please report this):\n")
+        traceback.print_exc()
+        return EXIT_INTERNAL
