@@ -1,1 +1,196 @@
 """tlc: an MLIR-style compiler for neural-network graphs."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from xdsl.dialects.builtin import ModuleOp
+
+    from tlc.passes.interpret import ValueTable
+
+
+def parse(source: str, filename: str = "<string>") -> ModuleOp:
+    """Parse .tlir text (or MLIR generic form when `filename` ends in .mlir) into a module."""
+    from tlc.frontend import parse_source
+
+    return parse_source(source, filename)
+
+
+def run(
+    source_or_module: str | ModuleOp,
+    x: Any,
+    payload: Any = None,
+    arithmetic: str = "f64",
+    graph: str | None = None,
+) -> ValueTable:
+    """Evaluate a graph by its reference semantics in f64 or f32; returns the value table.
+
+    `payload`: a `tlc.payload.Payload`, an .npz path or `{"1.weight": array}`; default the
+    document's inline payload. See `tlc.evaluate.run`.
+    """
+    from tlc.evaluate import run as run_graph
+
+    return run_graph(source_or_module, x, payload, arithmetic, graph)
+
+
+def ibp(
+    source_or_module: str | ModuleOp,
+    x: Any,
+    radius: float,
+    payload: Any = None,
+    graph: str | None = None,
+    arithmetic: str = "f64",
+) -> list[Any]:
+    """Interval bound propagation: a `Box` (lo, hi) per node, or None where no sound rule
+    applies, for inputs within `radius` (l-infinity) of `x`. The boxes enclose the real values
+    and the `arithmetic` (f64/f32) reference values. See docs/intervals.md."""
+    from tlc.bounds import ibp as propagate
+
+    return propagate(source_or_module, x, radius, payload, graph, arithmetic)
+
+
+def check_samples(
+    source_or_module: str | ModuleOp,
+    x: Any,
+    radius: float,
+    samples: int = 50,
+    payload: Any = None,
+    graph: str | None = None,
+    arithmetic: str = "f64",
+) -> Any:
+    """Check `samples` deterministic inputs of the ball against every node's box; returns a
+    `SampleReport` (`.ok`, `.violation` with node, input, value and box). See docs/intervals.md."""
+    from tlc.bounds import check_samples as check
+
+    return check(source_or_module, x, radius, samples, payload, graph, arithmetic)
+
+
+def plan(
+    source_or_module: str | ModuleOp,
+    device: str = "cpu",
+    provider: str = "auto",
+    allow_trusted_external: bool = False,
+) -> ModuleOp:
+    """Run select-kernels: attach a kernel plan to every graph and return the module.
+
+    `provider` is `auto` (reference, then llvm, then torch), `prefer:P` or `only:P`; see
+    docs/kernels.md. `tlc.emit.EMITTERS["plan"](module)` prints the plan in the seed's form.
+    """
+    from tlc.execute import plan_module
+
+    return plan_module(source_or_module, device, provider, allow_trusted_external)
+
+
+def execute_plan(
+    source_or_module: str | ModuleOp,
+    x: Any,
+    payload: Any = None,
+    arithmetic: str = "f64",
+    graph: str | None = None,
+) -> ValueTable:
+    """Like `tlc.run`, but every node runs on the kernel capsule its plan selected, bound to
+    that capsule's handler (reference, llvm or torch); the graph must have been planned."""
+    from tlc.execute import run_plan
+
+    return run_plan(source_or_module, x, payload, arithmetic, graph)
+
+
+def compile(
+    source_or_module: str | ModuleOp,
+    payload: Any = None,
+    dtype: Any = "f64",
+    graph: str | None = None,
+    batch: int | None = None,
+) -> Any:
+    """JIT-compile a graph to native code: returns a callable `f(x) -> output` on numpy arrays
+    of `dtype` ("f64"/"f32" or a numpy float type). `payload` as in `tlc.run`; it is baked into
+    the code. `batch=N` maps a single-example graph over a leading axis of N. See docs/codegen.md.
+    """
+    import numpy as np
+
+    from tlc.codegen.jit import compile_graph
+    from tlc.evaluate import as_module, checked_graph, resolve_payload
+
+    module = as_module(source_or_module)
+    chosen = checked_graph(module, graph)
+    scalars = {"f64": np.float64, "f32": np.float32}
+    scalar = scalars.get(dtype, dtype) if isinstance(dtype, str) else dtype
+    return compile_graph(chosen, resolve_payload(module, chosen, payload), scalar, batch)
+
+
+def load(path: str) -> Any:
+    """Open a shared library written by tlc-compile as a callable on numpy arrays (one entry
+    point per graph: `lib(x)` for a single graph, `lib["name"](x)` otherwise). See docs/c-abi.md.
+    """
+    from tlc.codegen.loader import load as load_library
+
+    return load_library(path)
+
+
+def trace(program: Any, input_shape: Any, params: Any = None, name: str | None = None) -> Any:
+    """Trace `program(ops, x, params)`, written against the operations interface, into a checked
+    graph plus its payload keyed by node id (`tlc.program.Traced`). See docs/programs.md."""
+    from tlc.program import trace as trace_program
+
+    return trace_program(program, input_shape, params, name)
+
+
+def jvp(graph: Any, payload: Any, x: Any, tangent: Any, param_tangents: Any = None) -> Any:
+    """Forward mode: `(output, tangent of the output)` at `x` along `tangent` (and
+    `param_tangents`, node id -> field -> array). `graph` is a tl.graph op or a document.
+    See docs/autodiff.md."""
+    from tlc.autodiff.api import jvp as forward
+
+    return forward(graph, payload, x, tangent, param_tangents)
+
+
+def vjp(graph: Any, payload: Any, x: Any, cotangent: Any = None) -> Any:
+    """Reverse mode: `(input cotangent, parameter cotangents keyed like the payload)` for
+    `cotangent` at the output (default ones: the gradient of a scalar output)."""
+    from tlc.autodiff.api import vjp as reverse
+
+    return reverse(graph, payload, x, cotangent)
+
+
+def grad(graph: Any, payload: Any = None, params: bool = True) -> Any:
+    """The gradient graph `@name_grad`: `(graph op, payload, layout)`; its output is the flat
+    vector [output, d input, d params...] that `layout.unpack` cuts apart."""
+    from tlc.autodiff.api import grad as gradient_graph
+
+    return gradient_graph(graph, payload, params)
+
+
+def from_torch(module: Any, example_input: Any, name: str | None = None) -> Any:
+    """Trace a PyTorch module with torch.fx on `example_input` (a tensor, or a tuple for several
+    inputs): a `tlc.program.Traced` (module, graph, payload keyed by node id). See
+    docs/importing.md."""
+    from tlc.import_torch import from_torch as import_module
+
+    return import_module(module, example_input, name)
+
+
+def from_onnx(model: Any, input_shapes: Any = None, name: str | None = None) -> Any:
+    """Import an ONNX model (a path or an `onnx.ModelProto`): a `tlc.program.Traced`.
+    `input_shapes` fixes symbolic input dimensions. See docs/importing.md."""
+    from tlc.import_onnx import from_onnx as import_model
+
+    return import_model(model, input_shapes, name)
+
+
+def to_onnx(graph: Any, payload: Any = None, dtype: Any = "f32") -> Any:
+    """An `onnx.ModelProto` computing `graph` (a tl.graph op or a document) with `payload`
+    (default: the document's inline payload), in float32 ("f32") or float64 ("f64")."""
+    import numpy as np
+
+    from tlc.dialect.ops import GraphOp
+    from tlc.evaluate import as_module, checked_graph, resolve_payload
+    from tlc.export_onnx import to_onnx as export
+
+    chosen = graph
+    if not isinstance(graph, GraphOp):
+        module = as_module(graph)
+        chosen = checked_graph(module)
+        payload = resolve_payload(module, chosen, payload)
+    scalar = {"f32": np.float32, "f64": np.float64}.get(dtype, dtype)
+    return export(chosen, payload, scalar)

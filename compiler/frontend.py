@@ -5,13 +5,15 @@ from __future__ import annotations
 from functools import cache
 
 from xdsl.context import Context
-from xdsl.dialects.builtin import Builtin, ModuleOp
+from xdsl.dialects.builtin import Builtin, ModuleOp, UnknownLoc
+from xdsl.ir import Operation
 from xdsl.parser import Parser
-from xdsl.utils.exceptions import ParseError
+from xdsl.utils.exceptions import ParseError, VerifyException
 
 from tlc.diagnostics import DiagnosticError, Location, error
 from tlc.dialect.ops import TL
 from tlc.dialect.parser import parse_tlir
+from tlc.dialect.program_ops import TL_PROGRAM
 
 
 @cache
@@ -20,6 +22,7 @@ def context() -> Context:
     ctx = Context()
     ctx.load_dialect(Builtin)
     ctx.load_dialect(TL)
+    ctx.load_dialect(TL_PROGRAM)
     return ctx
 
 
@@ -31,14 +34,35 @@ def parse_source(
         mlir = filename.endswith(".mlir")
     if not mlir:
         return parse_tlir(text, filename, line_offset)
+    source = "\n" * line_offset + text
     try:
-        module = Parser(context(), "\n" * line_offset + text, filename).parse_module()
+        module = _LocatingParser(context(), source, filename).parse_module()
     except ParseError as exc:
-        before = str(exc.span.input.content[: exc.span.start])
-        line = before.count("\n") + 1
-        col = exc.span.start - (before.rfind("\n") + 1) + 1
-        raise error(exc.msg, Location(filename, line, col)) from None
+        raise error(exc.msg, _location(source, exc.span.start, filename)) from None
+    for op in module.walk():
+        try:
+            op.verify_()
+        except VerifyException as exc:
+            raise error(str(exc), op) from None
     return module
+
+
+def _location(source: str, offset: int, filename: str) -> Location:
+    before = source[:offset]
+    return Location(filename, before.count("\n") + 1, offset - (before.rfind("\n") + 1) + 1)
+
+
+class _LocatingParser(Parser):
+    """xDSL's parser, giving each op without a `loc(...)` its position in the file (as mlir-opt
+    does), so diagnostics on a .mlir input point at the op."""
+
+    def parse_operation(self) -> Operation:
+        start = self._current_token.span.start
+        op = super().parse_operation()
+        if isinstance(op.location, UnknownLoc):
+            source = self.lexer.input
+            op.location = _location(source.content, start, source.name).to_attr()
+        return op
 
 
 def parse_file(path: str) -> ModuleOp:

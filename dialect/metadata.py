@@ -27,10 +27,10 @@ from xdsl.ir import Attribute
 class Kind(Enum):
     """How a field's value is written in .tlir and stored as an attribute."""
 
-    INT = "integer"
-    INTS = "list of integers"
-    BOOLS = "list of booleans"
-    STR = "string"
+    INT = "an integer"
+    INTS = "a list of integers"
+    BOOLS = "a list of booleans"
+    STR = "a string"
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,14 @@ class Field:
     choices: tuple[str, ...] = ()
 
 
+#: The largest integer a field, id or extent may hold: they are stored as MLIR `i64`.
+MAX_INT = 2**63 - 1
+
+
+def _is_index(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_INT
+
+
 class MetadataError(Exception):
     """A metadata value has the wrong kind; raised by `check_value`."""
 
@@ -55,14 +63,14 @@ class MetadataError(Exception):
 def check_value(field: Field, value: Any) -> Any:
     """Validate a parsed Python value against the field's kind; return it normalised."""
     if field.kind is Kind.INT:
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            raise MetadataError(f"'{field.name}' must be a non-negative integer")
+        if not _is_index(value):
+            raise MetadataError(f"'{field.name}' must be a non-negative integer (at most 2^63-1)")
         return value
     if field.kind is Kind.INTS:
-        if not isinstance(value, list) or not all(
-            isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value
-        ):
-            raise MetadataError(f"'{field.name}' must be a list of non-negative integers")
+        if not isinstance(value, list) or not all(_is_index(v) for v in value):
+            raise MetadataError(
+                f"'{field.name}' must be a list of non-negative integers (at most 2^63-1)"
+            )
         return tuple(value)
     if field.kind is Kind.BOOLS:
         if not isinstance(value, list) or not all(isinstance(v, bool) for v in value):
@@ -98,7 +106,7 @@ def from_attr(field: Field, attr: Attribute) -> Any:
             return values
     if field.kind is Kind.STR and isinstance(attr, StringAttr):
         return attr.data
-    raise MetadataError(f"attribute '{field.name}' must be a {field.kind.value}")
+    raise MetadataError(f"attribute '{field.name}' must be {field.kind.value}")
 
 
 def fmt_value(field: Field, value: Any) -> str:

@@ -31,6 +31,7 @@ from xdsl.irdl import (
     traits_def,
     var_operand_def,
 )
+from xdsl.rewriter import Rewriter
 from xdsl.traits import IsolatedFromAbove, NoTerminator, SymbolOpInterface
 
 from tlc.dialect.metadata import Field, Kind, MetadataError, fmt_value, from_attr, to_attr
@@ -98,7 +99,8 @@ class NodeOp(IRDLOperation):
         return {f.name: self.meta(f.name) for f in self.FIELDS}
 
     def set_declared_shape(self, shape: Shape) -> None:
-        self.result.type = TensorType(shape)
+        """Give the node a declared shape; uses of its result see the new value."""
+        Rewriter.replace_value_with_new_type(self.result, TensorType(shape))
 
     # -- the op's contract -----------------------------------------------------------------
 
@@ -981,6 +983,12 @@ NODE_OPS: tuple[type[NodeOp], ...] = (
     LinearOp, ConvOp, BatchNormEvalOp, SafeLogOp, SoftmaxOp, LogSoftmaxOp, HardMaskedSoftmaxOp,
     LayernormOp, ReshapeOp, FlattenOp, ConcatOp, MseLossOp,
 )  # fmt: skip
+
+# The ops gradient graphs add (sign, pooling and conv gradients); they build on the families
+# above, hence the late import (tlc.dialect's __init__ imports this module first).
+from tlc.dialect.backward_ops import BACKWARD_OPS  # noqa: E402
+
+NODE_OPS = NODE_OPS + BACKWARD_OPS
 
 OPS_BY_TAG: dict[str, type[NodeOp]] = {op.TAG: op for op in NODE_OPS}
 

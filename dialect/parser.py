@@ -8,6 +8,7 @@ undefined or redefined values, unknown op kinds and ill-typed metadata.
 
 from __future__ import annotations
 
+import re
 from functools import cache
 from importlib.resources import files
 from typing import Any
@@ -15,12 +16,15 @@ from typing import Any
 import numpy as np
 from lark import Lark, Token, Transformer, Tree, v_args
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, VisitError
+from lark.lexer import PatternStr
 from xdsl.dialects.builtin import DenseIntOrFPElementsAttr, ModuleOp, TensorType, f64
 from xdsl.ir import Operation, SSAValue
 
 from tlc.diagnostics import DiagnosticError, Location, error
-from tlc.dialect.metadata import MetadataError, check_value
+from tlc.dialect.metadata import MAX_INT, MetadataError, check_value
 from tlc.dialect.ops import OPS_BY_TAG, GraphOp, NodeOp, OutputOp, PayloadOp, RecordOp
+from tlc.dialect.plan import Policy, check_policy_field, set_kernel, set_policy
+from tlc.dialect.program_parser import ProgramRules
 
 
 @cache
@@ -44,53 +48,84 @@ def parse_tlir(text: str, filename: str = "<stdin>", line_offset: int = 0) -> Mo
     except VisitError as exc:
         if isinstance(exc.orig_exc, DiagnosticError):
             raise exc.orig_exc from None
-        raise
+        if not isinstance(exc.orig_exc, RecursionError):
+            raise
+    except RecursionError:
+        pass
+    raise error("the document nests too deeply", Location(filename, 1 + line_offset, 1))
 
 
 def _syntax_error(exc: UnexpectedInput, text: str, filename: str, offset: int) -> DiagnosticError:
+    """A friendly message for Lark's exception: what was found, what could have come instead.
+
+    Terminal names never reach the user: literals show as themselves (`'}'`), the named regex
+    terminals as a phrase (`a value like %0`).
+    """
     line, col = max(exc.line, 1), max(exc.column, 1)
-    if isinstance(exc, UnexpectedEOF):
+    if isinstance(exc, UnexpectedCharacters):
+        found = f"character {text[exc.pos_in_stream]!r}"
+    elif isinstance(exc, UnexpectedEOF) or exc.token.type == "$END":  # type: ignore[attr-defined]
         lines = text.splitlines() or [""]
         line, col = len(lines), len(lines[-1]) + 1
-        message = "unexpected end of input"
-    elif isinstance(exc, UnexpectedCharacters):
-        message = f"unexpected character {text[exc.pos_in_stream]!r}"
+        found = "end of input"
     else:
-        token = exc.token  # type: ignore[attr-defined]
-        shown = "end of input" if token.type == "$END" else repr(str(token))
-        message = f"unexpected {shown}"
-    expected = sorted(getattr(exc, "expected", None) or getattr(exc, "allowed", None) or [])
-    if expected:
-        message += "; expected " + ", ".join(_TOKEN_NAMES.get(t, t) for t in expected)
+        found = repr(_word_at(text, exc.token))  # type: ignore[attr-defined]
+    message = f"unexpected {found}"
+    expected = _acceptable(exc)
+    shown = sorted({_describe_terminal(name) for name in expected})
+    if shown:
+        message += "; expected " + _join_or(shown)
     return error(message, Location(filename, line + offset, col))
 
 
-_TOKEN_NAMES = {
+def _acceptable(exc: UnexpectedInput) -> set[str]:
+    """The terminals that could have come instead. LALR's merged states over-approximate the
+    expected set (a `shape` state also expects `)` from a program's parameter list), so ask the
+    parser which terminals it would really accept here."""
+    interactive = getattr(exc, "interactive_parser", None)
+    if interactive is not None:
+        return set(interactive.accepts())
+    return set(getattr(exc, "expected", None) or getattr(exc, "allowed", None) or ())
+
+
+def _word_at(text: str, token: Token) -> str:
+    """The token, widened to the whole dotted word in the source (`tl.graf`, not `tl`)."""
+    start = token.start_pos
+    if start is None:
+        return str(token)
+    m = _WORD.match(text, start)
+    return m.group(0) if m and len(m.group(0)) > len(str(token)) else str(token)
+
+
+_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*")
+
+#: Phrases for the grammar's regex terminals (a test checks every terminal has a description).
+_TERMINAL_PHRASES = {
     "VALUE": "a value like %0",
     "SYMBOL": "a symbol like @name",
     "NAME": "a name",
-    "INT": "an integer",
+    "INT": "a non-negative integer",
     "NUMBER": "a number",
     "STRING": "a string",
-    "LBRACE": "'{'",
-    "RBRACE": "'}'",
-    "LPAR": "'('",
-    "RPAR": "')'",
-    "LSQB": "'['",
-    "RSQB": "']'",
-    "COMMA": "','",
-    "COLON": "':'",
-    "EQUAL": "'='",
-    "OUTPUT": "'output'",
-    "TRUE": "'true'",
-    "FALSE": "'false'",
-    "TL_GRAPH": "'tl.graph'",
-    "__ANON_0": "'tl.graph'",
-    "__ANON_1": "'tl.payload'",
+    "NAMED": "a named value like %x",
+    "$END": "end of input",
 }
 
 
-class _Builder(Transformer[Token, ModuleOp]):
+def _describe_terminal(name: str) -> str:
+    if name in _TERMINAL_PHRASES:
+        return _TERMINAL_PHRASES[name]
+    pattern = next(t.pattern for t in _lark().terminals if t.name == name)
+    if isinstance(pattern, PatternStr):
+        return repr(pattern.value)
+    return f"text matching /{pattern.value}/"
+
+
+def _join_or(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " or " + items[-1]
+
+
+class _Builder(ProgramRules, Transformer[Token, ModuleOp]):
     """Builds ops bottom-up; a graph resolves its operands once all its nodes exist."""
 
     def __init__(self, filename: str, line_offset: int):
@@ -111,7 +146,19 @@ class _Builder(Transformer[Token, ModuleOp]):
         return float(text) if any(c in text for c in ".eEin") else int(text)
 
     def string(self, items: list[Token]) -> str:
-        return bytes(str(items[0])[1:-1], "utf-8").decode("unicode_escape")
+        try:
+            return bytes(str(items[0])[1:-1], "utf-8").decode("unicode_escape")
+        except UnicodeDecodeError as exc:
+            raise error(
+                f"invalid escape in string: {exc.reason}", self._tok_loc(items[0])
+            ) from None
+
+    def _index(self, tok: Token, digits: str) -> int:
+        """A node id or shape extent: a non-negative integer that fits MLIR's i64."""
+        value = int(digits)
+        if value > MAX_INT:
+            raise error(f"integer {value} is too large (at most {MAX_INT})", self._tok_loc(tok))
+        return value
 
     def true(self, _items: list[Any]) -> bool:
         return True
@@ -123,7 +170,7 @@ class _Builder(Transformer[Token, ModuleOp]):
         return [] if items == [None] else items
 
     def shape(self, items: list[Token | None]) -> tuple[int, ...]:
-        return tuple(int(t) for t in items if t is not None)
+        return tuple(self._index(t, str(t)) for t in items if t is not None)
 
     def shape_decl(self, items: list[tuple[int, ...]]) -> tuple[int, ...]:
         return items[0]
@@ -142,14 +189,30 @@ class _Builder(Transformer[Token, ModuleOp]):
 
     @v_args(meta=True)
     def node(self, meta: Any, items: list[Any]) -> tuple[NodeOp, list[Token]]:
-        value, kind, operands, attrs, shape = items
+        value, kind, operands, attrs, shape, kernel = items
         op_class = OPS_BY_TAG.get(str(kind))
         if op_class is None:
             raise error(f"unknown op kind '{kind}'", self._tok_loc(kind))
         fields = self._fields(op_class, attrs or [], shape, self._tok_loc(kind))
-        op = op_class(int(str(value)[1:]), [], shape, fields)
+        op = op_class(self._index(value, str(value)[1:]), [], shape, fields)
         op.location = self._loc(meta).to_attr()
+        set_kernel(op, kernel)
         return op, operands or []
+
+    def kernel(self, items: list[Token]) -> str:
+        return self.string(items)
+
+    def kernel_policy(self, items: list[Any]) -> Policy:
+        """`kernel_policy {device = "cpu", ...}`, checked for unknown fields and their types."""
+        policy: Policy = {}
+        for name, value, loc in items[0] or []:
+            problem = check_policy_field(name, value)
+            if name in policy:
+                problem = f"kernel policy field '{name}' given twice"
+            if problem is not None:
+                raise error(problem, loc)
+            policy[name] = value
+        return policy
 
     def _fields(
         self,
@@ -190,12 +253,12 @@ class _Builder(Transformer[Token, ModuleOp]):
 
     @v_args(meta=True)
     def graph(self, meta: Any, items: list[Any]) -> GraphOp:
-        symbol, *nodes, (output_stub, output_ref) = items
+        symbol, policy, *nodes, (output_stub, output_ref) = items
         defined: dict[str, NodeOp] = {}
         for op, _ in nodes:
             name = f"%{op.id}"
             if name in defined:
-                raise error(f"redefinition of value {name}", op.location and _loc_of(op))
+                raise error(f"redefinition of value {name}", op)
             defined[name] = op
 
         def lookup(tok: Token) -> SSAValue:
@@ -210,6 +273,8 @@ class _Builder(Transformer[Token, ModuleOp]):
         output.location = output_stub.location
         graph = GraphOp(str(symbol)[1:], [op for op, _ in nodes] + [output])
         graph.location = self._loc(meta).to_attr()
+        if policy is not None:
+            set_policy(graph, policy)
         return graph
 
     # -- payloads --------------------------------------------------------------------------
@@ -222,7 +287,7 @@ class _Builder(Transformer[Token, ModuleOp]):
             if name in fields:
                 raise error(f"payload field '{name}' given twice", loc)
             fields[name] = dense_attr(raw, name, loc)
-        op = RecordOp(int(str(value)[1:]), str(kind), fields)
+        op = RecordOp(self._index(value, str(value)[1:]), str(kind), fields)
         op.location = self._loc(meta).to_attr()
         return op
 
@@ -233,24 +298,32 @@ class _Builder(Transformer[Token, ModuleOp]):
         op.location = self._loc(meta).to_attr()
         return op
 
-    def start(self, items: list[Operation]) -> ModuleOp:
+    def start(self, items: list[GraphOp | PayloadOp]) -> ModuleOp:
+        seen: set[tuple[str, str]] = set()
+        for op in items:
+            key = (op.name, op.graph_name)
+            if key in seen:
+                raise error(f"redefinition of {op.name} @{op.graph_name}", op)
+            seen.add(key)
         return ModuleOp(items)
 
     def __default__(self, data: str, children: list[Any], meta: Any) -> Tree[Any]:
         return Tree(data, children, meta)
 
 
-def _loc_of(op: Operation) -> Location | None:
-    from tlc.diagnostics import location_of
-
-    return location_of(op)
+def _all_numbers(raw: Any) -> bool:
+    if isinstance(raw, list):
+        return all(_all_numbers(x) for x in raw)
+    return isinstance(raw, int | float) and not isinstance(raw, bool)
 
 
 def dense_attr(raw: Any, name: str, loc: Location | None) -> DenseIntOrFPElementsAttr:
     """A payload field (number or nested list) as a dense f64 tensor attribute."""
     try:
+        if not _all_numbers(raw):
+            raise ValueError
         array = np.asarray(raw, dtype=np.float64)
-    except (ValueError, TypeError):
+    except ValueError:
         raise error(f"payload field '{name}' is not a rectangular array of numbers", loc) from None
     return DenseIntOrFPElementsAttr.from_list(
         TensorType(f64, array.shape), array.reshape(-1).tolist()

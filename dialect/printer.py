@@ -15,6 +15,9 @@ from xdsl.printer import Printer
 
 from tlc.dialect.metadata import fmt_value
 from tlc.dialect.ops import GraphOp, NodeOp, PayloadOp, RecordOp
+from tlc.dialect.plan import fmt_policy, kernel_of, policy_of, quote
+from tlc.dialect.program_ops import ParamsOp, ProgramOp
+from tlc.dialect.program_printer import params_tlir, program_tlir
 from tlc.dialect.shapes import fmt_shape
 
 
@@ -25,13 +28,19 @@ def print_tlir(module: ModuleOp) -> str:
             chunks.append(_graph_tlir(op))
         elif isinstance(op, PayloadOp):
             chunks.append(_payload_tlir(op))
+        elif isinstance(op, ProgramOp):
+            chunks.append(program_tlir(op))
+        elif isinstance(op, ParamsOp):
+            chunks.append(params_tlir(op))
         else:
             chunks.append(print_mlir_op(op))
     return "\n".join(chunks)
 
 
 def _graph_tlir(graph: GraphOp) -> str:
-    lines = [f"tl.graph @{graph.graph_name} {{"]
+    policy = policy_of(graph)
+    header = f" kernel_policy {fmt_policy(policy)}" if policy is not None else ""
+    lines = [f"tl.graph @{graph.graph_name}{header} {{"]
     lines.extend(f"  {node_tlir(node)}" for node in graph.nodes)
     output = graph.output
     if output is not None:
@@ -55,6 +64,9 @@ def node_tlir(node: NodeOp) -> str:
     declared = node.declared_shape
     if declared is not None:
         text += f" : {fmt_shape(declared)}"
+    kernel = kernel_of(node)
+    if kernel is not None:
+        text += f" kernel {quote(kernel)}"
     return text
 
 

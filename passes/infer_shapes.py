@@ -42,9 +42,13 @@ def infer_graph_shapes(graph: GraphOp) -> list[Shape]:
 
 @dataclass(frozen=True)
 class InferShapesPass(ModulePass):
-    """Check every node's declared shape against its op's rule; fill in omitted shapes."""
+    """Check every node's declared shape against its op's rule; fill in omitted shapes.
+
+    `fill=false` only checks (TorchLean's `checkShapes`), leaving omitted shapes omitted.
+    """
 
     name = "infer-shapes"
+    fill: bool = True
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         results: list[tuple[GraphOp, list[Shape]]] = []
@@ -53,6 +57,8 @@ class InferShapesPass(ModulePass):
             results.append((graph, infer_graph_shapes(graph)))
 
         run_on_graphs(op, check)
+        if not self.fill:
+            return
         for graph, shapes in results:
             for node, shape in zip(graph.nodes, shapes, strict=True):
                 if node.declared_shape is None:

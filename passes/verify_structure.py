@@ -31,7 +31,9 @@ def check_structure(graph: GraphOp) -> None:
         except MetadataError as exc:
             raise error(f"IR graph: node {i}: {exc}", node) from None
         if node.id != i:
-            raise error(f"IR graph: id discipline violated at index {i}: nodes[{i}].id = {node.id}", node)
+            raise error(
+                f"IR graph: id discipline violated at index {i}: nodes[{i}].id = {node.id}", node
+            )
         low, high = node.ARITY
         got = len(node.parents)
         if got < low or (high is not None and got > high):

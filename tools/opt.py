@@ -8,9 +8,14 @@ MLIR's conventions: `-p`/`--pass-pipeline`, per-pass flags, `--split-input-file`
 from __future__ import annotations
 
 import argparse
+import shutil
+import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.passes import ModulePass
@@ -29,7 +34,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tlc-opt", description=__doc__.splitlines()[0])
     p.add_argument("input", nargs="?", default="-", help="input file (.tlir or .mlir), - for stdin")
     p.add_argument("-o", dest="output", default="-", help="output file (default stdout)")
-    p.add_argument("-p", dest="pipeline", help="pass pipeline, e.g. 'verify-structure,infer-shapes'")
+    p.add_argument(
+        "-p",
+        dest="pipeline",
+        help="pass pipeline, e.g. 'verify-structure,infer-shapes{fill=false}'",
+    )
     p.add_argument("--pass-pipeline", dest="pass_pipeline", help="builtin.module(a,b{opt=1})")
     for name in PASSES:
         p.add_argument(
@@ -44,6 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--print-ir-after-all", action="store_true", help="print IR after each pass")
     p.add_argument("--timing", action="store_true", help="report wall time per pass")
     p.add_argument("--dump-pass-pipeline", action="store_true", help="print the pipeline")
+    p.add_argument("--render", metavar="FILE.{svg,png,pdf}",
+                   help="also draw the graph with GraphViz's dot into FILE")  # fmt: skip
     return p
 
 
@@ -93,28 +104,29 @@ def run_passes(
     passes: list[ModulePass],
     print_after: bool,
     timings: list[tuple[str, float]] | None,
-    emit: str,
 ) -> None:
     for pass_ in passes:
-        start = time.perf_counter()
-        pass_.apply(context(), module)
-        if timings is not None:
-            timings.append((pass_.name, time.perf_counter() - start))
+        with _timed(timings, pass_.name):
+            pass_.apply(context(), module)
         if print_after:
-            spec = str(pass_.pipeline_pass_spec())
-            sys.stderr.write(f"// -----// IR Dump After {type(pass_).__name__} ({spec}) //----- //\n")
+            spec, title = pass_.pipeline_pass_spec(), type(pass_).__name__
+            sys.stderr.write(f"// -----// IR Dump After {title} ({spec}) //----- //\n")
             sys.stderr.write(EMITTERS["tlir"](module))
 
 
 def print_timing(timings: list[tuple[str, float]]) -> None:
-    total = sum(t for _, t in timings) or 1e-12
+    """MLIR's `--mlir-timing` report: wall time of parsing, each pass and output, in order."""
+    merged: dict[str, float] = {}
+    for name, t in timings:
+        merged[name] = merged.get(name, 0.0) + t
+    total = sum(merged.values()) or 1e-12
     err = sys.stderr.write
     err("===" + "-" * 73 + "===\n")
-    err("  ... Execution time report ...".ljust(79) + "\n")
+    err("... Execution time report ...".center(79).rstrip() + "\n")
     err("===" + "-" * 73 + "===\n")
     err(f"  Total Execution Time: {total:.4f} seconds\n\n")
     err("  ----Wall Time----  ----Name----\n")
-    for name, t in timings:
+    for name, t in merged.items():
         err(f"    {t:.4f} ({100 * t / total:5.1f}%)  {name}\n")
     err(f"    {total:.4f} (100.0%)  Total\n")
 
@@ -128,16 +140,25 @@ def _main(argv: list[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        text_pipeline = pipeline_text(args, argv)
+        return _run(args, pipeline_text(args, argv))
     except UsageError as exc:
         parser.error(str(exc))
+
+
+def _run(args: argparse.Namespace, text_pipeline: str) -> int:
     sources = SourceManager()
     name, text = read_input(args.input)
     sources.add(name, text)
     passes = build_pipeline(text_pipeline) if text_pipeline else []
     if args.dump_pass_pipeline:
-        specs = ",".join(str(p.pipeline_pass_spec()) for p in passes)
+        specs = ",".join(str(p.pipeline_pass_spec(include_default=True)) for p in passes)
         sys.stderr.write(f"Pass Manager with {len(passes)} passes:\nbuiltin.module({specs})\n")
+    if args.render and args.split_input_file:
+        raise UsageError("--render cannot be combined with --split-input-file")
+    if args.render and Path(args.render).suffix.lstrip(".").lower() not in RENDER_FORMATS:
+        raise UsageError(
+            f"--render: unsupported format of '{args.render}' (use .svg, .png or .pdf)"
+        )
     mlir = True if args.mlir_input else None
     outputs: list[str] = []
     status = 0
@@ -145,9 +166,13 @@ def _main(argv: list[str] | None) -> int:
     for chunk in split_chunks(text, args.split_input_file):
         emitted: list[Diagnostic] = []
         try:
-            module = parse_source(chunk.text, name, chunk.line_offset, mlir=mlir)
-            run_passes(module, passes, args.print_ir_after_all, timings, args.emit)
-            outputs.append(EMITTERS[args.emit](module))
+            with _timed(timings, "Parser"):
+                module = parse_source(chunk.text, name, chunk.line_offset, mlir=mlir)
+            run_passes(module, passes, args.print_ir_after_all, timings)
+            with _timed(timings, "Output"):
+                outputs.append(EMITTERS[args.emit](module))
+            if args.render:
+                render_dot(EMITTERS["dot"](module), args.render)
         except DiagnosticError as exc:
             emitted = exc.diagnostics
         if args.verify_diagnostics:
@@ -161,6 +186,33 @@ def _main(argv: list[str] | None) -> int:
             status = 1
     if timings is not None:
         print_timing(timings)
-    if status == 0 or args.verify_diagnostics:
+    # Like mlir-opt: with --split-input-file the chunks that succeeded are still printed.
+    if status == 0 or args.verify_diagnostics or args.split_input_file:
         write_output(args.output, ("// -----\n").join(outputs))
     return status
+
+
+@contextmanager
+def _timed(timings: list[tuple[str, float]] | None, name: str) -> Iterator[None]:
+    start = time.perf_counter()
+    yield
+    if timings is not None:
+        timings.append((name, time.perf_counter() - start))
+
+
+def render_dot(dot_text: str, path: str) -> None:
+    """Draw `dot_text` into `path` with GraphViz, the format taken from the file's suffix."""
+    fmt = Path(path).suffix.lstrip(".").lower()
+    dot = shutil.which("dot")
+    if dot is None:
+        raise DiagnosticError.simple(
+            f"cannot render '{path}': GraphViz 'dot' was not found on PATH (install graphviz)"
+        )
+    proc = subprocess.run(
+        [dot, f"-T{fmt}", "-o", path], input=dot_text, capture_output=True, text=True
+    )
+    if proc.returncode != 0:
+        raise DiagnosticError.simple(f"cannot render '{path}': dot: {proc.stderr.strip()}")
+
+
+RENDER_FORMATS = ("svg", "png", "pdf")

@@ -1,7 +1,8 @@
 """`python -m tlc.tools.roundtrip FILE...`: print(parse(x)) must re-parse to the same module.
 
-Used by the lit suite on every test file: for each `// -----` chunk that parses, the .tlir text
-printed from it is parsed again and must print identically, in .tlir and in MLIR generic form.
+Used by the lit suite on every test file: for each `// -----` chunk that parses (a `.mlir` file as
+MLIR generic form), the .tlir text printed from it is parsed again and must print identically, in
+.tlir and in MLIR generic form.
 """
 
 from __future__ import annotations
@@ -25,9 +26,14 @@ def roundtrip_file(path: str) -> list[str]:
         except DiagnosticError:
             continue  # chunks that test parse errors have nothing to round-trip
         printed = print_tlir(module)
-        again = parse_source(printed, path)
+        where = f"{path}:{chunk.line_offset + 1}"
+        try:
+            again = parse_source(printed, path, mlir=False)
+        except DiagnosticError as exc:
+            problems.append(f"{where}: printed chunk does not parse: {exc}")
+            continue
         if print_tlir(again) != printed or print_mlir_op(again) != print_mlir_op(module):
-            problems.append(f"{path}:{chunk.line_offset + 1}: chunk does not round-trip")
+            problems.append(f"{where}: chunk does not round-trip")
     return problems
 
 

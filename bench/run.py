@@ -1,0 +1,421 @@
+"""Benchmarks: tlc-compiled code against numpy, PyTorch eager and ONNX Runtime, side by side.
+
+    python bench/run.py [--quick] [--repeats N]
+
+Workloads (float32): the seed MLP at batch 1; an MLP 784-1024-1024-10 at batch 1, 64 and 256;
+a CNN (conv 3->16 k3 p1, relu, conv 16->32 k3 s2 p1, relu, flatten, linear -> 10) on 3x32x32
+images at batch 1 and 64; and the compile time of a 1,000-node graph. Every runner computes the
+same function with the same weights (checked against numpy before timing). Times are medians
+over repeats of a timed loop; ratios are tlc / peer (below 1: tlc is faster).
+
+tlc runners: `tlc ctypes` calls the compiled entry point through ctypes with preallocated
+buffers and integer addresses (the cheapest Python call); `tlc.load` is the checked Python
+callable of the shared library (shape/dtype checks, output allocation); `tlc jit` the JIT's
+callable. `C ctypes` is a hand-written C function for the seed MLP called the same way, the floor
+for a Python -> native call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+import tlc
+from tlc.codegen.jit import compile_graph
+from tlc.codegen.loader import load
+from tlc.codegen.module import build_graph_module
+from tlc.codegen.shared_lib import build_library
+from tlc.codegen.target import compile_ir, emit_object
+from tlc.evaluate import checked_graph
+from tlc.payload import Payload, payload_from_module
+
+F32 = np.float32
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def timeit(fn: Callable[[], object], repeats: int, budget: float = 0.05) -> float:
+    """Median seconds per call: calibrate a loop to ~`budget` s, time it `repeats` times."""
+    fn()
+    n, t = 1, 0.0
+    while True:
+        start = time.perf_counter()
+        for _ in range(n):
+            fn()
+        t = time.perf_counter() - start
+        if t > budget / 4 or n > 1_000_000:
+            break
+        n *= 4
+    n = max(1, int(n * budget / max(t, 1e-9)))
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(n):
+            fn()
+        samples.append((time.perf_counter() - start) / n)
+    return statistics.median(samples)
+
+
+# --------------------------------------------------------------------------------------------
+# Workloads: a tl graph, its payload, an input, and the same network for every peer
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Workload:
+    name: str
+    text: str
+    payload: Payload
+    x: np.ndarray
+    layers: list[tuple]  # ("linear", W, b) | ("relu",) | ("conv", W, b, stride, pad) | ...
+    flops: float
+
+
+def mlp_seed() -> Workload:
+    text = open(os.path.join(ROOT, "examples", "mlp.tlir"), encoding="utf-8").read()
+    payload = payload_from_module(tlc.parse(text), "mlp")
+    w1, b1 = payload[1]["weight"], payload[1]["bias"]
+    w2, b2 = payload[3]["weight"], payload[3]["bias"]
+    layers = [("linear", w1, b1), ("relu",), ("linear", w2, b2), ("sum",), ("tanh",)]
+    x = np.array([0.3, -0.2, 0.1, 0.4])
+    return Workload("seed MLP, batch 1", text, payload, x, layers, 2 * (4 * 5 + 5 * 3))
+
+
+def mlp_wide(batch: int, rng: np.random.Generator) -> Workload:
+    sizes = [784, 1024, 1024, 10]
+    lines = [f"  %0 = input : [{batch}, 784]"]
+    payload, layers, nid = Payload(), [], 0
+    for i, (n_in, n_out) in enumerate(zip(sizes, sizes[1:], strict=False)):
+        w = rng.normal(size=(n_out, n_in)) / np.sqrt(n_in)
+        b = rng.normal(size=n_out) * 0.1
+        lines.append(f"  %{nid + 1} = linear(%{nid}) : [{batch}, {n_out}]")
+        payload.records[nid + 1] = {"weight": w, "bias": b}
+        layers.append(("linear", w, b))
+        nid += 1
+        if i < 2:
+            lines.append(f"  %{nid + 1} = relu(%{nid}) : [{batch}, {n_out}]")
+            layers.append(("relu",))
+            nid += 1
+    text = "tl.graph @mlp_wide {\n" + "\n".join(lines) + f"\n  output %{nid}\n}}\n"
+    flops = 2 * batch * sum(a * b for a, b in zip(sizes, sizes[1:], strict=False))
+    return Workload(f"MLP 784-1024-1024-10, batch {batch}", text, payload,
+                    rng.normal(size=(batch, 784)), layers, flops)  # fmt: skip
+
+
+def cnn(batch: int, rng: np.random.Generator) -> Workload:
+    w1 = rng.normal(size=(16, 3, 3, 3)) / np.sqrt(27)
+    b1 = rng.normal(size=16) * 0.1
+    w2 = rng.normal(size=(32, 16, 3, 3)) / np.sqrt(144)
+    b2 = rng.normal(size=32) * 0.1
+    w3 = rng.normal(size=(10, 32 * 16 * 16)) / np.sqrt(8192)
+    b3 = rng.normal(size=10) * 0.1
+    n = batch
+    text = f"""tl.graph @cnn {{
+  %0 = input : [{n}, 3, 32, 32]
+  %1 = conv(%0) {{kernel = [3, 3], padding = [1, 1], channel_axis = 1, in_channels = 3, out_channels = 16}} : [{n}, 16, 32, 32]
+  %2 = relu(%1) : [{n}, 16, 32, 32]
+  %3 = conv(%2) {{kernel = [3, 3], stride = [2, 2], padding = [1, 1], channel_axis = 1, in_channels = 16, out_channels = 32}} : [{n}, 32, 16, 16]
+  %4 = relu(%3) : [{n}, 32, 16, 16]
+  %5 = reshape(%4) {{from = [{n}, 32, 16, 16], to = [{n}, 8192]}} : [{n}, 8192]
+  %6 = linear(%5) : [{n}, 10]
+  output %6
+}}
+"""  # noqa: E501
+    payload = Payload({1: {"weight": w1, "bias": b1}, 3: {"weight": w2, "bias": b2},
+                       6: {"weight": w3, "bias": b3}})  # fmt: skip
+    layers = [("conv", w1, b1, 1, 1), ("relu",), ("conv", w2, b2, 2, 1), ("relu",),
+              ("flatten",), ("linear", w3, b3)]  # fmt: skip
+    flops = 2 * n * (16 * 32 * 32 * 27 + 32 * 16 * 16 * 144 + 10 * 8192)
+    return Workload(f"CNN 3x32x32, batch {batch}", text, payload,
+                    rng.normal(size=(n, 3, 32, 32)), layers, flops)  # fmt: skip
+
+
+# --------------------------------------------------------------------------------------------
+# Peers
+# --------------------------------------------------------------------------------------------
+
+
+def numpy_runner(w: Workload) -> Callable[[], np.ndarray]:
+    layers = [tuple(np.asarray(a, F32) if isinstance(a, np.ndarray) else a for a in layer)
+              for layer in w.layers]  # fmt: skip
+    x = w.x.astype(F32)
+
+    def conv(v, weight, bias, stride, pad):
+        from numpy.lib.stride_tricks import sliding_window_view
+
+        v = np.pad(v, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+        win = sliding_window_view(v, weight.shape[2:], axis=(2, 3))[:, :, ::stride, ::stride]
+        return np.einsum("nchwij,ocij->nohw", win, weight, optimize=True) + bias[:, None, None]
+
+    def run() -> np.ndarray:
+        v = x
+        for layer in layers:
+            kind = layer[0]
+            if kind == "linear":
+                v = v @ layer[1].T + layer[2]
+            elif kind == "relu":
+                v = np.maximum(v, 0)
+            elif kind == "sum":
+                v = v.sum()
+            elif kind == "tanh":
+                v = np.tanh(v)
+            elif kind == "conv":
+                v = conv(v, *layer[1:])
+            elif kind == "flatten":
+                v = v.reshape(v.shape[0], -1)
+        return v
+
+    return run
+
+
+def torch_runner(w: Workload, threads: int) -> Callable[[], np.ndarray] | None:
+    try:
+        import torch
+    except ImportError:
+        return None
+    torch.set_num_threads(threads)
+    mods = []
+    for layer in w.layers:
+        kind = layer[0]
+        if kind == "linear":
+            m = torch.nn.Linear(layer[1].shape[1], layer[1].shape[0])
+            m.weight.data = torch.tensor(layer[1], dtype=torch.float32)
+            m.bias.data = torch.tensor(layer[2], dtype=torch.float32)
+        elif kind == "conv":
+            weight = layer[1]
+            m = torch.nn.Conv2d(weight.shape[1], weight.shape[0], weight.shape[2],
+                                stride=layer[3], padding=layer[4])  # fmt: skip
+            m.weight.data = torch.tensor(weight, dtype=torch.float32)
+            m.bias.data = torch.tensor(layer[2], dtype=torch.float32)
+        else:
+            m = {"relu": torch.nn.ReLU(), "tanh": torch.nn.Tanh(),
+                 "flatten": torch.nn.Flatten(), "sum": _TorchSum()}[kind]  # fmt: skip
+        mods.append(m)
+    model = torch.nn.Sequential(*mods).eval()
+    x = torch.tensor(w.x, dtype=torch.float32)
+
+    def run() -> np.ndarray:
+        with torch.inference_mode():
+            return model(x)
+
+    return run
+
+
+class _TorchSum:
+    def __new__(cls):
+        import torch
+
+        class Sum(torch.nn.Module):
+            def forward(self, v):
+                return v.sum()
+
+        return Sum()
+
+
+def onnx_runner(
+    w: Workload, threads: int, out_shape: tuple[int, ...]
+) -> Callable[[], np.ndarray] | None:
+    try:
+        import onnx
+        import onnxruntime as ort
+        from onnx import TensorProto, helper, numpy_helper
+    except ImportError:
+        return None
+    nodes, inits, prev = [], [], "x"
+    for i, layer in enumerate(w.layers):
+        out = f"v{i}"
+        kind = layer[0]
+        if kind == "linear":
+            inits += [numpy_helper.from_array(layer[1].astype(F32), f"W{i}"),
+                      numpy_helper.from_array(layer[2].astype(F32), f"B{i}")]  # fmt: skip
+            nodes.append(helper.make_node("Gemm", [prev, f"W{i}", f"B{i}"], [out], transB=1)
+                         if w.x.ndim == 2 else
+                         helper.make_node("MatMul", [prev, f"WT{i}"], [out + "m"]))  # fmt: skip
+            if w.x.ndim != 2:
+                inits.append(numpy_helper.from_array(layer[1].T.astype(F32).copy(), f"WT{i}"))
+                nodes.append(helper.make_node("Add", [out + "m", f"B{i}"], [out]))
+        elif kind == "conv":
+            inits += [numpy_helper.from_array(layer[1].astype(F32), f"W{i}"),
+                      numpy_helper.from_array(layer[2].astype(F32), f"B{i}")]  # fmt: skip
+            s, p = layer[3], layer[4]
+            nodes.append(helper.make_node("Conv", [prev, f"W{i}", f"B{i}"], [out],
+                                          strides=[s, s], pads=[p, p, p, p]))  # fmt: skip
+        elif kind == "flatten":
+            nodes.append(helper.make_node("Flatten", [prev], [out], axis=1))
+        elif kind == "sum":
+            nodes.append(helper.make_node("ReduceSum", [prev], [out], keepdims=0))
+        else:
+            nodes.append(helper.make_node(kind.capitalize(), [prev], [out]))
+        prev = out
+    graph = helper.make_graph(
+        nodes, "bench", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(w.x.shape))],
+        [helper.make_tensor_value_info(prev, TensorProto.FLOAT, out_shape)], inits,
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    feed = {"x": w.x.astype(F32)}
+
+    def run() -> np.ndarray:
+        return sess.run(None, feed)[0]
+
+    return run
+
+
+def tlc_runners(w: Workload, tmp: str) -> dict[str, Callable[[], np.ndarray]]:
+    graph = checked_graph(tlc.parse(w.text))
+    jit = compile_graph(graph, w.payload, F32)
+    name = graph.graph_name
+    built = build_library([(graph, w.payload)], os.path.join(tmp, f"lib{name}{w.x.size}.so"), F32)
+    lib = load(built.library)
+    entry = lib[name]
+    x = w.x.astype(F32)
+    out = np.empty(entry.output_shape, F32)
+    raw = ctypes.CDLL(built.library)[f"tlc_{name}"]
+    raw.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    xa, oa = x.ctypes.data, out.ctypes.data
+
+    def raw_call() -> np.ndarray:
+        raw(xa, oa)
+        return out
+
+    return {"tlc ctypes": raw_call, "tlc.load": lambda: lib(x), "tlc jit": lambda: jit(x)}
+
+
+HAND_C = r"""
+#include <math.h>
+static const float W1[5][4] = {{0.15f,-0.12f,0.08f,0.05f},{0.02f,0.11f,-0.09f,0.07f},
+  {-0.04f,0.06f,0.1f,-0.03f},{0.09f,0.01f,0.04f,0.13f},{-0.07f,0.03f,0.12f,-0.02f}};
+static const float B1[5] = {0.01f,-0.02f,0.03f,0.0f,0.02f};
+static const float W2[3][5] = {{0.05f,0.08f,-0.06f,0.03f,0.07f},{-0.04f,0.02f,0.09f,-0.01f,0.06f},
+  {0.1f,-0.03f,0.04f,0.05f,-0.08f}};
+static const float B2[3] = {0.02f,-0.01f,0.0f};
+int mlp(const float *x, float *y) {
+  float h[5], s = 0;
+  for (int o = 0; o < 5; o++) { float a = B1[o]; for (int i = 0; i < 4; i++) a += W1[o][i]*x[i];
+    h[o] = a > 0 ? a : 0; }
+  for (int o = 0; o < 3; o++) { float a = B2[o]; for (int i = 0; i < 5; i++) a += W2[o][i]*h[i];
+    s += a; }
+  y[0] = tanhf(s);
+  return 0;
+}
+"""
+
+
+def hand_c_runner(tmp: str) -> Callable[[], np.ndarray]:
+    src, lib = os.path.join(tmp, "hand.c"), os.path.join(tmp, "libhand.so")
+    with open(src, "w") as f:
+        f.write(HAND_C)
+    subprocess.run(["cc", "-O3", "-march=native", "-shared", "-fPIC", "-o", lib, src, "-lm"],
+                   check=True)  # fmt: skip
+    func = ctypes.CDLL(lib).mlp
+    func.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    x = np.array([0.3, -0.2, 0.1, 0.4], F32)
+    y = np.empty((), F32)
+    xa, ya = x.ctypes.data, y.ctypes.data
+
+    def run() -> np.ndarray:
+        func(xa, ya)
+        return y
+
+    return run
+
+
+# --------------------------------------------------------------------------------------------
+
+
+def bench_workload(w: Workload, repeats: int, tmp: str, hand_c: bool) -> None:
+    runners: dict[str, Callable[[], np.ndarray] | None] = dict(tlc_runners(w, tmp))
+    if hand_c:
+        runners["C ctypes"] = hand_c_runner(tmp)
+    runners["numpy"] = numpy_runner(w)
+    expected = runners["numpy"]()
+    for threads in (1, 2):
+        runners[f"torch {threads}t"] = torch_runner(w, threads)
+        runners[f"onnxruntime {threads}t"] = onnx_runner(w, threads, np.shape(expected))
+    times = {}
+    for name, run in runners.items():
+        if run is None:
+            continue
+        got = np.asarray(run(), dtype=np.float64).reshape(np.shape(expected))
+        np.testing.assert_allclose(got, expected, rtol=2e-3, atol=2e-3, err_msg=name)
+        times[name] = timeit(run, repeats)
+    tlc_best = times["tlc ctypes"]
+    print(f"\n## {w.name}  ({w.flops / 1e6:.3f} MFLOP)")
+    print(f"{'runner':<16} {'median':>12} {'GFLOP/s':>9} {'tlc ctypes/peer':>16} {'tlc.load/peer':>14}")
+    for name, t in times.items():
+        print(f"{name:<16} {fmt_time(t):>12} {w.flops / t / 1e9:9.2f} "
+              f"{tlc_best / t:16.2f} {times['tlc.load'] / t:14.2f}")  # fmt: skip
+
+
+def fmt_time(t: float) -> str:
+    return f"{t * 1e6:.2f} us" if t < 1e-3 else f"{t * 1e3:.3f} ms"
+
+
+def thousand_node_graph(rng: np.random.Generator) -> tuple[str, Payload]:
+    """A chain of 1,000 nodes on [32]: linear layers, activations and residual adds."""
+    lines, payload = ["  %0 = input : [32]"], Payload()
+    cycle = ["linear", "relu", "tanh", "add", "sigmoid"]
+    for i in range(1, 1000):
+        kind = cycle[i % len(cycle)]
+        if kind == "linear":
+            lines.append(f"  %{i} = linear(%{i - 1}) : [32]")
+            payload.records[i] = {"weight": rng.normal(size=(32, 32)) / 6, "bias": rng.normal(size=32)}
+        elif kind == "add":
+            lines.append(f"  %{i} = add(%{i - 1}, %{i - 3}) : [32]")
+        else:
+            lines.append(f"  %{i} = {kind}(%{i - 1}) : [32]")
+    return "tl.graph @big {\n" + "\n".join(lines) + "\n  output %999\n}\n", payload
+
+
+def bench_compile(rng: np.random.Generator) -> None:
+    text, payload = thousand_node_graph(rng)
+    start = time.perf_counter()
+    graph = checked_graph(tlc.parse(text))
+    parsed = time.perf_counter()
+    module = build_graph_module(graph, payload, F32)
+    lowered = time.perf_counter()
+    optimised = compile_ir(module.ir)
+    opt_done = time.perf_counter()
+    emit_object(optimised)
+    done = time.perf_counter()
+    print("\n## compile time, 1,000-node graph (f32)")
+    print(f"parse+check {parsed - start:.2f} s, lower to LLVM IR {lowered - parsed:.2f} s, "
+          f"O3 {opt_done - lowered:.2f} s, codegen {done - opt_done:.2f} s, "
+          f"total {done - start:.2f} s")  # fmt: skip
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--quick", action="store_true", help="fewer workloads (smoke test)")
+    args = parser.parse_args()
+    rng = np.random.default_rng(0)
+    workloads = [mlp_seed()]
+    if not args.quick:
+        workloads += [mlp_wide(1, rng), mlp_wide(64, rng), mlp_wide(256, rng), cnn(1, rng),
+                      cnn(64, rng)]  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="tlc-bench-") as tmp:
+        for i, w in enumerate(workloads):
+            bench_workload(w, args.repeats, tmp, hand_c=i == 0)
+            sys.stdout.flush()
+    if not args.quick:
+        bench_compile(rng)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,181 @@
+"""The JIT: compile a graph (or one node) in-process and call it on numpy arrays.
+
+Code goes through the same path as a shared library (`tlc.codegen.target`: host CPU, O3, object
+code) and is linked into one process-wide LLJIT; libm symbols (tanh, erf, log1p) resolve from
+the running process. Compiled code is cached by the graph's printed form, the payload's bytes,
+the dtype and the batch size, so compiling the same graph twice costs a hash.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import itertools
+from collections.abc import Callable
+from functools import cache
+
+import llvmlite.binding as llvm
+import numpy as np
+
+from tlc.codegen.builder import Status
+from tlc.codegen.loader import EntryPoint, raise_for_status
+from tlc.codegen.module import GraphModule, build_graph_module, build_node_module
+from tlc.codegen.target import compile_ir, emit_object, host_target_machine
+from tlc.dialect.ops import GraphOp, NodeOp
+from tlc.dialect.printer import print_mlir_op
+from tlc.dialect.shapes import Shape, fmt_shape
+from tlc.passes.reference_ops import LOG_MESSAGE, eval_error
+from tlc.payload import Payload, Record
+
+CompiledGraph = EntryPoint
+
+_names = itertools.count()
+_graph_cache: dict[tuple, EntryPoint] = {}
+_node_cache: dict[tuple, Callable[[list[np.ndarray]], np.ndarray]] = {}
+
+
+@cache
+def _lljit() -> llvm.LLJIT:
+    return llvm.create_lljit_compiler(host_target_machine())
+
+
+def jit_link(ir_text: str, symbols: list[str]) -> llvm.ResourceTracker:
+    """Optimise `ir_text`, emit object code and link it; the tracker maps symbols to addresses
+    and keeps the code alive."""
+    obj = emit_object(compile_ir(ir_text))
+    builder = llvm.JITLibraryBuilder().add_object_img(obj).add_current_process()
+    for symbol in symbols:
+        builder.export_symbol(symbol)
+    return builder.link(_lljit(), f"tlc{next(_names)}")
+
+
+def _payload_key(payload: Payload | Record | None) -> str:
+    digest = hashlib.sha256()
+    for key, value in sorted((payload or {}).items()):
+        items = value.items() if isinstance(value, dict) else [("", value)]
+        for name, array in sorted(items):
+            arr = np.ascontiguousarray(array)
+            digest.update(f"{key}.{name}{arr.shape}{arr.dtype}".encode())
+            digest.update(arr.tobytes())
+    return digest.hexdigest()
+
+
+def compile_graph(
+    graph: GraphOp,
+    payload: Payload | None,
+    dtype: type = np.float64,
+    batch: int | None = None,
+    runtime_payload: bool = False,
+) -> CompiledGraph:
+    """Compile `graph` with its payload baked in; the result maps an input array to the output.
+
+    Raises a located DiagnosticError for a bad graph or payload, or an op with no lowering.
+    """
+    key = (
+        print_mlir_op(graph, debuginfo=False),
+        _payload_key(payload),
+        np.dtype(dtype).str,
+        batch,
+        runtime_payload,
+    )
+    hit = _graph_cache.get(key)
+    if hit is not None:
+        return hit
+    module = build_graph_module(graph, payload, dtype, batch=batch, runtime_payload=runtime_payload)
+    tracker = jit_link(module.ir, [module.symbol])
+    entry = EntryPoint(
+        module.symbol,
+        tracker[module.symbol],
+        module.input_shape,
+        module.output_shape,
+        module.dtype,
+        module.params_size if module.params is not None else None,
+        owner=tracker,
+        explain=_explainer(graph, payload, module),
+    )
+    _graph_cache[key] = entry
+    return entry
+
+
+def _explainer(graph: GraphOp, payload: Payload | None, module: GraphModule):
+    """On a log-domain failure, rerun the reference on the input to raise its exact, located
+    error (the compiled code only knows that some log failed)."""
+
+    def explain(x: np.ndarray) -> None:
+        from tlc.passes.interpret import interpret
+
+        if payload is None or module.input_shape != x.shape:
+            return
+        interpret(graph, payload, x.reshape(module.input_shape), module.dtype.type)
+
+    return explain
+
+
+def node_kernel(
+    node: NodeOp, parent_shapes: list[Shape], record: Record | None, dtype: type = np.float64
+) -> Callable[[list[np.ndarray]], np.ndarray]:
+    """Compile one node on its own: the callable takes the parents' values and returns the
+    node's value (used for nodes a mixed kernel plan assigns to llvm)."""
+    key = (
+        print_mlir_op(node, debuginfo=False),
+        tuple(parent_shapes),
+        _payload_key(record),
+        np.dtype(dtype).str,
+    )
+    hit = _node_cache.get(key)
+    if hit is not None:
+        return hit
+    ir_text, symbol, out_shape = build_node_module(node, parent_shapes, record, dtype)
+    kernel = NodeKernel(
+        node,
+        [tuple(s) for s in parent_shapes],
+        out_shape,
+        np.dtype(dtype),
+        jit_link(ir_text, [symbol]),
+        symbol,
+    )
+    _node_cache[key] = kernel
+    return kernel
+
+
+class NodeKernel:
+    """One compiled node: `kernel([parent values]) -> value`."""
+
+    def __init__(
+        self,
+        node: NodeOp,
+        parent_shapes: list[Shape],
+        out_shape: Shape,
+        dtype: np.dtype,
+        tracker: llvm.ResourceTracker,
+        symbol: str,
+    ):
+        self.node, self.parent_shapes, self.out_shape, self.dtype = (
+            node,
+            parent_shapes,
+            out_shape,
+            dtype,
+        )
+        self.tracker = tracker  # keeps the code alive
+        proto = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p)
+        self._func = proto(tracker[symbol])
+
+    def __call__(self, args: list[np.ndarray]) -> np.ndarray:
+        if len(args) != len(self.parent_shapes):
+            raise ValueError(
+                f"{self.node.TAG} kernel: {len(args)} arguments, expected {len(self.parent_shapes)}"
+            )
+        arrays = []
+        for value, shape in zip(args, self.parent_shapes, strict=True):
+            array = np.asarray(value, dtype=self.dtype, order="C")  # keeps 0-d values 0-d
+            if array.shape != shape:
+                got, want = fmt_shape(array.shape), fmt_shape(shape)
+                raise ValueError(f"{self.node.TAG} kernel: argument shape {got}, expected {want}")
+            arrays.append(array)
+        pointers = (ctypes.c_void_p * max(len(arrays), 1))(*[a.ctypes.data for a in arrays])
+        out = np.empty(self.out_shape, dtype=self.dtype)
+        status = self._func(ctypes.addressof(pointers), out.ctypes.data)
+        if status == Status.LOG_DOMAIN:
+            raise eval_error(LOG_MESSAGE, self.node)
+        raise_for_status(status, f"{self.node.TAG} node {self.node.id}")
+        return out

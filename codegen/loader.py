@@ -1,0 +1,188 @@
+"""Calling compiled entry points from Python: argument checks, status codes, `tlc.load`.
+
+A compiled graph is an address of `i32 f(const T* in, T* out[, const T* params])`. `EntryPoint`
+wraps one with its interface (input/output shape, dtype) and checks every call: the input must
+have the input shape (a flat array of the right size is accepted too), the dtype must be the
+compiled one (no silent conversion: a float64 array passed to a float32 library is an error),
+and a non-zero status becomes the exception the reference interpreter would raise. `load(path)`
+opens a library written by `tlc-compile`, reads each graph's interface from the library itself
+(`tlc_<g>_input_shape` ...) and the dtype from the header written beside it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tlc.codegen.builder import Status
+from tlc.diagnostics import DiagnosticError
+from tlc.dialect.shapes import Shape, fmt_shape, numel
+from tlc.passes.reference_ops import LOG_MESSAGE, EvalError
+
+STATUS_MESSAGES = {
+    Status.NULL_POINTER: "null pointer passed to a compiled entry point",
+    Status.LOG_DOMAIN: LOG_MESSAGE,
+    Status.OUT_OF_MEMORY: "compiled entry point could not allocate its workspace",
+}
+
+
+def raise_for_status(status: int, symbol: str) -> None:
+    if status == Status.OK:
+        return
+    if status == Status.LOG_DOMAIN:
+        raise EvalError.simple(LOG_MESSAGE)
+    message = STATUS_MESSAGES.get(Status(status)) if status in iter(Status) else None
+    raise DiagnosticError.simple(f"{symbol}: {message or f'unknown status {status}'}")
+
+
+@dataclass
+class EntryPoint:
+    """A compiled graph callable on numpy arrays."""
+
+    symbol: str
+    address: int
+    input_shape: Shape
+    output_shape: Shape
+    dtype: np.dtype
+    params_size: int | None = None
+    #: Keeps the code alive (JIT resource tracker or ctypes library).
+    owner: object = None
+    #: Called on a log-domain failure to raise the precise, located reference error.
+    explain: Callable[[np.ndarray], None] | None = None
+    _func: Callable = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        n_args = 2 if self.params_size is None else 3
+        proto = ctypes.CFUNCTYPE(ctypes.c_int32, *([ctypes.c_void_p] * n_args))
+        self._func = proto(self.address)
+
+    def check(self, array: object, shape: Shape, what: str) -> np.ndarray:
+        if not isinstance(array, np.ndarray):
+            array = np.asarray(array, dtype=self.dtype)
+        if array.dtype != self.dtype:
+            raise TypeError(f"{self.symbol}: {what} has dtype {array.dtype}, expected {self.dtype}")
+        if array.shape != shape and not (array.ndim == 1 and array.size == numel(shape)):
+            raise ValueError(
+                f"{self.symbol}: {what} has shape {fmt_shape(array.shape)}, "
+                f"expected {fmt_shape(shape)}"
+            )
+        return np.ascontiguousarray(array)
+
+    def __call__(
+        self, x: object, params: object = None, out: np.ndarray | None = None
+    ) -> np.ndarray:
+        """Run on `x`; `params` (runtime-payload builds) is the flat parameter array; `out`, if
+        given, is filled in place (C-contiguous, output shape and dtype)."""
+        x = self.check(x, self.input_shape, "input")
+        if out is None:
+            out = np.empty(self.output_shape, dtype=self.dtype)
+        elif not out.flags.c_contiguous:
+            raise ValueError(f"{self.symbol}: out must be C-contiguous")
+        else:
+            out = self.check(out, self.output_shape, "out")
+        args = [x.ctypes.data, out.ctypes.data]
+        if self.params_size is not None:
+            if params is None:
+                raise ValueError(f"{self.symbol}: this build takes its parameters at call time")
+            flat = self.check(params, (self.params_size,), "params")
+            args.append(flat.ctypes.data)
+        elif params is not None:
+            raise ValueError(f"{self.symbol}: parameters are compiled in; params must be None")
+        status = self._func(*args)
+        if status == Status.LOG_DOMAIN and self.explain is not None:
+            self.explain(x)
+        raise_for_status(status, self.symbol)
+        return out
+
+
+class Library:
+    """A shared library from `tlc-compile`: one `EntryPoint` per graph, by graph name."""
+
+    def __init__(self, path: str):
+        self.path = os.path.abspath(path)
+        header = os.path.splitext(self.path)[0] + ".h"
+        try:
+            self.lib = ctypes.CDLL(_fresh_copy(self.path))
+            with open(header, encoding="utf-8") as f:
+                text = f.read()
+        except OSError as exc:
+            raise DiagnosticError.simple(f"cannot load '{path}': {exc}") from None
+        self.graphs: dict[str, EntryPoint] = {}
+        for graph, ctype, runtime in _entries(text):
+            self.graphs[graph] = self._entry(graph, np.dtype(ctype), runtime)
+        if not self.graphs:
+            raise DiagnosticError.simple(f"'{header}' declares no tlc entry points")
+
+    def _entry(self, graph: str, dtype: np.dtype, runtime: bool) -> EntryPoint:
+        symbol = f"tlc_{graph}"
+        return EntryPoint(
+            symbol,
+            ctypes.cast(getattr(self.lib, symbol), ctypes.c_void_p).value,
+            self._shape(f"{symbol}_input"),
+            self._shape(f"{symbol}_output"),
+            dtype,
+            self._params_size(symbol) if runtime else None,
+            owner=self.lib,
+        )
+
+    def _shape(self, prefix: str) -> Shape:
+        rank = getattr(self.lib, f"{prefix}_rank")()
+        dims = (ctypes.c_int64 * max(rank, 1))()
+        getattr(self.lib, f"{prefix}_shape")(dims)
+        return tuple(int(d) for d in dims[:rank])
+
+    def _params_size(self, symbol: str) -> int:
+        func = getattr(self.lib, f"{symbol}_params_size")
+        func.restype = ctypes.c_int64
+        return int(func())
+
+    def __getitem__(self, graph: str) -> EntryPoint:
+        return self.graphs[graph]
+
+    def __call__(self, x: object, params: object = None) -> np.ndarray:
+        """Call the library's only graph (use `lib["name"]` when it has several)."""
+        if len(self.graphs) != 1:
+            raise TypeError(
+                f"{self.path} has graphs {sorted(self.graphs)}; pick one with lib[name]"
+            )
+        return next(iter(self.graphs.values()))(x, params)
+
+
+def _fresh_copy(path: str) -> str:
+    """The library under a name derived from its contents: the dynamic loader returns an
+    already loaded library for a path it has seen, so a rebuilt library at the same path would
+    otherwise be the stale one."""
+    with open(path, "rb") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()[:16]
+    directory = os.path.join(tempfile.gettempdir(), f"tlc-load-{digest}")
+    os.makedirs(directory, exist_ok=True)
+    copy = os.path.join(directory, os.path.basename(path))
+    if not os.path.exists(copy):
+        shutil.copyfile(path, copy)
+    return copy
+
+
+def _entries(header: str) -> list[tuple[str, str, bool]]:
+    """(graph, C scalar type, takes params) for each entry point the header declares."""
+    pattern = re.compile(
+        r"^int tlc_(\w+)\(const (float|double) \*in, (?:float|double) \*out"
+        r"(, const (?:float|double) \*params)?\);",
+        re.M,
+    )
+    return [
+        (m.group(1), "float32" if m.group(2) == "float" else "float64", m.group(3) is not None)
+        for m in pattern.finditer(header)
+    ]
+
+
+def load(path: str) -> Library:
+    """Open a library built by tlc-compile as a Python callable (see `Library`)."""
+    return Library(path)

@@ -1,0 +1,365 @@
+"""One LLVM module per graph: the entry point, its shape queries, and single-node kernels.
+
+`build_graph_module` checks the graph (shapes, payload, lowerability) and emits
+
+    i32 @tlc_<graph>(T* in, T* out)            ; or (T* in, T* out, T* params)
+    i32 @tlc_<graph>_input_rank() / _output_rank()
+    i32 @tlc_<graph>_input_shape(i64* dims) / _output_shape(i64* dims)
+    i64 @tlc_<graph>_params_size()             ; --runtime-payload only
+
+The entry checks its pointers (status 1 on null), then runs every node in order. Views
+(input, const, reshape, flatten, detach, rand_uniform) alias their source; every other node gets
+a slice of one workspace, kept on the stack when small and malloc'ed otherwise (freed on every
+exit), so the code holds no global mutable state and is re-entrant. The output node writes
+straight into `out`. With `batch=N` the single-example body is called for each of N rows.
+Payload fields are private constants by default; with `runtime_payload` they are slices of the
+caller's `params` array, laid out by `ParamSlot`s.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from llvmlite import ir
+from xdsl.dialects.builtin import ModuleOp
+
+from tlc.codegen.builder import I32, I64, Buf, KernelBuilder, Status, scalar_type
+from tlc.codegen.lower import LOWERINGS, UNSUPPORTED, ParamSpec, Step
+from tlc.diagnostics import error
+from tlc.dialect import ops
+from tlc.dialect.ops import GraphOp, NodeOp
+from tlc.dialect.shapes import Shape, ShapeError, numel
+from tlc.passes.infer_shapes import infer_graph_shapes
+from tlc.passes.payload_check import prepare_records
+from tlc.payload import Payload, Record, payload_from_module
+
+#: Workspaces up to this many bytes live on the stack; larger ones are malloc'ed per call.
+STACK_LIMIT = 128 * 1024
+#: Workspace slices start on 64-byte boundaries (one AVX-512 vector).
+ALIGN = 64
+
+
+@dataclass(frozen=True)
+class ParamSlot:
+    """Where one payload field sits in a runtime `params` array (offset in elements)."""
+
+    node: int
+    field: str
+    offset: int
+    shape: Shape
+    default: float | None
+
+
+@dataclass(frozen=True)
+class GraphModule:
+    """LLVM IR for one graph, with the interface facts callers need."""
+
+    ir: str
+    symbol: str
+    input_shape: Shape
+    output_shape: Shape
+    dtype: np.dtype
+    params: tuple[ParamSlot, ...] | None
+
+    @property
+    def params_size(self) -> int:
+        return sum(numel(p.shape) for p in self.params or ())
+
+
+def check_lowerable(graph: GraphOp) -> None:
+    for node in graph.nodes:
+        reason = UNSUPPORTED.get(type(node))
+        if reason is not None:
+            raise error(f"codegen: cannot compile {node.TAG} node {node.id}: {reason}", node)
+
+
+def param_specs(node: NodeOp, shapes: list[Shape]) -> dict[str, ParamSpec]:
+    parents = [shapes[p] for p in node.parent_ids()]
+    return LOWERINGS[type(node)].params(node, parents, shapes[node.id])
+
+
+def field_value(
+    node: NodeOp, name: str, spec: ParamSpec, record: Record | None, dtype
+) -> np.ndarray:
+    """A payload field cast to `dtype` and shaped as the lowering reads it, or its default."""
+    if record is not None and name in record:
+        return np.asarray(record[name], dtype=dtype).reshape(spec.shape)
+    if spec.default is None:
+        raise error(f"IR eval: missing {node.TAG} payload for node {node.id}", node)
+    return np.full(spec.shape, spec.default, dtype=dtype)
+
+
+def lower_node(
+    k: KernelBuilder, node: NodeOp, args: list[Buf], params: dict[str, Buf], out: Buf
+) -> Buf:
+    """Emit one node; returns where its value lives (`out`, or the buffer a view aliases)."""
+    lowering = LOWERINGS[type(node)]
+    result = lowering.emit(k, Step(node, args, params, out))
+    return result if lowering.view else out
+
+
+def graph_symbol(graph: GraphOp) -> str:
+    return f"tlc_{graph.graph_name}"
+
+
+def build_graph_module(
+    graph: GraphOp,
+    payload: Payload | None,
+    dtype: type = np.float64,
+    *,
+    batch: int | None = None,
+    runtime_payload: bool = False,
+) -> GraphModule:
+    """Check `graph` and its payload, and emit its module (see the module docstring)."""
+    shapes = infer_graph_shapes(graph)
+    check_lowerable(graph)
+    # A runtime-payload build needs no values, but checks any it is given.
+    records = (
+        {}
+        if runtime_payload and not payload
+        else prepare_records(graph, payload or Payload(), dtype, shapes)
+    )
+    inputs = [n for n in graph.nodes if isinstance(n, ops.InputOp)]
+    if len(inputs) > 1:
+        raise error(
+            f"codegen: graph @{graph.graph_name} has {len(inputs)} input nodes; compiled entry "
+            "points take exactly one input",
+            inputs[1],
+        )
+    output = graph.output
+    assert output is not None, "verify-structure guarantees an output"
+    out_node = output.value.owner
+    assert isinstance(out_node, NodeOp)
+    in_shape = shapes[inputs[0].id] if inputs else ()
+    out_shape = shapes[out_node.id]
+    symbol = graph_symbol(graph)
+    T = scalar_type(dtype)
+    module = ir.Module(name=symbol)
+    slots = _param_slots(graph, shapes) if runtime_payload else None
+
+    body_args = [T.as_pointer()] * (3 if runtime_payload else 2)
+    body = ir.Function(module, ir.FunctionType(I32, body_args), f"{symbol}.body")
+    body.linkage = "internal"
+    for arg in body.args:
+        arg.add_attribute("noalias")
+    k = KernelBuilder(body, dtype)
+    x_ptr, out_ptr = body.args[0], body.args[1]
+    workspace = _Workspace(k, graph, shapes, out_node)
+    values: list[Buf] = []
+    slot_at = {(s.node, s.field): s for s in slots or ()}
+    for node in graph.nodes:
+        args = [values[p] for p in node.parent_ids()] or (
+            [Buf(x_ptr, in_shape)] if isinstance(node, ops.InputOp) else []
+        )
+        params = {}
+        for name, spec in param_specs(node, shapes).items():
+            if slots is not None:
+                offset = slot_at[(node.id, name)].offset
+                params[name] = Buf(k.at(Buf(body.args[2], ()), offset), spec.shape)
+            else:
+                value = field_value(node, name, spec, records.get(node.id), dtype)
+                params[name] = Buf(k.global_constant(f"p{node.id}.{name}", value), spec.shape)
+        dest = Buf(out_ptr, out_shape) if node is out_node else workspace.slot(node)
+        values.append(lower_node(k, node, args, params, dest))
+    if values[out_node.id].ptr is not out_ptr:
+        k.copy(Buf(out_ptr, out_shape), values[out_node.id])
+    k.exit_with(Status.OK)
+    workspace.finish()
+
+    full_in = (batch, *in_shape) if batch is not None else in_shape
+    full_out = (batch, *out_shape) if batch is not None else out_shape
+    _entry(module, symbol, body, T, batch, numel(in_shape), numel(out_shape))
+    _shape_query(module, f"{symbol}_input", full_in)
+    _shape_query(module, f"{symbol}_output", full_out)
+    if slots is not None:
+        size = ir.Function(module, ir.FunctionType(I64, []), f"{symbol}_params_size")
+        ir.IRBuilder(size.append_basic_block()).ret(
+            ir.Constant(I64, sum(numel(s.shape) for s in slots))
+        )
+    return GraphModule(
+        str(module),
+        symbol,
+        full_in,
+        full_out,
+        np.dtype(dtype),
+        tuple(slots) if slots is not None else None,
+    )
+
+
+def _param_slots(graph: GraphOp, shapes: list[Shape]) -> list[ParamSlot]:
+    """Every payload field of every node, in node order then field order, packed densely."""
+    slots, offset = [], 0
+    for node in graph.nodes:
+        for name, spec in param_specs(node, shapes).items():
+            slots.append(ParamSlot(node.id, name, offset, spec.shape, spec.default))
+            offset += numel(spec.shape)
+    return slots
+
+
+class _Workspace:
+    """Scratch storage for the nodes that compute into memory of their own."""
+
+    def __init__(self, k: KernelBuilder, graph: GraphOp, shapes: list[Shape], out_node: NodeOp):
+        self.k = k
+        self.offsets: dict[int, int] = {}
+        total = 0
+        itemsize = k.dtype.itemsize
+        for node in graph.nodes:
+            if node is out_node or LOWERINGS[type(node)].view:
+                continue
+            self.offsets[node.id] = total
+            total += -(-max(numel(shapes[node.id]), 1) * itemsize // ALIGN) * ALIGN // itemsize
+        self.shapes = shapes
+        self.heap = total * itemsize > STACK_LIMIT
+        b = k.b
+        if self.heap:
+            malloc = ir.Function(
+                k.module, ir.FunctionType(ir.IntType(8).as_pointer(), [I64]), "malloc"
+            )
+            raw = b.call(malloc, [ir.Constant(I64, total * itemsize)])
+            self.raw = raw
+            failed = b.icmp_unsigned("==", raw, ir.Constant(raw.type, None))
+            k.fail_if(failed, Status.OUT_OF_MEMORY)
+            self.base = b.bitcast(raw, k.T.as_pointer())
+        else:
+            with b.goto_block(k.alloca_block):
+                array = b.alloca(ir.ArrayType(k.T, max(total, 1)), name="workspace")
+                array.align = ALIGN
+                self.base = b.bitcast(array, k.T.as_pointer())
+
+    def slot(self, node: NodeOp) -> Buf:
+        shape = self.shapes[node.id]
+        if node.id not in self.offsets:  # a view: the rule returns the aliased buffer
+            return Buf(self.base, shape)
+        return Buf(self.k.at(Buf(self.base, ()), self.offsets[node.id]), shape)
+
+    def finish(self) -> None:
+        """Close the function: allocas fall through to the body, the exit frees and returns."""
+        k = self.k
+
+        def free() -> None:
+            func = ir.Function(k.module, ir.FunctionType(ir.VoidType(), [self.raw.type]), "free")
+            k.b.call(func, [self.raw])
+
+        k.finish(free if self.heap else None)
+
+
+def _entry(
+    module: ir.Module,
+    symbol: str,
+    body: ir.Function,
+    T: ir.Type,
+    batch: int | None,
+    in_size: int,
+    out_size: int,
+) -> None:
+    """The exported entry: null checks, then the body once or once per batch row."""
+    entry = ir.Function(module, ir.FunctionType(I32, [a.type for a in body.args]), symbol)
+    b = ir.IRBuilder(entry.append_basic_block("entry"))
+    null = ir.Constant(T.as_pointer(), None)
+    bad = b.icmp_unsigned("==", entry.args[0], null)
+    for arg in entry.args[1:]:
+        bad = b.or_(bad, b.icmp_unsigned("==", arg, null))
+    with b.if_then(bad, likely=False):
+        b.ret(ir.Constant(I32, int(Status.NULL_POINTER)))
+    if batch is None:
+        b.ret(b.call(body, list(entry.args)))
+        return
+    head, loop, done = (entry.append_basic_block(n) for n in ("row", "call", "done"))
+    pre = b.block
+    b.branch(head)
+    b.position_at_end(head)
+    row = b.phi(I64, "row")
+    row.add_incoming(ir.Constant(I64, 0), pre)
+    b.cbranch(b.icmp_signed("<", row, ir.Constant(I64, batch)), loop, done)
+    b.position_at_end(loop)
+    x = b.gep(entry.args[0], [b.mul(row, ir.Constant(I64, in_size))], inbounds=True)
+    y = b.gep(entry.args[1], [b.mul(row, ir.Constant(I64, out_size))], inbounds=True)
+    status = b.call(body, [x, y, *entry.args[2:]])
+    row.add_incoming(b.add(row, ir.Constant(I64, 1)), loop)
+    failed = b.icmp_signed("!=", status, ir.Constant(I32, 0))
+    fail = entry.append_basic_block("fail")
+    b.cbranch(failed, fail, head)
+    b.position_at_end(fail)
+    b.ret(status)
+    b.position_at_end(done)
+    b.ret(ir.Constant(I32, 0))
+
+
+def _shape_query(module: ir.Module, prefix: str, shape: Shape) -> None:
+    """`i32 <prefix>_rank()` and `i32 <prefix>_shape(i64* dims)` (status 1 on null)."""
+    rank = ir.Function(module, ir.FunctionType(I32, []), f"{prefix}_rank")
+    ir.IRBuilder(rank.append_basic_block()).ret(ir.Constant(I32, len(shape)))
+    query = ir.Function(module, ir.FunctionType(I32, [I64.as_pointer()]), f"{prefix}_shape")
+    b = ir.IRBuilder(query.append_basic_block())
+    with b.if_then(b.icmp_unsigned("==", query.args[0], ir.Constant(I64.as_pointer(), None))):
+        b.ret(ir.Constant(I32, int(Status.NULL_POINTER)))
+    for axis, extent in enumerate(shape):
+        b.store(ir.Constant(I64, extent), b.gep(query.args[0], [ir.Constant(I64, axis)]))
+    b.ret(ir.Constant(I32, 0))
+
+
+def build_node_module(
+    node: NodeOp, parent_shapes: list[Shape], record: Record | None, dtype: type
+) -> tuple[str, str, Shape]:
+    """IR for one node as `i32 @tlc_node(T** args, T* out)` (for mixed kernel plans): returns
+    (ir, symbol, output shape). Parameters are baked from `record`."""
+    reason = UNSUPPORTED.get(type(node))
+    if reason is not None:
+        raise error(f"codegen: cannot compile {node.TAG} node {node.id}: {reason}", node)
+    if isinstance(node, ops.InputOp):
+        raise error(f"codegen: input node {node.id} has no kernel: its value is the input", node)
+    try:
+        out_shape = node.infer(parent_shapes)
+    except ShapeError as exc:
+        raise error(str(exc), node) from None
+    T = scalar_type(dtype)
+    module = ir.Module(name="tlc_node")
+    func = ir.Function(
+        module, ir.FunctionType(I32, [T.as_pointer().as_pointer(), T.as_pointer()]), "tlc_node"
+    )
+    k = KernelBuilder(func, dtype)
+    args = [
+        Buf(k.b.load(k.b.gep(func.args[0], [k.i64(i)])), shape)
+        for i, shape in enumerate(parent_shapes)
+    ]
+    specs = LOWERINGS[type(node)].params(node, parent_shapes, out_shape)
+    params = {
+        name: Buf(k.global_constant(name, field_value(node, name, spec, record, dtype)), spec.shape)
+        for name, spec in specs.items()
+    }
+    out = Buf(func.args[1], out_shape)
+    value = lower_node(k, node, args, params, out)
+    if value.ptr is not out.ptr:
+        k.copy(out, value)
+    k.exit_with(Status.OK)
+    k.finish()
+    return str(module), "tlc_node", out_shape
+
+
+def optimized_ir(module: ModuleOp, dtype: type = np.float64) -> str:
+    """Every graph of `module` compiled with its inline payload, as optimised LLVM IR text
+    (what `tlc-opt --emit llvm` prints)."""
+    from tlc.codegen.target import compile_ir
+
+    texts = []
+    for graph in module.ops:
+        if isinstance(graph, GraphOp):
+            built = build_graph_module(graph, payload_from_module(module, graph.graph_name), dtype)
+            texts.append(str(compile_ir(built.ir)))
+    return "\n".join(texts)
+
+
+def pack_params(graph: GraphOp, payload: Payload, dtype: type = np.float64) -> np.ndarray:
+    """The flat `params` array a --runtime-payload build of `graph` takes, from `payload`
+    (checked against the graph; absent optional fields get their defaults)."""
+    shapes = infer_graph_shapes(graph)
+    records = prepare_records(graph, payload, dtype, shapes)
+    parts = [
+        field_value(
+            graph.nodes[s.node], s.field, ParamSpec(s.shape, s.default), records.get(s.node), dtype
+        ).reshape(-1)
+        for s in _param_slots(graph, shapes)
+    ]
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)

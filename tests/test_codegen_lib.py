@@ -1,0 +1,152 @@
+"""Shared libraries: tlc-compile, the C header and ABI from a real C program, tlc.load, misuse."""
+
+from __future__ import annotations
+
+import ctypes
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tlc
+from tlc.codegen.module import pack_params
+from tlc.codegen.shared_lib import build_library
+from tlc.evaluate import checked_graph
+from tlc.passes.interpret import EvalError, interpret
+from tlc.payload import Payload, payload_from_module, save_npz
+from tlc.tools.compile import main as compile_main
+
+ROOT = Path(__file__).parent.parent
+MLP_PATH = ROOT / "examples" / "mlp.tlir"
+X0 = [0.3, -0.2, 0.1, 0.4]
+
+C_PROGRAM = r"""
+#include <math.h>
+#include <stdio.h>
+#include "libmlp.h"
+
+int main(void) {
+    const double x[TLC_MLP_INPUT_SIZE] = {0.3, -0.2, 0.1, 0.4};
+    double y[TLC_MLP_OUTPUT_SIZE];
+    int64_t dims[4];
+    if (tlc_mlp_input_rank() != 1 || tlc_mlp_input_shape(dims) != TLC_OK || dims[0] != 4) return 10;
+    if (tlc_mlp_output_rank() != 0) return 11;
+    if (tlc_mlp(NULL, y) != TLC_ERR_NULL_POINTER) return 12;
+    if (tlc_mlp(x, NULL) != TLC_ERR_NULL_POINTER) return 13;
+    if (tlc_mlp_input_shape(NULL) != TLC_ERR_NULL_POINTER) return 14;
+    int status = tlc_mlp(x, y);
+    if (status != TLC_OK) return 15;
+    printf("%.6f\n", y[0]);
+    return fabs(y[0] - 0.027713) < 5e-7 ? 0 : 16;
+}
+"""
+
+
+def compile_lib(tmp_path: Path, *args: str, name: str = "libmlp.so") -> Path:
+    out = tmp_path / name
+    assert compile_main([str(MLP_PATH), "-o", str(out), *args]) == 0
+    return out
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler")
+def test_c_program_against_the_header(tmp_path: Path) -> None:
+    lib = compile_lib(tmp_path)
+    header = (tmp_path / "libmlp.h").read_text()
+    assert "int tlc_mlp(const double *in, double *out);" in header
+    (tmp_path / "main.c").write_text(C_PROGRAM)
+    exe = tmp_path / "main"
+    subprocess.run(
+        ["cc", "-Wall", "-Werror", "-o", str(exe), str(tmp_path / "main.c"), f"-I{tmp_path}",
+         f"-L{tmp_path}", "-lmlp", "-lm", f"-Wl,-rpath,{tmp_path}"],
+        check=True,
+    )  # fmt: skip
+    done = subprocess.run([str(exe)], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done
+    assert done.stdout == "0.027713\n"
+    assert lib.exists()
+
+
+@pytest.mark.parametrize("dtype", ["f64", "f32"])
+def test_load_wraps_the_library(tmp_path: Path, dtype: str) -> None:
+    lib = tlc.load(str(compile_lib(tmp_path, "--dtype", dtype)))
+    scalar = np.float64 if dtype == "f64" else np.float32
+    out = lib(np.array(X0, dtype=scalar))
+    assert out.dtype == scalar and f"{float(out):.6f}" == "0.027713"
+
+
+def test_load_refuses_misuse(tmp_path: Path) -> None:
+    lib = tlc.load(str(compile_lib(tmp_path)))
+    with pytest.raises(ValueError, match=r"tlc_mlp: input has shape \[2, 2\], expected \[4\]"):
+        lib(np.zeros((2, 2)))
+    with pytest.raises(TypeError, match="tlc_mlp: input has dtype float32, expected float64"):
+        lib(np.zeros(4, dtype=np.float32))
+    with pytest.raises(ValueError, match="expected \\[4\\]"):
+        lib(np.zeros(3))
+    with pytest.raises(KeyError):
+        lib["nope"]
+    raw = ctypes.CDLL(str(tmp_path / "libmlp.so")).tlc_mlp
+    assert raw(None, None) == 1  # null pointers are a status, not a crash
+
+
+def test_rebuilt_library_is_reloaded(tmp_path: Path) -> None:
+    """The loader copies a library to a content-addressed name: a rebuild at the same path is
+    not served from the dynamic loader's cache."""
+    first = tlc.load(str(compile_lib(tmp_path)))(np.array(X0))
+    npz = tmp_path / "p.npz"
+    module = tlc.parse(MLP_PATH.read_text())
+    payload = payload_from_module(module, "mlp")
+    payload.records[3]["bias"] = payload.records[3]["bias"] + 1.0
+    save_npz(payload, str(npz))
+    second = tlc.load(str(compile_lib(tmp_path, "--payload", str(npz))))(np.array(X0))
+    assert float(first) != float(second)
+
+
+def test_runtime_payload(tmp_path: Path) -> None:
+    lib = tlc.load(str(compile_lib(tmp_path, "--runtime-payload", "--batch", "3")))
+    module = tlc.parse(MLP_PATH.read_text())
+    graph = checked_graph(module)
+    payload = payload_from_module(module, "mlp")
+    xs = np.random.default_rng(0).normal(size=(3, 4))
+    params = pack_params(graph, payload)
+    assert params.shape == (43,)
+    expected = [interpret(graph, payload, x).output for x in xs]
+    np.testing.assert_allclose(lib(xs, params), expected, rtol=1e-12)
+    doubled = Payload({nid: {k: 2 * v for k, v in rec.items()} for nid, rec in payload.items()})
+    expected2 = [interpret(graph, doubled, x).output for x in xs]
+    np.testing.assert_allclose(lib(xs, pack_params(graph, doubled)), expected2, rtol=1e-12)
+    with pytest.raises(ValueError, match="takes its parameters at call time"):
+        lib(xs)
+    with pytest.raises(ValueError, match=r"params has shape \[4\], expected \[43\]"):
+        lib(xs, np.zeros(4))
+
+
+LOG_DOC = """
+tl.graph @lg {
+  %0 = input : [2]
+  %1 = log(%0) : [2]
+  output %1
+}
+"""
+
+
+def test_library_log_domain_status(tmp_path: Path) -> None:
+    module = tlc.parse(LOG_DOC)
+    graph = checked_graph(module)
+    built = build_library([(graph, None)], str(tmp_path / "liblg.so"))
+    lib = tlc.load(built.library)
+    np.testing.assert_allclose(lib(np.array([1.0, np.e])), [0.0, 1.0])
+    with pytest.raises(EvalError, match="IR eval: log: input contains values <= 0"):
+        lib(np.array([1.0, -1.0]))
+    raw = ctypes.CDLL(built.library).tlc_lg
+    x, y = (ctypes.c_double * 2)(1.0, 0.0), (ctypes.c_double * 2)()
+    assert raw(x, y) == 2  # TLC_ERR_LOG_DOMAIN
+
+
+def test_compile_tool_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert compile_main([str(MLP_PATH), "-o", str(tmp_path / "x.dylib")]) == 1
+    assert "must end in .so" in capsys.readouterr().err
+    assert compile_main([str(MLP_PATH), "-o", str(tmp_path / "l.so"), "--graph", "@zz"]) == 1
+    assert "no graph named @zz" in capsys.readouterr().err
+    assert compile_main([str(MLP_PATH), "-o", str(tmp_path / "l.so"), "--batch", "0"]) == 2

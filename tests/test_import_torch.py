@@ -1,0 +1,172 @@
+"""PyTorch FX import: the seed's model, a CNN and an MLP, every functional/method form the
+importer claims, and its refusals.
+
+Tolerances: the imported graph runs by the reference denotation in float64 and is compared with
+the same PyTorch model converted to float64, so both compute the same formulas in the same
+precision; only summation order and libm differ: rtol 1e-10, atol 1e-12.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.nn.functional as F  # noqa: E402
+from torch import nn  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).parent / "models"))
+
+import seed_fx  # noqa: E402
+import torch_models  # noqa: E402
+
+import tlc  # noqa: E402
+from tlc.diagnostics import DiagnosticError  # noqa: E402
+from tlc.dialect.printer import print_listing  # noqa: E402
+from tlc.passes.interpret import interpret  # noqa: E402
+
+SEED_LISTING = """\
+0: input parents=[] out=[4]
+1: linear(payload=node_id) parents=[0] out=[5]
+2: relu parents=[1] out=[5]
+3: linear(payload=node_id) parents=[2] out=[3]
+4: sum parents=[3] out=[]
+5: tanh parents=[4] out=[]"""
+
+X0 = [0.3, -0.2, 0.1, 0.4]
+
+
+def check_against_torch(model: nn.Module, *examples: torch.Tensor) -> tlc.program.Traced:
+    traced = tlc.from_torch(model, examples if len(examples) > 1 else examples[0])
+    inputs = [e.double().numpy() for e in examples]
+    ours = interpret(traced.graph, traced.payload, inputs if len(inputs) > 1 else inputs[0])
+    with torch.no_grad():
+        expected = model.double()(*(e.double() for e in examples)).numpy()
+    assert ours.output.shape == expected.shape
+    np.testing.assert_allclose(ours.output, expected, rtol=1e-10, atol=1e-12)
+    return traced
+
+
+def test_seed_model_imports_to_the_six_node_listing() -> None:
+    traced = tlc.from_torch(seed_fx.make(), torch.tensor(X0))
+    assert print_listing(traced.graph) == SEED_LISTING
+    assert sorted(traced.payload) == [1, 3]
+    assert traced.payload[1]["weight"].shape == (5, 4)  # PyTorch's [out, in]
+    assert f"{float(interpret(traced.graph, traced.payload, X0).output):.6f}" == "0.027713"
+
+
+def test_seed_model_compiles_with_llvm() -> None:
+    traced = tlc.from_torch(seed_fx.make(), torch.tensor(X0))
+    compiled = tlc.compile(traced.module, traced.payload)
+    assert f"{float(compiled(np.array(X0))):.6f}" == "0.027713"
+
+
+def test_cnn_matches_pytorch() -> None:
+    traced = check_against_torch(torch_models.cnn(), torch.randn(2, 3, 8, 8))
+    tags = [n.TAG for n in traced.graph.nodes]
+    assert tags[:5] == ["input", "conv", "batch_norm_eval", "relu", "max_pool"]
+    assert traced.graph.nodes[1].meta("channel_axis") == 1  # the batch dim stays
+
+
+def test_mlp_matches_pytorch() -> None:
+    check_against_torch(torch_models.mlp(), torch.randn(3, 8))
+
+
+class Functional(nn.Module):
+    """Functional and method forms, broadcasting against scalars and parameters."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(6, 4))
+        self.v = nn.Parameter(torch.randn(6, 4))
+        self.b = nn.Parameter(torch.randn(4))
+        self.k = nn.Parameter(torch.randn(3, 2, 3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [2, 2, 6]
+        y = F.conv1d(x, self.k, padding=1)  # [2, 3, 6]
+        y = F.max_pool1d(F.relu(y), 2)  # [2, 3, 3]
+        y = torch.cat([y, y.sigmoid()], dim=-1).transpose(1, 2)  # [2, 6, 3]
+        z = x.permute(0, 2, 1).reshape(2, 6, 2).sum(dim=2, keepdim=True)  # [2, 6, 1]
+        y = (y - z) * 0.5  # [2, 6, 3]
+        h = torch.matmul(y.transpose(1, 2), self.w) + self.b  # [2, 3, 4]
+        h = F.linear(F.softplus(-h).mean(1), self.v, bias=None)  # [2, 6]
+        return F.log_softmax(torch.tanh(h).view(h.size(0), -1), dim=1).flatten()
+
+
+class Sizes(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.view(x.size(0), x.shape[1] * x.size(2)).abs().sqrt().exp()
+
+
+def test_functional_and_method_forms_match_pytorch() -> None:
+    torch.manual_seed(3)
+    traced = check_against_torch(Functional(), torch.randn(2, 2, 6))
+    assert "broadcast_to" in [n.TAG for n in traced.graph.nodes]
+
+
+def test_static_sizes_are_folded() -> None:
+    traced = check_against_torch(Sizes(), torch.randn(2, 3, 4))
+    assert [n.TAG for n in traced.graph.nodes] == ["input", "reshape", "abs", "sqrt", "exp"]
+
+
+class TwoInputs(nn.Module):
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return torch.maximum(x, y) - torch.minimum(x, y) * y
+
+
+def test_several_inputs_become_several_input_nodes() -> None:
+    traced = check_against_torch(TwoInputs(), torch.randn(3), torch.randn(3))
+    assert [n.TAG for n in traced.graph.nodes[:2]] == ["input", "input"]
+
+
+class Elu(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.elu(x)
+
+
+class Pair(nn.Module):
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return x.relu(), x.tanh()
+
+
+class Slice(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x[1:]
+
+
+def _refusal(model: nn.Module, *examples: torch.Tensor) -> str:
+    with pytest.raises(DiagnosticError) as info:
+        tlc.from_torch(model, examples if len(examples) > 1 else examples[0])
+    return str(info.value)
+
+
+def test_refusals_name_the_node_and_target() -> None:
+    x = torch.randn(2, 4)
+    assert _refusal(Elu(), x) == (
+        "PyTorch graph import: unsupported target torch.nn.functional.elu "
+        "(FX node 'elu', call_function)"
+    )
+    assert _refusal(Pair(), x) == (
+        "PyTorch graph import: the model returns 2 values; tl graphs have one output"
+    )
+    assert _refusal(Slice(), x) == (
+        "PyTorch graph import: FX node 'getitem' (_operator.getitem): indexing or slicing a tensor"
+    )
+    assert _refusal(nn.Sequential(nn.BatchNorm1d(4)), x) == (
+        "PyTorch graph import: FX node '_0' (torch.nn.modules.batchnorm.BatchNorm1d): "
+        "batch norm in training mode (call .eval() first)"
+    )
+    assert _refusal(nn.Sequential(nn.Softplus(beta=2)), x) == (
+        "PyTorch graph import: FX node '_0' (torch.nn.modules.activation.Softplus): "
+        "softplus with beta=2, threshold=20.0 (only 1, 20)"
+    )
+    assert _refusal(nn.Sequential(nn.MaxPool1d(2, ceil_mode=True)), torch.randn(1, 2, 5)) == (
+        "PyTorch graph import: FX node '_0' (torch.nn.modules.pooling.MaxPool1d): "
+        "ceil_mode=True gives [1, 2, 3], tl pools round down to [1, 2, 2]"
+    )
+    assert _refusal(TwoInputs(), x) == (
+        "PyTorch graph import: the model takes 2 inputs (x, y), 1 example inputs given"
+    )

@@ -1,0 +1,187 @@
+"""The .tlir front end: bad input of any kind is a located diagnostic, never a traceback.
+
+Hypothesis mutates valid documents (the examples and the lit suite's op tests) with random
+printable edits and feeds random text; whatever parses must also survive verify-structure and
+infer-shapes (which may only report diagnostics) and print back to text that parses the same.
+"""
+
+from __future__ import annotations
+
+import string
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tlc.diagnostics import DiagnosticError
+from tlc.dialect.parser import _describe_terminal, _lark, parse_tlir
+from tlc.dialect.printer import print_mlir_op, print_tlir
+from tlc.frontend import context, parse_source
+from tlc.passes.infer_shapes import InferShapesPass
+from tlc.passes.verify_structure import VerifyStructurePass
+from tlc.tools.opt import split_chunks
+
+ROOT = Path(__file__).parent.parent
+
+
+def _seed_documents() -> list[str]:
+    """Valid documents: the examples and every chunk of the op tests that parses."""
+    docs = [p.read_text() for p in sorted((ROOT / "examples").glob("*.tlir"))]
+    for path in sorted((ROOT / "tests" / "lit" / "ops").glob("*.tlir")):
+        for chunk in split_chunks(path.read_text(), split=True):
+            try:
+                parse_tlir(chunk.text)
+            except DiagnosticError:
+                continue
+            docs.append(chunk.text)
+    return [d for d in docs if _parses(d)]
+
+
+def _parses(text: str) -> bool:
+    try:
+        parse_tlir(text)
+    except DiagnosticError:
+        return False
+    return True
+
+
+SEEDS = _seed_documents()
+# Characters a mutation inserts: printable ASCII, the dialect's own punctuation again (so edits
+# often stay close to the grammar), and a few non-ASCII ones.
+ALPHABET = string.printable + "%@{}[]():,=\"-" + "≥é\u00a0\t"
+
+
+def _check_loads_or_diagnoses(text: str) -> None:
+    """Parse; if that works, run both passes and round-trip the printed form."""
+    try:
+        module = parse_source(text, "fuzz.tlir")
+    except DiagnosticError as exc:
+        assert exc.diagnostics and all(d.location is not None for d in exc.diagnostics), exc
+        assert all(d.location.file == "fuzz.tlir" for d in exc.diagnostics if d.location)
+        return
+    for pass_ in (VerifyStructurePass(), InferShapesPass()):
+        try:
+            pass_.apply(context(), module)
+        except DiagnosticError as exc:
+            assert all(d.location is not None for d in exc.diagnostics), exc
+            break
+    printed = print_tlir(module)
+    again = parse_source(printed, "printed.tlir")
+    assert print_tlir(again) == printed
+    assert print_mlir_op(again) == print_mlir_op(module)
+
+
+edits = st.lists(
+    st.tuples(
+        st.sampled_from(["insert", "delete", "replace"]),
+        st.integers(min_value=0, max_value=10_000),
+        st.text(alphabet=ALPHABET, min_size=1, max_size=3),
+    ),
+    min_size=1,
+    max_size=4,
+)
+
+
+def _mutate(text: str, changes: list[tuple[str, int, str]]) -> str:
+    for kind, position, chars in changes:
+        at = position % (len(text) + 1)
+        if kind == "insert":
+            text = text[:at] + chars + text[at:]
+        elif kind == "delete":
+            text = text[:at] + text[at + len(chars) :]
+        else:
+            text = text[:at] + chars + text[at + len(chars) :]
+    return text
+
+
+def test_seed_documents_cover_every_op() -> None:
+    from tlc.dialect.ops import NODE_OPS
+
+    joined = "\n".join(SEEDS)
+    forward = [op for op in NODE_OPS if op.__module__ == "tlc.dialect.ops"]
+    missing = [op.TAG for op in forward if f"= {op.TAG}" not in joined]
+    assert len(SEEDS) > 80 and not missing, missing
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from(SEEDS), edits)
+def test_mutated_documents_load_or_give_located_diagnostics(
+    seed: str, changes: list[tuple[str, int, str]]
+) -> None:
+    _check_loads_or_diagnoses(_mutate(seed, changes))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(alphabet=st.characters(codec="utf-8"), max_size=200))
+def test_random_text_gives_located_diagnostics(text: str) -> None:
+    _check_loads_or_diagnoses(text)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.binary(max_size=200))
+def test_random_bytes_decoded_leniently(data: bytes) -> None:
+    _check_loads_or_diagnoses(data.decode("utf-8", errors="replace"))
+
+
+# -- messages ------------------------------------------------------------------------------------
+
+
+def test_every_terminal_reads_as_words() -> None:
+    ignored = set(_lark().ignore_tokens)  # whitespace and comments are never expected
+    for terminal in _lark().terminals:
+        if terminal.name in ignored:
+            continue
+        shown = _describe_terminal(terminal.name)
+        assert "__" not in shown and terminal.name not in shown, (terminal.name, shown)
+        assert "text matching" not in shown, f"add a phrase for {terminal.name}"
+
+
+def _message(text: str) -> str:
+    with pytest.raises(DiagnosticError) as info:
+        parse_tlir(text, "m.tlir")
+    (diag,) = info.value.diagnostics
+    return f"{diag.location}: {diag.message}"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("tl.graph @g { %0 = input : [4] %1 = relu(%0 : [4] output %1 }",
+         "m.tlir:1:45: unexpected ':'; expected ')' or ','"),
+        ("tl.graph @g { %0 = input : [4] output %0",
+         "m.tlir:1:41: unexpected end of input; expected '}'"),
+        ("tl.graph @g {\n  %0 = input : [4]\n}",
+         "m.tlir:3:1: unexpected '}'; expected 'kernel', 'output' or a value like %0"),
+        ("tl.graph @g { %0 = input : [4] output %9 }", "m.tlir:1:39: use of undefined value %9"),
+        ("tl.graph @g { %0 = input : [4] %0 = input : [4] output %0 }",
+         "m.tlir:1:32: redefinition of value %0"),
+        ("tl.graph @g { %0 = inptu : [4] output %0 }", "m.tlir:1:20: unknown op kind 'inptu'"),
+        ("tl.payload @g { %1 = linear {w = [[1.0], [1.0, 2.0]]} }",
+         "m.tlir:1:30: payload field 'w' is not a rectangular array of numbers"),
+    ],
+)  # fmt: skip
+def test_messages(text: str, message: str) -> None:
+    assert _message(text) == message
+
+
+def test_line_offset_shifts_locations() -> None:
+    with pytest.raises(DiagnosticError) as info:
+        parse_tlir("tl.graph @g {\n  %0 = foo\n  output %0\n}\n", "m.tlir", line_offset=10)
+    assert str(info.value.diagnostics[0].location) == "m.tlir:12:8"
+
+
+def test_mlir_input_gets_op_locations_and_verifier_messages() -> None:
+    text = '"builtin.module"() ({\n  "tl.graph"() ({\n    %0 = "tl.input"() : () -> !tl.tensor<[2]>\n'
+    text += '    "tl.output"(%0) : (!tl.tensor<[2]>) -> ()\n  }) {sym_name = "g"} : () -> ()\n'
+    text += "}) : () -> ()\n"
+    with pytest.raises(DiagnosticError) as info:
+        parse_source(text, "m.mlir")
+    (diag,) = info.value.diagnostics
+    assert str(diag.location) == "m.mlir:3:5"
+    assert diag.message == "attribute 'id' expected in operation 'tl.input'"
+
+
+def test_deep_nesting_is_a_diagnostic() -> None:
+    text = "tl.payload @g { %0 = const {value = " + "[" * 3000 + "]" * 3000 + "} }"
+    assert _message(text) == "m.tlir:1:1: the document nests too deeply"

@@ -1,0 +1,244 @@
+"""tlc-run: evaluate a graph of a .tlir document and print its output or its whole value table.
+
+    tlc-run FILE [--payload P.npz] [--input 0.3,-0.2,0.1,0.4 | --input x.npy]
+            [--arithmetic f64|f32|interval [--radius R] [--samples N]] [--print-values]
+            [--graph @name] [--backend reference]
+
+The chosen graph is checked first (verify-structure, infer-shapes); the payload is the document's
+inline `tl.payload` section unless `--payload` names an .npz file. Values print with six decimals
+(`--digits`), one line per node: `node 1: [0.107000, -0.017000, ...]`, scalars `node 4: 0.027720`,
+rank >= 2 as nested brackets, magnitudes >= 1e15 in exponent form. Without `--print-values`
+only the output node's line is printed.
+`--arithmetic interval` prints boxes for inputs within `--radius` of `--input` (docs/intervals.md):
+`node 0: [lo...] .. [hi...]`, `node k: none` where no sound rule applies; `--samples N` then checks
+N sampled evaluations against every box and reports the first counterexample (exit 1).
+`--grad` prints the scalar output and its gradient (f64, docs/autodiff.md): `output: 0.027713`,
+then `grad input: [...]` and `grad %1.weight: [[...]]` per parameter field, same number format.
+Each arithmetic is one entry of `ARITHMETICS` (a function printing its lines).
+Exit codes: 0 success, 1 diagnostics, 2 usage error, 70 internal error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+from xdsl.dialects.builtin import ModuleOp
+
+from tlc.diagnostics import DiagnosticError, SourceManager, error
+from tlc.dialect.ops import GraphOp, InputOp, NodeOp, node_id_of
+from tlc.dialect.shapes import fmt_shape
+from tlc.evaluate import checked_graph, parse_input_text, resolve_payload, shape_input
+from tlc.frontend import parse_source
+from tlc.payload import Payload
+from tlc.tools.common import read_input, run_tool
+from tlc.tools.run_program import params_payload, run_program_lines, select_program
+
+if TYPE_CHECKING:
+    from tlc.passes.interval_arith import Box
+
+BACKENDS = ("reference", "llvm", "plan")
+
+
+@dataclass
+class Job:
+    """A checked graph ready to run: everything an arithmetic needs."""
+
+    args: argparse.Namespace
+    module: ModuleOp
+    graph: GraphOp
+    payload: Payload
+
+    def input_value(self) -> np.ndarray:
+        """The `--input` value shaped like the graph's (single) input node."""
+        (node,) = self.input_nodes()
+        assert node.declared_shape is not None, "infer-shapes fills in every shape"
+        if self.args.input is None:
+            raise DiagnosticError.simple(
+                f"graph @{self.graph.graph_name} has an input node: give its value with --input"
+            )
+        return shape_input(parse_input_text(self.args.input), node.declared_shape)
+
+    def input_nodes(self) -> list[InputOp]:
+        nodes = [n for n in self.graph.nodes if isinstance(n, InputOp)]
+        if len(nodes) > 1:
+            raise DiagnosticError.simple(
+                f"graph @{self.graph.graph_name} has {len(nodes)} input nodes; tlc-run feeds "
+                "one (use tlc.run from Python for several)"
+            )
+        return nodes
+
+
+#: Magnitudes from here on print in exponent form (`1.000000e+300`), not as 300 digits.
+EXPONENT_FROM = 1e15
+
+
+def format_value(value: np.ndarray, digits: int = 6) -> str:
+    """`0.027720`, `[0.107000, -0.017000]`, nested brackets for rank >= 2 (row-major)."""
+    if value.ndim == 0:
+        x = float(value)
+        style = "e" if abs(x) >= EXPONENT_FROM and np.isfinite(x) else "f"
+        return f"{x:.{digits}{style}}"
+    return "[" + ", ".join(format_value(row, digits) for row in value) + "]"
+
+
+def _run_float(job: Job) -> list[str]:
+    from tlc.execute import execute_plan
+    from tlc.passes.interpret import DTYPES, interpret
+
+    if job.args.backend == "llvm":
+        return _run_llvm(job, DTYPES[job.args.arithmetic])
+    x = job.input_value() if job.input_nodes() else {}
+    # `--backend plan`: each node on the kernel its select-kernels plan names (docs/kernels.md).
+    evaluate = execute_plan if job.args.backend == "plan" else interpret
+    table = evaluate(job.graph, job.payload, x, DTYPES[job.args.arithmetic])
+    shown = range(len(table)) if job.args.print_values else [table.output_id]
+    return [f"node {i}: {format_value(table[i], job.args.digits)}" for i in shown]
+
+
+def _run_llvm(job: Job, dtype: type) -> list[str]:
+    """`--backend llvm`: JIT-compile the graph (payload baked in) and print its output node."""
+    from tlc.codegen.jit import compile_graph
+
+    if job.args.print_values:
+        raise DiagnosticError.simple(
+            "--print-values needs the reference backend: compiled code keeps only the output"
+        )
+    compiled = compile_graph(job.graph, job.payload, dtype)
+    x = job.input_value() if job.input_nodes() else np.zeros(compiled.input_shape)
+    output = job.graph.output
+    assert output is not None and isinstance(output.value.owner, NodeOp)
+    value = compiled(np.asarray(x, dtype=dtype))
+    return [f"node {output.value.owner.id}: {format_value(value, job.args.digits)}"]
+
+
+def _run_grad(job: Job) -> list[str]:
+    """`--grad`: the scalar output and its gradient with respect to the input and every
+    parameter (docs/autodiff.md); with `--backend llvm` the gradient graph runs compiled."""
+    from tlc.autodiff.modes import output_id, vjp
+    from tlc.passes.grad import build_grad_graph
+
+    out = job.graph.nodes[output_id(job.graph)]
+    if out.declared_shape != ():
+        shape = fmt_shape(out.declared_shape)
+        raise error(f"--grad needs a scalar output; node {out.id} has shape {shape}", out)
+    x = job.input_value() if job.input_nodes() else {}
+    if job.args.backend == "llvm":
+        from tlc.codegen.jit import compile_graph
+
+        grad, payload, layout = build_grad_graph(job.graph, job.payload)
+        pieces = layout.unpack(compile_graph(grad, payload)(np.asarray(x, dtype=np.float64)))
+    else:
+        from tlc.passes.interpret import interpret
+
+        dx, dp = vjp(job.graph, job.payload, x)
+        pieces = {"output": interpret(job.graph, job.payload, x).output}
+        pieces |= {"input": dx} if job.input_nodes() else {}
+        pieces |= {f"%{nid}.{name}": v for nid, rec in dp.items() for name, v in rec.items()}
+    digits = job.args.digits
+    lines = [f"output: {format_value(pieces.pop('output'), digits)}"]
+    return lines + [f"grad {label}: {format_value(v, digits)}" for label, v in pieces.items()]
+
+
+def format_box(box: Box | None, digits: int = 6) -> str:
+    """`[lo...] .. [hi...]` (scalars bracketed, like the seed's IBP table); `none` if no box."""
+    if box is None:
+        return "none"
+    lo, hi = (format_value(np.atleast_1d(end), digits) for end in (box.lo, box.hi))
+    return f"{lo} .. {hi}"
+
+
+def _run_interval(job: Job) -> list[str]:
+    """Boxes for the ball of --radius around --input; with --samples N, the containment check."""
+    from tlc.bounds import ball, violation_error
+    from tlc.passes.containment import check_samples
+    from tlc.passes.ibp import ibp
+
+    x = job.input_value() if job.input_nodes() else {}
+    lo, hi = ball(x, job.args.radius or 0.0)
+    samples = job.args.samples or 0
+    report = check_samples(job.graph, job.payload, lo, hi, samples) if samples else None
+    boxes = report.boxes if report else ibp(job.graph, job.payload, lo, hi)
+    output = job.graph.output
+    assert output is not None, "verify-structure guarantees one output"
+    shown = range(len(boxes)) if job.args.print_values else [node_id_of(output.value)]
+    lines = [f"node {i}: {format_box(boxes[i], job.args.digits)}" for i in shown]
+    if report is not None:
+        if report.violation is not None:
+            raise violation_error(job.graph, report, samples)
+        lines.append(f"samples: {samples} inputs, every node value inside its box")
+    return lines
+
+
+#: `--arithmetic` name -> the function that runs a job in it and returns the lines to print.
+ARITHMETICS: dict[str, Callable[[Job], list[str]]] = {
+    "f64": _run_float,
+    "f32": _run_float,
+    "interval": _run_interval,
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="tlc-run", description=__doc__.splitlines()[0])
+    p.add_argument("input_file", metavar="FILE", help="the .tlir document, - for stdin")
+    p.add_argument("--payload", metavar="P.npz", help="payload file (default: inline tl.payload)")
+    p.add_argument("--params", metavar="P.npz",
+                   help="parameters by name, for a tl.program or a graph lowered from one "
+                   "(docs/programs.md)")  # fmt: skip
+    p.add_argument("--input", metavar="VALUES|X.npy",
+                   help="input values: '0.3,-0.2,0.1,0.4' (row-major) or an .npy file")  # fmt: skip
+    p.add_argument("--arithmetic", choices=list(ARITHMETICS), default="f64",
+                   help="scalar context (default f64)")  # fmt: skip
+    p.add_argument("--radius", type=float, metavar="R",
+                   help="interval: l-infinity radius of the input box (default 0)")  # fmt: skip
+    p.add_argument("--samples", type=int, metavar="N",
+                   help="interval: check N sampled inputs against every box")  # fmt: skip
+    p.add_argument("--print-values", action="store_true", help="print every node's value")
+    p.add_argument("--graph", metavar="@NAME", help="graph to run (needed if there are several)")
+    p.add_argument("--backend", choices=BACKENDS, default="reference", help="evaluator")
+    p.add_argument("--digits", type=int, default=6, help="decimals printed (default 6)")
+    p.add_argument("--grad", action="store_true",
+                   help="print the gradient of the scalar output w.r.t. the input and every "
+                   "parameter (f64; docs/autodiff.md)")  # fmt: skip
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    sources = SourceManager()
+    return run_tool(lambda: _main(argv, sources), "tlc-run", sources)
+
+
+def _main(argv: list[str] | None, sources: SourceManager) -> int:
+    parser = build_parser()
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    if args.arithmetic != "interval" and (args.radius is not None or args.samples is not None):
+        parser.error("--radius and --samples need --arithmetic interval")
+    if args.grad and (args.arithmetic != "f64" or args.print_values):
+        parser.error("--grad computes f64 gradients (no other --arithmetic, no --print-values)")
+    if (args.radius is not None and not args.radius >= 0) or (args.samples or 0) < 0:
+        parser.error("--radius and --samples must be >= 0")
+    name, text = read_input(args.input_file)
+    sources.add(name, text)
+    module = parse_source(text, name)
+    program = select_program(module, args.graph)
+    if program is not None:
+        for line in run_program_lines(args, program):
+            print(line)
+        return 0
+    graph = checked_graph(module, args.graph)
+    if args.params is not None:
+        payload = params_payload(module, graph, args.params)
+    else:
+        payload = resolve_payload(module, graph, args.payload)
+    job = Job(args, module, graph, payload)
+    for line in (_run_grad if args.grad else ARITHMETICS[args.arithmetic])(job):
+        print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
