@@ -110,17 +110,17 @@ class KernelBuilder:
     def global_constant(
         self, name: str, values: np.ndarray, elem: ir.Type | None = None
     ) -> ir.Value:
-        """A private constant array holding `values` (flattened); returns a scalar pointer."""
+        """A private constant array holding `values` (flattened, as raw bytes: fast to build
+        and to parse for large weights); returns a pointer to its first element."""
         elem = elem or self.T
-        flat = np.ascontiguousarray(values).reshape(-1)
-        array_type = ir.ArrayType(elem, max(flat.size, 1))
-        data = flat.tolist() if flat.size else [0]
+        data = np.ascontiguousarray(values).reshape(-1).tobytes() or b"\0"
+        array_type = ir.ArrayType(I8, len(data))
         gv = ir.GlobalVariable(self.module, array_type, self.module.get_unique_name(name))
         gv.global_constant = True
         gv.linkage = "private"
         gv.unnamed_addr = True
         gv.align = 64
-        gv.initializer = ir.Constant(array_type, [ir.Constant(elem, v) for v in data])
+        gv.initializer = ir.Constant(array_type, bytearray(data))
         return self.b.bitcast(gv, elem.as_pointer())
 
     def copy(self, dst: Buf, src: Buf) -> None:
@@ -130,8 +130,11 @@ class KernelBuilder:
     # -- loops -----------------------------------------------------------------------------
 
     @contextmanager
-    def loop(self, count: int, name: str = "i", start: int = 0) -> Iterator[ir.Value]:
-        """`for (i = start; i < count; ++i)`: yields the i64 index; the builder ends after it."""
+    def loop(
+        self, count: int, name: str = "i", start: int = 0, step: int = 1
+    ) -> Iterator[ir.Value]:
+        """`for (i = start; i < count; i += step)`: yields the i64 index; the builder ends
+        after the loop."""
         pre = self.b.block
         header = self.func.append_basic_block(f"{name}.header")
         body = self.func.append_basic_block(f"{name}.body")
@@ -143,8 +146,8 @@ class KernelBuilder:
         self.b.cbranch(self.b.icmp_signed("<", index, self.i64(count)), body, done)
         self.b.position_at_end(body)
         yield index
-        step = self.b.add(index, self.i64(1), name=f"{name}.next", flags=("nuw", "nsw"))
-        index.add_incoming(step, self.b.block)
+        following = self.b.add(index, self.i64(step), name=f"{name}.next", flags=("nuw", "nsw"))
+        index.add_incoming(following, self.b.block)
         self.b.branch(header)
         self.b.position_at_end(done)
 
@@ -183,6 +186,13 @@ class KernelBuilder:
             func = ir.Function(self.module, ir.FunctionType(self.T, [self.T] * len(args)), symbol)
         return self.b.call(func, list(args))
 
+    def sum_over(self, count: int, term: Callable[[ir.Value], ir.Value]) -> ir.Value:
+        """sum(term(r) for r < count), reassociated (a vectorisable reduction)."""
+        acc = self.local(self.const(0))
+        with self.loop(count, "r") as r:
+            self.b.store(self.fadd_r(self.b.load(acc), term(r)), acc)
+        return self.b.load(acc)
+
     def fadd_r(self, a: ir.Value, b: ir.Value) -> ir.Value:
         """An addition inside a reduction the numerical policy allows to reassociate."""
         return self.b.fadd(a, b, flags=REASSOC)
@@ -202,18 +212,22 @@ class KernelBuilder:
 
     # -- failure ---------------------------------------------------------------------------
 
-    def fail_if(self, flag: ir.Value, status: Status) -> None:
-        """Leave the function with `status` when the i1 `flag` is set."""
+    def fail_if(self, flag: ir.Value, status: Status | ir.Value) -> None:
+        """Leave the function with `status` (a code or an i32 value) when `flag` is set."""
         cont = self.func.append_basic_block("ok")
         self.exit_with(status, flag, cont)
         self.b.position_at_end(cont)
 
     def exit_with(
-        self, status: Status, flag: ir.Value | None = None, cont: ir.Block | None = None
+        self,
+        status: Status | ir.Value,
+        flag: ir.Value | None = None,
+        cont: ir.Block | None = None,
     ) -> None:
         """Branch to the exit block with `status` (if `flag` is given, only when it is set,
         otherwise on to `cont`)."""
-        self.status.add_incoming(ir.Constant(I32, int(status)), self.b.block)
+        code = ir.Constant(I32, int(status)) if isinstance(status, Status) else status
+        self.status.add_incoming(code, self.b.block)
         if flag is None:
             self.b.branch(self.exit_block)
         else:

@@ -1,48 +1,187 @@
 """Matrix products for linear and matmul: C[m, n] = A[m, k] B[k, n] (+ bias[n]).
 
-B is either [k, n] (matmul) or stored transposed as [n, k] (a linear layer's weight, PyTorch's
-[out, in] layout). The dot products are reassociated (the llvm capsules' numerical policy) so
-LLVM vectorises them.
+A linear layer's weight is stored transposed, [n, k] (PyTorch's [out, in]): every output is a
+dot product of two contiguous rows. `emit_dot_tiles` computes C in register tiles of MR rows of
+A by NR rows of W: MR*NR vector accumulators (16 AVX-512 registers for 4x4) run along k one
+vector at a time, each loaded vector feeding MR or NR fused multiply-adds, and are reduced
+horizontally at the end. Tiles walk W tile by tile (outer) and A row block by row block
+(inner), so NR weight rows stay in L1 while A streams from L2. The reduction order (vector
+lanes, then a tree) is reassociated: the llvm capsules' numerical policy is
+implementationDefined.
+
+With B stored [k, n] (matmul, convolution's patch matrix) `emit_broadcast_tiles` is the classic
+micro-kernel instead: one element of A broadcast against vectors of a row of B.
 """
 
 from __future__ import annotations
 
-from tlc.codegen.builder import Buf, KernelBuilder
+from llvmlite import ir
+
+from tlc.codegen.builder import REASSOC, Buf, KernelBuilder
+
+#: Register tile: MR rows of A by NR rows of W (MR*NR accumulators plus MR+NR loaded vectors
+#: fit AVX-512's 32 registers).
+MR, NR = 4, 4
+#: Broadcast tiles: MR_B rows of A by NV vectors of B's columns (12 accumulators).
+MR_B, NV = 6, 2
+VECTOR_BYTES = 64
 
 
-def emit_gemm(
+def emit_dot_tiles(
+    k: KernelBuilder, a: Buf, w: Buf, out: Buf, *, m: int, n: int, kk: int, bias: Buf | None
+) -> None:
+    """out[i, j] = sum_p a[i, p] * w[j, p] (+ bias[j]) for i < m, j < n."""
+    vec = ir.VectorType(k.T, VECTOR_BYTES // k.dtype.itemsize)
+    n_main, m_main = n - n % NR, m - m % MR
+    for j_lo, j_hi, nr in ((0, n_main, NR), (n_main, n, n % NR)):
+        if j_hi <= j_lo:
+            continue
+        with k.loop(j_hi, "j", start=j_lo, step=nr) as j0:
+            for i_lo, i_hi, mr in ((0, m_main, MR), (m_main, m, m % MR)):
+                if i_hi > i_lo:
+                    with k.loop(i_hi, "i", start=i_lo, step=mr) as i0:
+                        _tile(k, vec, a, w, out, i0, j0, mr, nr, kk, n, bias)
+
+
+def _tile(
+    k: KernelBuilder,
+    vec: ir.VectorType,
+    a: Buf,
+    w: Buf,
+    out: Buf,
+    i0: ir.Value,
+    j0: ir.Value,
+    mr: int,
+    nr: int,
+    kk: int,
+    n: int,
+    bias: Buf | None,
+) -> None:
+    b = k.b
+    lanes = vec.count
+    rows_a = [b.mul(b.add(i0, k.i64(r)), k.i64(kk)) for r in range(mr)]
+    rows_w = [b.mul(b.add(j0, k.i64(c)), k.i64(kk)) for c in range(nr)]
+    acc = [[k.local(ir.Constant(vec, [0.0] * lanes), "vacc") for _ in range(nr)] for _ in range(mr)]
+    fma = _fma(k, vec)
+    vptr = vec.as_pointer()
+    with k.loop(kk // lanes, "kv") as kv:
+        p = b.mul(kv, k.i64(lanes))
+        xs = [b.load(b.bitcast(k.at(a, b.add(row, p)), vptr), align=k.dtype.itemsize)
+              for row in rows_a]  # fmt: skip
+        ws = [b.load(b.bitcast(k.at(w, b.add(row, p)), vptr), align=k.dtype.itemsize)
+              for row in rows_w]  # fmt: skip
+        for r in range(mr):
+            for c in range(nr):
+                b.store(b.call(fma, [xs[r], ws[c], b.load(acc[r][c])]), acc[r][c])
+    reduce = _reduce(k, vec)
+    tail = kk - kk % lanes
+    for r in range(mr):
+        for c in range(nr):
+            total = b.call(reduce, [k.const(0), b.load(acc[r][c])], fastmath=REASSOC)
+            for p in range(tail, kk):
+                x = k.load(a, b.add(rows_a[r], k.i64(p)))
+                total = k.fadd_r(total, k.fmul_r(x, k.load(w, b.add(rows_w[c], k.i64(p)))))
+            j = b.add(j0, k.i64(c))
+            if bias is not None:
+                total = b.fadd(total, k.load(bias, j))
+            k.store(total, out, b.add(b.mul(b.add(i0, k.i64(r)), k.i64(n)), j))
+
+
+def _fma(k: KernelBuilder, vec: ir.VectorType) -> ir.Function:
+    name = f"llvm.fma.v{vec.count}{'f32' if k.dtype.itemsize == 4 else 'f64'}"
+    func = k.module.globals.get(name)
+    return func or ir.Function(k.module, ir.FunctionType(vec, [vec, vec, vec]), name)
+
+
+def _reduce(k: KernelBuilder, vec: ir.VectorType) -> ir.Function:
+    name = f"llvm.vector.reduce.fadd.v{vec.count}{'f32' if k.dtype.itemsize == 4 else 'f64'}"
+    func = k.module.globals.get(name)
+    return func or ir.Function(k.module, ir.FunctionType(k.T, [k.T, vec]), name)
+
+
+def emit_broadcast_tiles(
     k: KernelBuilder,
     a: Buf,
-    b: Buf,
+    b_mat: Buf,
     out: Buf,
     *,
     m: int,
     n: int,
     kk: int,
-    b_transposed: bool,
-    bias: Buf | None,
+    row_bias: Buf | None = None,
 ) -> None:
-    bb = k.b
-    if b_transposed:
-        with k.loop(m, "m") as i, k.loop(n, "n") as j:
-            acc = k.local(k.const(0))
-            a_row, b_row = bb.mul(i, k.i64(kk)), bb.mul(j, k.i64(kk))
-            with k.loop(kk, "k") as p:
-                prod = k.fmul_r(k.load(a, bb.add(a_row, p)), k.load(b, bb.add(b_row, p)))
-                bb.store(k.fadd_r(bb.load(acc), prod), acc)
-            value = bb.load(acc)
-            if bias is not None:
-                value = bb.fadd(value, k.load(bias, j))
-            k.store(value, out, bb.add(bb.mul(i, k.i64(n)), j))
-        return
-    with k.loop(m, "m") as i:
-        out_row = bb.mul(i, k.i64(n))
-        with k.loop(n, "n") as j:
-            k.store(k.load(bias, j) if bias is not None else k.const(0), out, bb.add(out_row, j))
-        with k.loop(kk, "k") as p:
-            a_ip = k.load(a, bb.add(bb.mul(i, k.i64(kk)), p))
-            b_row = bb.mul(p, k.i64(n))
-            with k.loop(n, "n") as j:
-                at = bb.add(out_row, j)
-                value = bb.fadd(k.load(out, at), bb.fmul(a_ip, k.load(b, bb.add(b_row, j))))
-                k.store(value, out, at)
+    """out[i, j] = sum_p a[i, p] * b[p, j] (+ row_bias[i]), B row-major [k, n].
+
+    Register tiles of MR_B rows by NV vectors of columns: each step along k broadcasts one
+    element of A per row and loads NV vectors of B's row, feeding MR_B * NV FMAs into
+    accumulators that stay in registers. Columns past the last whole tile are done one by one.
+    """
+    lanes = VECTOR_BYTES // k.dtype.itemsize
+    vec = ir.VectorType(k.T, lanes)
+    width = NV * lanes
+    n_main, m_main = n - n % width, m - m % MR_B
+    if n_main:
+        with k.loop(n_main, "j", step=width) as j0:
+            for i_lo, i_hi, mr in ((0, m_main, MR_B), (m_main, m, m % MR_B)):
+                if i_hi > i_lo:
+                    with k.loop(i_hi, "i", start=i_lo, step=mr) as i0:
+                        _broadcast_tile(k, vec, a, b_mat, out, i0, j0, mr, n, kk, row_bias)
+    if n_main < n:
+        with k.loop(m, "i") as i, k.loop(n, "j", start=n_main) as j:
+            row = k.b.mul(i, k.i64(kk))
+            total = k.sum_over(
+                kk,
+                lambda p: k.fmul_r(
+                    k.load(a, k.b.add(row, p)), k.load(b_mat, k.b.add(k.b.mul(p, k.i64(n)), j))
+                ),
+            )
+            if row_bias is not None:
+                total = k.b.fadd(total, k.load(row_bias, i))
+            k.store(total, out, k.b.add(k.b.mul(i, k.i64(n)), j))
+
+
+def _broadcast_tile(
+    k: KernelBuilder,
+    vec: ir.VectorType,
+    a: Buf,
+    b_mat: Buf,
+    out: Buf,
+    i0: ir.Value,
+    j0: ir.Value,
+    mr: int,
+    n: int,
+    kk: int,
+    row_bias: Buf | None,
+) -> None:
+    b = k.b
+    lanes = vec.count
+    zero = ir.Constant(vec, [0.0] * lanes)
+    acc = [[k.local(zero, "vacc") for _ in range(NV)] for _ in range(mr)]
+    rows_a = [b.mul(b.add(i0, k.i64(r)), k.i64(kk)) for r in range(mr)]
+    fma, vptr = _fma(k, vec), vec.as_pointer()
+    splat_mask = ir.Constant(ir.VectorType(ir.IntType(32), lanes), [0] * lanes)
+
+    def splat(x: ir.Value) -> ir.Value:
+        one = b.insert_element(ir.Constant(vec, ir.Undefined), x, k.i64(0))
+        return b.shuffle_vector(one, ir.Constant(vec, ir.Undefined), splat_mask)
+
+    with k.loop(kk, "p") as p:
+        row_b = b.add(b.mul(p, k.i64(n)), j0)
+        bs = [
+            b.load(b.bitcast(k.at(b_mat, b.add(row_b, k.i64(v * lanes))), vptr),
+                   align=k.dtype.itemsize)
+            for v in range(NV)
+        ]  # fmt: skip
+        for r in range(mr):
+            x = splat(k.load(a, b.add(rows_a[r], p)))
+            for v in range(NV):
+                b.store(b.call(fma, [x, bs[v], b.load(acc[r][v])]), acc[r][v])
+    for r in range(mr):
+        row = b.add(b.mul(b.add(i0, k.i64(r)), k.i64(n)), j0)
+        shift = splat(k.load(row_bias, b.add(i0, k.i64(r)))) if row_bias is not None else None
+        for v in range(NV):
+            value = b.load(acc[r][v])
+            if shift is not None:
+                value = b.fadd(value, shift)
+            ptr = b.bitcast(k.at(out, b.add(row, k.i64(v * lanes))), vptr)
+            b.store(value, ptr, align=k.dtype.itemsize)

@@ -74,7 +74,7 @@ class EntryPoint:
                 f"{self.symbol}: {what} has shape {fmt_shape(array.shape)}, "
                 f"expected {fmt_shape(shape)}"
             )
-        return np.ascontiguousarray(array)
+        return array if array.flags.c_contiguous else np.ascontiguousarray(array)
 
     def __call__(
         self, x: object, params: object = None, out: np.ndarray | None = None
@@ -84,16 +84,16 @@ class EntryPoint:
         x = self.check(x, self.input_shape, "input")
         if out is None:
             out = np.empty(self.output_shape, dtype=self.dtype)
-        elif not out.flags.c_contiguous:
-            raise ValueError(f"{self.symbol}: out must be C-contiguous")
+        elif not (isinstance(out, np.ndarray) and out.flags.c_contiguous):
+            raise ValueError(f"{self.symbol}: out must be a C-contiguous array")
         else:
-            out = self.check(out, self.output_shape, "out")
-        args = [x.ctypes.data, out.ctypes.data]
+            self.check(out, self.output_shape, "out")
+        args = [_address(x), _address(out)]
         if self.params_size is not None:
             if params is None:
                 raise ValueError(f"{self.symbol}: this build takes its parameters at call time")
             flat = self.check(params, (self.params_size,), "params")
-            args.append(flat.ctypes.data)
+            args.append(_address(flat))
         elif params is not None:
             raise ValueError(f"{self.symbol}: parameters are compiled in; params must be None")
         status = self._func(*args)
@@ -101,6 +101,15 @@ class EntryPoint:
             self.explain(x)
         raise_for_status(status, self.symbol)
         return out
+
+
+def _address(array: np.ndarray) -> int:
+    """The data address of a C-contiguous array; `ctypes.c_char.from_buffer` is several times
+    faster than `array.ctypes.data` (which matters for a 1 us call) but needs a writable
+    buffer."""
+    if array.flags.writeable and array.size:
+        return ctypes.addressof(ctypes.c_char.from_buffer(array))
+    return array.ctypes.data
 
 
 class Library:

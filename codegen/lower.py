@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 from llvmlite import ir
 
 from tlc.codegen.builder import I1, I8, Buf, KernelBuilder, Status, strides
-from tlc.codegen.gemm import emit_gemm
+from tlc.codegen.gemm import emit_broadcast_tiles, emit_dot_tiles
 from tlc.dialect import backward_ops as bw
 from tlc.dialect import ops
 from tlc.dialect.ops import NodeOp
@@ -49,10 +49,21 @@ class Step:
     args: list[Buf]
     params: dict[str, Buf]
     out: Buf
+    #: Temporary storage of `Lowering.scratch` elements (None when the lowering needs none).
+    scratch: Buf | None = None
 
 
 Emit = Callable[[KernelBuilder, Step], "Buf | None"]
 ParamLayout = Callable[[NodeOp, list[Shape], Shape], dict[str, ParamSpec]]
+ScratchSize = Callable[[NodeOp, list[Shape], Shape], int]
+
+
+def _none(node: NodeOp, parents: list[Shape], out: Shape) -> dict[str, ParamSpec]:
+    return {}
+
+
+def _no_scratch(node: NodeOp, parents: list[Shape], out: Shape) -> int:
+    return 0
 
 
 @dataclass(frozen=True)
@@ -60,7 +71,9 @@ class Lowering:
     emit: Emit
     #: The value aliases a parent, a parameter or a constant: no storage, nothing computed.
     view: bool = False
-    params: ParamLayout = field(default=lambda node, parents, out: {})
+    params: ParamLayout = _none
+    #: Elements of temporary storage the emitted code needs (convolution's patch matrix).
+    scratch: ScratchSize = _no_scratch
 
 
 LOWERINGS: dict[type[NodeOp], Lowering] = {}
@@ -68,13 +81,18 @@ LOWERINGS: dict[type[NodeOp], Lowering] = {}
 UNSUPPORTED: dict[type[NodeOp], str] = {}
 
 
-def register(*op_classes: type[NodeOp], view: bool = False, params: ParamLayout | None = None):
+def register(
+    *op_classes: type[NodeOp],
+    view: bool = False,
+    params: ParamLayout = _none,
+    scratch: ScratchSize = _no_scratch,
+):
     """Decorator: `emit` lowers each of `op_classes`."""
 
     def add(emit: Emit) -> Emit:
         for cls in op_classes:
             assert cls not in LOWERINGS, f"two lowerings for {cls.__name__}"
-            LOWERINGS[cls] = Lowering(emit, view, params or (lambda node, parents, out: {}))
+            LOWERINGS[cls] = Lowering(emit, view, params, scratch)
         return emit
 
     return add
@@ -290,7 +308,7 @@ def reduce_axis(k: KernelBuilder, x: Buf, out: Buf, axis: int, scale: float) -> 
     with k.loop(pre, "p") as p:
         src_row = k.b.mul(p, k.i64(n * post))
         if post == 1:
-            total = line_sum(k, n, lambda r: k.load(x, k.b.add(src_row, r)))
+            total = k.sum_over(n, lambda r: k.load(x, k.b.add(src_row, r)))
             k.store(scaled(total), out, p)
         else:
             row = k.b.mul(p, k.i64(post))
@@ -359,13 +377,6 @@ def line_max(k: KernelBuilder, x: Buf, n: int, offset: Callable) -> ir.Value:
     return k.b.load(top)
 
 
-def line_sum(k: KernelBuilder, n: int, term: Callable[[ir.Value], ir.Value]) -> ir.Value:
-    acc = k.local(k.const(0))
-    with k.loop(n, "r") as r:
-        k.b.store(k.fadd_r(k.b.load(acc), term(r)), acc)
-    return k.b.load(acc)
-
-
 @register(ops.SoftmaxOp)
 def _softmax(k: KernelBuilder, s: Step) -> None:
     x, out, axis = s.args[0], s.out, s.node.meta("axis")
@@ -379,7 +390,7 @@ def _softmax(k: KernelBuilder, s: Step) -> None:
             k.store(e, out, offset(r))
             return e
 
-        total = line_sum(k, n, exp_term)
+        total = k.sum_over(n, exp_term)
         with k.loop(n, "r") as r:
             k.store(k.b.fdiv(k.load(out, offset(r)), total), out, offset(r))
 
@@ -393,7 +404,7 @@ def _log_softmax(k: KernelBuilder, s: Step) -> None:
 
     def line(offset: Callable) -> None:
         top = line_max(k, x, n, offset)
-        total = line_sum(k, n, lambda r: k.intrinsic("exp", k.b.fsub(k.load(x, offset(r)), top)))
+        total = k.sum_over(n, lambda r: k.intrinsic("exp", k.b.fsub(k.load(x, offset(r)), top)))
         log_total = k.intrinsic("log", total)
         with k.loop(n, "r") as r:
             shifted = k.b.fsub(k.load(x, offset(r)), top)
@@ -431,7 +442,7 @@ def _hard_masked_softmax(k: KernelBuilder, s: Step) -> None:
             k.store(e, out, offset(r))
             return e
 
-        total = line_sum(k, n, exp_term)
+        total = k.sum_over(n, exp_term)
         positive = k.b.fcmp_ordered(">", total, zero)
         with k.loop(n, "r") as r:
             e = k.load(out, offset(r))
@@ -461,12 +472,12 @@ def _layernorm(k: KernelBuilder, s: Step) -> None:
     inv_n = k.const(1.0 / n)
     with k.loop(rows, "p") as p:
         base = k.b.mul(p, k.i64(n))
-        mean = k.b.fmul(line_sum(k, n, lambda r: k.load(x, k.b.add(base, r))), inv_n)
+        mean = k.b.fmul(k.sum_over(n, lambda r: k.load(x, k.b.add(base, r))), inv_n)
 
         def centred(r: ir.Value) -> ir.Value:
             return k.b.fsub(k.load(x, k.b.add(base, r)), mean)
 
-        var = k.b.fmul(line_sum(k, n, lambda r: k.b.fmul(centred(r), centred(r))), inv_n)
+        var = k.b.fmul(k.sum_over(n, lambda r: k.b.fmul(centred(r), centred(r))), inv_n)
         denom = k.intrinsic("sqrt", k.b.fadd(var, eps))
         with k.loop(n, "r") as r:
             y = k.b.fmul(k.b.fdiv(centred(r), denom), k.load(gamma, r))
@@ -508,25 +519,16 @@ def _linear_params(node: NodeOp, parents: list[Shape], out: Shape) -> dict[str, 
 
 @register(ops.LinearOp, params=_linear_params)
 def _linear(k: KernelBuilder, s: Step) -> None:
-    """y[m, :] = W x[m, :] + b for every leading index m: a GEMM with W transposed."""
-    x, out = s.args[0], s.out
-    n_out, n_in = s.params["weight"].shape
-    emit_gemm(
-        k,
-        x,
-        s.params["weight"],
-        out,
-        m=x.size // n_in,
-        n=n_out,
-        kk=n_in,
-        b_transposed=True,
-        bias=s.params["bias"],
-    )
+    """y[m, :] = W x[m, :] + b for every leading index m: register-tiled dot products."""
+    x, out, weight = s.args[0], s.out, s.params["weight"]
+    n_out, n_in = weight.shape
+    m = x.size // n_in
+    emit_dot_tiles(k, x, weight, out, m=m, n=n_out, kk=n_in, bias=s.params["bias"])
 
 
 @register(ops.MatmulOp)
 def _matmul(k: KernelBuilder, s: Step) -> None:
-    """(..., m, n) x (..., n, p): one GEMM per leading index."""
+    """(..., m, n) x (..., n, p): one product per leading index."""
     (a, b), out = s.args, s.out
     (*lead, m, n), p = a.shape, b.shape[-1]
     with k.loop(numel(lead), "batch") as t:
@@ -534,17 +536,7 @@ def _matmul(k: KernelBuilder, s: Step) -> None:
         def part(buf: Buf, rows: int, cols: int) -> Buf:
             return Buf(k.at(buf, k.b.mul(t, k.i64(rows * cols))), (rows, cols))
 
-        emit_gemm(
-            k,
-            part(a, m, n),
-            part(b, n, p),
-            part(out, m, p),
-            m=m,
-            n=p,
-            kk=n,
-            b_transposed=False,
-            bias=None,
-        )
+        emit_broadcast_tiles(k, part(a, m, n), part(b, n, p), part(out, m, p), m=m, n=p, kk=n)
 
 
 def window_range(size: int, out: int, stride: int, offset: int) -> tuple[int, int]:
@@ -604,44 +596,49 @@ def _conv_params(node: NodeOp, parents: list[Shape], out: Shape) -> dict[str, Pa
     return {"weight": ParamSpec(weight), "bias": ParamSpec((cout,), 0.0)}
 
 
-@register(ops.ConvOp, params=_conv_params)
+def _conv_scratch(node: NodeOp, parents: list[Shape], out: Shape) -> int:
+    """The patch matrix of one group: [in_channels/groups * taps, output positions]."""
+    m = node.metadata()
+    taps = numel(m["kernel"])
+    return numel(out[m["channel_axis"] + 1 :]) * (m["in_channels"] // m["groups"]) * taps
+
+
+@register(ops.ConvOp, params=_conv_params, scratch=_conv_scratch)
 def _conv(k: KernelBuilder, s: Step) -> None:
-    """Direct convolution: for each (lead, out channel, in channel, kernel tap) the tap's weight
-    times a shifted input plane is added to the output plane; the inner loop runs along the
-    last spatial axis, so stride-1 convolutions vectorise."""
+    """Convolution as a matrix product (im2col): for each leading index and group, gather the
+    shifted input planes into a [cin/groups * taps, positions] patch matrix (zero where a tap
+    falls in the padding; the bounds are compile-time, so there are no tests), then
+    out[oc, :] = W[oc, :] patches + bias[oc] with the register-tiled broadcast kernel."""
     m = s.node.metadata()
     x, out, w, bias = s.args[0], s.out, s.params["weight"], s.params["bias"]
+    assert s.scratch is not None
     axis, groups, kernel = m["channel_axis"], m["groups"], tuple(m["kernel"])
     cin, cout = m["in_channels"], m["out_channels"]
     cin_g, cout_g = cin // groups, cout // groups
     in_sp, out_sp = x.shape[axis + 1 :], out.shape[axis + 1 :]
-    in_plane, out_plane, taps = numel(in_sp), numel(out_sp), numel(kernel)
-    with k.loop(numel(x.shape[:axis]), "lead") as lead, k.loop(cout, "oc") as oc:
-        out_base = k.b.mul(k.b.add(k.b.mul(lead, k.i64(cout)), oc), k.i64(out_plane))
-        b = k.load(bias, oc)
-        with k.loop(out_plane, "o") as o:
-            k.store(b, out, k.b.add(out_base, o))
-        group = k.b.udiv(oc, k.i64(cout_g))
+    in_plane, positions, taps = numel(in_sp), numel(out_sp), numel(kernel)
+    depth = cin_g * taps
+    patches = s.scratch
+    dil, st, pad = m["dilation"], m["stride"], m["padding"]
+    with k.loop(numel(x.shape[:axis]), "lead") as lead, k.loop(groups, "g") as g:
+        with k.loop(positions * depth, "z") as z:
+            k.store(k.const(0), patches, z)
+        first = k.b.add(k.b.mul(lead, k.i64(cin)), k.b.mul(g, k.i64(cin_g)))
         with k.loop(cin_g, "ic") as ic:
-            channel = k.b.add(k.b.mul(group, k.i64(cin_g)), ic)
-            x_base = k.b.mul(k.b.add(k.b.mul(lead, k.i64(cin)), channel), k.i64(in_plane))
-            w_base = k.b.mul(k.b.add(k.b.mul(oc, k.i64(cin_g)), ic), k.i64(taps))
+            x_base = k.b.mul(k.b.add(first, ic), k.i64(in_plane))
             for t, pos in enumerate(kernel_positions(kernel)):
-                weight = k.load(w, k.b.add(w_base, k.i64(t)))
-                dil, st, pad = m["dilation"], m["stride"], m["padding"]
                 geometry = [
                     (in_sp[d], out_sp[d], st[d], pos[d] * dil[d] - pad[d])
                     for d in range(len(kernel))
                 ]
-                window_taps(
-                    k,
-                    x,
-                    x_base,
-                    out,
-                    out_base,
-                    geometry,
-                    lambda acc, v, w=weight: k.b.fadd(acc, k.b.fmul(w, v)),
-                )
+                row = k.b.mul(k.b.add(k.b.mul(ic, k.i64(taps)), k.i64(t)), k.i64(positions))
+                window_taps(k, x, x_base, patches, row, geometry, lambda acc, v: v)
+        oc0 = k.b.add(k.b.mul(lead, k.i64(cout)), k.b.mul(g, k.i64(cout_g)))
+        out_g = Buf(k.at(out, k.b.mul(oc0, k.i64(positions))), (cout_g, positions))
+        w_g = Buf(k.at(w, k.b.mul(g, k.i64(cout_g * depth))), (cout_g, depth))
+        bias_g = Buf(k.at(bias, k.b.mul(g, k.i64(cout_g))), (cout_g,))
+        emit_broadcast_tiles(k, w_g, Buf(patches.ptr, (depth, positions)), out_g,
+                             m=cout_g, n=positions, kk=depth, row_bias=bias_g)  # fmt: skip
 
 
 def _pool(k: KernelBuilder, s: Step, init: float, combine: Callable, scale: float) -> None:

@@ -199,14 +199,18 @@ def _torch_ops() -> frozenset[type[NodeOp]]:
     return frozenset(TORCH)
 
 
-def _module_exists(name: str) -> Callable[[], bool]:
-    def present() -> bool:
-        try:
-            return importlib.util.find_spec(name) is not None
-        except ImportError:
-            return False
+def _codegen_present() -> bool:
+    """tlc's own code generator: present when its module is; a broken one fails loudly."""
+    return importlib.util.find_spec("tlc.codegen.lower") is not None
 
-    return present
+
+def _torch_imports() -> bool:
+    """An external library counts only if it imports (checked once, when first needed)."""
+    try:
+        import torch  # noqa: F401
+    except Exception:  # a broken installation is as absent as a missing one
+        return False
+    return True
 
 
 #: The providers of this build, in `auto` order: checked before trusted-external, and among the
@@ -217,11 +221,11 @@ PROVIDERS: tuple[Provider, ...] = (
     Provider("reference", TrustLevel.CHECKED, ("cpu",), _reference_ops, lambda: True,
              ReductionPolicy.IMPLEMENTATION_DEFINED),
     # the generated loops may be vectorised with reassociated partial sums (see tlc.codegen).
-    Provider("llvm", TrustLevel.CHECKED, ("cpu",), _llvm_ops, _module_exists("tlc.codegen.lower"),
+    Provider("llvm", TrustLevel.CHECKED, ("cpu",), _llvm_ops, _codegen_present,
              ReductionPolicy.IMPLEMENTATION_DEFINED),
     # ATen chooses its own blocking and threading; cuda capsules are registered, not selectable.
     Provider("torch", TrustLevel.TRUSTED_EXTERNAL, ("cpu", "cuda"), _torch_ops,
-             _module_exists("torch"), ReductionPolicy.IMPLEMENTATION_DEFINED),
+             _torch_imports, ReductionPolicy.IMPLEMENTATION_DEFINED),
 )  # fmt: skip
 
 #: Provider names a policy may mention that this build never has (TorchLean's vocabulary).

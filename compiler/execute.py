@@ -182,7 +182,10 @@ def bind_plan(
 
     shapes = infer_graph_shapes(graph)
     records = prepare_records(graph, payload or Payload(), dtype, shapes)
-    policy = KernelPolicy.from_attrs(policy_of(graph))
+    try:
+        policy = KernelPolicy.from_attrs(policy_of(graph))
+    except DiagnosticError as exc:  # a hand-written policy naming an unknown device, say
+        raise error(exc.diagnostics[0].message, graph) from None
     kernels = {}
     for node in graph.nodes:
         capsule = planned_capsule(node, policy)

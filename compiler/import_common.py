@@ -105,6 +105,39 @@ def reshape(builder: GraphBuilder, value: SSAValue, target: Sequence[int]) -> SS
     return builder.reshape(value, to=list(target))
 
 
+def pad(
+    builder: GraphBuilder,
+    value: SSAValue,
+    first: int,
+    lo: Sequence[int],
+    hi: Sequence[int],
+    fill: float,
+) -> SSAValue:
+    """Pad axes first, first+1, ... with `fill`: `const` blocks concatenated on each side."""
+    for i, (before, after) in enumerate(zip(lo, hi, strict=True)):
+        axis = first + i
+
+        def block(extent: int, axis: int = axis, like: SSAValue = value) -> SSAValue:
+            shape = list(builder.shape_of(like))
+            shape[axis] = extent
+            return builder.const(np.full(shape, fill))
+
+        parts = ([block(before)] if before else []) + [value] + ([block(after)] if after else [])
+        if len(parts) > 1:
+            value = builder.concat(*parts, axis=axis)
+    return value
+
+
+def ceil_mode_extra(n: int, lo: int, hi: int, k: int, s: int) -> int:
+    """Padding after an axis that makes tl's rounding down give the extent of ceil_mode in
+    PyTorch and ONNX, whose last window must start inside the input or the padding before it."""
+    total = n + lo + hi
+    out = -(-(total - k) // s) + 1
+    if (out - 1) * s >= n + lo:
+        out -= 1
+    return max(0, (out - 1) * s + k - total)
+
+
 def reduce(
     builder: GraphBuilder,
     op: type[tl.ReductionOp],

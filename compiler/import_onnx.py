@@ -37,6 +37,7 @@ from tlc.dialect.shapes import Shape, fmt_shape
 from tlc.import_common import (
     ImportFailure,
     broadcast_to,
+    ceil_mode_extra,
     elementwise,
     finish,
     import_error,
@@ -45,6 +46,7 @@ from tlc.import_common import (
     matmul,
     new_builder,
     norm_axis,
+    pad,
     reduce,
     reshape,
 )
@@ -179,6 +181,32 @@ def _identity(call: NodeCall) -> Value:
     if value is None:
         raise call.refuse("missing input 0")
     return value
+
+
+def _to_real(call: NodeCall, value: Value | None, target: int) -> Value:
+    """Casts between real types leave a tl value alone (graphs are dtype-free; the scalar type
+    is chosen at run time); integer constants become reals exactly."""
+    if value is None:
+        raise call.refuse("missing input 0")
+    if target not in REAL_TYPES:
+        raise call.refuse(f"cast to {TensorProto.DataType.Name(target)} (tl computes on reals)")
+    return value.astype(np.float64) if isinstance(value, np.ndarray) else value
+
+
+@on("Cast", attributes=["to", "saturate", "round_mode"])
+def _cast(call: NodeCall) -> Value:
+    return _to_real(call, call.input(0), call.attr("to"))
+
+
+@on("CastLike", attributes=["saturate", "round_mode"])
+def _cast_like(call: NodeCall) -> Value:
+    like = call.input(1)
+    target = (
+        helper.np_dtype_to_tensor_dtype(like.dtype)
+        if isinstance(like, np.ndarray)
+        else TensorProto.DOUBLE
+    )
+    return _to_real(call, call.input(0), target)
 
 
 @on("Gelu", attributes=["approximate"])
@@ -359,17 +387,21 @@ def _pool(call: NodeCall, op: type[tl.PoolOp]) -> SSAValue:
         raise call.refuse("pooling with dilations")
     spatial = call.shape(x)[-rank:]
     lo, hi = _pads(call, spatial, kernel, stride, [1] * rank)
-    if lo != hi:
-        raise call.refuse(f"asymmetric pads {lo} / {hi} (tl pools pad both sides equally)")
-    if any(2 * p > k for p, k in zip(lo, kernel, strict=True)):
-        raise call.refuse("pads larger than half the kernel")
-    if op is tl.AvgPoolOp and any(lo) and not call.attr("count_include_pad", 0):
+    if call.attr("ceil_mode", 0):
+        extra = [ceil_mode_extra(*a) for a in zip(spatial, lo, hi, kernel, stride, strict=True)]
+        if any(extra) and op is tl.AvgPoolOp:
+            raise call.refuse("ceil_mode=1 where it adds a partial window (tl rounds down)")
+        hi = [h + e for h, e in zip(hi, extra, strict=True)]
+    if op is tl.AvgPoolOp and any(lo + hi) and not call.attr("count_include_pad", 0):
         raise call.refuse("count_include_pad=0 with pads (tl counts the zero padding)")
-    if call.attr("ceil_mode", 0) and any(
-        (n + 2 * p - k) % s for n, p, k, s in zip(spatial, lo, kernel, stride, strict=True)
-    ):
-        raise call.refuse("ceil_mode=1 where it rounds the output extent up (tl rounds down)")
-    return call.ops.apply(op, [x], {"kernel": kernel, "stride": stride, "padding": lo})
+    padding = lo
+    if lo != hi or any(2 * p > k for p, k in zip(lo, kernel, strict=True)):
+        # tl pads both sides equally, at most half a window: pad explicitly instead, with
+        # what the pool would have padded with (-inf never wins a max; zeros are counted).
+        fill = -np.inf if op is tl.MaxPoolOp else 0.0
+        x = pad(call.ops, x, len(call.shape(x)) - rank, lo, hi, fill)
+        padding = [0] * rank
+    return call.ops.apply(op, [x], {"kernel": kernel, "stride": stride, "padding": padding})
 
 
 # --------------------------------------------------------------------------------------------
@@ -571,7 +603,9 @@ def _input_shape(info: onnx.ValueInfoProto, given: Shape | None) -> Shape:
     if t.elem_type not in REAL_TYPES:
         kind = TensorProto.DataType.Name(t.elem_type)
         raise import_error(
-            PREFIX, f"input '{info.name}' has element type {kind} (tl computes on FLOAT/DOUBLE)"
+            PREFIX,
+            f"input '{info.name}' has element type {kind} (tl graph inputs are FLOAT/DOUBLE; "
+            "shapes and axes must be initializers)",
         )
     if given is not None:
         return tuple(given)
@@ -594,9 +628,7 @@ def load_model(source: str | bytes | onnx.ModelProto) -> tuple[onnx.ModelProto, 
         return source, "<onnx model>"
     try:
         return onnx.load(source), str(source)
-    except (OSError, onnx.onnx_cpp2py_export.checker.ValidationError) as exc:
-        raise DiagnosticError.simple(f"cannot read ONNX model '{source}': {exc}") from None
-    except Exception as exc:  # protobuf's DecodeError and friends
+    except Exception as exc:  # OSError, protobuf's DecodeError, onnx's own errors
         raise DiagnosticError.simple(f"cannot read ONNX model '{source}': {exc}") from None
 
 

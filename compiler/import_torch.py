@@ -40,6 +40,7 @@ from tlc.dialect import ops as tl
 from tlc.dialect.shapes import Shape, fmt_shape
 from tlc.import_common import (
     ImportFailure,
+    ceil_mode_extra,
     elementwise,
     finish,
     import_error,
@@ -48,6 +49,7 @@ from tlc.import_common import (
     matmul,
     new_builder,
     norm_axis,
+    pad,
     reduce,
     reshape,
 )
@@ -97,7 +99,8 @@ class Call:
         """Varargs or one sequence (`x.permute(0, 2, 1)` or `x.permute((0, 2, 1))`)."""
         if len(self.node.args) > index + 1:
             return [self.importer.resolve(a) for a in self.node.args[index:]]
-        return self.arg(index, name)
+        value = self.arg(index, name)
+        return list(value) if isinstance(value, list | tuple) else [value]
 
     def tensor(self, index: int, name: str = "input") -> SSAValue:
         return self.value(self.arg(index, name))
@@ -460,13 +463,21 @@ def _pool_of(call: Call, op: type[tl.PoolOp], rank: int, p: Pool) -> SSAValue:
         raise call.refuse("divisor_override")
     if not p.count_include_pad and any(padding):
         raise call.refuse("count_include_pad=False with padding (tl counts the zero padding)")
-    result = call.ops.apply(op, [x], {"kernel": kernel, "stride": stride, "padding": padding})
-    if p.ceil_mode and call.ops.shape_of(result) != call.out_shape:
-        raise call.refuse(
-            f"ceil_mode=True gives {fmt_shape(call.out_shape)}, tl pools round down to "
-            f"{fmt_shape(call.ops.shape_of(result))}"
-        )
-    return result
+    if p.ceil_mode:
+        spatial = call.ops.shape_of(x)[-rank:]
+        extra = [
+            ceil_mode_extra(n, q, q, k, s)
+            for n, q, k, s in zip(spatial, padding, kernel, stride, strict=True)
+        ]
+        if any(extra):
+            if op is tl.AvgPoolOp:
+                raise call.refuse("ceil_mode=True where it adds a partial window (tl rounds down)")
+            # pad explicitly with -inf, which never wins a max, so tl's rounding down keeps the
+            # partial windows
+            hi = [q + e for q, e in zip(padding, extra, strict=True)]
+            x = pad(call.ops, x, len(call.ops.shape_of(x)) - rank, padding, hi, -np.inf)
+            padding = [0] * rank
+    return call.ops.apply(op, [x], {"kernel": kernel, "stride": stride, "padding": padding})
 
 
 @on(nn.MaxPool1d, op=tl.MaxPoolOp, rank=1)
@@ -686,8 +697,13 @@ def from_torch(module: nn.Module, example_input: Any, name: str | None = None) -
     for node, example in zip(placeholders, examples, strict=True):
         if not isinstance(example, torch.Tensor) or not example.dtype.is_floating_point:
             raise import_error(PREFIX, f"input '{node.name}': expected a floating-point tensor")
-    with torch.no_grad():
-        ShapeProp(gm).propagate(*examples)
+    try:
+        with torch.no_grad():
+            ShapeProp(gm).propagate(*examples)
+    except Exception as exc:  # the model's own error on the example (shapes, dtypes, ...)
+        raise import_error(
+            PREFIX, f"running the model on the example failed: {str(exc).splitlines()[0]}"
+        ) from None
     at = _location(module)
     builder, inputs = new_builder(
         name or _graph_name(module), [tuple(e.shape) for e in examples], at

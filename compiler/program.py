@@ -28,7 +28,7 @@ import linecache
 import sys
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -373,14 +373,13 @@ class IntervalOps(Ops):
         return value.shape
 
     def evaluate(self, node: NodeOp, args: list[Any], record: dict[str, Any]) -> Interval:
-        from tlc.passes.ibp import INTERVAL
+        from tlc.passes.ibp import INTERVAL, NO_INTERVAL_RULE
         from tlc.passes.interval_arith import Box, sanitize
         from tlc.passes.payload_check import SCALAR_FIELDS
 
         shape = node.declared_shape
         assert shape is not None, "apply declares every node's shape"
-        rule = INTERVAL.get(type(node))  # an op without a rule gives no box, like a failed one
-        if rule is None or any(a.box is None for a in args):
+        if type(node) in NO_INTERVAL_RULE or any(a.box is None for a in args):
             return Interval(shape, None)
         cast = {
             k: np.asarray(v, self.dtype)
@@ -388,7 +387,7 @@ class IntervalOps(Ops):
             .reshape(() if k in SCALAR_FIELDS else np.shape(v))
             for k, v in record.items()
         }
-        box = rule(node, [a.box for a in args], cast or None, self.outward)
+        box = INTERVAL[type(node)](node, [a.box for a in args], cast or None, self.outward)
         if box is None:
             return Interval(shape, None)
         return Interval(shape, sanitize(Box(*np.broadcast_arrays(box.lo, box.hi))))
@@ -430,14 +429,14 @@ class GraphBuilder(Ops):
                 self.payload.kinds[node.id] = node.TAG
         return node.result
 
-    def finish(self, result: Any) -> GraphOp:
-        """The graph whose output is `result` (checked by verify-structure and infer-shapes)."""
+    def finish(self, result: Any, at: Location) -> GraphOp:
+        """The graph whose output is `result`, selected `at` the program's return (checked by
+        verify-structure and infer-shapes)."""
         from tlc.passes.infer_shapes import infer_graph_shapes
 
-        where = self.at or _caller_location()
-        self.at = where
+        self.at = at
         output = OutputOp(self.lift(result))
-        output.location = where.to_attr()
+        output.location = at.to_attr()
         graph = GraphOp(self.name, [*self.nodes, output])
         infer_graph_shapes(graph)
         return graph
@@ -456,7 +455,7 @@ class Traced:
 
     module: ModuleOp
     graph: GraphOp
-    payload: Payload = field(default_factory=Payload)
+    payload: Payload
 
 
 def trace(
@@ -473,7 +472,7 @@ def trace(
     at = Location(code.co_filename, code.co_firstlineno, 1)
     try:
         builder = GraphBuilder(name or program.__name__, tuple(input_shape), at)
-        graph = builder.finish(program(builder, builder.input, params))
+        graph = builder.finish(program(builder, builder.input, params), at)
         check_payload(graph, builder.payload)
     except DiagnosticError as exc:
         raise ProgramError(*exc.diagnostics) from None

@@ -119,7 +119,7 @@ def lower_program(program: ProgramOp) -> Lowered:
     run = run_program(
         program, builder, builder.input, {n: Param(n, s) for n, s in declared.items()}
     )
-    graph = builder.finish(run.result)
+    graph = builder.finish(run.result, _where(program.ret or program))
     binds = [BindOp(node, kind, fields) for node, (kind, fields) in sorted(builder.bound.items())]
     for bind in binds:
         bind.location = graph.nodes[bind.node_id].location

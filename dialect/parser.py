@@ -29,8 +29,12 @@ from tlc.dialect.program_parser import ProgramRules
 
 @cache
 def _lark() -> Lark:
+    # cache=True keeps the LALR tables in the temp dir (keyed by a hash of the grammar), which
+    # takes ~0.2 s off every tool start.
     grammar = files("tlc.dialect").joinpath("tlir.lark").read_text()
-    return Lark(grammar, parser="lalr", propagate_positions=True, maybe_placeholders=True)
+    return Lark(
+        grammar, parser="lalr", propagate_positions=True, maybe_placeholders=True, cache=True
+    )
 
 
 def parse_tlir(text: str, filename: str = "<stdin>", line_offset: int = 0) -> ModuleOp:

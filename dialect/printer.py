@@ -7,10 +7,11 @@ equal to their default are left out, as a user would write them.
 from __future__ import annotations
 
 import io
+import math
 
 import numpy as np
-from xdsl.dialects.builtin import DenseIntOrFPElementsAttr, ModuleOp
-from xdsl.ir import Operation
+from xdsl.dialects.builtin import AnyFloat, DenseIntOrFPElementsAttr, Float64Type, ModuleOp
+from xdsl.ir import Attribute, Operation
 from xdsl.printer import Printer
 
 from tlc.dialect.metadata import fmt_value
@@ -126,27 +127,64 @@ def _float_text(x: float) -> str:
 def print_listing(graph: GraphOp) -> str:
     """TorchLean's `Graph.pretty`: `1: linear(payload=node_id) parents=[0] out=[5]`."""
     return "\n".join(
-        f"{n.id}: {n.describe()} parents={fmt_shape(n.parent_ids())} out={fmt_shape(n.declared_shape)}"
+        f"{n.id}: {n.describe()} parents={fmt_shape(n.parent_ids())} "
+        f"out={fmt_shape(n.declared_shape)}"
         for n in graph.nodes
     )
 
 
 def print_dot(graph: GraphOp) -> str:
-    """TorchLean's `Graph.toDot`: boxes labelled `id: describe\\nout=shape`, producer -> consumer."""
+    """TorchLean's `Graph.toDot`: boxes `id: describe\\nout=shape`, edges producer -> consumer."""
 
     def escape(s: str) -> str:
         return s.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
-    lines = [
-        f'  n{n.id} [label="{escape(f"{n.id}: {n.describe()}")}\\nout={escape(fmt_shape(n.declared_shape))}"];'
-        for n in graph.nodes
-    ]
+    labels = [(n.id, f"{n.id}: {n.describe()}", fmt_shape(n.declared_shape)) for n in graph.nodes]
+    lines = [f'  n{i} [label="{escape(head)}\\nout={escape(out)}"];' for i, head, out in labels]
     lines += [f"  n{pid} -> n{n.id};" for n in graph.nodes for pid in n.parent_ids()]
-    return "digraph IR {\n  rankdir=LR;\n  node [shape=box, fontsize=10];\n" + "\n".join(lines) + "\n}\n"
+    return (
+        "digraph IR {\n  rankdir=LR;\n  node [shape=box, fontsize=10];\n"
+        + "\n".join(lines)
+        + "\n}\n"
+    )
 
 
 def print_mlir_op(op: Operation, debuginfo: bool = False) -> str:
     """MLIR's generic form, by xDSL's printer (readable back by xDSL and MLIR tools)."""
     buf = io.StringIO()
-    Printer(stream=buf, print_generic_format=True, print_debuginfo=debuginfo).print_op(op)
+    _RoundTripPrinter(stream=buf, print_generic_format=True, print_debuginfo=debuginfo).print_op(op)
     return buf.getvalue() + "\n"
+
+
+class _RoundTripPrinter(Printer):
+    """xDSL's printer, with f64 payload values that xDSL's parser reads back exactly.
+
+    xDSL 0.75 prints a float whose `%.17g` form has no point (1000001.0, 1e+300, inf) as a bare
+    hex bit pattern, and its parser reads that back as an integer *value*. Finite values get the
+    shortest decimal with a point instead; tensors holding inf or nan are printed in MLIR's
+    hex-string form `dense<"0x...">`, which both read as raw little-endian bytes.
+    """
+
+    def print_float(self, value: float, type: AnyFloat) -> None:
+        if not (isinstance(type, Float64Type) and math.isfinite(value)):
+            super().print_float(value, type)
+            return
+        short = f"{value:.5e}".replace("e", "0e", 1)  # xDSL's and mlir-opt's usual form
+        if float(short) == value:
+            self.print_string(short)
+            return
+        mantissa, _, exponent = repr(value).partition("e")
+        if "." not in mantissa:
+            mantissa += ".0"
+        self.print_string(mantissa + (f"e{exponent}" if exponent else ""))
+
+    def print_attribute(self, attribute: Attribute) -> None:
+        if (
+            isinstance(attribute, DenseIntOrFPElementsAttr)
+            and isinstance(attribute.get_element_type(), Float64Type)
+            and not all(math.isfinite(v) for v in attribute.get_values())
+        ):
+            self.print_string(f'dense<"0x{attribute.data.data.hex().upper()}"> : ')
+            self.print_attribute(attribute.type)
+            return
+        super().print_attribute(attribute)

@@ -43,6 +43,7 @@ from xdsl.irdl import (
     var_operand_def,
 )
 from xdsl.traits import IsolatedFromAbove, NoTerminator, SymbolOpInterface
+from xdsl.utils.exceptions import VerifyException
 
 from tlc.dialect.shapes import Shape
 from tlc.dialect.types import TensorType, shape_of_type, type_for
@@ -175,6 +176,21 @@ class ProgramOp(IRDLOperation):
             regions=[Region(block)],
         )
 
+    def verify_(self) -> None:
+        args = self.body.block.args
+        if len(args) != len(self.arg_names.data) or not args:
+            raise VerifyException(
+                f"tl.program @{self.graph_name}: {len(self.arg_names.data)} argument names for "
+                f"{len(args)} block arguments (the input, then the parameters)"
+            )
+        if not all(isinstance(a.type, TensorType) for a in args):
+            raise VerifyException(f"tl.program @{self.graph_name}: arguments must be !tl.tensor")
+        # A program is checked where it is read, in either syntax, by lowering it: shape and
+        # parameter errors come out as located diagnostics (DiagnosticError) at their call.
+        from tlc.program_run import check_program
+
+        check_program(self)
+
     @property
     def graph_name(self) -> str:
         """The symbol, which is also the name of the graph it lowers to."""
@@ -254,6 +270,13 @@ class ParamsOp(IRDLOperation):
             },
             regions=[Region(Block(list(binds)))],
         )
+
+    def verify_(self) -> None:
+        if len(self.param_names.data) != len(self.param_types.data):
+            raise VerifyException(
+                f"tl.params @{self.graph_name}: {len(self.param_names.data)} names for "
+                f"{len(self.param_types.data)} shapes"
+            )
 
     @property
     def graph_name(self) -> str:

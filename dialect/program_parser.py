@@ -4,7 +4,7 @@ Names are resolved in order, so a use before the `let` that defines it, an unkno
 redefinition are reported where they are written. A nested call becomes an unnamed `tl.call`
 placed just before its user (post-order), which is what the printer inlines again. Once a program
 is built its shapes and parameter uses are checked by running it with the IR-building instance
-of the operations interface (`tlc.program.check_program`), so a program that parses also lowers.
+of the operations interface (`ProgramOp.verify_`), so a program that parses also lowers.
 """
 
 from __future__ import annotations
@@ -89,13 +89,10 @@ class ProgramRules:
         scope: dict[str, SSAValue] = {}
         ops: list[Operation] = []
 
-        def define(tok: Token, value: SSAValue | None = None) -> str:
-            name = str(tok)
-            if name in scope:
-                raise error(f"redefinition of value {name}", self._tok_loc(tok))
-            if value is not None:
-                scope[name] = value
-            return name
+        def define(tok: Token, value: SSAValue) -> None:
+            if str(tok) in scope:
+                raise error(f"redefinition of value {tok}", self._tok_loc(tok))
+            scope[str(tok)] = value
 
         def lookup(tok: Token) -> SSAValue:
             name = str(tok)
@@ -117,15 +114,12 @@ class ProgramRules:
         for (tok, _), arg in zip(decls, block.args, strict=True):
             define(tok, arg)
         for let in lets:
-            name = define(let.name)
-            scope[name] = build(let.call, name[1:])
+            define(let.name, build(let.call, str(let.name)[1:]))
         ret_op = ReturnOp(lookup(ret))
         ret_op.location = self._tok_loc(ret).to_attr()
         block.add_ops([*ops, ret_op])
         program.location = self._loc(meta).to_attr()
-        from tlc.program_run import check_program
-
-        check_program(program)
+        program.verify_()
         return program
 
     def _call_fields(self, call: _Call) -> dict[str, FieldValue]:

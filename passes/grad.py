@@ -81,11 +81,13 @@ def build_grad_graph(
     ids = input_ids(graph)
     for nid in ids:
         label = "input" if len(ids) == 1 else f"input %{nid}"
-        pieces.append((label, inputs.get(nid) or em.full(shapes[nid], 0.0)))
+        ct = inputs.get(nid)
+        pieces.append((label, em.full(shapes[nid], 0.0) if ct is None else ct))
     if params:
         for nid, field in param_fields(graph, records):
-            value = cotangents.get(nid, {}).get(field)
-            pieces.append((f"%{nid}.{field}", value or em.full(records[nid][field].shape, 0.0)))
+            ct = cotangents.get(nid, {}).get(field)
+            zeros = em.full(records[nid][field].shape, 0.0) if ct is None else ct
+            pieces.append((f"%{nid}.{field}", zeros))
     flat = [em.reshape(v, (numel(em.shape(v)),)) for _, v in pieces]
     packed = flat[0] if len(flat) == 1 else em.op(ops.ConcatOp, flat, {"axis": 0})
     grad.body.block.add_op(OutputOp(packed.result))

@@ -3,16 +3,16 @@
 `ibp(graph, payload, lo, hi, dtype)` gives every node a `Box` (lo, hi) that encloses the node's
 value for every input in the box [lo, hi], both its exact real value and the value the reference
 denotation (`tlc.passes.interpret`) computes in `dtype`; or None where no sound rule applies
-(sqrt/log of a box reaching below their domain, division by a box holding 0, or a parent
-without a box). A node never gets a wrong box. Endpoints are rounded outward
-(`tlc.passes.interval_arith`); the rules follow reference/torchlean-ir.md §5 and are tight for
-monotone functions (endpoint rules, not the global codomain), so the seed's MLP at radius 0.05
-ends in tanh([0.020775, 0.035640]) = [0.020772, 0.035625], not [-1, 1].
+(sqrt/log of a box reaching below their domain, division by a box holding 0, an op in
+`NO_INTERVAL_RULE`, or a parent without a box). A node never gets a wrong box. Endpoints are
+rounded outward (`tlc.passes.interval_arith`); the rules follow reference/torchlean-ir.md §5 and
+are tight for monotone functions (endpoint rules, not the global codomain), so the seed's MLP at
+radius 0.05 ends in tanh([0.020775, 0.035640]) = [0.020772, 0.035625], not [-1, 1].
 
 `INTERVAL[OpClass]` is `rule(node, parent_boxes, record, outward) -> Box | None`, filled by
 `@register` beside each rule; many rules reuse the reference rule of the op (`REFERENCE`) on box
-endpoints, so an op's meaning is written once. `NO_INTERVAL_RULE` would list ops without a rule
-with the reason; today every op has one. docs/intervals.md explains each rule.
+endpoints, so an op's meaning is written once. `NO_INTERVAL_RULE` lists the ops without a rule
+(their nodes get no box) with the reason. docs/intervals.md explains each rule.
 """
 
 from __future__ import annotations

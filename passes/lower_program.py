@@ -17,7 +17,9 @@ from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.passes import ModulePass
 
-from tlc.dialect.program_ops import ProgramOp
+from tlc.diagnostics import error
+from tlc.dialect.ops import GraphOp
+from tlc.dialect.program_ops import ParamsOp, ProgramOp
 from tlc.program_run import lower_program
 
 
@@ -29,6 +31,14 @@ class LowerProgramPass(ModulePass):
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         programs = [p for p in op.ops if isinstance(p, ProgramOp)]
+        taken = {g.graph_name for g in op.ops if isinstance(g, GraphOp | ParamsOp)}
+        for program in programs:
+            if program.graph_name in taken:
+                raise error(
+                    f"cannot lower program @{program.graph_name}: the module already has a "
+                    f"graph or parameter binding of that name",
+                    program,
+                )
         lowered = [(p, lower_program(p)) for p in programs]
         block = op.body.block
         for program, result in lowered:

@@ -104,3 +104,25 @@ def test_unsupported_op_is_an_error_naming_the_node() -> None:
         "ONNX export: node 0: rand_uniform has no ONNX form: ONNX's RandomUniform draws an "
         "implementation-defined stream, not tl's"
     )
+
+
+@pytest.mark.parametrize("factory,shape", [("cnn", (2, 3, 8, 8)), ("mlp", (3, 8))])
+def test_imported_pytorch_models_export_and_match_in_onnxruntime(factory: str, shape) -> None:
+    """PyTorch -> tl (FX) -> ONNX -> ONNX Runtime (float32) against the denotation (float64):
+    float32 rounding over about ten layers, rtol 1e-5, atol 1e-6."""
+    torch = pytest.importorskip("torch")
+    sys.path.insert(0, str(Path(__file__).parent / "models"))
+    import torch_models
+
+    x = torch.randn(*shape)
+    traced = tlc.from_torch(getattr(torch_models, factory)(), x)
+    expected = interpret(traced.graph, traced.payload, x.double().numpy()).output
+    got = run_ort(tlc.to_onnx(traced.graph, traced.payload), [x.numpy()], np.float32)
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_translate_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    from tlc.tools.translate import main
+
+    assert main([]) == 2
+    assert "one of the arguments --import-torch" in capsys.readouterr().err

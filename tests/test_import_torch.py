@@ -107,6 +107,13 @@ def test_functional_and_method_forms_match_pytorch() -> None:
     assert "broadcast_to" in [n.TAG for n in traced.graph.nodes]
 
 
+def test_max_pool_ceil_mode_pads_with_minus_infinity() -> None:
+    model = nn.Sequential(nn.MaxPool2d(3, stride=2, padding=1, ceil_mode=True))
+    traced = check_against_torch(model, torch.randn(1, 2, 6, 7))
+    assert [n.TAG for n in traced.graph.nodes][-1] == "max_pool"
+    assert "concat" in [n.TAG for n in traced.graph.nodes]
+
+
 def test_static_sizes_are_folded() -> None:
     traced = check_against_torch(Sizes(), torch.randn(2, 3, 4))
     assert [n.TAG for n in traced.graph.nodes] == ["input", "reshape", "abs", "sqrt", "exp"]
@@ -163,9 +170,9 @@ def test_refusals_name_the_node_and_target() -> None:
         "PyTorch graph import: FX node '_0' (torch.nn.modules.activation.Softplus): "
         "softplus with beta=2, threshold=20.0 (only 1, 20)"
     )
-    assert _refusal(nn.Sequential(nn.MaxPool1d(2, ceil_mode=True)), torch.randn(1, 2, 5)) == (
-        "PyTorch graph import: FX node '_0' (torch.nn.modules.pooling.MaxPool1d): "
-        "ceil_mode=True gives [1, 2, 3], tl pools round down to [1, 2, 2]"
+    assert _refusal(nn.Sequential(nn.AvgPool1d(2, ceil_mode=True)), torch.randn(1, 2, 5)) == (
+        "PyTorch graph import: FX node '_0' (torch.nn.modules.pooling.AvgPool1d): "
+        "ceil_mode=True where it adds a partial window (tl rounds down)"
     )
     assert _refusal(TwoInputs(), x) == (
         "PyTorch graph import: the model takes 2 inputs (x, y), 1 example inputs given"

@@ -449,3 +449,12 @@ def test_whole_graph_plans_per_provider() -> None:
     assert str(info.value) == "no admissible kernel capsule for op rand_uniform on device cpu"
     # the rand_uniform node (MANY starts with a newline)
     assert info.value.diagnostics[0].location.line == 42
+
+
+def test_a_hand_written_policy_is_checked_at_the_graph() -> None:
+    text = MLP.replace("tl.graph @mlp {", 'tl.graph @mlp kernel_policy {device = "gpu"} {')
+    with pytest.raises(DiagnosticError) as info:
+        tlc.execute_plan(text, X0)
+    (diag,) = info.value.diagnostics
+    assert diag.message.startswith("unknown device 'gpu' (known: cpu, cuda,")
+    assert diag.location is not None and diag.location.line == 2

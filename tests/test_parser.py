@@ -49,7 +49,7 @@ def _parses(text: str) -> bool:
 SEEDS = _seed_documents()
 # Characters a mutation inserts: printable ASCII, the dialect's own punctuation again (so edits
 # often stay close to the grammar), and a few non-ASCII ones.
-ALPHABET = string.printable + "%@{}[]():,=\"-" + "≥é\u00a0\t"
+ALPHABET = string.printable + '%@{}[]():,="-' + "≥é\u00a0\t"
 
 
 def _check_loads_or_diagnoses(text: str) -> None:
@@ -128,7 +128,7 @@ def test_random_bytes_decoded_leniently(data: bytes) -> None:
 
 
 def test_every_terminal_reads_as_words() -> None:
-    ignored = set(_lark().ignore_tokens)  # whitespace and comments are never expected
+    ignored = set(_lark().lexer_conf.ignore)  # whitespace and comments are never expected
     for terminal in _lark().terminals:
         if terminal.name in ignored:
             continue
@@ -172,9 +172,12 @@ def test_line_offset_shifts_locations() -> None:
 
 
 def test_mlir_input_gets_op_locations_and_verifier_messages() -> None:
-    text = '"builtin.module"() ({\n  "tl.graph"() ({\n    %0 = "tl.input"() : () -> !tl.tensor<[2]>\n'
-    text += '    "tl.output"(%0) : (!tl.tensor<[2]>) -> ()\n  }) {sym_name = "g"} : () -> ()\n'
-    text += "}) : () -> ()\n"
+    text = (
+        '"builtin.module"() ({\n  "tl.graph"() ({\n'
+        '    %0 = "tl.input"() : () -> !tl.tensor<[2]>\n'
+        '    "tl.output"(%0) : (!tl.tensor<[2]>) -> ()\n  }) {sym_name = "g"} : () -> ()\n'
+        "}) : () -> ()\n"
+    )
     with pytest.raises(DiagnosticError) as info:
         parse_source(text, "m.mlir")
     (diag,) = info.value.diagnostics

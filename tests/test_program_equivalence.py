@@ -15,11 +15,16 @@ float32; 300 programs per run.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from xdsl.dialects.builtin import ModuleOp
 
+import tlc
 from tlc.diagnostics import DiagnosticError
+from tlc.dialect.printer import print_tlir
 from tlc.dialect.program_ops import ProgramOp
 from tlc.frontend import parse_source
 from tlc.passes.interpret import interpret
@@ -31,27 +36,46 @@ UNARY = ["relu", "tanh", "sigmoid", "softplus", "exp", "log", "log", "log", "abs
 BINARY = ["add", "sub", "mul_elem", "max_elem", "min_elem"]
 
 
+Shape = tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class E:
+    """One expression in both forms: .tlir text and the same calls in Python."""
+
+    tl: str
+    py: str
+
+
+def call(tag: str, *args: E, **fields: object) -> E:
+    tl = f"{tag}({', '.join(a.tl for a in args)})"
+    if fields:
+        tl += " {" + ", ".join(f"{k} = {v}" for k, v in fields.items()) + "}"
+    py_args = [a.py for a in args] + [f"{k}={v!r}" for k, v in fields.items()]
+    return E(tl, f"ops.{tag}({', '.join(py_args)})")
+
+
 class Gen:
     """Builds one random program: values in scope with their shapes, declared parameters."""
 
-    def __init__(self, draw: st.DrawFn, shape: tuple[int, ...]):
+    def __init__(self, draw: st.DrawFn, shape: Shape):
         self.draw = draw
-        self.values: list[tuple[str, tuple[int, ...]]] = [("%x", shape)]
-        self.params: dict[str, tuple[int, ...]] = {}
+        self.values: list[tuple[E, Shape]] = [(E("%x", "x"), shape)]
+        self.params: dict[str, Shape] = {}
 
-    def param(self, shape: tuple[int, ...]) -> str:
-        name = f"%p{len(self.params)}"
+    def param(self, shape: Shape) -> E:
+        name = f"p{len(self.params)}"
         self.params[name] = shape
-        return name
+        return E(f"%{name}", f"p[{name!r}]")
 
-    def same_shape(self, shape: tuple[int, ...]) -> str:
+    def same_shape(self, shape: Shape) -> E:
         """Another operand of `shape`: a value in scope, or a new parameter (a const node)."""
-        matches = [n for n, s in self.values if s == shape]
+        matches = [e for e, s in self.values if s == shape]
         if matches and self.draw(st.booleans()):
             return self.draw(st.sampled_from(matches))
         return self.param(shape)
 
-    def step(self, expr: str, shape: tuple[int, ...]) -> tuple[str, tuple[int, ...]]:
+    def step(self, expr: E, shape: Shape) -> tuple[E, Shape]:
         """Apply one random op to `expr` (of `shape`); returns the new expression and shape."""
         d = self.draw
         rank = len(shape)
@@ -61,77 +85,86 @@ class Gen:
         if rank >= 2:
             choices += ["transpose", "matmul"]
         kind = d(st.sampled_from(choices))
-        if kind == "unary":
-            return f"{d(st.sampled_from(UNARY))}({expr})", shape
+        if kind == "unary" or (rank == 0 and kind in ("linear", "softmax", "layernorm")):
+            return call(d(st.sampled_from(UNARY)), expr), shape
         if kind == "binary":
             other = self.same_shape(shape)
             args = (expr, other) if d(st.booleans()) else (other, expr)
-            return f"{d(st.sampled_from(BINARY))}({args[0]}, {args[1]})", shape
+            return call(d(st.sampled_from(BINARY)), *args), shape
         if kind == "linear":
-            if rank == 0:
-                return f"relu({expr})", shape
             out = d(st.integers(1, 4))
             w = self.param((out, shape[-1]))
-            bias = f", {self.param((out,))}" if d(st.booleans()) else ""
-            return f"linear({expr}, {w}{bias})", shape[:-1] + (out,)
+            bias = [self.param((out,))] if d(st.booleans()) else []
+            return call("linear", expr, w, *bias), shape[:-1] + (out,)
         if kind == "sum":
-            return f"sum({expr})", ()
+            return call("sum", expr), ()
         if kind in ("softmax", "layernorm"):
-            if rank == 0:
-                return f"tanh({expr})", shape
             axis = d(st.integers(0, rank - 1))
             if kind == "layernorm" and d(st.booleans()):
                 g, b = self.param(shape[axis:]), self.param(shape[axis:])
-                return f"layernorm({expr}, {g}, {b}) {{axis = {axis}}}", shape
+                return call("layernorm", expr, g, b, axis=axis), shape
             op = kind if kind == "layernorm" else d(st.sampled_from(["softmax", "log_softmax"]))
-            return f"{op}({expr}) {{axis = {axis}}}", shape
+            return call(op, expr, axis=axis), shape
         if kind == "reduce":
             axis = d(st.integers(0, rank - 1))
             op = d(st.sampled_from(["reduce_sum", "reduce_mean"]))
-            return f"{op}({expr}) {{axis = {axis}}}", shape[:axis] + shape[axis + 1 :]
+            return call(op, expr, axis=axis), shape[:axis] + shape[axis + 1 :]
         if kind == "concat":
             axis = d(st.integers(0, rank - 1))
-            other = self.same_shape(shape)
             out = tuple(s * 2 if i == axis else s for i, s in enumerate(shape))
-            return f"concat({expr}, {other}) {{axis = {axis}}}", out
+            return call("concat", expr, self.same_shape(shape), axis=axis), out
         if kind == "flatten":
-            return f"flatten({expr})", (int(np.prod(shape)),)
+            return call("flatten", expr), (int(np.prod(shape)),)
         if kind == "reshape":
             n = int(np.prod(shape))
-            to = (1, n) if d(st.booleans()) else (n,)
-            return f"reshape({expr}) {{to = [{', '.join(map(str, to))}]}}", to
+            to = [1, n] if d(st.booleans()) else [n]
+            return call("reshape", expr, to=to), tuple(to)
         if kind == "safe_log":
-            return f"safe_log({expr}, {self.param(())})", shape
+            return call("safe_log", expr, self.param(())), shape
         if kind == "mse":
-            return f"mse_loss({expr}, {self.same_shape(shape)})", ()
+            return call("mse_loss", expr, self.same_shape(shape)), ()
         if kind == "transpose":
             a, b = d(st.integers(0, rank - 1)), d(st.integers(0, rank - 1))
             out = list(shape)
             out[a], out[b] = shape[b], shape[a]
-            return f"transpose({expr}) {{axis1 = {a}, axis2 = {b}}}", tuple(out)
+            return call("transpose", expr, axis1=a, axis2=b), tuple(out)
         p = d(st.integers(1, 3))
-        w = self.param(shape[:-2] + (shape[-1], p))
-        return f"matmul({expr}, {w})", shape[:-1] + (p,)
+        return call("matmul", expr, self.param(shape[:-2] + (shape[-1], p))), shape[:-1] + (p,)
+
+
+@dataclass
+class Case:
+    text: str  # the .tlir program
+    python: str  # the same program as a Python function `prog(ops, x, p)`
+    params: dict[str, Shape]
+    shape: Shape
+    seed: int
+
+
+def _dims(shape: Shape) -> str:
+    return "[" + ", ".join(map(str, shape)) + "]"
 
 
 @st.composite
-def programs(draw: st.DrawFn) -> tuple[str, dict[str, tuple[int, ...]], tuple[int, ...], int]:
+def programs(draw: st.DrawFn) -> Case:
     shape = tuple(draw(st.lists(st.integers(1, 3), min_size=0, max_size=3)))
     gen = Gen(draw, shape)
-    lets = []
+    lets, body = [], []
     for i in range(draw(st.integers(1, 5))):
         expr, s = draw(st.sampled_from(gen.values))
         for _ in range(draw(st.integers(1, 3))):  # nested calls
             expr, s = gen.step(expr, s)
-        annotation = f" : [{', '.join(map(str, s))}]" if draw(st.booleans()) else ""
-        lets.append(f"  %v{i} = {expr}{annotation}")
-        gen.values.append((f"%v{i}", s))
-    head = f"tl.program @p(%x: [{', '.join(map(str, shape))}])"
+        annotation = f" : {_dims(s)}" if draw(st.booleans()) else ""
+        lets.append(f"  %v{i} = {expr.tl}{annotation}")
+        body.append(f"    v{i} = {expr.py}")
+        gen.values.append((E(f"%v{i}", f"v{i}"), s))
+    head = f"tl.program @p(%x: {_dims(shape)})"
     if gen.params:
-        decls = ", ".join(f"{n}: [{', '.join(map(str, s))}]" for n, s in gen.params.items())
-        head += f" params({decls})"
-    text = "\n".join([head + " {", *lets, f"  return {gen.values[-1][0]}", "}"]) + "\n"
-    return text, gen.params, shape, draw(st.integers(0, 2**32 - 1))
+        head += " params(" + ", ".join(f"%{n}: {_dims(s)}" for n, s in gen.params.items()) + ")"
+    result = gen.values[-1][0]
+    text = "\n".join([head + " {", *lets, f"  return {result.tl}", "}"]) + "\n"
+    python = "\n".join(["def p(ops, x, p):", *body, f"    return {result.py}"]) + "\n"
+    return Case(text, python, gen.params, shape, draw(st.integers(0, 2**32 - 1)))
 
 
 def _outcome(fn):  # type: ignore[no-untyped-def]
@@ -141,30 +174,49 @@ def _outcome(fn):  # type: ignore[no-untyped-def]
         return None, [(d.message, d.location) for d in exc.diagnostics]
 
 
+def _inputs(case: Case) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    rng = np.random.default_rng(case.seed)
+    return {n: rng.normal(size=s) for n, s in case.params.items()}, rng.normal(size=case.shape)
+
+
+def _program(case: Case) -> ProgramOp:
+    (program,) = parse_source(case.text, "random.tlir").ops
+    assert isinstance(program, ProgramOp)
+    return program
+
+
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(programs())
-def test_program_equals_its_lowered_graph(case) -> None:  # type: ignore[no-untyped-def]
-    text, declared, shape, seed = case
-    module = parse_source(text, "random.tlir")
-    (program,) = [op for op in module.ops if isinstance(op, ProgramOp)]
-    rng = np.random.default_rng(seed)
-    params = {n[1:]: rng.normal(size=s) for n, s in declared.items()}
-    x = rng.normal(size=shape)
+def test_program_equals_its_lowered_graph(case: Case) -> None:
+    program = _program(case)
+    params, x = _inputs(case)
     lowered = lower_program(program)
-    payload = payload_from_params(_module_of(lowered), "p", params)
+    payload = payload_from_params(ModuleOp([lowered.graph, lowered.params]), "p", params)
     for dtype in (np.float64, np.float32):
         run, run_error = _outcome(lambda: evaluate_program(program, params, x, dtype))  # noqa: B023
         table, graph_error = _outcome(lambda: interpret(lowered.graph, payload, x, dtype))  # noqa: B023
-        assert run_error == graph_error, text
+        assert run_error == graph_error, case.text
         if run is None:
             continue
         for name, node in lowered.let_nodes.items():
-            np.testing.assert_array_equal(run.lets[name], table[node], err_msg=f"{text}%{name}")
+            np.testing.assert_array_equal(run.lets[name], table[node], err_msg=case.text + name)
             assert run.lets[name].dtype == table[node].dtype
         np.testing.assert_array_equal(run.result, table.output)
 
 
-def _module_of(lowered):  # type: ignore[no-untyped-def]
-    from xdsl.dialects.builtin import ModuleOp
-
-    return ModuleOp([lowered.graph, lowered.params])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(programs())
+def test_python_trace_and_text_lower_to_the_same_graph(case: Case) -> None:
+    """The same calls written in Python and traced give the graph and payload of the text."""
+    namespace: dict[str, object] = {}
+    exec(compile(case.python, "random_program.py", "exec"), namespace)
+    params, x = _inputs(case)
+    traced = tlc.trace(namespace["p"], case.shape, params)  # type: ignore[arg-type]
+    lowered = lower_program(_program(case))
+    assert print_tlir(ModuleOp([lowered.graph.clone()])) == print_tlir(traced.module), case.python
+    payload = payload_from_params(ModuleOp([lowered.graph, lowered.params]), "p", params)
+    assert payload.kinds == traced.payload.kinds
+    flat, traced_flat = payload.flat(), traced.payload.flat()
+    assert flat.keys() == traced_flat.keys()
+    for key, value in traced_flat.items():
+        np.testing.assert_array_equal(flat[key], value)

@@ -10,21 +10,31 @@ import sys
 import traceback
 from collections.abc import Callable
 
-from tlc.diagnostics import DiagnosticError, SourceManager
+from tlc.diagnostics import DiagnosticError, Location, SourceManager, error
 
 EXIT_DIAGNOSTICS = 1
 EXIT_INTERNAL = 70
 
 
 def read_input(path: str) -> tuple[str, str]:
-    """(name used in diagnostics, text); `-` reads stdin."""
-    if path == "-":
-        return "<stdin>", sys.stdin.read()
+    """(name used in diagnostics, text); `-` reads stdin. Text that is not UTF-8 is an error
+    located at the first bad byte."""
+    name = "<stdin>" if path == "-" else path
     try:
-        with open(path, encoding="utf-8") as f:
-            return path, f.read()
+        if path == "-":
+            data = sys.stdin.buffer.read()
+        else:
+            with open(path, "rb") as f:
+                data = f.read()
     except OSError as exc:
         raise DiagnosticError.simple(f"cannot read '{path}': {exc.strerror}") from None
+    try:
+        return name, data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        col = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
+        where = Location(name, line, col)
+        raise error(f"invalid UTF-8 (byte 0x{data[exc.start]:02x})", where) from None
 
 
 def write_output(path: str, text: str) -> None:

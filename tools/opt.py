@@ -105,9 +105,10 @@ def run_passes(
     print_after: bool,
     timings: list[tuple[str, float]] | None,
 ) -> None:
+    ctx = context()
     for pass_ in passes:
         with _timed(timings, pass_.name):
-            pass_.apply(context(), module)
+            pass_.apply(ctx, module)
         if print_after:
             spec, title = pass_.pipeline_pass_spec(), type(pass_).__name__
             sys.stderr.write(f"// -----// IR Dump After {title} ({spec}) //----- //\n")
@@ -146,6 +147,12 @@ def _main(argv: list[str] | None) -> int:
 
 
 def _run(args: argparse.Namespace, text_pipeline: str) -> int:
+    if args.render and args.split_input_file:
+        raise UsageError("--render cannot be combined with --split-input-file")
+    if args.render and Path(args.render).suffix.lstrip(".").lower() not in RENDER_FORMATS:
+        raise UsageError(
+            f"--render: unsupported format of '{args.render}' (use .svg, .png or .pdf)"
+        )
     sources = SourceManager()
     name, text = read_input(args.input)
     sources.add(name, text)
@@ -153,12 +160,6 @@ def _run(args: argparse.Namespace, text_pipeline: str) -> int:
     if args.dump_pass_pipeline:
         specs = ",".join(str(p.pipeline_pass_spec(include_default=True)) for p in passes)
         sys.stderr.write(f"Pass Manager with {len(passes)} passes:\nbuiltin.module({specs})\n")
-    if args.render and args.split_input_file:
-        raise UsageError("--render cannot be combined with --split-input-file")
-    if args.render and Path(args.render).suffix.lstrip(".").lower() not in RENDER_FORMATS:
-        raise UsageError(
-            f"--render: unsupported format of '{args.render}' (use .svg, .png or .pdf)"
-        )
     mlir = True if args.mlir_input else None
     outputs: list[str] = []
     status = 0

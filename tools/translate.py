@@ -85,12 +85,12 @@ def load_factory(spec: str) -> Callable[[], Any]:
 
 
 def import_torch(args: argparse.Namespace) -> Traced:
+    if not args.input_shape:
+        raise DiagnosticError.simple("--import-torch needs --input-shape")
     import torch
 
     from tlc.import_torch import from_torch
 
-    if not args.input_shape:
-        raise DiagnosticError.simple("--import-torch needs --input-shape")
     model = load_factory(args.import_torch)()
     torch.manual_seed(0)
     examples = tuple(torch.randn(*parse_shape(s)) for s in args.input_shape)

@@ -131,7 +131,8 @@ def _push(
 ) -> np.ndarray | None:
     """One node's tangent, or None where nothing it depends on moves."""
     if node.id in seeds:
-        _check_shape(f"jvp: tangent of input {node.id}", seeds[node.id].shape, values[node.id].shape)
+        what = f"jvp: tangent of input {node.id}"
+        _check_shape(what, seeds[node.id].shape, values[node.id].shape)
         return seeds[node.id]
     pids = node.parent_ids()
     rt = {k: np.asarray(v, dtype=np.float64) for k, v in given.get(node.id, {}).items()}
@@ -172,7 +173,8 @@ def backprop(
             raise not_differentiable(node)
         pids = node.parent_ids()
         record = records.get(node.id)
-        to_parents, to_params = rule(em, node, [values[p] for p in pids], values[node.id], g, record)
+        ins = [values[p] for p in pids]
+        to_parents, to_params = rule(em, node, ins, values[node.id], g, record)
         for pid, ct in zip(pids, to_parents, strict=True):
             if ct is not None:
                 cotangents[pid] = em.add(cotangents[pid], ct) if pid in cotangents else ct

@@ -1,5 +1,6 @@
 # lit configuration for tlc's tool tests (see docs/testing.md).
 # ruff: noqa: F821  (lit injects `config` and `lit_config`)
+import importlib.util
 import os
 import sys
 
@@ -22,3 +23,7 @@ if os.path.exists("/usr/bin/dot") or any(
     os.path.exists(os.path.join(p, "dot")) for p in os.environ.get("PATH", "").split(os.pathsep)
 ):
     config.available_features.add("dot")
+# Optional importers/exporters: `REQUIRES: torch` / `REQUIRES: onnx`.
+for _module in ("torch", "onnx", "onnxruntime"):
+    if importlib.util.find_spec(_module) is not None:
+        config.available_features.add(_module)

@@ -1,6 +1,7 @@
-"""The seed's FX example (class G, reference/seed-graph-ir.txt), verbatim but for the factory."""
+"""The seed's FX example (class G, reference/seed-graph-ir.txt), formatted, plus a factory."""
 
-import torch, torch.nn as nn
+import torch
+import torch.nn as nn
 
 W1 = torch.tensor(
     [

@@ -1,0 +1,222 @@
+"""ONNX import: torch.onnx.export'ed models, hand-built graphs checked against ONNX's own
+reference evaluator (`onnx.reference`, an independent oracle), and the refusals.
+
+Tolerances: hand-built graphs hold float64 tensors, evaluated by us and by onnx.reference in
+float64: rtol 1e-10 (1e-8 for the chain of twelve transcendental functions, where libm
+differences compound). Exported PyTorch models hold float32 weights (the exporter folds batch
+norm into conv weights in float32), compared with the float32 model run by PyTorch: rtol 1e-5,
+atol 1e-6 (float32 rounding over a few layers).
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+from onnx.reference import ReferenceEvaluator  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).parent / "models"))
+
+import tlc  # noqa: E402
+from tlc.diagnostics import DiagnosticError  # noqa: E402
+from tlc.dialect.printer import print_listing  # noqa: E402
+from tlc.passes.interpret import interpret  # noqa: E402
+
+D = TensorProto.DOUBLE
+
+
+def export(model, example, path: Path) -> Path:
+    torch = pytest.importorskip("torch")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, (example,), str(path), dynamo=False)
+    return path
+
+
+def test_seed_model_through_torch_onnx_export(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    import seed_fx
+    from test_import_torch import SEED_LISTING, X0
+
+    traced = tlc.from_onnx(str(export(seed_fx.make(), torch.tensor(X0), tmp_path / "g.onnx")))
+    assert print_listing(traced.graph) == SEED_LISTING  # MatMul + Add(bias) fused to linear
+    assert f"{float(interpret(traced.graph, traced.payload, X0).output):.6f}" == "0.027713"
+
+
+@pytest.mark.parametrize("factory,shape", [("cnn", (2, 3, 8, 8)), ("mlp", (3, 8))])
+def test_models_through_torch_onnx_export(tmp_path: Path, factory: str, shape) -> None:
+    torch = pytest.importorskip("torch")
+    import torch_models
+
+    model = getattr(torch_models, factory)()
+    x = torch.randn(*shape)
+    traced = tlc.from_onnx(str(export(model, x, tmp_path / "m.onnx")))
+    with torch.no_grad():
+        expected = model(x).numpy()
+    got = interpret(traced.graph, traced.payload, x.numpy().astype(np.float64)).output
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+
+
+def make_model(nodes, inputs, output, initializers=(), opset=21) -> onnx.ModelProto:
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info(n, D, s) for n, s in inputs],
+        [_output(output)],
+        [numpy_helper.from_array(np.asarray(v, np.float64), n) for n, v in initializers],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 10
+    return model
+
+
+def _output(name: str) -> onnx.ValueInfoProto:
+    """A double output of unknown shape (a type without a shape field)."""
+    info = onnx.ValueInfoProto(name=name)
+    info.type.tensor_type.elem_type = D
+    return info
+
+
+def int_init(name: str, values) -> onnx.TensorProto:
+    return numpy_helper.from_array(np.asarray(values, np.int64), name)
+
+
+RNG = np.random.default_rng(0)
+W = RNG.standard_normal((4, 3))
+CASES = {
+    "gemm_transB_bias": (
+        [helper.make_node("Gemm", ["x", "w", "c"], ["y"], transB=1)],
+        [("x", (2, 3))], [("w", W), ("c", RNG.standard_normal(4))], "linear",
+    ),
+    "gemm_alpha_beta": (
+        [helper.make_node("Gemm", ["x", "wt", "c"], ["y"], alpha=0.5, beta=2.0)],
+        [("x", (2, 3))], [("wt", W.T), ("c", RNG.standard_normal((2, 4)))], "linear",
+    ),
+    "matmul_add_fused": (
+        [helper.make_node("MatMul", ["x", "wt"], ["m"]),
+         helper.make_node("Add", ["c", "m"], ["y"])],
+        [("x", (5, 3))], [("wt", W.T), ("c", RNG.standard_normal(4))], "linear",
+    ),
+    "batchnorm_conv_pool": (
+        [helper.make_node("Conv", ["x", "k"], ["c"], pads=[1, 0, 1, 0], strides=[1, 2]),
+         helper.make_node("BatchNormalization", ["c", "g", "b", "m", "v"], ["n"],
+                          epsilon=1e-3),
+         helper.make_node("MaxPool", ["n"], ["p"], kernel_shape=[2, 2], pads=[1, 1, 1, 1]),
+         helper.make_node("AveragePool", ["p"], ["y"], kernel_shape=[2, 2],
+                          count_include_pad=1, pads=[1, 1, 1, 1], strides=[2, 2])],
+        [("x", (1, 2, 5, 6))],
+        [("k", RNG.standard_normal((3, 2, 3, 2))), ("g", RNG.uniform(0.5, 1.5, 3)),
+         ("b", RNG.standard_normal(3)), ("m", RNG.standard_normal(3)),
+         ("v", RNG.uniform(0.5, 2, 3))],
+        "conv",
+    ),
+    "conv_same_upper_groups": (
+        [helper.make_node("Conv", ["x", "k", "kb"], ["y"], auto_pad="SAME_UPPER", group=2,
+                          strides=[2])],
+        [("x", (2, 4, 7))], [("k", RNG.standard_normal((6, 2, 4))),
+                             ("kb", RNG.standard_normal(6))], "conv",
+    ),
+    "layernorm_softmax_flatten": (
+        [helper.make_node("LayerNormalization", ["x", "s", "b"], ["l"], axis=-2),
+         helper.make_node("Softmax", ["l"], ["sm"], axis=1),
+         helper.make_node("Flatten", ["sm"], ["y"], axis=1)],
+        [("x", (2, 3, 4))], [("s", RNG.standard_normal((3, 4))), ("b", RNG.standard_normal(4))],
+        "layernorm",
+    ),
+    "reshape_transpose_reduce": (
+        [helper.make_node("Reshape", ["x", "shape"], ["r"]),
+         helper.make_node("Transpose", ["r"], ["t"], perm=[2, 0, 1]),
+         helper.make_node("ReduceMean", ["t", "axes"], ["y"], keepdims=1)],
+        [("x", (2, 3, 4))], [], "reduce_mean",
+    ),
+    "max_min_sub_mul_broadcast": (
+        [helper.make_node("Max", ["x", "c", "z"], ["a"]),
+         helper.make_node("Min", ["a", "d"], ["b"]),
+         helper.make_node("Sub", ["b", "z"], ["s"]),
+         helper.make_node("Mul", ["s", "c"], ["y"])],
+        [("x", (2, 3)), ("z", (3,))], [("c", RNG.standard_normal((1, 3))), ("d", np.array(0.5))],
+        "broadcast_to",
+    ),
+    "unary_chain_gelu": (
+        [helper.make_node("Abs", ["x"], ["a"]), helper.make_node("Sqrt", ["a"], ["s"]),
+         helper.make_node("Log", ["s"], ["l"]), helper.make_node("Sin", ["l"], ["n"]),
+         helper.make_node("Cos", ["n"], ["c"]), helper.make_node("Reciprocal", ["c"], ["r"]),
+         helper.make_node("Gelu", ["r"], ["g"], approximate="tanh"),
+         helper.make_node("Softplus", ["g"], ["p"]), helper.make_node("Exp", ["p"], ["e"]),
+         helper.make_node("Sigmoid", ["e"], ["y0"]), helper.make_node("Concat", ["y0", "x"],
+                                                                      ["y1"], axis=0),
+         helper.make_node("LogSoftmax", ["y1"], ["y"], axis=0)],
+        [("x", (3,))], [], "gelu",
+    ),
+    "reduce_sum_opset13": (
+        [helper.make_node("ReduceSum", ["x", "axes"], ["y"], keepdims=0)],
+        [("x", (2, 3, 4))], [], "reduce_sum",
+    ),
+}  # fmt: skip
+INT_INITIALIZERS = {
+    "reshape_transpose_reduce": [int_init("shape", [4, 0, -1]), int_init("axes", [1, -1])],
+    "reduce_sum_opset13": [int_init("axes", [0, 2])],
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_hand_built_graphs_match_onnx_reference(name: str) -> None:
+    nodes, inputs, inits, expected_tag = CASES[name]
+    model = make_model(nodes, inputs, "y", inits, opset=13 if "opset13" in name else 21)
+    model.graph.initializer.extend(INT_INITIALIZERS.get(name, []))
+    xs = [RNG.standard_normal(s) + (2.0 if name == "unary_chain_gelu" else 0.0) for _, s in inputs]
+    (expected,) = ReferenceEvaluator(model).run(
+        None, dict(zip((n for n, _ in inputs), xs, strict=True))
+    )
+    traced = tlc.from_onnx(model)
+    assert expected_tag in [n.TAG for n in traced.graph.nodes]
+    got = interpret(traced.graph, traced.payload, xs if len(xs) > 1 else xs[0]).output
+    np.testing.assert_allclose(got, expected, rtol=1e-8 if "chain" in name else 1e-10, atol=1e-12)
+
+
+def _refusal(model) -> str:
+    with pytest.raises(DiagnosticError) as info:
+        tlc.from_onnx(model)
+    return str(info.value)
+
+
+def test_refusals_name_the_node_and_op_type() -> None:
+    elu = make_model([helper.make_node("Elu", ["x"], ["y"], name="act")], [("x", (3,))], "y")
+    assert _refusal(elu) == "ONNX import: node 'act' (Elu): unsupported op type"
+    odd = make_model([helper.make_node("Relu", ["x"], ["y"], foo=1)], [("x", (3,))], "y")
+    assert _refusal(odd) == "ONNX import: node #0 (Relu): unsupported attribute 'foo'"
+    old = make_model([helper.make_node("Relu", ["x"], ["y"])], [("x", (3,))], "y", opset=12)
+    assert _refusal(old) == "ONNX import: opset 12 is not supported (13 or later)"
+    symbolic = make_model([helper.make_node("Relu", ["x"], ["y"])], [("x", ("N", 3))], "y")
+    assert _refusal(symbolic) == (
+        "ONNX import: input 'x' has a symbolic or unknown shape; give input_shapes"
+    )
+    assert tlc.from_onnx(symbolic, [(2, 3)]).graph.nodes[0].declared_shape == (2, 3)
+    pool = make_model(
+        [helper.make_node("AveragePool", ["x"], ["y"], kernel_shape=[3], pads=[1, 1])],
+        [("x", (1, 1, 5))], "y",
+    )  # fmt: skip
+    assert _refusal(pool) == (
+        "ONNX import: node #0 (AveragePool): count_include_pad=0 with pads (tl counts the zero "
+        "padding)"
+    )
+    weights = make_model(
+        [helper.make_node("Conv", ["x", "w"], ["y"])], [("x", (1, 2, 5)), ("w", (3, 2, 2))], "y"
+    )
+    assert _refusal(weights) == (
+        "ONNX import: node #0 (Conv): W (input 1) must be an initializer or a Constant"
+    )
+
+
+def test_unreadable_file_is_a_diagnostic(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"not a model")
+    with pytest.raises(DiagnosticError) as info:
+        tlc.from_onnx(str(bad))
+    assert str(info.value).startswith(f"cannot read ONNX model '{bad}'")
