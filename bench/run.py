@@ -206,6 +206,9 @@ def torch_runner(w: Workload, threads: int) -> Callable[[], np.ndarray] | None:
     x = torch.tensor(w.x, dtype=torch.float32)
 
     def run() -> np.ndarray:
+        # The thread count is process-wide: set it for this runner (cheap when unchanged).
+        if torch.get_num_threads() != threads:
+            torch.set_num_threads(threads)
         with torch.inference_mode():
             return model(x)
 

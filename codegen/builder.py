@@ -131,10 +131,14 @@ class KernelBuilder:
 
     @contextmanager
     def loop(
-        self, count: int, name: str = "i", start: int = 0, step: int = 1
+        self,
+        count: int | ir.Value,
+        name: str = "i",
+        start: int | ir.Value = 0,
+        step: int = 1,
     ) -> Iterator[ir.Value]:
         """`for (i = start; i < count; i += step)`: yields the i64 index; the builder ends
-        after the loop."""
+        after the loop. Bounds are constants except in blocked loops (i64 values)."""
         pre = self.b.block
         header = self.func.append_basic_block(f"{name}.header")
         body = self.func.append_basic_block(f"{name}.body")
@@ -142,8 +146,9 @@ class KernelBuilder:
         self.b.branch(header)
         self.b.position_at_end(header)
         index = self.b.phi(I64, name=name)
-        index.add_incoming(self.i64(start), pre)
-        self.b.cbranch(self.b.icmp_signed("<", index, self.i64(count)), body, done)
+        index.add_incoming(self.i64(start) if isinstance(start, int) else start, pre)
+        limit = self.i64(count) if isinstance(count, int) else count
+        self.b.cbranch(self.b.icmp_signed("<", index, limit), body, done)
         self.b.position_at_end(body)
         yield index
         following = self.b.add(index, self.i64(step), name=f"{name}.next", flags=("nuw", "nsw"))

@@ -4,8 +4,9 @@ A linear layer's weight is stored transposed, [n, k] (PyTorch's [out, in]): ever
 dot product of two contiguous rows. `emit_dot_tiles` computes C in register tiles of MR rows of
 A by NR rows of W: MR*NR vector accumulators (16 AVX-512 registers for 4x4) run along k one
 vector at a time, each loaded vector feeding MR or NR fused multiply-adds, and are reduced
-horizontally at the end. Tiles walk W tile by tile (outer) and A row block by row block
-(inner), so NR weight rows stay in L1 while A streams from L2. The reduction order (vector
+horizontally at the end. A's rows are taken in blocks of ROW_BLOCK that stay in L2; within a
+block the tiles walk W (outer) and A's rows (inner), so NR weight rows stay in L1. The
+reduction order (vector
 lanes, then a tree) is reassociated: the llvm capsules' numerical policy is
 implementationDefined.
 
@@ -22,6 +23,8 @@ from tlc.codegen.builder import REASSOC, Buf, KernelBuilder
 #: Register tile: MR rows of A by NR rows of W (MR*NR accumulators plus MR+NR loaded vectors
 #: fit AVX-512's 32 registers).
 MR, NR = 4, 4
+#: Rows of A per cache block: the block (64 x k) stays in L2 while W's tiles pass over it.
+ROW_BLOCK = 64
 #: Broadcast tiles: MR_B rows of A by NV vectors of B's columns (12 accumulators).
 MR_B, NV = 6, 2
 VECTOR_BYTES = 64
@@ -36,11 +39,19 @@ def emit_dot_tiles(
     for j_lo, j_hi, nr in ((0, n_main, NR), (n_main, n, n % NR)):
         if j_hi <= j_lo:
             continue
-        with k.loop(j_hi, "j", start=j_lo, step=nr) as j0:
-            for i_lo, i_hi, mr in ((0, m_main, MR), (m_main, m, m % MR)):
-                if i_hi > i_lo:
-                    with k.loop(i_hi, "i", start=i_lo, step=mr) as i0:
-                        _tile(k, vec, a, w, out, i0, j0, mr, nr, kk, n, bias)
+        if m_main:
+            with k.loop(m_main, "ib", step=ROW_BLOCK) as ib:
+                next_block = k.b.add(ib, k.i64(ROW_BLOCK))
+                fits = k.b.icmp_signed("<", next_block, k.i64(m_main))
+                end = k.b.select(fits, next_block, k.i64(m_main))
+                with (
+                    k.loop(j_hi, "j", start=j_lo, step=nr) as j0,
+                    k.loop(end, "i", start=ib, step=MR) as i0,
+                ):
+                    _tile(k, vec, a, w, out, i0, j0, MR, nr, kk, n, bias)
+        if m_main < m:
+            with k.loop(j_hi, "j", start=j_lo, step=nr) as j0:
+                _tile(k, vec, a, w, out, k.i64(m_main), j0, m - m_main, nr, kk, n, bias)
 
 
 def _tile(

@@ -198,6 +198,24 @@ def _sign(k: KernelBuilder, node: NodeOp, x: ir.Value) -> ir.Value:
     return k.b.select(k.b.fcmp_ordered(">", x, k.const(0)), k.const(1), negative)
 
 
+def _gelu_grad(k: KernelBuilder, node: NodeOp, x: ir.Value) -> ir.Value:
+    """d gelu / dx: Phi(x) + x phi(x), or the derivative of the tanh form."""
+    b = k.b
+    if node.meta("approximate") == "tanh":
+        c = math.sqrt(2 / math.pi)
+        xx = b.fmul(x, x)
+        u = b.fmul(k.const(c), b.fadd(x, b.fmul(b.fmul(k.const(0.044715), xx), x)))
+        t = k.libm("tanh", u)
+        du = b.fmul(k.const(c), b.fadd(k.const(1), b.fmul(k.const(3 * 0.044715), xx)))
+        slope = b.fmul(b.fmul(b.fmul(k.const(0.5), x), b.fsub(k.const(1), b.fmul(t, t))), du)
+        return b.fadd(b.fmul(k.const(0.5), b.fadd(k.const(1), t)), slope)
+    cdf = b.fmul(k.const(0.5), b.fadd(k.const(1), k.libm("erf", b.fdiv(x, k.const(math.sqrt(2))))))
+    pdf = b.fdiv(
+        k.intrinsic("exp", b.fmul(b.fmul(k.const(-0.5), x), x)), k.const(math.sqrt(2 * math.pi))
+    )
+    return b.fadd(cdf, b.fmul(x, pdf))
+
+
 for _op, _fn in (
     (ops.AddOp, lambda k, n, a, b: k.b.fadd(a, b)),
     (ops.SubOp, lambda k, n, a, b: k.b.fsub(a, b)),
@@ -217,6 +235,7 @@ for _op, _fn in (
     (ops.GeluOp, _gelu),
     (ops.SafeLogOp, lambda k, n, x, eps: k.intrinsic("log", k.b.fadd(_softplus(k, n, x), eps))),
     (bw.SignOp, _sign),
+    (bw.GeluGradOp, _gelu_grad),
 ):
     elementwise(_op, _fn)
 
@@ -679,7 +698,6 @@ _GRADIENT_ONLY = (
     "graphs with the reference backend"
 )
 for _op in (
-    bw.GeluGradOp,
     bw.MaxPoolGradOp,
     bw.AvgPoolGradOp,
     bw.ConvInputGradOp,

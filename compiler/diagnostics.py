@@ -8,6 +8,7 @@ them with a `SourceManager` and exit 1. A diagnostic knows its location (from th
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cache
 
 from xdsl.dialects.builtin import FileLineColLoc, IntAttr, StringAttr
 from xdsl.ir import Operation
@@ -20,10 +21,16 @@ class Location:
     col: int
 
     def to_attr(self) -> FileLineColLoc:
-        return FileLineColLoc(StringAttr(self.file), IntAttr(self.line), IntAttr(self.col))
+        return FileLineColLoc(_file_attr(self.file), IntAttr(self.line), IntAttr(self.col))
 
     def __str__(self) -> str:
         return f"{self.file}:{self.line}:{self.col}"
+
+
+@cache
+def _file_attr(name: str) -> StringAttr:
+    """One attribute per file name, shared by every location in the file."""
+    return StringAttr(name)
 
 
 def location_of(op: Operation) -> Location | None:

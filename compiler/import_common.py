@@ -51,7 +51,8 @@ def finish(builder: GraphBuilder, result: SSAValue) -> Traced:
 
     from tlc.passes.payload_check import check_payload
 
-    graph = builder.finish(result)
+    assert builder.at is not None, "new_builder sets the location"
+    graph = builder.finish(result, builder.at)
     check_payload(graph, builder.payload)
     return Traced(ModuleOp([graph]), graph, builder.payload)
 

@@ -19,6 +19,7 @@ from xdsl.dialects.builtin import (
     IntegerAttr,
     StringAttr,
     SymbolNameConstraint,
+    i64,
 )
 from xdsl.ir import Attribute, Block, Dialect, Operation, Region, SSAValue
 from xdsl.irdl import (
@@ -71,7 +72,7 @@ class NodeOp(IRDLOperation):
         shape: Shape | None,
         fields: dict[str, Any] | None = None,
     ):
-        attrs: dict[str, Attribute] = {"id": IntegerAttr(node_id, 64)}
+        attrs: dict[str, Attribute] = {"id": IntegerAttr(node_id, i64)}
         for f in self.FIELDS:
             if fields is not None and f.name in fields:
                 attrs[f.name] = to_attr(f, fields[f.name])
@@ -536,7 +537,8 @@ class BroadcastToOp(NodeOp):
         src, dst = self.meta("from"), self.meta("to")
         if s != src:
             raise ShapeError(
-                f"broadcast_to: parent shape mismatch: expected {fmt_shape(src)}, got {fmt_shape(s)}"
+                f"broadcast_to: parent shape mismatch: expected {fmt_shape(src)}, "
+                f"got {fmt_shape(s)}"
             )
         if not can_broadcast_to(src, dst):
             raise ShapeError(
@@ -778,7 +780,8 @@ class HardMaskedSoftmaxOp(NodeOp):
             )
         if mask_shape != s:
             raise ShapeError(
-                f"hard_masked_softmax: mask shape mismatch: {fmt_shape(mask_shape)} vs {fmt_shape(s)}"
+                f"hard_masked_softmax: mask shape mismatch: {fmt_shape(mask_shape)} "
+                f"vs {fmt_shape(s)}"
             )
         if not s:
             raise ShapeError("hard_masked_softmax: expected rank≥1 input, got []")
@@ -835,7 +838,8 @@ class FlattenOp(NodeOp):
         expected = self.meta("shape")
         if s != expected:
             raise ShapeError(
-                f"flatten: parent shape mismatch: expected {fmt_shape(expected)}, got {fmt_shape(s)}"
+                f"flatten: parent shape mismatch: expected {fmt_shape(expected)}, "
+                f"got {fmt_shape(s)}"
             )
         return (numel(s),)
 
@@ -911,9 +915,7 @@ class GraphOp(IRDLOperation):
     traits = traits_def(SymbolOpInterface(), NoTerminator(), IsolatedFromAbove())
 
     def __init__(self, name: str, ops: list[Operation]):
-        super().__init__(
-            attributes={"sym_name": StringAttr(name)}, regions=[Region(Block(ops))]
-        )
+        super().__init__(attributes={"sym_name": StringAttr(name)}, regions=[Region(Block(ops))])
 
     @property
     def graph_name(self) -> str:
@@ -944,7 +946,7 @@ class RecordOp(IRDLOperation):
     def __init__(self, node: int, kind: str, fields: dict[str, DenseIntOrFPElementsAttr]):
         super().__init__(
             attributes={
-                "node": IntegerAttr(node, 64),
+                "node": IntegerAttr(node, i64),
                 "kind": StringAttr(kind),
                 "fields": DictionaryAttr(dict(fields)),
             }

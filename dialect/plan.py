@@ -89,7 +89,6 @@ def fmt_policy(policy: Policy) -> str:
             return "true" if v else "false"
         return quote(v)
 
-    ordered = sorted(
-        policy, key=lambda n: list(POLICY_FIELDS).index(n) if n in POLICY_FIELDS else 9
-    )
+    known = [n for n in POLICY_FIELDS if n in policy]
+    ordered = known + [n for n in policy if n not in POLICY_FIELDS]  # others: from MLIR input
     return "{" + ", ".join(f"{n} = {value(policy[n])}" for n in ordered) + "}"

@@ -7,6 +7,7 @@ Generic form: `!tl.tensor<[2, 3]>`, `!tl.tensor<[]>` (a scalar) and `!tl.unshape
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import cache
 
 from xdsl.dialects.builtin import ArrayAttr, IntAttr
 from xdsl.ir import Attribute, ParametrizedAttribute, TypeAttribute
@@ -34,9 +35,7 @@ class TensorType(ParametrizedAttribute, TypeAttribute):
     @classmethod
     def parse_parameters(cls, parser: AttrParser) -> Sequence[Attribute]:
         parser.parse_punctuation("<")
-        dims = parser.parse_comma_separated_list(
-            parser.Delimiter.SQUARE, parser.parse_integer
-        )
+        dims = parser.parse_comma_separated_list(parser.Delimiter.SQUARE, parser.parse_integer)
         parser.parse_punctuation(">")
         return (ArrayAttr([IntAttr(d) for d in dims]),)
 
@@ -56,5 +55,8 @@ def shape_of_type(t: Attribute) -> Shape | None:
     return t.shape if isinstance(t, TensorType) else None
 
 
+@cache
 def type_for(shape: Shape | None) -> TensorType | UnshapedType:
+    """The result type of a node (attributes are immutable values, so one per shape is shared;
+    building and verifying a new one per node was a tenth of the parse time)."""
     return UnshapedType() if shape is None else TensorType(shape)

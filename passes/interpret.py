@@ -28,6 +28,7 @@ from tlc.passes.reference_ops import REFERENCE, EvalError, Rule, eval_error
 from tlc.payload import Payload
 
 __all__ = [
+    "DTYPES",
     "PAYLOAD_CHECKS",
     "REFERENCE",
     "EvalError",
@@ -35,6 +36,7 @@ __all__ = [
     "ValueTable",
     "check_payload",
     "interpret",
+    "prepare_records",
     "prepare",
     "Prepared",
 ]

@@ -195,3 +195,61 @@ def test_unsupported_ops_are_refused() -> None:
             build_graph_module(graph, payload)
     finally:
         del UNSUPPORTED[TanhOp]
+
+
+MATRICES = """
+tl.graph @lin {
+  %0 = input : [70, 33]
+  %1 = linear(%0) : [70, 19]
+  output %1
+}
+tl.graph @mm {
+  %0 = input : [7, 9]
+  %1 = const {shape = [9, 70]} : [9, 70]
+  %2 = matmul(%0, %1) : [7, 70]
+  output %2
+}
+"""
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f64", "f32"])
+@pytest.mark.parametrize("name", ["lin", "mm"])
+def test_matrix_kernels_at_tile_edges(dtype: type, name: str) -> None:
+    """Shapes that exercise every path of the tiled kernels: several row blocks of 64, row and
+    column remainders, and (matmul) whole 2-vector column tiles plus a scalar tail."""
+    graph, _ = graph_of(MATRICES, name)
+    rng = np.random.default_rng(4)
+    records = {"lin": {1: {"weight": rng.normal(size=(19, 33)), "bias": rng.normal(size=19)}},
+               "mm": {1: {"value": rng.normal(size=9 * 70)}}}  # fmt: skip
+    payload = tlc.payload.Payload(records[name])
+    x = rng.normal(size=graph.nodes[0].declared_shape).astype(dtype)
+    expected = interpret(graph, payload, x, dtype).output
+    tol = {"rtol": 1e-11, "atol": 1e-12} if dtype == np.float64 else {"rtol": 2e-5, "atol": 2e-5}
+    np.testing.assert_allclose(compile_graph(graph, payload, dtype)(x), expected, **tol)
+
+
+def test_run_backend_llvm_refuses_interval(capsys: pytest.CaptureFixture[str]) -> None:
+    from tlc.tools.run import main as run_main
+
+    path = str(Path(__file__).parent.parent / "examples" / "mlp.tlir")
+    args = [path, "--input", "0.3,-0.2,0.1,0.4", "--backend", "llvm"]
+    assert run_main([*args, "--arithmetic", "interval"]) == 2
+    assert "--backend llvm runs compiled f64 or f32 code" in capsys.readouterr().err
+    assert run_main(args) == 0
+    assert capsys.readouterr().out == "node 5: 0.027713\n"
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f64", "f32"])
+@pytest.mark.parametrize("op", ["sign", "gelu_grad", "gelu_grad_tanh"])
+def test_gradient_elementwise_ops(dtype: type, op: str) -> None:
+    """The elementwise ops of gradient graphs against their reference rules: libm ulps (f64
+    rtol 1e-12, f32 2e-6), plus, in f32, an absolute 5e-6 where the tanh form cancels: the
+    rounding of 1 - t^2 (about 1.2e-7) is multiplied by |x du / 2| <= 14 on [-6, 6]."""
+    form = ' {approximate = "tanh"}' if op.endswith("tanh") else ""
+    node = f"%1 = {op.removesuffix('_tanh')}(%0){form} : [40]"
+    text = f"tl.graph @g {{\n  %0 = input : [40]\n  {node}\n  output %1\n}}\n"
+    graph, payload = graph_of(text)
+    x = np.concatenate([np.linspace(-6, 6, 38), [0.0, -0.0]]).astype(dtype)
+    expected = interpret(graph, payload, x, dtype).output
+    tol = {"rtol": 1e-12, "atol": 1e-14} if dtype == np.float64 else {"rtol": 2e-6, "atol": 5e-6}
+    np.testing.assert_allclose(compile_graph(graph, payload, dtype)(x), expected, **tol)

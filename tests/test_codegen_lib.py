@@ -150,3 +150,27 @@ def test_compile_tool_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert compile_main([str(MLP_PATH), "-o", str(tmp_path / "l.so"), "--graph", "@zz"]) == 1
     assert "no graph named @zz" in capsys.readouterr().err
     assert compile_main([str(MLP_PATH), "-o", str(tmp_path / "l.so"), "--batch", "0"]) == 2
+
+
+CONV_DOC = """
+tl.graph @c {
+  %0 = input : [2, 3, 6, 6]
+  %1 = conv(%0) {kernel = [3, 3], padding = [1, 1], channel_axis = 1, in_channels = 3, out_channels = 4} : [2, 4, 6, 6]
+  %2 = layernorm(%1) {axis = 2} : [2, 4, 6, 6]
+  output %2
+}
+"""  # noqa: E501
+
+
+def test_runtime_payload_with_scratch_and_defaults() -> None:
+    """A conv (which needs scratch) and a layernorm without a record (defaults packed)."""
+    from tlc.codegen.jit import compile_graph
+
+    graph = checked_graph(tlc.parse(CONV_DOC))
+    rng = np.random.default_rng(0)
+    payload = Payload({1: {"weight": rng.normal(size=(4, 3, 3, 3)), "bias": rng.normal(size=4)}})
+    x = rng.normal(size=(2, 3, 6, 6))
+    f = compile_graph(graph, None, np.float64, runtime_payload=True)
+    assert f.params_size == 4 * 27 + 4 + 2 * 36 + 1
+    got = f(x, pack_params(graph, payload))
+    np.testing.assert_allclose(got, interpret(graph, payload, x).output, rtol=1e-12, atol=1e-13)

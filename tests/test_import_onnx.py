@@ -154,6 +154,10 @@ CASES = {
          helper.make_node("LogSoftmax", ["y1"], ["y"], axis=0)],
         [("x", (3,))], [], "gelu",
     ),
+    "reduce_mean_axes_attribute_opset13": (
+        [helper.make_node("ReduceMean", ["x"], ["y"], axes=[-1, 0], keepdims=0)],
+        [("x", (2, 3, 4))], [], "reduce_mean",
+    ),
     "reduce_sum_opset13": (
         [helper.make_node("ReduceSum", ["x", "axes"], ["y"], keepdims=0)],
         [("x", (2, 3, 4))], [], "reduce_sum",

@@ -61,3 +61,15 @@ def test_f32_agrees_with_f64(rec: OpRecord, seed: int) -> None:
     for a, b in zip(f32.values, f64.values, strict=True):
         assert a.dtype == np.float32
         np.testing.assert_allclose(a, b, **rec.tol32.kw())
+
+
+@pytest.mark.parametrize("rec", RECORDS, ids=lambda r: r.name)
+def test_record_text_parses_to_the_same_graph(rec: OpRecord) -> None:
+    """`rec.text()` (for lit tests of other backends) denotes what `rec.graph()` does."""
+    import tlc
+    from tlc.evaluate import checked_graph
+
+    inputs, payload = rec.sample(np.random.default_rng(0))
+    parsed = checked_graph(tlc.parse(rec.text()))
+    got = interpret(parsed, payload, inputs).output
+    np.testing.assert_array_equal(got, interpret(rec.graph(), payload, inputs).output)

@@ -217,6 +217,8 @@ def _main(argv: list[str] | None, sources: SourceManager) -> int:
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     if args.arithmetic != "interval" and (args.radius is not None or args.samples is not None):
         parser.error("--radius and --samples need --arithmetic interval")
+    if args.backend == "llvm" and args.arithmetic not in ("f64", "f32"):
+        parser.error("--backend llvm runs compiled f64 or f32 code (no --arithmetic interval)")
     if args.grad and (args.arithmetic != "f64" or args.print_values):
         parser.error("--grad computes f64 gradients (no other --arithmetic, no --print-values)")
     if (args.radius is not None and not args.radius >= 0) or (args.samples or 0) < 0:
