@@ -110,13 +110,12 @@ def compile(
     import numpy as np
 
     from tlc.codegen.jit import compile_graph
-    from tlc.evaluate import as_module, checked_graph, resolve_payload
+    from tlc.evaluate import choose
 
-    module = as_module(source_or_module)
-    chosen = checked_graph(module, graph)
+    chosen, records = choose(source_or_module, graph, payload)
     scalars = {"f64": np.float64, "f32": np.float32}
     scalar = scalars.get(dtype, dtype) if isinstance(dtype, str) else dtype
-    return compile_graph(chosen, resolve_payload(module, chosen, payload), scalar, batch)
+    return compile_graph(chosen, records, scalar, batch)
 
 
 def load(path: str) -> Any:
@@ -184,13 +183,11 @@ def to_onnx(graph: Any, payload: Any = None, dtype: Any = "f32") -> Any:
     import numpy as np
 
     from tlc.dialect.ops import GraphOp
-    from tlc.evaluate import as_module, checked_graph, resolve_payload
+    from tlc.evaluate import choose
     from tlc.export_onnx import to_onnx as export
 
     chosen = graph
     if not isinstance(graph, GraphOp):
-        module = as_module(graph)
-        chosen = checked_graph(module)
-        payload = resolve_payload(module, chosen, payload)
+        chosen, payload = choose(graph, None, payload)
     scalar = {"f32": np.float32, "f64": np.float64}.get(dtype, dtype)
     return export(chosen, payload, scalar)

@@ -15,9 +15,8 @@ import numpy as np
 from xdsl.dialects.builtin import ModuleOp
 
 from tlc.diagnostics import Diagnostic, DiagnosticError, error
-from tlc.dialect.ops import GraphOp, InputOp
-from tlc.evaluate import as_module, checked_graph, resolve_payload, shape_input
-from tlc.payload import Payload
+from tlc.dialect.ops import GraphOp
+from tlc.evaluate import dtype_of, prepare
 
 if TYPE_CHECKING:
     from tlc.passes.containment import SampleReport
@@ -40,29 +39,6 @@ def ball(x: Any, radius: float) -> tuple[Any, Any]:
         pairs = {nid: ends(v) for nid, v in x.items()}
         return {k: p[0] for k, p in pairs.items()}, {k: p[1] for k, p in pairs.items()}
     return ends(x)
-
-
-def prepare(
-    source: str | ModuleOp, x: Any, payload: Any, graph: str | None
-) -> tuple[GraphOp, Payload, Any]:
-    """Check the document, choose the graph and payload, shape a flat single input."""
-    module = as_module(source)
-    chosen = checked_graph(module, graph)
-    records = resolve_payload(module, chosen, payload)
-    inputs = [n for n in chosen.nodes if isinstance(n, InputOp)]
-    if len(inputs) == 1 and not isinstance(x, Mapping):
-        declared = inputs[0].declared_shape
-        assert declared is not None, "infer-shapes fills in every shape"
-        x = shape_input(np.asarray(x, dtype=np.float64), declared, "input")
-    return chosen, records, x
-
-
-def dtype_of(arithmetic: str) -> type:
-    from tlc.passes.interpret import DTYPES
-
-    if arithmetic not in DTYPES:
-        raise ValueError(f"arithmetic must be one of {', '.join(DTYPES)}, got {arithmetic!r}")
-    return DTYPES[arithmetic]
 
 
 def ibp(

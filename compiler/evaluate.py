@@ -8,6 +8,7 @@ same diagnostics.
 from __future__ import annotations
 
 import os
+import zipfile
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -75,6 +76,26 @@ def resolve_payload(
     return Payload.from_flat(payload)
 
 
+def choose(
+    source: str | ModuleOp, graph: str | None, payload: Payload | Mapping[str, Any] | str | None
+) -> tuple[GraphOp, Payload]:
+    """Parse `source` if it is text, then the checked graph `graph` (see `checked_graph`) and the
+    payload to run it with (see `resolve_payload`): what every Python entry point starts with."""
+    module = as_module(source)
+    chosen = checked_graph(module, graph)
+    return chosen, resolve_payload(module, chosen, payload)
+
+
+def dtype_of(arithmetic: str) -> type:
+    """The numpy scalar type of `arithmetic` (f64, f32). A Python API argument, so a bad name is
+    a ValueError listing the choices, not a diagnostic about the document."""
+    from tlc.passes.interpret import DTYPES
+
+    if arithmetic not in DTYPES:
+        raise ValueError(f"arithmetic must be one of {', '.join(DTYPES)}, got {arithmetic!r}")
+    return DTYPES[arithmetic]
+
+
 def parse_input_text(text: str) -> np.ndarray:
     """`--input` values: a comma-separated list of numbers, or the path of a `.npy` file."""
     if text.endswith(".npy"):
@@ -82,8 +103,13 @@ def parse_input_text(text: str) -> np.ndarray:
             value = np.load(text, allow_pickle=False)
         except OSError as exc:
             raise DiagnosticError.simple(f"cannot read input '{text}': {exc.strerror}") from None
-        except ValueError as exc:
+        except (ValueError, zipfile.BadZipFile) as exc:
             raise DiagnosticError.simple(f"cannot read input '{text}': {exc}") from None
+        if not isinstance(value, np.ndarray):  # np.load opens an .npz archive whatever its name
+            value.close()
+            raise DiagnosticError.simple(
+                f"cannot read input '{text}': an .npz archive, expected a single .npy array"
+            )
         if not np.issubdtype(value.dtype, np.number) or np.iscomplexobj(value):
             raise DiagnosticError.simple(
                 f"input '{text}' holds {value.dtype} values, expected real numbers"
@@ -111,6 +137,29 @@ def shape_input(value: np.ndarray, shape: tuple[int, ...], what: str = "--input"
     )
 
 
+def shape_single_input(graph: GraphOp, x: Any, what: str = "input") -> Any:
+    """`x` for a graph with one input node, a flat list reshaped to that node's shape (see
+    `shape_input`); the other forms (a list per input, `{node id: value}`) pass unchanged."""
+    inputs = [n for n in graph.nodes if isinstance(n, InputOp)]
+    if len(inputs) != 1 or isinstance(x, Mapping):
+        return x
+    declared = inputs[0].declared_shape
+    assert declared is not None, "infer-shapes fills in every shape"
+    return shape_input(np.asarray(x, dtype=np.float64), declared, what)
+
+
+def prepare(
+    source: str | ModuleOp,
+    x: Any,
+    payload: Payload | Mapping[str, Any] | str | None,
+    graph: str | None,
+) -> tuple[GraphOp, Payload, Any]:
+    """Check the document, choose the graph and its payload, and shape a flat single input: the
+    common start of `tlc.run`, `tlc.ibp` and `tlc.check_samples`."""
+    chosen, records = choose(source, graph, payload)
+    return chosen, records, shape_single_input(chosen, x)
+
+
 def run(
     source: str | ModuleOp,
     x: Any,
@@ -123,16 +172,8 @@ def run(
     `x` is the input value (a flat list is reshaped to the input node's shape), or for a graph
     with several input nodes a list (in node order) or `{node id: value}`.
     """
-    from tlc.passes.interpret import DTYPES, interpret
+    from tlc.passes.interpret import interpret
 
-    if arithmetic not in DTYPES:
-        raise ValueError(f"arithmetic must be one of {', '.join(DTYPES)}, got {arithmetic!r}")
-    module = as_module(source)
-    chosen = checked_graph(module, graph)
-    records = resolve_payload(module, chosen, payload)
-    inputs = [n for n in chosen.nodes if isinstance(n, InputOp)]
-    if len(inputs) == 1 and not isinstance(x, Mapping):
-        declared = inputs[0].declared_shape
-        assert declared is not None, "infer-shapes fills in every shape"
-        x = shape_input(np.asarray(x, dtype=np.float64), declared, "input")
-    return interpret(chosen, records, x, DTYPES[arithmetic])
+    dtype = dtype_of(arithmetic)
+    chosen, records, x = prepare(source, x, payload, graph)
+    return interpret(chosen, records, x, dtype)

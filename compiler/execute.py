@@ -142,9 +142,9 @@ class PlannedGraph:
     kernels: dict[int, tuple[BoundKernel, Kernel]]
 
     def __call__(self, x: Any) -> Any:
-        from tlc.passes.interpret import REFERENCE, ValueTable, _bind_inputs, _check_produced
+        from tlc.passes.interpret import REFERENCE, ValueTable, bind_inputs, check_produced
 
-        inputs = _bind_inputs(self.graph, self.shapes, x, self.dtype)
+        inputs = bind_inputs(self.graph, self.shapes, x, self.dtype)
         values: list[np.ndarray] = []
         for node in self.graph.nodes:
             args = [values[pid] for pid in node.parent_ids()]
@@ -154,7 +154,7 @@ class PlannedGraph:
                 value = self._run(node, args)
             else:  # no runtime work: const reads the payload, detach passes its value on
                 value = REFERENCE[type(node)](node, args, self.records.get(node.id), self.dtype)
-            _check_produced(node, value, self.shapes[node.id])
+            check_produced(node, value, self.shapes[node.id])
             values.append(value)
         output = self.graph.output
         assert output is not None and isinstance(output.value.owner, NodeOp)
@@ -269,11 +269,8 @@ def run_plan(
 ) -> Any:
     """`tlc.execute_plan`: like `tlc.run`, but each node runs on the kernel its plan selected.
     `x` must have the input node's shape (or be `{node id: value}` for several inputs)."""
-    from tlc.evaluate import as_module, checked_graph, resolve_payload
-    from tlc.passes.interpret import DTYPES
+    from tlc.evaluate import choose, dtype_of
 
-    if arithmetic not in DTYPES:
-        raise ValueError(f"arithmetic must be one of {', '.join(DTYPES)}, got {arithmetic!r}")
-    module = as_module(source)
-    chosen = checked_graph(module, graph)
-    return execute_plan(chosen, resolve_payload(module, chosen, payload), x, DTYPES[arithmetic])
+    dtype = dtype_of(arithmetic)
+    chosen, records = choose(source, graph, payload)
+    return execute_plan(chosen, records, x, dtype)

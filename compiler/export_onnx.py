@@ -30,6 +30,7 @@ from tlc.dialect.shapes import Shape
 from tlc.passes.infer_shapes import infer_graph_shapes
 from tlc.passes.payload_check import check_payload
 from tlc.payload import Payload
+from tlc.rule_table import registrar
 
 #: The opset exported models declare (Gelu needs 20; ReduceMean's axes are an input from 18).
 OPSET = 21
@@ -97,14 +98,7 @@ UNSUPPORTED: dict[type[NodeOp], str] = {
 }
 
 
-def register(*op_classes: type[NodeOp]) -> Callable[[Rule], Rule]:
-    def add(rule: Rule) -> Rule:
-        for cls in op_classes:
-            assert cls not in EXPORT, f"two export rules for {cls.__name__}"
-            EXPORT[cls] = rule
-        return rule
-
-    return add
+register = registrar(EXPORT, "export")
 
 
 def same_name(op_type: str, **attrs: Any) -> Rule:

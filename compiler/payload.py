@@ -9,6 +9,7 @@ messages (`IR eval: missing linear payload for node 1`).
 
 from __future__ import annotations
 
+import zipfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
@@ -16,7 +17,7 @@ import numpy as np
 from xdsl.dialects.builtin import DenseIntOrFPElementsAttr, ModuleOp
 
 from tlc.diagnostics import DiagnosticError, error
-from tlc.dialect.ops import PayloadOp
+from tlc.dialect.ops import PayloadOp, RecordOp
 from tlc.dialect.printer import dense_to_numpy
 
 Record = dict[str, np.ndarray]
@@ -40,7 +41,8 @@ class Payload(Mapping[int, Record]):
 
     def flat(self) -> dict[str, np.ndarray]:
         """`{"1.weight": array, ...}`, the .npz layout."""
-        return {f"{nid}.{name}": arr for nid, rec in self.records.items() for name, arr in rec.items()}
+        records = self.records.items()
+        return {f"{nid}.{name}": arr for nid, rec in records for name, arr in rec.items()}
 
     @staticmethod
     def from_flat(flat: Mapping[str, np.ndarray], source: str = "payload") -> Payload:
@@ -57,11 +59,16 @@ class Payload(Mapping[int, Record]):
 
 
 def load_npz(path: str) -> Payload:
+    """The payload in the .npz file `path`; a file that is missing or not an .npz archive is a
+    diagnostic naming the file and the reason (`No such file or directory`, not `[Errno 2] ...`)."""
     try:
         with np.load(path, allow_pickle=False) as data:
             return Payload.from_flat({k: data[k] for k in data.files}, path)
-    except (OSError, ValueError) as exc:
-        raise DiagnosticError.simple(f"cannot read payload '{path}': {exc}") from None
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+    except (ValueError, zipfile.BadZipFile) as exc:
+        reason = str(exc)
+    raise DiagnosticError.simple(f"cannot read payload '{path}': {reason}")
 
 
 def save_npz(payload: Payload, path: str) -> None:
@@ -84,3 +91,23 @@ def payload_from_module(module: ModuleOp, graph_name: str) -> Payload:
                 }
                 payload.kinds[nid] = record.kind.data
     return payload
+
+
+def payload_op(graph_name: str, payload: Payload) -> PayloadOp:
+    """The inline `tl.payload @graph_name` section holding `payload`, the inverse of
+    `payload_from_module`: records in node id order, each with its remembered kind (else
+    `const`). Importers and the grad pass use it to put a built payload in the document."""
+    return PayloadOp(
+        graph_name,
+        [
+            RecordOp(nid, payload.kinds.get(nid, "const"), record_attrs(payload[nid]))
+            for nid in sorted(payload)
+        ],
+    )
+
+
+def record_attrs(record: Record) -> dict[str, DenseIntOrFPElementsAttr]:
+    """A payload record as the dense f64 attributes of a `tl.record` op."""
+    from tlc.dialect.parser import dense_attr  # the parser (lark) loads only when needed
+
+    return {name: dense_attr(np.asarray(v).tolist(), name, None) for name, v in record.items()}

@@ -15,6 +15,7 @@ from typing import Any
 
 from tlc.dialect import backward_ops, ops
 from tlc.dialect.ops import NodeOp
+from tlc.rule_table import registrar
 
 TorchRule = Callable[[Any, NodeOp, list[Any], "dict[str, Any] | None"], Any]
 
@@ -39,13 +40,7 @@ TORCH_UNSUPPORTED: dict[type[NodeOp], str] = {
 }
 
 
-def register(*op_classes: type[NodeOp]) -> Callable[[TorchRule], TorchRule]:
-    def add(rule: TorchRule) -> TorchRule:
-        for cls in op_classes:
-            TORCH[cls] = rule
-        return rule
-
-    return add
+register = registrar(TORCH, "torch")
 
 
 def _function(op_class: type[NodeOp], fn: Callable[..., Any]) -> None:

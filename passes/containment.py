@@ -26,7 +26,7 @@ from tlc.diagnostics import DiagnosticError
 from tlc.dialect.ops import GraphOp
 from tlc.passes.ibp import Box, ibp
 from tlc.passes.infer_shapes import infer_graph_shapes
-from tlc.passes.interpret import _bind_inputs, interpret
+from tlc.passes.interpret import bind_inputs, interpret
 from tlc.payload import Payload
 
 
@@ -85,8 +85,8 @@ def check_samples(
     """Propagate boxes for [lo, hi], then check `count` sampled evaluations against them."""
     boxes = ibp(graph, payload, lo, hi, dtype)
     shapes = infer_graph_shapes(graph)
-    lows = _bind_inputs(graph, shapes, lo, np.float64)
-    highs = _bind_inputs(graph, shapes, hi, np.float64)
+    lows = bind_inputs(graph, shapes, lo, np.float64)
+    highs = bind_inputs(graph, shapes, hi, np.float64)
     input_boxes = {nid: Box(lows[nid], highs[nid]) for nid in lows}
     for nid, box in input_boxes.items():
         if not (np.all(np.isfinite(box.lo)) and np.all(np.isfinite(box.hi))):

@@ -28,15 +28,15 @@ from xdsl.context import Context
 from xdsl.dialects.builtin import IntegerAttr, ModuleOp, StringAttr
 from xdsl.passes import ModulePass
 
-from tlc.autodiff.emitter import GraphEmitter, record_attrs
+from tlc.autodiff.emitter import GraphEmitter
 from tlc.autodiff.modes import backprop, input_ids, output_id, param_fields
 from tlc.diagnostics import error
 from tlc.dialect import ops
-from tlc.dialect.ops import GraphOp, NodeOp, OutputOp, PayloadOp, RecordOp
+from tlc.dialect.ops import GraphOp, NodeOp, OutputOp
 from tlc.dialect.shapes import Shape, numel
 from tlc.passes.infer_shapes import infer_graph_shapes
 from tlc.passes.payload_check import prepare_records
-from tlc.payload import Payload, payload_from_module
+from tlc.payload import Payload, payload_from_module, payload_op
 
 
 @dataclass(frozen=True)
@@ -117,17 +117,6 @@ def _drop_dead(grad: GraphOp, first: int, payload: Payload) -> Payload:
             kept.kinds[new_id] = payload.kinds.get(node.id, node.TAG)
         node.attributes["id"] = IntegerAttr(new_id, 64)
     return kept
-
-
-def payload_op(name: str, payload: Payload) -> PayloadOp:
-    """The inline `tl.payload @name` section holding `payload`."""
-    return PayloadOp(
-        name,
-        [
-            RecordOp(nid, payload.kinds.get(nid, "const"), record_attrs(payload[nid]))
-            for nid in sorted(payload)
-        ],
-    )
 
 
 @dataclass(frozen=True)

@@ -29,10 +29,11 @@ from tlc.dialect import ops
 from tlc.dialect.ops import GraphOp, NodeOp
 from tlc.dialect.shapes import numel
 from tlc.passes.infer_shapes import infer_graph_shapes
-from tlc.passes.interpret import REFERENCE, _bind_inputs
+from tlc.passes.interpret import REFERENCE, bind_inputs
 from tlc.passes.interval_arith import COMPOSITE_ULPS, F64, LIBM_ULPS, Box, Outward, sanitize
 from tlc.passes.payload_check import prepare_records
 from tlc.payload import Payload, Record
+from tlc.rule_table import registrar
 
 __all__ = ["INTERVAL", "NO_INTERVAL_RULE", "Box", "IntervalRule", "ibp"]
 
@@ -60,7 +61,7 @@ def ibp(
     prepared = prepare_records(graph, payload or Payload(), dtype, shapes)
     records = {nid: {k: v.astype(F64) for k, v in rec.items()} for nid, rec in prepared.items()}
     outward = Outward(dtype)
-    lows, highs = _bind_inputs(graph, shapes, lo, F64), _bind_inputs(graph, shapes, hi, F64)
+    lows, highs = bind_inputs(graph, shapes, lo, F64), bind_inputs(graph, shapes, hi, F64)
     boxes: list[Box | None] = []
     for node in graph.nodes:
         if node.id in lows:
@@ -88,16 +89,8 @@ def _input_box(node: NodeOp, lo: np.ndarray, hi: np.ndarray) -> Box:
     return Box(lo, hi)
 
 
-def register(*op_classes: type[NodeOp]) -> Callable[[IntervalRule], IntervalRule]:
-    """Decorator: `rule` is the interval rule of each of `op_classes`."""
-
-    def add(rule: IntervalRule) -> IntervalRule:
-        for cls in op_classes:
-            assert cls not in INTERVAL, f"two interval rules for {cls.__name__}"
-            INTERVAL[cls] = rule
-        return rule
-
-    return add
+#: Decorator: `@register(OpA, ...)` makes `rule` the interval rule of each class.
+register = registrar(INTERVAL, "interval")
 
 
 def reference(node: NodeOp, *args: np.ndarray, record: Record | None = None) -> np.ndarray:

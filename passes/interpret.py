@@ -34,7 +34,9 @@ __all__ = [
     "EvalError",
     "Rule",
     "ValueTable",
+    "bind_inputs",
     "check_payload",
+    "check_produced",
     "interpret",
     "prepare_records",
     "prepare",
@@ -99,7 +101,7 @@ class Prepared:
     output_id: int
 
     def __call__(self, x: Inputs) -> ValueTable:
-        inputs = _bind_inputs(self.graph, self.shapes, x, self.dtype)
+        inputs = bind_inputs(self.graph, self.shapes, x, self.dtype)
         values: list[np.ndarray] = []
         for step in self.steps:
             node = step.node
@@ -108,7 +110,7 @@ class Prepared:
             else:
                 args = [values[pid] for pid in step.parents]
                 value = np.asarray(step.rule(node, args, step.record, self.dtype))
-            _check_produced(node, value, step.shape)
+            check_produced(node, value, step.shape)
             values.append(value)
         return ValueTable(values, self.output_id)
 
@@ -129,7 +131,10 @@ def prepare(graph: GraphOp, payload: Payload | None, dtype: type = np.float64) -
     return Prepared(graph, dtype, shapes, steps, owner.id)
 
 
-def _check_produced(node: NodeOp, value: np.ndarray, declared: Shape) -> None:
+def check_produced(node: NodeOp, value: np.ndarray, declared: Shape) -> None:
+    """Raise the seed's `produced shape mismatch` error unless `value` has the node's inferred
+    shape: every executor of a graph (this fold, kernel plans) checks a rule's result the same way,
+    so a wrong rule or kernel is reported at its node instead of failing somewhere downstream."""
     if value.shape != declared:
         raise eval_error(
             f"IR eval: node {node.id}: produced shape mismatch: produced="
@@ -138,8 +143,13 @@ def _check_produced(node: NodeOp, value: np.ndarray, declared: Shape) -> None:
         )
 
 
-def _bind_inputs(graph: GraphOp, shapes: list[Shape], x: Inputs, dtype: type) -> dict[int, Any]:
-    """Input node id -> its value in `dtype`, checked against the node's shape."""
+def bind_inputs(graph: GraphOp, shapes: list[Shape], x: Inputs, dtype: type) -> dict[int, Any]:
+    """Input node id -> its value in `dtype`, checked against the node's shape.
+
+    `x` is one array (a graph with one input node), a list with one array per input node (in
+    node order) or `{node id: array}`. Shared by everything that evaluates a graph (reference
+    fold, kernel plans, interval bounds, sampled checks), so all accept the same inputs and
+    report the same errors."""
     input_nodes = [n for n in graph.nodes if isinstance(n, ops.InputOp)]
     if isinstance(x, Mapping):
         given = dict(x)

@@ -22,6 +22,7 @@ from tlc.dialect.shapes import Shape, fmt_shape, numel
 from tlc.passes.infer_shapes import infer_graph_shapes
 from tlc.passes.reference_ops import EvalError, eval_error
 from tlc.payload import Payload, Record
+from tlc.rule_table import registrar
 
 #: `check(node, parent shapes, output shape, record or None)`; raises EvalError.
 Check = Callable[[NodeOp, list[Shape], Shape, "Record | None"], None]
@@ -84,12 +85,7 @@ def _cast(name: str, value: np.ndarray, dtype: type) -> np.ndarray:
     return np.asarray(value, dtype=dtype).reshape(shape)
 
 
-def _register(op_class: type[NodeOp]) -> Callable[[Check], Check]:
-    def add(check: Check) -> Check:
-        PAYLOAD_CHECKS[op_class] = check
-        return check
-
-    return add
+_register = registrar(PAYLOAD_CHECKS, "payload check")
 
 
 def _require(node: NodeOp, record: Record | None) -> Record:

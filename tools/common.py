@@ -1,11 +1,14 @@
 """What every tlc tool shares: input/output files and the exit-code contract.
 
 Exit codes: 0 success, 1 diagnostics (bad input), 2 usage error (argparse), 70 internal error.
-A traceback reaches the user only for an internal error, never for bad input.
+A traceback reaches the user only for an internal error, never for bad input. A reader that
+closes stdout early (`tlc-run ... | head`) ends the tool quietly, as CPython recommends: exit 1,
+no message.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import traceback
 from collections.abc import Callable
@@ -14,6 +17,7 @@ from tlc.diagnostics import DiagnosticError, Location, SourceManager, error
 
 EXIT_DIAGNOSTICS = 1
 EXIT_INTERNAL = 70
+EXIT_BROKEN_PIPE = 1  # what CPython itself exits with when stdout's pipe closes
 
 
 def read_input(path: str) -> tuple[str, str]:
@@ -51,7 +55,12 @@ def write_output(path: str, text: str) -> None:
 def run_tool(body: Callable[[], int], prog: str, sources: SourceManager | None = None) -> int:
     """Run a tool's body, mapping diagnostics to exit 1 and anything unexpected to exit 70."""
     try:
-        return body()
+        code = body()
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's final flush
+        return code
+    except BrokenPipeError:
+        _silence_stdout()
+        return EXIT_BROKEN_PIPE
     except DiagnosticError as exc:
         manager = sources or SourceManager()
         for diag in exc.diagnostics:
@@ -65,3 +74,10 @@ def run_tool(body: Callable[[], int], prog: str, sources: SourceManager | None =
         sys.stderr.write(f"{prog}: internal error (please report this):\n")
         traceback.print_exc()
         return EXIT_INTERNAL
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's flush at exit does not fail on the closed
+    pipe again (the recipe of the `signal` module's documentation, "Note on SIGPIPE")."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())

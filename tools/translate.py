@@ -105,8 +105,7 @@ def import_onnx(args: argparse.Namespace) -> Traced:
 
 
 def emit_imported(args: argparse.Namespace, traced: Traced) -> int:
-    from tlc.passes.grad import payload_op
-    from tlc.payload import save_npz
+    from tlc.payload import payload_op, save_npz
 
     module = traced.module
     if args.payload_out:

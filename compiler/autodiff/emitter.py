@@ -22,7 +22,6 @@ from xdsl.ir import Block
 from tlc.dialect import ops
 from tlc.dialect.backward_ops import SignOp
 from tlc.dialect.ops import NodeOp
-from tlc.dialect.parser import dense_attr
 from tlc.dialect.shapes import Shape, numel
 from tlc.passes.reference_ops import REFERENCE
 from tlc.payload import Payload, Record
@@ -224,8 +223,3 @@ class GraphEmitter(Emitter[NodeOp]):
         shape = value.declared_shape
         assert shape is not None, "gradient graphs are built from shape-checked graphs"
         return shape
-
-
-def record_attrs(record: Record) -> dict[str, Any]:
-    """A payload record as the dense attributes of a `tl.record` op."""
-    return {name: dense_attr(np.asarray(v).tolist(), name, None) for name, v in record.items()}

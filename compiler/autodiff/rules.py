@@ -33,6 +33,7 @@ from tlc.dialect.ops import NodeOp
 from tlc.dialect.shapes import numel
 from tlc.passes.reference_ops import REFERENCE
 from tlc.payload import Record
+from tlc.rule_table import registrar
 
 Cotangents = tuple[list[Any], dict[str, Any]]
 Vjp = Callable[[Emitter, NodeOp, list[Any], Any, Any, "Record | None"], Cotangents]
@@ -80,24 +81,8 @@ def _ref(node: NodeOp, args: list[np.ndarray], record: Record | None) -> np.ndar
     return np.asarray(REFERENCE[type(node)](node, args, record, np.float64))
 
 
-def defvjp(*classes: type[NodeOp]) -> Callable[[Vjp], Vjp]:
-    def add(rule: Vjp) -> Vjp:
-        for cls in classes:
-            assert cls not in VJP, f"two VJP rules for {cls.TAG}"
-            VJP[cls] = rule
-        return rule
-
-    return add
-
-
-def defjvp(*classes: type[NodeOp]) -> Callable[[Jvp], Jvp]:
-    def add(rule: Jvp) -> Jvp:
-        for cls in classes:
-            assert cls not in JVP, f"two JVP rules for {cls.TAG}"
-            JVP[cls] = rule
-        return rule
-
-    return add
+defvjp = registrar(VJP, "VJP")
+defjvp = registrar(JVP, "JVP")
 
 
 # --------------------------------------------------------------------------------------------
