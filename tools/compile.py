@@ -72,9 +72,11 @@ def _main(argv: list[str] | None, sources: SourceManager) -> int:
     name, text = read_input(args.input_file)
     sources.add(name, text)
     module = parse_source(text, name)
-    names = [args.graph] if args.graph is not None else [
-        op.graph_name for op in module.walk() if isinstance(op, GraphOp)
-    ]
+    names = (
+        [args.graph]
+        if args.graph is not None
+        else [op.graph_name for op in module.walk() if isinstance(op, GraphOp)]
+    )
     graphs = [checked_graph(module, n) for n in names]
     if args.payload is not None and len(graphs) != 1:
         raise DiagnosticError.simple(

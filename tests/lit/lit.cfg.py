@@ -16,9 +16,7 @@ config.environment["PATH"] = os.pathsep.join(
 )
 config.environment["PYTHONHASHSEED"] = "0"
 # %roundtrip: print then re-parse a file; the result must equal printing it once.
-config.substitutions.append(
-    ("%roundtrip", "python -m tlc.tools.roundtrip")
-)
+config.substitutions.append(("%roundtrip", "python -m tlc.tools.roundtrip"))
 if os.path.exists("/usr/bin/dot") or any(
     os.path.exists(os.path.join(p, "dot")) for p in os.environ.get("PATH", "").split(os.pathsep)
 ):
