@@ -569,18 +569,16 @@ def window_range(size: int, out: int, stride: int, offset: int) -> tuple[int, in
 Axis = tuple[int, int, int, int]
 
 
-def window_taps(
+def tap_positions(
     k: KernelBuilder,
-    x: Buf,
-    x_base: ir.Value,
-    out: Buf,
-    out_base: ir.Value,
     geometry: list[Axis],
-    combine: Callable[[ir.Value, ir.Value], ir.Value],
+    in_base: ir.Value,
+    out_base: ir.Value,
+    body: Callable[[ir.Value, ir.Value], None],
 ) -> None:
-    """For one kernel tap: out[o] = combine(out[o], x[o*stride + offset]) over the output
-    positions where the tap falls inside the input; the bounds are compile-time constants, so
-    padding needs no test."""
+    """For one kernel tap: `body(input offset, output offset)` for every output position o
+    whose tap o*stride + offset lies inside the input; the bounds are compile-time constants,
+    so padding needs no test."""
     in_steps = strides([g[0] for g in geometry])
     out_steps = strides([g[1] for g in geometry])
     ranges = [window_range(*g) for g in geometry]
@@ -589,7 +587,7 @@ def window_taps(
 
     def nest(axis: int, src: ir.Value, dst: ir.Value) -> None:
         if axis == len(geometry):
-            k.store(combine(k.load(out, dst), k.load(x, src)), out, dst)
+            body(src, dst)
             return
         _, _, st, off = geometry[axis]
         lo, hi = ranges[axis]
@@ -601,11 +599,142 @@ def window_taps(
                 k.b.add(dst, k.b.mul(o, k.i64(out_steps[axis]))),
             )
 
-    nest(0, x_base, out_base)
+    nest(0, in_base, out_base)
+
+
+Combine = Callable[[ir.Value, ir.Value], ir.Value]
+
+
+def window_taps(
+    k: KernelBuilder,
+    x: Buf,
+    x_base: ir.Value,
+    out: Buf,
+    out_base: ir.Value,
+    geometry: list[Axis],
+    combine: Combine,
+) -> None:
+    """Gather one tap: out[o] = combine(out[o], x[o*stride + offset]) (forward windows)."""
+
+    def body(at_x: ir.Value, at_out: ir.Value) -> None:
+        k.store(combine(k.load(out, at_out), k.load(x, at_x)), out, at_out)
+
+    tap_positions(k, geometry, x_base, out_base, body)
+
+
+def scatter_taps(
+    k: KernelBuilder,
+    src: Buf,
+    src_base: ir.Value,
+    dx: Buf,
+    dx_base: ir.Value,
+    geometry: list[Axis],
+    combine: Combine,
+) -> None:
+    """Scatter one tap, the adjoint of `window_taps`: dx[o*stride + offset] =
+    combine(dx[...], src[o]) (gradients flowing back into the window)."""
+
+    def body(at_dx: ir.Value, at_src: ir.Value) -> None:
+        k.store(combine(k.load(dx, at_dx), k.load(src, at_src)), dx, at_dx)
+
+    tap_positions(k, geometry, dx_base, src_base, body)
 
 
 def kernel_positions(kernel: tuple[int, ...]) -> list[tuple[int, ...]]:
     return [tuple(int(v) for v in pos) for pos in np.ndindex(*kernel)]
+
+
+def zero(k: KernelBuilder, buf: Buf) -> None:
+    with k.loop(buf.size, "z") as z:
+        k.store(k.const(0), buf, z)
+
+
+# --------------------------------------------------------------------------------------------
+# Convolution and its gradients: per leading index and group, a patch matrix
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ConvFrame:
+    """A convolution's static geometry, shared by conv and its two gradients: the input
+    lead + [cin] + in_sp, the output lead + [cout] + out_sp, and per group the patch matrix
+    [depth = cin/groups * taps, positions] that im2col gathers and col2im scatters back."""
+
+    lead: int
+    groups: int
+    cin: int
+    cout: int
+    in_plane: int
+    positions: int
+    #: Per kernel tap (row-major), the geometry of every spatial axis.
+    taps: tuple[list[Axis], ...]
+
+    @staticmethod
+    def of(node: NodeOp, x: Shape, y: Shape) -> ConvFrame:
+        """`x` the convolution's input shape, `y` its output's."""
+        m = node.metadata()
+        axis, dil, st, pad = m["channel_axis"], m["dilation"], m["stride"], m["padding"]
+        in_sp, out_sp = x[axis + 1 :], y[axis + 1 :]
+        taps = tuple(
+            [(in_sp[d], out_sp[d], st[d], pos[d] * dil[d] - pad[d]) for d in range(len(pos))]
+            for pos in kernel_positions(tuple(m["kernel"]))
+        )
+        return ConvFrame(numel(x[:axis]), m["groups"], m["in_channels"], m["out_channels"],
+                         numel(in_sp), numel(out_sp), taps)  # fmt: skip
+
+    @property
+    def cin_g(self) -> int:
+        return self.cin // self.groups
+
+    @property
+    def cout_g(self) -> int:
+        return self.cout // self.groups
+
+    @property
+    def depth(self) -> int:
+        return self.cin_g * len(self.taps)
+
+    def input_block(self, k: KernelBuilder, x: Buf, lead: ir.Value, g: ir.Value) -> Buf:
+        """Group g's input planes [cin/groups, in_plane] at one leading index."""
+        first = k.b.add(k.b.mul(lead, k.i64(self.cin)), k.b.mul(g, k.i64(self.cin_g)))
+        return Buf(k.at(x, k.b.mul(first, k.i64(self.in_plane))), (self.cin_g, self.in_plane))
+
+    def output_block(self, k: KernelBuilder, y: Buf, lead: ir.Value, g: ir.Value) -> Buf:
+        """Group g's output planes [cout/groups, positions] at one leading index."""
+        first = k.b.add(k.b.mul(lead, k.i64(self.cout)), k.b.mul(g, k.i64(self.cout_g)))
+        return Buf(k.at(y, k.b.mul(first, k.i64(self.positions))), (self.cout_g, self.positions))
+
+    def patch_taps(
+        self, k: KernelBuilder, visit: Callable[[ir.Value, ir.Value, list[Axis]], None]
+    ) -> None:
+        """visit(plane offset in the input block, patch row offset, tap geometry) for every
+        input channel of a group and every kernel tap (rows are channel-major, as in W)."""
+        with k.loop(self.cin_g, "ic") as ic:
+            plane = k.b.mul(ic, k.i64(self.in_plane))
+            for t, geometry in enumerate(self.taps):
+                row = k.b.add(k.b.mul(ic, k.i64(len(self.taps))), k.i64(t))
+                visit(plane, k.b.mul(row, k.i64(self.positions)), geometry)
+
+    def im2col(self, k: KernelBuilder, x_block: Buf, patches: Buf) -> None:
+        """Gather the shifted input planes into the patch matrix (zero where a tap falls in
+        the padding)."""
+        zero(k, patches)
+        self.patch_taps(
+            k,
+            lambda plane, row, geometry: window_taps(
+                k, x_block, plane, patches, row, geometry, lambda acc, v: v
+            ),
+        )
+
+    def col2im(self, k: KernelBuilder, cols: Buf, dx_block: Buf) -> None:
+        """The adjoint of im2col: add every patch entry back onto the input position it was
+        gathered from (taps in row-major order, like the reference); padding drops out."""
+        self.patch_taps(
+            k,
+            lambda plane, row, geometry: scatter_taps(
+                k, cols, row, dx_block, plane, geometry, k.b.fadd
+            ),
+        )
 
 
 def _conv_params(node: NodeOp, parents: list[Shape], out: Shape) -> dict[str, ParamSpec]:
@@ -616,69 +745,126 @@ def _conv_params(node: NodeOp, parents: list[Shape], out: Shape) -> dict[str, Pa
 
 
 def _conv_scratch(node: NodeOp, parents: list[Shape], out: Shape) -> int:
-    """The patch matrix of one group: [in_channels/groups * taps, output positions]."""
-    m = node.metadata()
-    taps = numel(m["kernel"])
-    return numel(out[m["channel_axis"] + 1 :]) * (m["in_channels"] // m["groups"]) * taps
+    """The patch matrix of one group."""
+    f = ConvFrame.of(node, parents[0], out)
+    return f.depth * f.positions
 
 
 @register(ops.ConvOp, params=_conv_params, scratch=_conv_scratch)
 def _conv(k: KernelBuilder, s: Step) -> None:
     """Convolution as a matrix product (im2col): for each leading index and group, gather the
-    shifted input planes into a [cin/groups * taps, positions] patch matrix (zero where a tap
-    falls in the padding; the bounds are compile-time, so there are no tests), then
-    out[oc, :] = W[oc, :] patches + bias[oc] with the register-tiled broadcast kernel."""
-    m = s.node.metadata()
+    patch matrix, then out[oc, :] = W[oc, :] patches + bias[oc] with the register-tiled
+    broadcast kernel."""
     x, out, w, bias = s.args[0], s.out, s.params["weight"], s.params["bias"]
     assert s.scratch is not None
-    axis, groups, kernel = m["channel_axis"], m["groups"], tuple(m["kernel"])
-    cin, cout = m["in_channels"], m["out_channels"]
-    cin_g, cout_g = cin // groups, cout // groups
-    in_sp, out_sp = x.shape[axis + 1 :], out.shape[axis + 1 :]
-    in_plane, positions, taps = numel(in_sp), numel(out_sp), numel(kernel)
-    depth = cin_g * taps
-    patches = s.scratch
-    dil, st, pad = m["dilation"], m["stride"], m["padding"]
-    with k.loop(numel(x.shape[:axis]), "lead") as lead, k.loop(groups, "g") as g:
-        with k.loop(positions * depth, "z") as z:
-            k.store(k.const(0), patches, z)
-        first = k.b.add(k.b.mul(lead, k.i64(cin)), k.b.mul(g, k.i64(cin_g)))
-        with k.loop(cin_g, "ic") as ic:
-            x_base = k.b.mul(k.b.add(first, ic), k.i64(in_plane))
-            for t, pos in enumerate(kernel_positions(kernel)):
-                geometry = [
-                    (in_sp[d], out_sp[d], st[d], pos[d] * dil[d] - pad[d])
-                    for d in range(len(kernel))
-                ]
-                row = k.b.mul(k.b.add(k.b.mul(ic, k.i64(taps)), k.i64(t)), k.i64(positions))
-                window_taps(k, x, x_base, patches, row, geometry, lambda acc, v: v)
-        oc0 = k.b.add(k.b.mul(lead, k.i64(cout)), k.b.mul(g, k.i64(cout_g)))
-        out_g = Buf(k.at(out, k.b.mul(oc0, k.i64(positions))), (cout_g, positions))
-        w_g = Buf(k.at(w, k.b.mul(g, k.i64(cout_g * depth))), (cout_g, depth))
-        bias_g = Buf(k.at(bias, k.b.mul(g, k.i64(cout_g))), (cout_g,))
-        emit_broadcast_tiles(k, w_g, Buf(patches.ptr, (depth, positions)), out_g,
-                             m=cout_g, n=positions, kk=depth, row_bias=bias_g)  # fmt: skip
+    f = ConvFrame.of(s.node, x.shape, out.shape)
+    patches = Buf(s.scratch.ptr, (f.depth, f.positions))
+    with k.loop(f.lead, "lead") as lead, k.loop(f.groups, "g") as g:
+        f.im2col(k, f.input_block(k, x, lead, g), patches)
+        w_g = Buf(k.at(w, k.b.mul(g, k.i64(f.cout_g * f.depth))), (f.cout_g, f.depth))
+        bias_g = Buf(k.at(bias, k.b.mul(g, k.i64(f.cout_g))), (f.cout_g,))
+        emit_broadcast_tiles(k, w_g, patches, f.output_block(k, out, lead, g),
+                             m=f.cout_g, n=f.positions, kk=f.depth, row_bias=bias_g)  # fmt: skip
 
 
-def _pool(k: KernelBuilder, s: Step, init: float, combine: Callable, scale: float) -> None:
-    """Pooling over the spatial suffix: init the output, fold every in-bounds tap into it
-    (padding never contributes: -inf for max, 0 for the average), then scale."""
-    kernel, stride, padding = s.node.meta("kernel"), s.node.meta("stride"), s.node.meta("padding")
+def _conv_input_grad_scratch(node: NodeOp, parents: list[Shape], out: Shape) -> int:
+    """W transposed per group ([groups, depth, cout/groups]: as many elements as W) and one
+    group's patch-matrix cotangent."""
+    f = ConvFrame.of(node, out, parents[0])
+    return f.cout * f.depth + f.depth * f.positions
+
+
+@register(bw.ConvInputGradOp, scratch=_conv_input_grad_scratch)
+def _conv_input_grad(k: KernelBuilder, s: Step) -> None:
+    """The transposed convolution: per leading index and group, the patch matrix's cotangent
+    W_g^T G_g [depth, positions] (the broadcast kernel over W transposed once), scattered back
+    onto the input planes it was gathered from (col2im)."""
+    g_buf, w = s.args
+    assert s.scratch is not None
+    f = ConvFrame.of(s.node, s.out.shape, g_buf.shape)
+    w_t = Buf(s.scratch.ptr, (f.groups, f.depth, f.cout_g))
+    gather(k, w, w_t, [f.cout_g * f.depth, 1, f.depth])  # w_t[g, d, o] = W[g*cout_g + o, d]
+    cols = Buf(k.at(s.scratch, f.cout * f.depth), (f.depth, f.positions))
+    zero(k, s.out)
+    with k.loop(f.lead, "lead") as lead, k.loop(f.groups, "g") as g:
+        w_t_g = Buf(k.at(w_t, k.b.mul(g, k.i64(f.depth * f.cout_g))), (f.depth, f.cout_g))
+        emit_broadcast_tiles(k, w_t_g, f.output_block(k, g_buf, lead, g), cols,
+                             m=f.depth, n=f.positions, kk=f.cout_g)  # fmt: skip
+        f.col2im(k, cols, f.input_block(k, s.out, lead, g))
+
+
+def _conv_weight_grad_scratch(node: NodeOp, parents: list[Shape], out: Shape) -> int:
+    """One group's patch matrix and its [cout/groups, depth] share of the kernel cotangent."""
+    f = ConvFrame.of(node, parents[0], parents[1])
+    return f.depth * f.positions + f.cout_g * f.depth
+
+
+@register(bw.ConvWeightGradOp, scratch=_conv_weight_grad_scratch)
+def _conv_weight_grad(k: KernelBuilder, s: Step) -> None:
+    """The kernel's cotangent, a correlation of the input with the output cotangent: per
+    leading index and group, G_g [cout/groups, positions] times the patch matrix transposed
+    (both contiguous along positions, so the dot-product tiles apply), summed over the
+    leading indices."""
+    x, g_buf = s.args
+    assert s.scratch is not None
+    f = ConvFrame.of(s.node, x.shape, g_buf.shape)
+    patches = Buf(s.scratch.ptr, (f.depth, f.positions))
+    part = Buf(k.at(s.scratch, f.depth * f.positions), (f.cout_g, f.depth))
+    zero(k, s.out)
+    with k.loop(f.lead, "lead") as lead, k.loop(f.groups, "g") as g:
+        f.im2col(k, f.input_block(k, x, lead, g), patches)
+        emit_dot_tiles(k, f.output_block(k, g_buf, lead, g), patches, part,
+                       m=f.cout_g, n=f.depth, kk=f.positions, bias=None)  # fmt: skip
+        dw = Buf(k.at(s.out, k.b.mul(g, k.i64(f.cout_g * f.depth))), part.shape)
+        with k.loop(part.size, "e") as e:
+            k.store(k.fadd_r(k.load(dw, e), k.load(part, e)), dw, e)
+
+
+# --------------------------------------------------------------------------------------------
+# Pooling and its gradients: over the spatial suffix, leading axes kept
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PoolFrame:
+    """A pooling's static geometry: `lead` planes of `in_plane` inputs and `out_plane` windows;
+    per kernel tap (row-major), the geometry of every spatial axis."""
+
+    lead: int
+    in_plane: int
+    out_plane: int
+    taps: tuple[list[Axis], ...]
+
+    @staticmethod
+    def of(node: NodeOp, x: Shape, y: Shape) -> PoolFrame:
+        """`x` the pooling's input shape, `y` its output's."""
+        kernel, stride, padding = node.meta("kernel"), node.meta("stride"), node.meta("padding")
+        rank = len(x) - len(kernel)
+        in_sp, out_sp = x[rank:], y[rank:]
+        taps = tuple(
+            [(in_sp[d], out_sp[d], stride[d], pos[d] - padding[d]) for d in range(len(pos))]
+            for pos in kernel_positions(tuple(kernel))
+        )
+        return PoolFrame(numel(x[:rank]), numel(in_sp), numel(out_sp), taps)
+
+    def planes(self, k: KernelBuilder, lead: ir.Value) -> tuple[ir.Value, ir.Value]:
+        """The offsets of one leading index's input and output planes."""
+        return k.b.mul(lead, k.i64(self.in_plane)), k.b.mul(lead, k.i64(self.out_plane))
+
+
+def _pool(k: KernelBuilder, s: Step, init: float, combine: Combine, scale: float) -> None:
+    """Pooling: init the output, fold every in-bounds tap into it (padding never
+    contributes: -inf for max, 0 for the average), then scale."""
     x, out = s.args[0], s.out
-    lead_rank = len(x.shape) - len(kernel)
-    in_sp, out_sp = x.shape[lead_rank:], out.shape[lead_rank:]
-    in_plane, out_plane = numel(in_sp), numel(out_sp)
-    with k.loop(numel(x.shape[:lead_rank]), "lead") as lead:
-        out_base, x_base = k.b.mul(lead, k.i64(out_plane)), k.b.mul(lead, k.i64(in_plane))
-        with k.loop(out_plane, "o") as o:
+    f = PoolFrame.of(s.node, x.shape, out.shape)
+    with k.loop(f.lead, "lead") as lead:
+        x_base, out_base = f.planes(k, lead)
+        with k.loop(f.out_plane, "o") as o:
             k.store(k.const(init), out, k.b.add(out_base, o))
-        for pos in kernel_positions(tuple(kernel)):
-            geometry = [
-                (in_sp[d], out_sp[d], stride[d], pos[d] - padding[d]) for d in range(len(kernel))
-            ]
+        for geometry in f.taps:
             window_taps(k, x, x_base, out, out_base, geometry, combine)
         if scale != 1:
-            with k.loop(out_plane, "o") as o:
+            with k.loop(f.out_plane, "o") as o:
                 at = k.b.add(out_base, o)
                 k.store(k.b.fdiv(k.load(out, at), k.const(scale)), out, at)
 
@@ -693,17 +879,62 @@ def _avg_pool(k: KernelBuilder, s: Step) -> None:
     _pool(k, s, 0.0, lambda acc, v: k.b.fadd(acc, v), float(math.prod(s.node.meta("kernel"))))
 
 
-_GRADIENT_ONLY = (
-    "a gradient-graph op (tlc.dialect.backward_ops) with no LLVM lowering yet; run gradient "
-    "graphs with the reference backend"
-)
-for _op in (
-    bw.MaxPoolGradOp,
-    bw.AvgPoolGradOp,
-    bw.ConvInputGradOp,
-    bw.ConvWeightGradOp,
-):
-    UNSUPPORTED[_op] = _GRADIENT_ONLY
+def _max_pool_grad_scratch(node: NodeOp, parents: list[Shape], out: Shape) -> int:
+    """Per window of one plane: the best value so far and the tap that gave it."""
+    return 2 * PoolFrame.of(node, parents[0], parents[1]).out_plane
+
+
+@register(bw.MaxPoolGradOp, scratch=_max_pool_grad_scratch)
+def _max_pool_grad(k: KernelBuilder, s: Step) -> None:
+    """Each window's cotangent goes to its first maximum, exactly as in the reference: a pass
+    over the taps in row-major order keeps per window the best value and its tap number
+    (strictly greater wins, so ties keep the first; padding and NaN never win; tap 0 stands
+    when nothing beats -inf), then a pass over the taps adds g where the tap won (0
+    elsewhere), so overlapping windows accumulate in the reference's order."""
+    x, g = s.args
+    assert s.scratch is not None
+    f = PoolFrame.of(s.node, x.shape, g.shape)
+    best = Buf(s.scratch.ptr, (f.out_plane,))
+    winner = Buf(k.at(s.scratch, f.out_plane), (f.out_plane,))
+    origin = k.i64(0)
+    zero(k, s.out)
+    with k.loop(f.lead, "lead") as lead:
+        x_base, g_base = f.planes(k, lead)
+        with k.loop(f.out_plane, "o") as o:
+            k.store(k.const(-math.inf), best, o)
+            k.store(k.const(0), winner, o)
+        for j, geometry in enumerate(f.taps):
+
+            def keep(at_x: ir.Value, o: ir.Value, j: int = j) -> None:
+                v, top = k.load(x, at_x), k.load(best, o)
+                better = k.b.fcmp_ordered(">", v, top)
+                k.store(k.b.select(better, v, top), best, o)
+                k.store(k.b.select(better, k.const(j), k.load(winner, o)), winner, o)
+
+            tap_positions(k, geometry, x_base, origin, keep)
+        for j, geometry in enumerate(f.taps):
+
+            def route(at_x: ir.Value, o: ir.Value, j: int = j) -> None:
+                won = k.b.fcmp_ordered("==", k.load(winner, o), k.const(j))
+                share = k.b.select(won, k.load(g, k.b.add(g_base, o)), k.const(0))
+                k.store(k.b.fadd(k.load(s.out, at_x), share), s.out, at_x)
+
+            tap_positions(k, geometry, x_base, origin, route)
+
+
+@register(bw.AvgPoolGradOp)
+def _avg_pool_grad(k: KernelBuilder, s: Step) -> None:
+    """Each window position receives cotangent / prod(kernel), taps in the reference's order
+    (padding counts in the divisor and receives nothing)."""
+    g, out = s.args[0], s.out
+    f = PoolFrame.of(s.node, out.shape, g.shape)
+    size = k.const(math.prod(s.node.meta("kernel")))
+    zero(k, out)
+    with k.loop(f.lead, "lead") as lead:
+        x_base, g_base = f.planes(k, lead)
+        for geometry in f.taps:
+            scatter_taps(k, g, g_base, out, x_base, geometry,
+                         lambda acc, v: k.b.fadd(acc, k.b.fdiv(v, size)))  # fmt: skip
 
 
 def missing_ops() -> list[type[NodeOp]]:

@@ -115,11 +115,15 @@ class NodeCall:
     def shape(self, value: SSAValue) -> Shape:
         return self.ops.shape_of(value)
 
+    def used(self, i: int) -> bool:
+        """Whether output `i` exists and a later node or the graph's output reads it."""
+        return i < len(self.node.output) and bool(self.importer.uses[self.node.output[i]])
+
     def refuse(self, message: str) -> ImportFailure:
         return import_error(PREFIX, f"{self.importer.describe(self.node, self.index)}: {message}")
 
 
-Rule = Callable[..., Value | list[Value]]
+Rule = Callable[..., Value | list[Value | None]]
 
 
 @dataclass(frozen=True)
@@ -303,8 +307,11 @@ def _softmax(call: NodeCall, op: type[tl.NodeOp]) -> SSAValue:
     return call.ops.apply(op, [x], {"axis": axis})
 
 
-@on("LayerNormalization", attributes=["axis", "epsilon", "stash_type"])
-def _layernorm(call: NodeCall) -> SSAValue:
+@on("LayerNormalization", attributes=["axis", "epsilon", "stash_type"], outputs=3)
+def _layernorm(call: NodeCall) -> list[Value | None]:
+    """Y is a `layernorm`; the optional Mean and InvStdDev outputs (over the normalised axes,
+    kept as extent 1) are built from reductions. Each is built only where the model uses it
+    (None otherwise)."""
     x = call.tensor(0)
     shape = call.shape(x)
     axis = norm_axis(call.attr("axis", -1), len(shape))
@@ -315,7 +322,20 @@ def _layernorm(call: NodeCall) -> SSAValue:
         return None if value is None else np.broadcast_to(value, suffix).copy()
 
     eps = float(call.attr("epsilon", 1e-5))
-    return call.ops.layernorm(x, affine(1, "scale"), affine(2, "bias"), eps, axis=axis)
+    outputs: list[Value | None] = [
+        call.ops.layernorm(x, affine(1, "scale"), affine(2, "bias"), eps, axis=axis)
+        if call.used(0)
+        else None
+    ]
+    if not any(call.used(i) for i in (1, 2)):
+        return outputs
+    axes = list(range(axis, len(shape)))
+    mean = reduce(call.ops, tl.ReduceMeanOp, x, axes, keepdims=True)
+    centred = elementwise(call.ops, tl.SubOp, [x, mean])
+    square = call.ops.apply(tl.MulElemOp, [centred, centred])
+    variance = reduce(call.ops, tl.ReduceMeanOp, square, axes, keepdims=True)
+    std = call.ops.apply(tl.SqrtOp, [elementwise(call.ops, tl.AddOp, [variance, np.float64(eps)])])
+    return [*outputs, mean, call.ops.apply(tl.InvOp, [std])]
 
 
 @on("BatchNormalization", attributes=["epsilon", "momentum", "training_mode"])
@@ -383,17 +403,61 @@ def _pool(call: NodeCall, op: type[tl.PoolOp]) -> SSAValue:
     kernel = ints(call.attr("kernel_shape"))
     rank = len(kernel)
     stride = ints(call.attr("strides", [1] * rank))
-    if ints(call.attr("dilations", [1] * rank)) != [1] * rank:
-        raise call.refuse("pooling with dilations")
+    dilation = ints(call.attr("dilations", [1] * rank))
+    dilated = dilation != [1] * rank
+    if dilated and op is tl.MaxPoolOp:
+        raise call.refuse("max pooling with dilations (tl's max pool has none)")
     spatial = call.shape(x)[-rank:]
-    lo, hi = _pads(call, spatial, kernel, stride, [1] * rank)
+    lo, hi = _pads(call, spatial, kernel, stride, dilation)
+    counts_pad = op is tl.AvgPoolOp and call.attr("count_include_pad", 0)
     if call.attr("ceil_mode", 0):
-        extra = [ceil_mode_extra(*a) for a in zip(spatial, lo, hi, kernel, stride, strict=True)]
-        if any(extra) and op is tl.AvgPoolOp:
-            raise call.refuse("ceil_mode=1 where it adds a partial window (tl rounds down)")
+        span = [(k - 1) * d + 1 for k, d in zip(kernel, dilation, strict=True)]
+        extra = [ceil_mode_extra(*a) for a in zip(spatial, lo, hi, span, stride, strict=True)]
+        if any(extra) and counts_pad:
+            raise call.refuse(
+                "ceil_mode=1 where it adds a partial window, with count_include_pad=1"
+            )
         hi = [h + e for h, e in zip(hi, extra, strict=True)]
-    if op is tl.AvgPoolOp and any(lo + hi) and not call.attr("count_include_pad", 0):
-        raise call.refuse("count_include_pad=0 with pads (tl counts the zero padding)")
+    if dilated:
+        # An average is a depthwise convolution with uniform weights, and tl's conv dilates.
+        channels = call.shape(x)[1]
+        weight = np.full((channels, 1, *kernel), 1.0 / prod(kernel))
+        y = call.ops.conv(
+            x, weight, stride=stride, padding=lo, padding_after=hi, dilation=dilation,
+            groups=channels, channel_axis=1,
+        )  # fmt: skip
+    else:
+        y = _pool_padded(call, op, x, rank, kernel, stride, lo, hi)
+    if op is tl.MaxPoolOp or counts_pad or not any(lo + hi):
+        return y
+    # tl divides every window by its full size; ONNX divides by the input elements it covers.
+    counted = functools.reduce(
+        np.multiply.outer,
+        [_window_counts(*a) for a in zip(spatial, lo, hi, kernel, stride, dilation, strict=True)],
+    )
+    if not counted.all():
+        raise call.refuse("a window covers only padding (count_include_pad=0 divides by zero)")
+    return elementwise(call.ops, tl.MulElemOp, [y, prod(kernel) / counted])
+
+
+def _window_counts(n: int, lo: int, hi: int, k: int, s: int, d: int) -> np.ndarray:
+    """How many input elements (not padding) each window along one axis covers."""
+    starts = np.arange((n + lo + hi - (k - 1) * d - 1) // s + 1) * s - lo
+    taps = starts[:, None] + np.arange(k) * d
+    return ((taps >= 0) & (taps < n)).sum(axis=1)
+
+
+def _pool_padded(
+    call: NodeCall,
+    op: type[tl.PoolOp],
+    x: SSAValue,
+    rank: int,
+    kernel: list[int],
+    stride: list[int],
+    lo: list[int],
+    hi: list[int],
+) -> SSAValue:
+    """The pool over `x` padded by `lo`/`hi` (zeros, counted, for an average)."""
     padding = lo
     if lo != hi or any(2 * p > k for p, k in zip(lo, kernel, strict=True)):
         # tl pads both sides equally, at most half a window: pad explicitly instead, with
@@ -552,9 +616,11 @@ class OnnxImporter:
             raise
         except DiagnosticError as exc:
             raise call.refuse(str(exc)) from None
-        value = result[0] if isinstance(result, list) else result
-        self._check(call, node.output[0], value)
-        self.env[node.output[0]] = value
+        values = result if isinstance(result, list) else [result]
+        for name, value in zip(node.output, values, strict=False):
+            if name and value is not None:
+                self._check(call, name, value)
+                self.env[name] = value
 
     def _check(self, call: NodeCall, name: str, value: Value) -> None:
         expected = self.inferred.get(name)

@@ -1,6 +1,8 @@
 """tlc as an ONNX backend (`onnx.backend.base.Backend`), and ONNX's node conformance tests run
-through it: import the test's model, evaluate it by the reference denotation, compare with the
-outputs ONNX ships, at the test's own tolerances.
+through it: specialise the test's model on the values it feeds to inputs tl takes as parameters
+or metadata (`PARAMETER_INPUTS`: weights, statistics, shapes, axes become initializers, as in
+real models), import one tl graph per output, evaluate them by the reference denotation and
+compare every output with the ones ONNX ships, at the test's own tolerances.
 
 The node tests come from the onnx package (`onnx.backend.test.case.node.collect_testcases`,
 the generator of the `onnx/backend/test/data/node/*` files, which some wheels leave out); a test
@@ -20,6 +22,7 @@ from typing import Any
 
 import numpy as np
 import onnx
+from onnx import numpy_helper
 from onnx.backend.base import Backend, BackendRep
 
 from tlc.diagnostics import DiagnosticError
@@ -36,24 +39,70 @@ OPS = (
 )  # fmt: skip
 
 
-class TlcRep(BackendRep):
-    """An imported model, run by the reference denotation in float64."""
+#: Inputs that tl takes as parameters or metadata (a payload record, a shape, axes), by ONNX
+#: op type. ONNX's node tests feed them as graph inputs; real models hold them as initializers.
+PARAMETER_INPUTS: dict[str, tuple[int, ...]] = {
+    "Conv": (1, 2),
+    "BatchNormalization": (1, 2, 3, 4),
+    "LayerNormalization": (1, 2),
+    "Reshape": (1,),
+    "ReduceSum": (1,),
+    "ReduceMean": (1,),
+}
 
-    def __init__(self, traced: Traced, output_type: np.dtype):
-        self.traced = traced
-        self.output_type = output_type
+
+def parameter_inputs(model: onnx.ModelProto) -> frozenset[str]:
+    """The graph inputs every node reading them reads as a parameter (see `PARAMETER_INPUTS`)."""
+    slots: dict[str, set[bool]] = defaultdict(set)
+    for node in model.graph.node:
+        for i, name in enumerate(node.input):
+            slots[name].add(i in PARAMETER_INPUTS.get(node.op_type, ()))
+    return frozenset(i.name for i in model.graph.input if slots.get(i.name) == {True})
+
+
+class TlcRep(BackendRep):
+    """A model, specialised at `run` on the values given for its parameter inputs (they become
+    initializers) and imported as one tl graph per output; run by the reference denotation in
+    float64 on the remaining (data) inputs."""
+
+    def __init__(self, model: onnx.ModelProto):
+        self.model = model
+        self.parameters = parameter_inputs(model)
+
+    def specialise(self, inputs: Any) -> tuple[list[Traced], list[np.ndarray]]:
+        """The tl graphs, one per model output, and the data inputs to run them on."""
+        names = [i.name for i in self.model.graph.input]
+        given = dict(zip(names, inputs, strict=True))
+        model = onnx.ModelProto()
+        model.CopyFrom(self.model)
+        model.graph.initializer.extend(
+            numpy_helper.from_array(np.asarray(given[name]), name)
+            for name in sorted(self.parameters)
+        )
+        graphs = []
+        for output in self.model.graph.output:
+            del model.graph.output[:]
+            model.graph.output.append(output)
+            graphs.append(from_onnx(model))
+        data = [np.asarray(given[n], dtype=np.float64) for n in names if n not in self.parameters]
+        return graphs, data
+
+    def evaluate(self, graphs: list[Traced], data: list[np.ndarray]) -> tuple[np.ndarray, ...]:
+        results = []
+        for traced, output in zip(graphs, self.model.graph.output, strict=True):
+            value = interpret(traced.graph, traced.payload, data).output
+            dtype = onnx.helper.tensor_dtype_to_np_dtype(output.type.tensor_type.elem_type)
+            results.append(np.asarray(value).astype(dtype))
+        return tuple(results)
 
     def run(self, inputs: Any, **kwargs: Any) -> tuple[np.ndarray, ...]:
-        arrays = [np.asarray(x, dtype=np.float64) for x in inputs]
-        table = interpret(self.traced.graph, self.traced.payload, arrays)
-        return (np.asarray(table.output).astype(self.output_type),)
+        return self.evaluate(*self.specialise(inputs))
 
 
 class TlcBackend(Backend):
     @classmethod
     def prepare(cls, model: onnx.ModelProto, device: str = "CPU", **kwargs: Any) -> TlcRep:
-        elem = model.graph.output[0].type.tensor_type.elem_type
-        return TlcRep(from_onnx(model), onnx.helper.tensor_dtype_to_np_dtype(elem))
+        return TlcRep(model)
 
     @classmethod
     def supports_device(cls, device: str) -> bool:
@@ -86,20 +135,22 @@ def node_cases() -> dict[str, Any]:
 
 def run_case(name: str) -> Outcome:
     op, case = node_cases()[name]
-    try:
-        rep = TlcBackend.prepare(case.model)
-    except DiagnosticError as exc:
-        return Outcome(name, op, "unsupported", _short(str(exc)))
+    rep = TlcBackend.prepare(case.model)
     failures = []
     for inputs, expected in case.data_sets:
         try:
-            (got,) = rep.run(inputs)
+            graphs, data = rep.specialise(inputs)
+        except DiagnosticError as exc:
+            return Outcome(name, op, "unsupported", _short(str(exc)))
+        try:
+            got = rep.evaluate(graphs, data)
         except DiagnosticError as exc:
             return Outcome(name, op, "fail", _short(str(exc)))
-        try:
-            np.testing.assert_allclose(got, expected[0], rtol=case.rtol, atol=case.atol)
-        except AssertionError as exc:
-            failures.append(str(exc).strip().splitlines()[0])
+        for i, (ours, theirs) in enumerate(zip(got, expected, strict=True)):
+            try:
+                np.testing.assert_allclose(ours, theirs, rtol=case.rtol, atol=case.atol)
+            except AssertionError as exc:
+                failures.append(f"output {i}: " + str(exc).strip().splitlines()[0])
     if failures:
         return Outcome(name, op, "fail", "values differ: " + failures[0])
     return Outcome(name, op, "pass")

@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 from xdsl.dialects.builtin import ModuleOp
 
+from tlc.dialect import backward_ops as bw
 from tlc.dialect import ops
 from tlc.dialect.backward_ops import BACKWARD_OPS
 from tlc.dialect.ops import GraphOp, NodeOp, OutputOp
@@ -361,6 +362,111 @@ RECORDS: tuple[OpRecord, ...] = (
              tol64=SUMS64, tol32=SUMS32),
 )  # fmt: skip
 
+# --------------------------------------------------------------------------------------------
+# The windowed backward ops (tlc.dialect.backward_ops): kept out of RECORDS (they are not
+# differentiable, and the forward-op tests iterate RECORDS); each reference is torch.autograd's
+# VJP of the forward op, so the same records check the numpy rules and any backend against it.
+# --------------------------------------------------------------------------------------------
+
+
+def _vjp(t: Any, forward: Callable[[Any], Any], leaf: Any, cotangent: Any) -> Any:
+    with t.enable_grad():
+        leaf = leaf.detach().clone().requires_grad_()
+        return t.autograd.grad(forward(leaf), leaf, cotangent)[0]
+
+
+def _max_pool_grad(t: Any, xs: list[Any], r: dict[str, Any], m: Mapping[str, Any]) -> Any:
+    x, g = xs
+    return _vjp(t, lambda leaf: _pool("max")(t, [leaf], r, m), x, g)
+
+
+def _avg_pool_grad(x_shape: Shape) -> TorchFn:
+    def reference(t: Any, xs: list[Any], r: dict[str, Any], m: Mapping[str, Any]) -> Any:
+        x = t.zeros(x_shape, dtype=xs[0].dtype)
+        return _vjp(t, lambda leaf: _pool("avg")(t, [leaf], r, m), x, xs[0])
+
+    return reference
+
+
+def _conv_input_grad(x_shape: Shape) -> TorchFn:
+    def reference(t: Any, xs: list[Any], r: dict[str, Any], m: Mapping[str, Any]) -> Any:
+        g, w = xs
+        x = t.zeros(x_shape, dtype=g.dtype)
+        return _vjp(t, lambda leaf: _conv(t, [leaf], {"weight": w}, m), x, g)
+
+    return reference
+
+
+def _conv_weight_grad(t: Any, xs: list[Any], r: dict[str, Any], m: Mapping[str, Any]) -> Any:
+    x, g = xs
+    w = t.zeros((m["out_channels"], m["in_channels"] // m["groups"], *m["kernel"]), dtype=x.dtype)
+    return _vjp(t, lambda leaf: _conv(t, [x], {"weight": leaf}, m), w, g)
+
+
+def _ties(rng: np.random.Generator, shape: Shape) -> np.ndarray:
+    """Values in {-1, 0, 1}: most windows hold several maxima (the first one must win)."""
+    return rng.integers(-1, 2, shape).astype(np.float64)
+
+
+def _conv_fields(**fields: Any) -> dict[str, Any]:
+    rank = len(fields["kernel"])
+    defaults = {"stride": (1,) * rank, "padding": (0,) * rank, "dilation": (1,) * rank,
+                "groups": 1, "channel_axis": 0}  # fmt: skip
+    merged = {**defaults, **fields}
+    return {**merged, "padding_after": fields.get("padding_after", merged["padding"])}
+
+
+_CONV1D = _conv_fields(kernel=(3,), padding=(1,), in_channels=2, out_channels=3)
+_CONV2D_GROUPED = _conv_fields(kernel=(3, 2), stride=(2, 3), padding=(1, 0), dilation=(1, 2),
+                               padding_after=(0, 1), groups=2, channel_axis=1, in_channels=4,
+                               out_channels=6)  # fmt: skip
+#: 100 output positions and 27 patch rows: the vector paths of the matrix kernels.
+_CONV2D_WIDE = _conv_fields(kernel=(3, 3), padding=(1, 1), in_channels=3, out_channels=5)
+
+#: The kernel cotangent of _CONV2D_WIDE sums 100 products of standard normals (sum of |terms|
+#: about 64): float32 accumulation in numpy's order is off by up to ~6e-6 from the exact sum
+#: (measured), the reassociated vector sum by ~2e-6, so they may differ by 1e-5 absolute.
+LONG_SUMS32 = Tol(2e-5, 1e-5)
+
+#: Pooling gradients are sums of a few copies of g (or g / prod(kernel)) per input position:
+#: torch adds them in another order, so EXACT (an ulp or two); convolution gradients are
+#: contractions over channels and positions (SUMS, summation order).
+BACKWARD_RECORDS: tuple[OpRecord, ...] = (
+    OpRecord("max_pool_grad2d_padded", bw.MaxPoolGradOp, ((2, 3, 5, 6), (2, 3, 3, 3)),
+             (2, 3, 5, 6), _max_pool_grad,
+             fields={"kernel": (2, 2), "stride": (2, 2), "padding": (1, 0)}),
+    OpRecord("max_pool_grad1d_overlap_ties", bw.MaxPoolGradOp, ((3, 7), (3, 3)), (3, 7),
+             _max_pool_grad, fields={"kernel": (3,), "stride": (2,), "padding": (0,)},
+             samplers=(_ties, normal)),
+    OpRecord("max_pool_grad2d_ties_padded", bw.MaxPoolGradOp, ((2, 4, 4), (2, 3, 3)),
+             (2, 4, 4), _max_pool_grad,
+             fields={"kernel": (2, 2), "stride": (2, 2), "padding": (1, 1)},
+             samplers=(_ties, normal)),
+    OpRecord("avg_pool_grad2d_padded", bw.AvgPoolGradOp, ((2, 3, 3),), (2, 5, 5),
+             _avg_pool_grad((2, 5, 5)),
+             fields={"kernel": (3, 3), "stride": (2, 2), "padding": (1, 1)}),
+    OpRecord("avg_pool_grad3d", bw.AvgPoolGradOp, ((2, 2, 2),), (4, 4, 4),
+             _avg_pool_grad((4, 4, 4)),
+             fields={"kernel": (2, 2, 2), "stride": (2, 2, 2), "padding": (0, 0, 0)}),
+    OpRecord("conv_input_grad1d", bw.ConvInputGradOp, ((3, 7), (3, 2, 3)), (2, 7),
+             _conv_input_grad((2, 7)), fields=_CONV1D, tol64=SUMS64, tol32=SUMS32),
+    OpRecord("conv_input_grad2d_grouped", bw.ConvInputGradOp, ((2, 6, 3, 2), (6, 2, 3, 2)),
+             (2, 4, 7, 6), _conv_input_grad((2, 4, 7, 6)), fields=_CONV2D_GROUPED,
+             tol64=SUMS64, tol32=SUMS32),
+    OpRecord("conv_input_grad2d_wide", bw.ConvInputGradOp, ((5, 10, 10), (5, 3, 3, 3)),
+             (3, 10, 10), _conv_input_grad((3, 10, 10)), fields=_CONV2D_WIDE,
+             tol64=SUMS64, tol32=SUMS32),
+    OpRecord("conv_weight_grad1d", bw.ConvWeightGradOp, ((2, 7), (3, 7)), (3, 2, 3),
+             _conv_weight_grad, fields=_CONV1D, tol64=SUMS64, tol32=SUMS32),
+    OpRecord("conv_weight_grad2d_grouped", bw.ConvWeightGradOp, ((2, 4, 7, 6), (2, 6, 3, 2)),
+             (6, 2, 3, 2), _conv_weight_grad, fields=_CONV2D_GROUPED,
+             tol64=SUMS64, tol32=SUMS32),
+    OpRecord("conv_weight_grad2d_wide", bw.ConvWeightGradOp, ((3, 10, 10), (5, 10, 10)),
+             (5, 3, 3, 3), _conv_weight_grad, fields=_CONV2D_WIDE, tol64=SUMS64,
+             tol32=LONG_SUMS32),
+)  # fmt: skip
+
+
 #: Op kinds with no record here, and why (checked exhaustive against NODE_OPS by a test).
 NOT_IN_TABLE: dict[type[NodeOp], str] = {
     ops.InputOp: "the graph's input: every record feeds its parents through input nodes",
@@ -368,6 +474,7 @@ NOT_IN_TABLE: dict[type[NodeOp], str] = {
     ops.BernoulliMaskOp: "tlc's own PCG64 stream, no PyTorch equivalent; tested for determinism",
     **dict.fromkeys(
         BACKWARD_OPS,
-        "gradient-graph op: checked against torch.autograd in tests/test_autodiff_ops.py",
+        "gradient-graph op, not differentiable: the windowed ones have BACKWARD_RECORDS; "
+        "sign and gelu_grad run in the gradient graphs of tests/test_autodiff_ops.py",
     ),
 }

@@ -15,6 +15,7 @@ import pytest
 
 import tlc
 from tlc.autodiff.modes import vjp
+from tlc.codegen.jit import compile_graph
 from tlc.diagnostics import DiagnosticError
 from tlc.dialect.ops import GraphOp
 from tlc.evaluate import checked_graph
@@ -65,21 +66,10 @@ def test_seed_mlp_jvp_is_the_directional_derivative() -> None:
     assert float(tangent) == pytest.approx(float(dx @ v), rel=1e-14)
 
 
-def _llvm_ready(graph: GraphOp) -> None:
-    """Skip (naming the ops) where the LLVM backend has no lowering yet."""
-    lower = pytest.importorskip("tlc.codegen.lower")
-    missing = sorted({n.TAG for n in graph.nodes if type(n) not in lower.LOWERINGS})
-    if missing:
-        pytest.skip(f"the llvm backend does not lower {', '.join(missing)} yet")
-
-
 @pytest.mark.parametrize("path, x", [(MLP, X0), (CNN, _cnn_input())], ids=["mlp", "cnn"])
 def test_gradient_graph_compiles_and_matches_reference_vjp(path: Path, x: np.ndarray) -> None:
     graph, payload = _load(path)
     grad, grad_payload, layout = build_grad_graph(graph, payload)
-    _llvm_ready(grad)
-    from tlc.codegen.jit import compile_graph
-
     pieces = layout.unpack(compile_graph(grad, grad_payload)(x))
     dx, dp = vjp(graph, payload, x)
     np.testing.assert_allclose(pieces["output"], interpret(graph, payload, x).output, rtol=1e-12)

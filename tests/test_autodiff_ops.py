@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from op_records import NOT_IN_TABLE, RECORDS, OpRecord
+from op_records import BACKWARD_RECORDS, NOT_IN_TABLE, RECORDS, OpRecord
 
 from tlc.autodiff.modes import jvp, vjp
 from tlc.autodiff.rules import JVP, NON_DIFFERENTIABLE, PARAMS, UNSUPPORTED, VJP
@@ -169,6 +169,16 @@ def test_gradient_graph_runs_and_matches_vjp(rec: OpRecord) -> None:
     for name in _params(rec, payload):
         got = pieces[f"%{rec.node_id}.{name}"]
         np.testing.assert_allclose(got, dp[rec.node_id][name], rtol=1e-14, atol=0)
+
+
+@pytest.mark.parametrize("rec", BACKWARD_RECORDS, ids=lambda r: r.name)
+def test_backward_op_reference_matches_torch_autograd(rec: OpRecord) -> None:
+    """The windowed backward ops' numpy rules against torch's VJP of the forward op (ties and
+    padding included); the same records drive the LLVM lowerings in tests/test_codegen.py."""
+    pytest.importorskip("torch")
+    inputs, payload = rec.sample(np.random.default_rng(5))
+    got = interpret(rec.graph(), payload, inputs).output
+    np.testing.assert_allclose(got, rec.torch(inputs, payload, np.float64), **rec.tol64.kw())
 
 
 # --------------------------------------------------------------------------------------------

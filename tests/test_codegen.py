@@ -3,7 +3,10 @@
 Per-op tolerances are the op records' own (tests/op_records.py): elementwise ops agree with the
 reference to a few ulp (libm vs numpy's SIMD math), and reductions/contractions/normalisations
 to the summation-order tolerance, because the llvm capsules reassociate sums (numerical policy
-implementationDefined) where numpy sums pairwise or BLAS blocks.
+implementationDefined) where numpy sums pairwise or BLAS blocks. The windowed backward ops
+(BACKWARD_RECORDS) run the same way: the pooling gradients add the same terms in the
+reference's order (EXACT, in fact bit-identical), the convolution gradients are contractions
+(SUMS: f64 rtol 1e-11, f32 rtol 2e-5 / atol 2e-6).
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from op_records import RECORDS, OpRecord
+from op_records import BACKWARD_RECORDS, RECORDS, OpRecord
 
 import tlc
 from tlc.codegen.jit import compile_graph, node_kernel
@@ -44,7 +47,7 @@ def test_lowering_table_is_exhaustive() -> None:
     assert set(LOWERINGS) | set(UNSUPPORTED) == set(NODE_OPS)
 
 
-@pytest.mark.parametrize("rec", RECORDS, ids=lambda r: r.name)
+@pytest.mark.parametrize("rec", RECORDS + BACKWARD_RECORDS, ids=lambda r: r.name)
 @pytest.mark.parametrize("dtype", DTYPES, ids=["f64", "f32"])
 def test_node_kernel_matches_reference(rec: OpRecord, dtype: type) -> None:
     graph = rec.graph()

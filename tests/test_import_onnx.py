@@ -162,6 +162,21 @@ CASES = {
         [helper.make_node("ReduceSum", ["x", "axes"], ["y"], keepdims=0)],
         [("x", (2, 3, 4))], [], "reduce_sum",
     ),
+    "avgpool_pads_not_counted_ceil": (
+        [helper.make_node("AveragePool", ["x"], ["y"], kernel_shape=[3, 2], pads=[1, 0, 2, 1],
+                          strides=[2, 2], ceil_mode=1)],
+        [("x", (1, 2, 6, 5))], [], "avg_pool",
+    ),
+    "avgpool_dilated_pads_not_counted": (
+        [helper.make_node("AveragePool", ["x"], ["y"], kernel_shape=[2, 3], pads=[1, 1, 0, 2],
+                          dilations=[2, 2])],
+        [("x", (2, 3, 6, 7))], [], "conv",
+    ),
+    "layernorm_mean_output": (
+        [helper.make_node("LayerNormalization", ["x", "s"], ["l", "mean", "inv"], axis=1),
+         helper.make_node("Mul", ["mean", "inv"], ["y"])],
+        [("x", (2, 3, 4))], [("s", RNG.standard_normal((3, 4)))], "reduce_mean",
+    ),
 }  # fmt: skip
 INT_INITIALIZERS = {
     "reshape_transpose_reduce": [int_init("shape", [4, 0, -1]), int_init("axes", [1, -1])],
@@ -203,12 +218,20 @@ def test_refusals_name_the_node_and_op_type() -> None:
     )
     assert tlc.from_onnx(symbolic, [(2, 3)]).graph.nodes[0].declared_shape == (2, 3)
     pool = make_model(
-        [helper.make_node("AveragePool", ["x"], ["y"], kernel_shape=[3], pads=[1, 1])],
-        [("x", (1, 1, 5))], "y",
+        [helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[3], dilations=[2])],
+        [("x", (1, 1, 7))], "y",
     )  # fmt: skip
     assert _refusal(pool) == (
-        "ONNX import: node #0 (AveragePool): count_include_pad=0 with pads (tl counts the zero "
-        "padding)"
+        "ONNX import: node #0 (MaxPool): max pooling with dilations (tl's max pool has none)"
+    )
+    counted_ceil = make_model(
+        [helper.make_node("AveragePool", ["x"], ["y"], kernel_shape=[2], strides=[2],
+                          ceil_mode=1, count_include_pad=1)],
+        [("x", (1, 1, 5))], "y",
+    )  # fmt: skip
+    assert _refusal(counted_ceil) == (
+        "ONNX import: node #0 (AveragePool): ceil_mode=1 where it adds a partial window, with "
+        "count_include_pad=1"
     )
     weights = make_model(
         [helper.make_node("Conv", ["x", "w"], ["y"])], [("x", (1, 2, 5)), ("w", (3, 2, 2))], "y"
