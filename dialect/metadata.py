@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
+from functools import lru_cache
 from typing import Any
 
 from xdsl.dialects.builtin import (
@@ -84,11 +85,23 @@ def check_value(field: Field, value: Any) -> Any:
 
 
 def to_attr(field: Field, value: Any) -> Attribute:
-    if field.kind is Kind.INT:
+    """The attribute storing `value`; equal values share one attribute object.
+
+    xDSL attributes are immutable, so sharing is safe, and building one (with its verification)
+    is what costs: a large graph repeats a handful of values (`axis = 1`) thousands of times.
+    """
+    if field.kind in (Kind.INTS, Kind.BOOLS):
+        value = tuple(value)
+    return _attr(field.kind, value)
+
+
+@lru_cache(maxsize=4096, typed=True)
+def _attr(kind: Kind, value: Any) -> Attribute:
+    if kind is Kind.INT:
         return IntegerAttr(value, i64)
-    if field.kind is Kind.INTS:
+    if kind is Kind.INTS:
         return DenseArrayBase.from_list(i64, list(value))
-    if field.kind is Kind.BOOLS:
+    if kind is Kind.BOOLS:
         return DenseArrayBase.from_list(i1, [int(v) for v in value])
     return StringAttr(value)
 

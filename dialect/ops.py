@@ -198,6 +198,14 @@ def _check_positive(tag: str, param: str, n: int) -> None:
         raise ShapeError(f"{tag}: {param} must be > 0")
 
 
+def _expect_parent_shape(tag: str, expected: Shape, got: Shape) -> None:
+    """Ops that restate their parent's shape in metadata (broadcast_to, reshape, flatten)."""
+    if got != expected:
+        raise ShapeError(
+            f"{tag}: parent shape mismatch: expected {fmt_shape(expected)}, got {fmt_shape(got)}"
+        )
+
+
 def _default_stride(fields: dict[str, Any], _declared: Shape | None) -> tuple[int, ...]:
     return tuple(fields["kernel"])
 
@@ -535,11 +543,7 @@ class BroadcastToOp(NodeOp):
     def infer(self, parents: list[Shape]) -> Shape:
         (s,) = parents
         src, dst = self.meta("from"), self.meta("to")
-        if s != src:
-            raise ShapeError(
-                f"broadcast_to: parent shape mismatch: expected {fmt_shape(src)}, "
-                f"got {fmt_shape(s)}"
-            )
+        _expect_parent_shape(self.TAG, src, s)
         if not can_broadcast_to(src, dst):
             raise ShapeError(
                 f"broadcast_to: invalid broadcast from {fmt_shape(src)} to {fmt_shape(dst)}"
@@ -816,10 +820,7 @@ class ReshapeOp(NodeOp):
     def infer(self, parents: list[Shape]) -> Shape:
         (s,) = parents
         src, dst = self.meta("from"), self.meta("to")
-        if s != src:
-            raise ShapeError(
-                f"reshape: parent shape mismatch: expected {fmt_shape(src)}, got {fmt_shape(s)}"
-            )
+        _expect_parent_shape(self.TAG, src, s)
         if numel(src) != numel(dst):
             raise ShapeError(f"reshape: numel mismatch: {numel(src)} vs {numel(dst)}")
         return dst
@@ -836,11 +837,7 @@ class FlattenOp(NodeOp):
     def infer(self, parents: list[Shape]) -> Shape:
         (s,) = parents
         expected = self.meta("shape")
-        if s != expected:
-            raise ShapeError(
-                f"flatten: parent shape mismatch: expected {fmt_shape(expected)}, "
-                f"got {fmt_shape(s)}"
-            )
+        _expect_parent_shape(self.TAG, expected, s)
         return (numel(s),)
 
 

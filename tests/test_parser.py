@@ -7,6 +7,7 @@ infer-shapes (which may only report diagnostics) and print back to text that par
 
 from __future__ import annotations
 
+import gc
 import string
 from pathlib import Path
 
@@ -188,3 +189,20 @@ def test_mlir_input_gets_op_locations_and_verifier_messages() -> None:
 def test_deep_nesting_is_a_diagnostic() -> None:
     text = "tl.payload @g { %0 = const {value = " + "[" * 3000 + "]" * 3000 + "} }"
     assert _message(text) == "m.tlir:1:1: the document nests too deeply"
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_parsing_restores_the_garbage_collector(enabled: bool) -> None:
+    """The parser pauses the cyclic collector (a speed-up); it must leave it as it found it,
+    also when the document is rejected."""
+    good = "tl.graph @g {\n  %0 = input : [2]\n  output %0\n}\n"
+    was = gc.isenabled()
+    try:
+        (gc.enable if enabled else gc.disable)()
+        parse_tlir(good)
+        assert gc.isenabled() is enabled
+        with pytest.raises(DiagnosticError):
+            parse_tlir(good.replace("output %0", "output %1"))
+        assert gc.isenabled() is enabled
+    finally:
+        (gc.enable if was else gc.disable)()
