@@ -5,10 +5,11 @@
 Plain numpy is the same computation written by hand (`relu(x W1^T + b1)` ...). `interpret` is
 the full call (checks the graph and payload every time); `prepared` is `prepare(...)` once, then
 calls (the fold over the nodes only). `ibp` is `tlc.passes.ibp.ibp` on the box
-[x - RADIUS, x + RADIUS] (the full call: it has no prepared form). Times are medians of
-`--repeats` timed loops; ratios are tlc / numpy (aim: prepared within 1.5x) and ibp / interpret
-(aim: within 4x). BLAS threads default to 1 so the ratio measures the interpreter, not thread
-scheduling on a shared machine.
+[x - RADIUS, x + RADIUS] (the full call), `ibp prep` is `prepare_ibp(...)` once, then calls.
+Times are medians of `--repeats` timed loops; ratios are tlc / numpy (aim: prepared within
+1.5x), ibp / interpret (full calls) and ibp prep / interp prep (prepared forms; aim: within
+4x). BLAS threads default to 1 so the ratio measures the interpreter, not thread scheduling on
+a shared machine.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import numpy as np  # noqa: E402
 
 from tlc.dialect import ops  # noqa: E402
 from tlc.dialect.ops import GraphOp, OutputOp  # noqa: E402
-from tlc.passes.ibp import ibp  # noqa: E402
+from tlc.passes.ibp import ibp, prepare_ibp  # noqa: E402
 from tlc.passes.interpret import interpret, prepare  # noqa: E402
 from tlc.payload import Payload  # noqa: E402
 
@@ -102,7 +103,8 @@ def main() -> None:
     rng = np.random.default_rng(0)
     print(f"MLP {'-'.join(map(str, DIMS))}, BLAS threads {os.environ['OPENBLAS_NUM_THREADS']}")
     print(f"{'dtype':6} {'batch':>5} {'numpy us':>10} {'interpret':>10} {'prepared':>10} "
-          f"{'ratio':>6} {'ratio prep':>10} {'ibp':>10} {'ibp/interp':>10}")  # fmt: skip
+          f"{'ratio':>6} {'ratio prep':>10} {'ibp':>10} {'ibp/interp':>10} {'ibp prep':>10} "
+          f"{'prep/prep':>9}")  # fmt: skip
     for dtype in (np.float64, np.float32):
         for batch in (1, 64):
             graph, payload = mlp(batch, rng)
@@ -115,10 +117,13 @@ def main() -> None:
             t_prep = median_time(lambda: prepared(x), args.repeats)  # noqa: B023
             lo, hi = x - RADIUS, x + RADIUS
             t_ibp = median_time(lambda: ibp(graph, payload, lo, hi, dtype), args.repeats)  # noqa: B023
+            bounds = prepare_ibp(graph, payload, dtype)
+            t_ibp_prep = median_time(lambda: bounds(lo, hi), args.repeats)  # noqa: B023
             name = np.dtype(dtype).name
             print(f"{name:6} {batch:5d} {t_np * 1e6:10.1f} {t_full * 1e6:10.1f} "
                   f"{t_prep * 1e6:10.1f} {t_full / t_np:6.2f} {t_prep / t_np:10.2f} "
-                  f"{t_ibp * 1e6:10.1f} {t_ibp / t_full:10.2f}")  # fmt: skip
+                  f"{t_ibp * 1e6:10.1f} {t_ibp / t_full:10.2f} {t_ibp_prep * 1e6:10.1f} "
+                  f"{t_ibp_prep / t_prep:9.2f}")  # fmt: skip
 
 
 if __name__ == "__main__":

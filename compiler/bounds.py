@@ -51,11 +51,11 @@ def ibp(
 ) -> list[Box | None]:
     """`tlc.ibp`: a box per node (None where no sound rule applies) for inputs within `radius`
     of `x`, enclosing the real values and the `arithmetic` (f64/f32) reference values."""
-    from tlc.passes.ibp import ibp as propagate
+    from tlc.passes.ibp import prepare_ibp
 
     chosen, records, x = prepare(source, x, payload, graph)
     lo, hi = ball(x, radius)
-    return propagate(chosen, records, lo, hi, dtype_of(arithmetic))
+    return prepare_ibp(chosen, records, dtype_of(arithmetic))(lo, hi)
 
 
 def check_samples(

@@ -2,9 +2,11 @@
 
 `check_samples(graph, payload, lo, hi, count, dtype)` propagates boxes with `ibp`, then evaluates
 `count` deterministic inputs from the input box with the reference denotation (`interpret`, same
-`dtype`) and compares every node's value with its box. It stops at the first value outside its
-box and returns it as a `Violation` (node, sample input, value, box). Like the seed's checker, a
-pass is a regression check (NaNs, broken dispatch, an unsound rule), not an enclosure proof.
+`dtype`) and compares every node's value with its box. Both are prepared once (`prepare_ibp`,
+`prepare`), so the sample loop does only the reference fold and the comparison. It stops at the
+first value outside its box and returns it as a `Violation` (node, sample input, value, box).
+Like the seed's checker, a pass is a regression check (NaNs, broken dispatch, an unsound rule),
+not an enclosure proof.
 
 The samples (`sample_inputs`), for each input node's box [lo, hi]:
   sample 0 is the centre lo + (hi - lo) / 2;
@@ -24,9 +26,8 @@ import numpy as np
 
 from tlc.diagnostics import DiagnosticError
 from tlc.dialect.ops import GraphOp
-from tlc.passes.ibp import Box, ibp
-from tlc.passes.infer_shapes import infer_graph_shapes
-from tlc.passes.interpret import bind_inputs, interpret
+from tlc.passes.ibp import Box, prepare_ibp
+from tlc.passes.interpret import bind_inputs, prepare
 from tlc.payload import Payload
 
 
@@ -83,16 +84,17 @@ def check_samples(
     seed: int = 0,
 ) -> SampleReport:
     """Propagate boxes for [lo, hi], then check `count` sampled evaluations against them."""
-    boxes = ibp(graph, payload, lo, hi, dtype)
-    shapes = infer_graph_shapes(graph)
-    lows = bind_inputs(graph, shapes, lo, np.float64)
-    highs = bind_inputs(graph, shapes, hi, np.float64)
+    propagate = prepare_ibp(graph, payload, dtype)
+    boxes = propagate(lo, hi)
+    lows = bind_inputs(graph, propagate.shapes, lo, np.float64)
+    highs = bind_inputs(graph, propagate.shapes, hi, np.float64)
     input_boxes = {nid: Box(lows[nid], highs[nid]) for nid in lows}
     for nid, box in input_boxes.items():
         if not (np.all(np.isfinite(box.lo)) and np.all(np.isfinite(box.hi))):
             raise DiagnosticError.simple(f"samples: input {nid}: cannot sample an unbounded box")
+    evaluate = prepare(graph, payload, dtype)
     for k, x in enumerate(sample_inputs(input_boxes, count, seed)):
-        table = interpret(graph, payload, x, dtype)
+        table = evaluate(x)
         for nid, box in enumerate(boxes):
             if box is None:
                 continue

@@ -9,8 +9,11 @@ rounded outward (`tlc.passes.interval_arith`); the rules follow reference/torchl
 are tight for monotone functions (endpoint rules, not the global codomain), so the seed's MLP at
 radius 0.05 ends in tanh([0.020775, 0.035640]) = [0.020772, 0.035625], not [-1, 1].
 
-`INTERVAL[OpClass]` is `rule(node, parent_boxes, record, outward) -> Box | None`, filled by
-`@register` beside each rule; many rules reuse the reference rule of the op (`REFERENCE`) on box
+`prepare_ibp(graph, payload, dtype)` does the per-graph work once (checks, payload records as
+`dtype` holds them, in float64, |W| of each weight) and returns a callable `(lo, hi) -> boxes`;
+`ibp` is one such call. `INTERVAL[OpClass]` is `rule(node, parent_boxes, record, outward) ->
+Box | None`, filled by `@register` beside each rule, where `record` is the node's prepared
+`interval_record`; many rules reuse the reference rule of the op (`REFERENCE`) on box
 endpoints, so an op's meaning is written once. `NO_INTERVAL_RULE` lists the ops without a rule
 (their nodes get no box) with the reason. docs/intervals.md explains each rule.
 """
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -27,7 +31,7 @@ from tlc.diagnostics import DiagnosticError
 from tlc.dialect import backward_ops as bw
 from tlc.dialect import ops
 from tlc.dialect.ops import GraphOp, NodeOp
-from tlc.dialect.shapes import numel
+from tlc.dialect.shapes import Shape, numel
 from tlc.passes.infer_shapes import infer_graph_shapes
 from tlc.passes.interpret import REFERENCE, bind_inputs
 from tlc.passes.interval_arith import COMPOSITE_ULPS, F64, LIBM_ULPS, Box, Outward, sanitize
@@ -35,7 +39,17 @@ from tlc.passes.payload_check import prepare_records
 from tlc.payload import Payload, Record
 from tlc.rule_table import registrar
 
-__all__ = ["INTERVAL", "NO_INTERVAL_RULE", "Box", "IntervalRule", "ibp"]
+__all__ = [
+    "ABS_WEIGHT",
+    "INTERVAL",
+    "NO_INTERVAL_RULE",
+    "Box",
+    "IntervalRule",
+    "PreparedIBP",
+    "ibp",
+    "interval_record",
+    "prepare_ibp",
+]
 
 IntervalRule = Callable[[NodeOp, list[Box], "Record | None", Outward], "Box | None"]
 
@@ -57,26 +71,83 @@ def ibp(
     graph: GraphOp, payload: Payload | None, lo: Any, hi: Any, dtype: type = np.float64
 ) -> list[Box | None]:
     """A box (or None) per node for inputs in [lo, hi] (arrays like `interpret`'s `x`)."""
+    return prepare_ibp(graph, payload, dtype)(lo, hi)
+
+
+@dataclass(frozen=True)
+class _Step:
+    node: NodeOp
+    rule: IntervalRule | None
+    parents: tuple[int, ...]
+    record: Record | None
+    shape: Shape
+
+
+@dataclass(frozen=True)
+class PreparedIBP:
+    """A checked graph with its interval records: call it on (lo, hi) for a box per node.
+
+    Checking the graph and payload, the float64 records with |W| and the rule lookup in
+    `INTERVAL` happen once in `prepare_ibp`; a call binds the input box and folds the rules over
+    the nodes, so the boxes of many input boxes (benchmarks, sweeps over radii, the sampled
+    check) cost the interval arithmetic only."""
+
+    graph: GraphOp
+    shapes: list[Shape]
+    outward: Outward
+    steps: list[_Step]
+
+    def __call__(self, lo: Any, hi: Any) -> list[Box | None]:
+        lows = bind_inputs(self.graph, self.shapes, lo, F64)
+        highs = bind_inputs(self.graph, self.shapes, hi, F64)
+        boxes: list[Box | None] = []
+        for step in self.steps:
+            node = step.node
+            box: Box | None
+            if node.id in lows:
+                box = self.outward.to_grid(_input_box(node, lows[node.id], highs[node.id]))
+            else:
+                box = self._apply(step, [boxes[pid] for pid in step.parents])
+            boxes.append(box)
+        return boxes
+
+    def _apply(self, step: _Step, parents: list[Box | None]) -> Box | None:
+        if step.rule is None or any(p is None for p in parents):
+            return None
+        box = step.rule(step.node, parents, step.record, self.outward)  # type: ignore[arg-type]
+        if box is None:
+            return None
+        box = sanitize(Box(*np.broadcast_arrays(box.lo, box.hi)))
+        assert box.shape == step.shape, f"{step.node.TAG}: box of the wrong shape"
+        return box
+
+
+def prepare_ibp(graph: GraphOp, payload: Payload | None, dtype: type = np.float64) -> PreparedIBP:
+    """Check `graph` and `payload` (the same checks and messages as `interpret`) and build each
+    node's interval record (`interval_record`), once, for repeated propagation in `dtype`."""
     shapes = infer_graph_shapes(graph)
-    prepared = prepare_records(graph, payload or Payload(), dtype, shapes)
-    records = {nid: {k: v.astype(F64) for k, v in rec.items()} for nid, rec in prepared.items()}
-    outward = Outward(dtype)
-    lows, highs = bind_inputs(graph, shapes, lo, F64), bind_inputs(graph, shapes, hi, F64)
-    boxes: list[Box | None] = []
-    for node in graph.nodes:
-        if node.id in lows:
-            box: Box | None = outward.to_grid(_input_box(node, lows[node.id], highs[node.id]))
-        else:
-            parents = [boxes[pid] for pid in node.parent_ids()]
-            box = None
-            if type(node) in INTERVAL and all(p is not None for p in parents):
-                rule = INTERVAL[type(node)]
-                box = rule(node, parents, records.get(node.id), outward)  # type: ignore[arg-type]
-            if box is not None:
-                box = sanitize(Box(*np.broadcast_arrays(box.lo, box.hi)))
-                assert box.shape == shapes[node.id], f"{node.TAG}: box of the wrong shape"
-        boxes.append(box)
-    return boxes
+    records = prepare_records(graph, payload or Payload(), dtype, shapes)
+    steps = [
+        _Step(node, INTERVAL.get(type(node)), tuple(node.parent_ids()),
+              interval_record(records[node.id]) if node.id in records else None,
+              shapes[node.id])
+        for node in graph.nodes
+    ]  # fmt: skip
+    return PreparedIBP(graph, shapes, Outward(dtype), steps)
+
+
+#: The key of |weight| in an interval record.
+ABS_WEIGHT = "|weight|"
+
+
+def interval_record(record: Record) -> Record:
+    """The record a rule receives: the payload record as the run's dtype holds it (from
+    `prepare_records`), in float64, and for a weighted op (linear, conv) also `ABS_WEIGHT`, the
+    magnitude `_weighted` multiplies the radius by."""
+    converted = {k: np.asarray(v, dtype=F64) for k, v in record.items()}
+    if "weight" in converted:
+        converted[ABS_WEIGHT] = np.abs(converted["weight"])
+    return converted
 
 
 def _input_box(node: NodeOp, lo: np.ndarray, hi: np.ndarray) -> Box:
@@ -325,10 +396,11 @@ def _weighted(
 ) -> Box:
     """W x + b with W from the payload: centre W m + b, radius |W| r (per weight, the min/max
     split min(w lo, w hi) = w m - |w| r); `terms` products and additions per output; the bias
-    reshaped to `bias_view` broadcasts against the output."""
+    reshaped to `bias_view` broadcasts against the output. |W| comes from the interval record
+    (`ABS_WEIGHT`); a record built elsewhere (tlc.program's interval arithmetic) lacks it."""
     weight = record["weight"]
     terms = math.prod(weight.shape[1:]) + 1  # [out, in] or [out, in/groups, k...]
-    magnitude = {"weight": np.abs(weight)}
+    magnitude = {"weight": record[ABS_WEIGHT] if ABS_WEIGHT in record else np.abs(weight)}
     return out.linear_map(
         a,
         lambda v: reference(node, v, record=record),

@@ -13,11 +13,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tlc
+from tlc.bounds import ball
 from tlc.dialect import ops
 from tlc.dialect.ops import NODE_OPS, GraphOp, OutputOp
+from tlc.evaluate import prepare as prepare_document
 from tlc.passes import ibp as ibp_module
 from tlc.passes.containment import check_samples, sample_inputs
-from tlc.passes.ibp import INTERVAL, NO_INTERVAL_RULE, ibp
+from tlc.passes.ibp import ABS_WEIGHT, INTERVAL, NO_INTERVAL_RULE, ibp, prepare_ibp
 from tlc.passes.interval_arith import Box, Outward
 from tlc.tools.run import format_box
 from tlc.tools.run import main as run_main
@@ -320,6 +322,37 @@ def test_outward_steps_leave_the_grid_point() -> None:
     assert np.all(down < x) and np.all(up > x)
     assert np.array_equal(down.astype(F32).astype(F64), down)
     assert np.all(Outward(F64).down(x) == np.nextafter(x, -np.inf))
+
+
+# --------------------------------------------------------------------------------------------
+# The prepared form
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [F64, F32])
+def test_prepared_ibp_converts_once_and_matches_ibp(
+    monkeypatch: pytest.MonkeyPatch, dtype: type
+) -> None:
+    """One `prepare_ibp`, many boxes: every call is bit-identical to a fresh `ibp`, and a call
+    neither re-checks the payload nor re-infers shapes (both are broken after preparing)."""
+    graph, payload, x = prepare_document(MLP, X0, None, None)
+    balls = [ball(x, radius) for radius in (0.0, 0.05, 0.5)]
+    fresh = [ibp(graph, payload, lo, hi, dtype) for lo, hi in balls]
+    propagate = prepare_ibp(graph, payload, dtype)
+    for step in propagate.steps:
+        if step.record is not None and "weight" in step.record:
+            assert np.array_equal(step.record[ABS_WEIGHT], np.abs(step.record["weight"]))
+
+    def unused(*args: object) -> None:
+        raise AssertionError("a prepared call redid per-graph work")
+
+    monkeypatch.setattr(ibp_module, "prepare_records", unused)
+    monkeypatch.setattr(ibp_module, "infer_graph_shapes", unused)
+    for (lo, hi), expected in zip(balls, fresh, strict=True):
+        for got, want in zip(propagate(lo, hi), expected, strict=True):
+            assert got is not None and want is not None
+            assert got.lo.tobytes() == want.lo.tobytes() and got.hi.tobytes() == want.hi.tobytes()
+    assert [format_box(b) for b in propagate(*balls[1])] == SEED_TABLE
 
 
 # --------------------------------------------------------------------------------------------
