@@ -113,8 +113,11 @@ class Outward:
 
     def _grid(self, x: np.ndarray, direction: float) -> np.ndarray:
         """x moved outward onto the `d` grid, as a `d` array."""
+        x = np.asarray(x)
+        if x.dtype == self.dtype:
+            return x  # already on the grid (always so in float64): nothing to round
         with np.errstate(all="ignore"):
-            near = np.asarray(x).astype(self.dtype)
+            near = x.astype(self.dtype)
             toward = near > x if direction < 0 else near < x
             return np.where(toward, np.nextafter(near, self.dtype(direction)), near)
 
