@@ -77,6 +77,11 @@ def _main(argv: list[str] | None, sources: SourceManager) -> int:
         if args.graph is not None
         else [op.graph_name for op in module.walk() if isinstance(op, GraphOp)]
     )
+    if not names:
+        raise DiagnosticError.simple(
+            f"tlc-compile: '{name}' holds no tl.graph to compile"
+            " (a tl.program must be lowered first: tlc-opt -p lower-program)"
+        )
     graphs = [checked_graph(module, n) for n in names]
     if args.payload is not None and len(graphs) != 1:
         raise DiagnosticError.simple(
