@@ -25,8 +25,9 @@ from functools import cache
 
 from tlc.diagnostics import Diagnostic, DiagnosticError, error, location_of
 from tlc.dialect import backward_ops, ops
-from tlc.dialect.ops import NODE_OPS, NodeOp
+from tlc.dialect.ops import NodeOp
 from tlc.dialect.plan import kernel_of, policy_of
+from tlc.dialect.registry import NODE_OPS
 
 # --------------------------------------------------------------------------------------------
 # The backend vocabulary

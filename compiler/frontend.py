@@ -11,9 +11,9 @@ from xdsl.parser import Parser
 from xdsl.utils.exceptions import ParseError, VerifyException
 
 from tlc.diagnostics import DiagnosticError, Location, error
-from tlc.dialect.ops import TL
 from tlc.dialect.parser import parse_tlir
 from tlc.dialect.program_ops import TL_PROGRAM
+from tlc.dialect.registry import TL
 
 
 @cache

@@ -38,7 +38,8 @@ from xdsl.ir import SSAValue
 from tlc.diagnostics import DiagnosticError, Location, error
 from tlc.dialect import ops as tl
 from tlc.dialect.metadata import MetadataError, check_value
-from tlc.dialect.ops import NODE_OPS, GraphOp, NodeOp, OutputOp
+from tlc.dialect.ops import GraphOp, NodeOp, OutputOp
+from tlc.dialect.registry import NODE_OPS
 from tlc.dialect.shapes import Shape, ShapeError, fmt_shape
 from tlc.dialect.types import shape_of_type
 from tlc.payload import Payload

@@ -21,7 +21,7 @@ from xdsl.dialects.builtin import (
     SymbolNameConstraint,
     i64,
 )
-from xdsl.ir import Attribute, Block, Dialect, Operation, Region, SSAValue
+from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
 from xdsl.irdl import (
     IRDLOperation,
     attr_def,
@@ -45,7 +45,7 @@ from tlc.dialect.shapes import (
     fmt_shape,
     numel,
 )
-from tlc.dialect.types import TensorType, UnshapedType, shape_of_type, type_for
+from tlc.dialect.types import TensorType, shape_of_type, type_for
 
 # --------------------------------------------------------------------------------------------
 # The node base class and families
@@ -974,7 +974,8 @@ class PayloadOp(IRDLOperation):
         return [op for op in self.body.block.ops if isinstance(op, RecordOp)]
 
 
-NODE_OPS: tuple[type[NodeOp], ...] = (
+#: The op kinds of the graph IR (the registry adds the backward ops of gradient graphs).
+FORWARD_OPS: tuple[type[NodeOp], ...] = (
     InputOp, ConstOp, PermuteOp, TransposeOp, DetachOp, RandUniformOp, BernoulliMaskOp,
     AddOp, SubOp, MulElemOp, MaxElemOp, MinElemOp,
     AbsOp, SqrtOp, ReluOp, TanhOp, SigmoidOp, SoftplusOp, ExpOp, LogOp, InvOp, SinOp, CosOp,
@@ -982,18 +983,3 @@ NODE_OPS: tuple[type[NodeOp], ...] = (
     LinearOp, ConvOp, BatchNormEvalOp, SafeLogOp, SoftmaxOp, LogSoftmaxOp, HardMaskedSoftmaxOp,
     LayernormOp, ReshapeOp, FlattenOp, ConcatOp, MseLossOp,
 )  # fmt: skip
-
-# The ops gradient graphs add (sign, pooling and conv gradients); they build on the families
-# above, hence the late import (tlc.dialect's __init__ imports this module first).
-from tlc.dialect.backward_ops import BACKWARD_OPS  # noqa: E402
-
-NODE_OPS = NODE_OPS + BACKWARD_OPS
-
-OPS_BY_TAG: dict[str, type[NodeOp]] = {op.TAG: op for op in NODE_OPS}
-
-
-TL = Dialect(
-    "tl",
-    [*NODE_OPS, OutputOp, GraphOp, RecordOp, PayloadOp],
-    [TensorType, UnshapedType],
-)

@@ -25,9 +25,10 @@ from xdsl.ir import Operation, SSAValue
 
 from tlc.diagnostics import DiagnosticError, Location, error
 from tlc.dialect.metadata import MAX_INT, MetadataError, check_value
-from tlc.dialect.ops import OPS_BY_TAG, GraphOp, NodeOp, OutputOp, PayloadOp, RecordOp
+from tlc.dialect.ops import GraphOp, NodeOp, OutputOp, PayloadOp, RecordOp
 from tlc.dialect.plan import Policy, check_policy_field, set_kernel, set_policy
 from tlc.dialect.program_parser import ProgramRules
+from tlc.dialect.registry import OPS_BY_TAG
 
 
 @cache

@@ -26,7 +26,7 @@ from op_records import BACKWARD_RECORDS, NOT_IN_TABLE, RECORDS, OpRecord
 from tlc.autodiff.modes import jvp, vjp
 from tlc.autodiff.rules import JVP, NON_DIFFERENTIABLE, PARAMS, UNSUPPORTED, VJP
 from tlc.dialect import ops
-from tlc.dialect.ops import NODE_OPS
+from tlc.dialect.registry import NODE_OPS
 from tlc.passes.grad import build_grad_graph
 from tlc.passes.interpret import interpret
 from tlc.payload import Payload

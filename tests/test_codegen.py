@@ -24,7 +24,7 @@ from tlc.codegen.lower import LOWERINGS, UNSUPPORTED, missing_ops
 from tlc.codegen.module import build_graph_module, optimized_ir
 from tlc.codegen.target import compile_ir, emit_assembly
 from tlc.diagnostics import DiagnosticError
-from tlc.dialect.ops import NODE_OPS
+from tlc.dialect.registry import NODE_OPS
 from tlc.evaluate import checked_graph
 from tlc.passes.interpret import EvalError, interpret
 from tlc.passes.reference_ops import LOG_MESSAGE

@@ -27,7 +27,7 @@ import tlc  # noqa: E402
 from tlc.diagnostics import DiagnosticError  # noqa: E402
 from tlc.dialect import ops as tl  # noqa: E402
 from tlc.dialect.backward_ops import SignOp  # noqa: E402
-from tlc.dialect.ops import NODE_OPS  # noqa: E402
+from tlc.dialect.registry import NODE_OPS  # noqa: E402
 from tlc.export_onnx import EXPORT, UNSUPPORTED, to_onnx  # noqa: E402
 from tlc.import_onnx import from_onnx  # noqa: E402
 from tlc.passes.interpret import interpret  # noqa: E402

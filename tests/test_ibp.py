@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 import tlc
 from tlc.bounds import ball
 from tlc.dialect import ops
-from tlc.dialect.ops import NODE_OPS, GraphOp, OutputOp
+from tlc.dialect.ops import GraphOp, OutputOp
+from tlc.dialect.registry import NODE_OPS
 from tlc.evaluate import prepare as prepare_document
 from tlc.passes import ibp as ibp_module
 from tlc.passes.containment import check_samples, sample_inputs

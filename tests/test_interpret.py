@@ -10,7 +10,8 @@ import pytest
 
 import tlc
 from tlc.diagnostics import DiagnosticError
-from tlc.dialect.ops import NODE_OPS, GraphOp
+from tlc.dialect.ops import GraphOp
+from tlc.dialect.registry import NODE_OPS
 from tlc.evaluate import as_module, select_graph
 from tlc.passes.interpret import REFERENCE, EvalError, check_payload, interpret
 from tlc.payload import Payload, payload_from_module

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from op_records import NOT_IN_TABLE, RECORDS, OpRecord
 
-from tlc.dialect.ops import NODE_OPS
+from tlc.dialect.registry import NODE_OPS
 from tlc.passes.interpret import interpret
 
 torch = pytest.importorskip("torch")

@@ -30,9 +30,10 @@ from tlc.capsules import (
 )
 from tlc.diagnostics import DiagnosticError
 from tlc.dialect import ops
-from tlc.dialect.ops import NODE_OPS, GraphOp
+from tlc.dialect.ops import GraphOp
 from tlc.dialect.plan import kernel_of, set_kernel, set_policy
 from tlc.dialect.printer import print_mlir_op, print_tlir
+from tlc.dialect.registry import NODE_OPS
 from tlc.emit import EMITTERS
 from tlc.execute import BindError, Handler, bind, bind_plan, handler_for
 from tlc.pass_registry import build_pipeline

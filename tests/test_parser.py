@@ -97,7 +97,7 @@ def _mutate(text: str, changes: list[tuple[str, int, str]]) -> str:
 
 
 def test_seed_documents_cover_every_op() -> None:
-    from tlc.dialect.ops import NODE_OPS
+    from tlc.dialect.registry import NODE_OPS
 
     joined = "\n".join(SEEDS)
     forward = [op for op in NODE_OPS if op.__module__ == "tlc.dialect.ops"]

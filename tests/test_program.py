@@ -17,8 +17,8 @@ import pytest
 from xdsl.dialects.builtin import ModuleOp
 
 import tlc
-from tlc.dialect.ops import NODE_OPS
 from tlc.dialect.printer import print_tlir
+from tlc.dialect.registry import NODE_OPS
 from tlc.frontend import context, parse_source
 from tlc.passes.ibp import NO_INTERVAL_RULE, ibp
 from tlc.passes.infer_shapes import InferShapesPass
