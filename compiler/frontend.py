@@ -14,6 +14,7 @@ from tlc.diagnostics import DiagnosticError, Location, error
 from tlc.dialect.parser import parse_tlir
 from tlc.dialect.program_ops import TL_PROGRAM
 from tlc.dialect.registry import TL
+from tlc.passes.verify_structure import check_metadata, run_on_graphs
 
 
 @cache
@@ -44,6 +45,7 @@ def parse_source(
             op.verify_()
         except VerifyException as exc:
             raise error(str(exc), op) from None
+    run_on_graphs(module, check_metadata)
     return module
 
 

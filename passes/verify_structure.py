@@ -20,16 +20,24 @@ from tlc.dialect.metadata import MetadataError
 from tlc.dialect.ops import GraphOp, NodeOp, OutputOp
 
 
-def check_structure(graph: GraphOp) -> None:
-    """Raise a located DiagnosticError for the first structural fault of `graph`."""
-    for op in graph.body.block.ops:
-        if not isinstance(op, NodeOp | OutputOp):
-            raise error(f"IR graph: unexpected op '{op.name}' in graph @{graph.graph_name}", op)
+def check_metadata(graph: GraphOp) -> None:
+    """Every node's metadata present and typed. The .tlir parser guarantees this; a document
+    read from the MLIR form is checked on loading (tlc.frontend), since no printer or pass can
+    work on a node whose metadata cannot be read."""
     for i, node in enumerate(graph.nodes):
         try:
             node.metadata()
         except MetadataError as exc:
             raise error(f"IR graph: node {i}: {exc}", node) from None
+
+
+def check_structure(graph: GraphOp) -> None:
+    """Raise a located DiagnosticError for the first structural fault of `graph`."""
+    for op in graph.body.block.ops:
+        if not isinstance(op, NodeOp | OutputOp):
+            raise error(f"IR graph: unexpected op '{op.name}' in graph @{graph.graph_name}", op)
+    check_metadata(graph)
+    for i, node in enumerate(graph.nodes):
         if node.id != i:
             raise error(
                 f"IR graph: id discipline violated at index {i}: nodes[{i}].id = {node.id}", node
