@@ -36,6 +36,7 @@ def parse_source(
     if not mlir:
         return parse_tlir(text, filename, line_offset)
     source = "\n" * line_offset + text
+    _check_string_literals(source, filename)
     try:
         module = _LocatingParser(context(), source, filename).parse_module()
     except ParseError as exc:
@@ -47,6 +48,29 @@ def parse_source(
             raise error(str(exc), op) from None
     run_on_graphs(module, check_metadata)
     return module
+
+
+def _check_string_literals(source: str, filename: str) -> None:
+    """Reject a string literal left open at the end of its line before xDSL sees it: MLIR's
+    strings never span lines, and xDSL 0.75's parser can loop forever on an unterminated one
+    (e.g. `%0 = "tl.input{id = 0} : () -> !tl.tensor<[4]>` at the end of a file)."""
+    start: int | None = None
+    i = 0
+    while i < len(source):
+        c = source[i]
+        if start is None and source.startswith("//", i):
+            end = source.find("\n", i)
+            i = len(source) if end < 0 else end
+            continue
+        if c == '"':
+            start = i if start is None else None
+        elif c == "\\" and start is not None:
+            i += 1
+        elif c == "\n" and start is not None:
+            break
+        i += 1
+    if start is not None:
+        raise error("unterminated string literal", _location(source, start, filename))
 
 
 def _location(source: str, offset: int, filename: str) -> Location:
