@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from tlc.dialect.ops import GraphOp
 from tlc.dialect.printer import print_tlir
-from tlc.frontend import context, parse_source
+from tlc.frontends.text import context, parse_source
 from tlc.passes.infer_shapes import InferShapesPass
 from tlc.passes.verify_structure import VerifyStructurePass
 

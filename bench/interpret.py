@@ -4,7 +4,7 @@
 
 Plain numpy is the same computation written by hand (`relu(x W1^T + b1)` ...). `interpret` is
 the full call (checks the graph and payload every time); `prepared` is `prepare(...)` once, then
-calls (the fold over the nodes only). `ibp` is `tlc.passes.ibp.ibp` on the box
+calls (the fold over the nodes only). `ibp` is `tlc.semantics.ibp.ibp` on the box
 [x - RADIUS, x + RADIUS] (the full call), `ibp prep` is `prepare_ibp(...)` once, then calls.
 Times are medians of `--repeats` timed loops; ratios are tlc / numpy (aim: prepared within
 1.5x), ibp / interpret (full calls) and ibp prep / interp prep (prepared forms; aim: within
@@ -33,11 +33,11 @@ _limit_threads(sys.argv)
 
 import numpy as np  # noqa: E402
 
+from tlc.core.payload import Payload  # noqa: E402
 from tlc.dialect import ops  # noqa: E402
 from tlc.dialect.ops import GraphOp, OutputOp  # noqa: E402
-from tlc.passes.ibp import ibp, prepare_ibp  # noqa: E402
-from tlc.passes.interpret import interpret, prepare  # noqa: E402
-from tlc.payload import Payload  # noqa: E402
+from tlc.semantics.ibp import ibp, prepare_ibp  # noqa: E402
+from tlc.semantics.interpret import interpret, prepare  # noqa: E402
 
 DIMS = (784, 1024, 1024, 10)
 RADIUS = 0.01

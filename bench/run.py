@@ -31,13 +31,14 @@ from dataclasses import dataclass
 import numpy as np
 
 import tlc
+from tlc.api.evaluate import checked_graph
 from tlc.codegen.jit import compile_graph
 from tlc.codegen.loader import load
 from tlc.codegen.module import build_graph_module
 from tlc.codegen.shared_lib import build_library
 from tlc.codegen.target import compile_ir, emit_object
-from tlc.evaluate import checked_graph
-from tlc.payload import Payload, payload_from_module
+from tlc.core.payload import Payload
+from tlc.dialect.payload_section import payload_from_module
 
 F32 = np.float32
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

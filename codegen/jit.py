@@ -21,11 +21,11 @@ from tlc.codegen.builder import Status
 from tlc.codegen.loader import EntryPoint, raise_for_status
 from tlc.codegen.module import GraphModule, build_graph_module, build_node_module
 from tlc.codegen.target import compile_ir, emit_object, host_target_machine
+from tlc.core.payload import Payload, Record
 from tlc.dialect.ops import GraphOp, NodeOp
 from tlc.dialect.printer import print_mlir_op
 from tlc.dialect.shapes import Shape, fmt_shape
-from tlc.passes.reference_ops import LOG_MESSAGE, eval_error
-from tlc.payload import Payload, Record
+from tlc.semantics.reference import LOG_MESSAGE, eval_error
 
 CompiledGraph = EntryPoint
 
@@ -102,7 +102,7 @@ def _explainer(graph: GraphOp, payload: Payload | None, module: GraphModule):
     error (the compiled code only knows that some log failed)."""
 
     def explain(x: np.ndarray) -> None:
-        from tlc.passes.interpret import interpret
+        from tlc.semantics.interpret import interpret
 
         if payload is None or module.input_shape != x.shape:
             return

@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tlc.codegen.builder import Status
-from tlc.diagnostics import DiagnosticError
+from tlc.core.diagnostics import DiagnosticError
 from tlc.dialect.shapes import Shape, fmt_shape, numel
-from tlc.passes.reference_ops import LOG_MESSAGE, EvalError
+from tlc.semantics.reference import LOG_MESSAGE, EvalError
 
 STATUS_MESSAGES = {
     Status.NULL_POINTER: "null pointer passed to a compiled entry point",

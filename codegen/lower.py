@@ -7,7 +7,7 @@ parameter layout without the values. `UNSUPPORTED` lists the ops with no lowerin
 two tables together cover `NODE_OPS` (tests check it), and compiling an unsupported op is a
 located error naming the op and the node, never a fallback.
 
-Semantics follow the reference rules (`tlc.passes.reference_ops`) operation for operation.
+Semantics follow the reference rules (`tlc.semantics.reference`) operation for operation.
 Reductions (sum, mean, dot products, softmax denominators) are reassociated so they vectorise:
 the llvm capsules' numerical policy is "implementationDefined". Elementwise maps run over the
 flat buffer; layout ops compute a source offset per output index; convolution and pooling unroll
@@ -30,7 +30,7 @@ from tlc.dialect import ops
 from tlc.dialect.ops import NodeOp
 from tlc.dialect.registry import NODE_OPS
 from tlc.dialect.shapes import Shape, numel
-from tlc.passes.reference_ops import uniform_draws
+from tlc.semantics.reference import uniform_draws
 
 
 @dataclass(frozen=True)

@@ -26,13 +26,14 @@ from xdsl.dialects.builtin import ModuleOp
 
 from tlc.codegen.builder import I32, I64, Buf, KernelBuilder, Status, scalar_type
 from tlc.codegen.lower import LOWERINGS, UNSUPPORTED, ParamSpec, Step
-from tlc.diagnostics import error
+from tlc.core.diagnostics import error
+from tlc.core.payload import Payload, Record
 from tlc.dialect import ops
 from tlc.dialect.ops import GraphOp, NodeOp
+from tlc.dialect.payload_section import payload_from_module
 from tlc.dialect.shapes import Shape, ShapeError, numel
-from tlc.passes.infer_shapes import infer_graph_shapes
-from tlc.passes.payload_check import prepare_records
-from tlc.payload import Payload, Record, payload_from_module
+from tlc.dialect.verify import infer_graph_shapes
+from tlc.semantics.payload_check import prepare_records
 
 #: Workspaces up to this many bytes live on the stack; larger ones are malloc'ed per call.
 STACK_LIMIT = 128 * 1024

@@ -21,10 +21,10 @@ import numpy as np
 from tlc.codegen.builder import Status
 from tlc.codegen.module import GraphModule, build_graph_module
 from tlc.codegen.target import compile_ir, emit_object
-from tlc.diagnostics import DiagnosticError, error
+from tlc.core.diagnostics import DiagnosticError, error
+from tlc.core.payload import Payload
 from tlc.dialect.ops import GraphOp
 from tlc.dialect.shapes import fmt_shape, numel
-from tlc.payload import Payload
 
 C_TYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
 IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")

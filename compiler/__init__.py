@@ -7,12 +7,12 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from xdsl.dialects.builtin import ModuleOp
 
-    from tlc.passes.interpret import ValueTable
+    from tlc.semantics.interpret import ValueTable
 
 
 def parse(source: str, filename: str = "<string>") -> ModuleOp:
     """Parse .tlir text (or MLIR generic form when `filename` ends in .mlir) into a module."""
-    from tlc.frontend import parse_source
+    from tlc.frontends.text import parse_source
 
     return parse_source(source, filename)
 
@@ -26,10 +26,10 @@ def run(
 ) -> ValueTable:
     """Evaluate a graph by its reference semantics in f64 or f32; returns the value table.
 
-    `payload`: a `tlc.payload.Payload`, an .npz path or `{"1.weight": array}`; default the
-    document's inline payload. See `tlc.evaluate.run`.
+    `payload`: a `tlc.core.payload.Payload`, an .npz path or `{"1.weight": array}`; default the
+    document's inline payload. See `tlc.api.evaluate.run`.
     """
-    from tlc.evaluate import run as run_graph
+    from tlc.api.evaluate import run as run_graph
 
     return run_graph(source_or_module, x, payload, arithmetic, graph)
 
@@ -45,7 +45,7 @@ def ibp(
     """Interval bound propagation: a `Box` (lo, hi) per node, or None where no sound rule
     applies, for inputs within `radius` (l-infinity) of `x`. The boxes enclose the real values
     and the `arithmetic` (f64/f32) reference values. See docs/intervals.md."""
-    from tlc.bounds import ibp as propagate
+    from tlc.api.bounds import ibp as propagate
 
     return propagate(source_or_module, x, radius, payload, graph, arithmetic)
 
@@ -61,7 +61,7 @@ def check_samples(
 ) -> Any:
     """Check `samples` deterministic inputs of the ball against every node's box; returns a
     `SampleReport` (`.ok`, `.violation` with node, input, value and box). See docs/intervals.md."""
-    from tlc.bounds import check_samples as check
+    from tlc.api.bounds import check_samples as check
 
     return check(source_or_module, x, radius, samples, payload, graph, arithmetic)
 
@@ -75,9 +75,9 @@ def plan(
     """Run select-kernels: attach a kernel plan to every graph and return the module.
 
     `provider` is `auto` (reference, then llvm, then torch), `prefer:P` or `only:P`; see
-    docs/kernels.md. `tlc.emit.EMITTERS["plan"](module)` prints the plan in the seed's form.
+    docs/kernels.md. `tlc.api.emit.EMITTERS["plan"](module)` prints the plan in the seed's form.
     """
-    from tlc.execute import plan_module
+    from tlc.api.execute import plan_module
 
     return plan_module(source_or_module, device, provider, allow_trusted_external)
 
@@ -91,7 +91,7 @@ def execute_plan(
 ) -> ValueTable:
     """Like `tlc.run`, but every node runs on the kernel capsule its plan selected, bound to
     that capsule's handler (reference, llvm or torch); the graph must have been planned."""
-    from tlc.execute import run_plan
+    from tlc.api.execute import run_plan
 
     return run_plan(source_or_module, x, payload, arithmetic, graph)
 
@@ -109,8 +109,8 @@ def compile(
     """
     import numpy as np
 
+    from tlc.api.evaluate import choose
     from tlc.codegen.jit import compile_graph
-    from tlc.evaluate import choose
 
     chosen, records = choose(source_or_module, graph, payload)
     scalars = {"f64": np.float64, "f32": np.float32}
@@ -129,8 +129,9 @@ def load(path: str) -> Any:
 
 def trace(program: Any, input_shape: Any, params: Any = None, name: str | None = None) -> Any:
     """Trace `program(ops, x, params)`, written against the operations interface, into a checked
-    graph plus its payload keyed by node id (`tlc.program.Traced`). See docs/programs.md."""
-    from tlc.program import trace as trace_program
+    graph plus its payload keyed by node id (`tlc.semantics.program.Traced`).
+    See docs/programs.md."""
+    from tlc.semantics.program import trace as trace_program
 
     return trace_program(program, input_shape, params, name)
 
@@ -139,7 +140,7 @@ def jvp(graph: Any, payload: Any, x: Any, tangent: Any, param_tangents: Any = No
     """Forward mode: `(output, tangent of the output)` at `x` along `tangent` (and
     `param_tangents`, node id -> field -> array). `graph` is a tl.graph op or a document.
     See docs/autodiff.md."""
-    from tlc.autodiff.api import jvp as forward
+    from tlc.api.autodiff import jvp as forward
 
     return forward(graph, payload, x, tangent, param_tangents)
 
@@ -147,7 +148,7 @@ def jvp(graph: Any, payload: Any, x: Any, tangent: Any, param_tangents: Any = No
 def vjp(graph: Any, payload: Any, x: Any, cotangent: Any = None) -> Any:
     """Reverse mode: `(input cotangent, parameter cotangents keyed like the payload)` for
     `cotangent` at the output (default ones: the gradient of a scalar output)."""
-    from tlc.autodiff.api import vjp as reverse
+    from tlc.api.autodiff import vjp as reverse
 
     return reverse(graph, payload, x, cotangent)
 
@@ -155,24 +156,24 @@ def vjp(graph: Any, payload: Any, x: Any, cotangent: Any = None) -> Any:
 def grad(graph: Any, payload: Any = None, params: bool = True) -> Any:
     """The gradient graph `@name_grad`: `(graph op, payload, layout)`; its output is the flat
     vector [output, d input, d params...] that `layout.unpack` cuts apart."""
-    from tlc.autodiff.api import grad as gradient_graph
+    from tlc.api.autodiff import grad as gradient_graph
 
     return gradient_graph(graph, payload, params)
 
 
 def from_torch(module: Any, example_input: Any, name: str | None = None) -> Any:
     """Trace a PyTorch module with torch.fx on `example_input` (a tensor, or a tuple for several
-    inputs): a `tlc.program.Traced` (module, graph, payload keyed by node id). See
+    inputs): a `tlc.semantics.program.Traced` (module, graph, payload keyed by node id). See
     docs/importing.md."""
-    from tlc.import_torch import from_torch as import_module
+    from tlc.frontends.import_torch import from_torch as import_module
 
     return import_module(module, example_input, name)
 
 
 def from_onnx(model: Any, input_shapes: Any = None, name: str | None = None) -> Any:
-    """Import an ONNX model (a path or an `onnx.ModelProto`): a `tlc.program.Traced`.
+    """Import an ONNX model (a path or an `onnx.ModelProto`): a `tlc.semantics.program.Traced`.
     `input_shapes` fixes symbolic input dimensions. See docs/importing.md."""
-    from tlc.import_onnx import from_onnx as import_model
+    from tlc.frontends.import_onnx import from_onnx as import_model
 
     return import_model(model, input_shapes, name)
 
@@ -182,9 +183,9 @@ def to_onnx(graph: Any, payload: Any = None, dtype: Any = "f32") -> Any:
     (default: the document's inline payload), in float32 ("f32") or float64 ("f64")."""
     import numpy as np
 
+    from tlc.api.evaluate import choose
     from tlc.dialect.ops import GraphOp
-    from tlc.evaluate import choose
-    from tlc.export_onnx import to_onnx as export
+    from tlc.frontends.export_onnx import to_onnx as export
 
     chosen = graph
     if not isinstance(graph, GraphOp):

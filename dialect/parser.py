@@ -23,7 +23,7 @@ from lark.lexer import PatternStr
 from xdsl.dialects.builtin import DenseIntOrFPElementsAttr, ModuleOp, TensorType, f64
 from xdsl.ir import Operation, SSAValue
 
-from tlc.diagnostics import DiagnosticError, Location, error
+from tlc.core.diagnostics import DiagnosticError, Location, error
 from tlc.dialect.metadata import MAX_INT, MetadataError, check_value
 from tlc.dialect.ops import GraphOp, NodeOp, OutputOp, PayloadOp, RecordOp
 from tlc.dialect.plan import Policy, check_policy_field, set_kernel, set_policy

@@ -12,7 +12,7 @@ a `kernel` field). In .tlir the plan reads
 
 (one line in the printed form).
 
-What the names mean (capsules, providers, admissibility) is `tlc.capsules`' business.
+What the names mean (capsules, providers, admissibility) is `tlc.semantics.capsules`' business.
 """
 
 from __future__ import annotations

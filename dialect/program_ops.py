@@ -6,7 +6,7 @@ then the parameters as block arguments (their shapes as `!tl.tensor` types, thei
 `arg_names`), holds one `tl.call` per operation applied (a `let` names its call with `binding`;
 a nested expression is an unnamed call placed before its user) and ends with `tl.return`.
 A call's `callee` is an op tag and its `fields` are the keyword arguments of the operations
-interface (`tlc.program.Ops`), so a program means what the same calls mean in Python.
+interface (`tlc.semantics.program.Ops`), so a program means what the same calls mean in Python.
 
 `tl.params @name(...) { %1 = linear {weight = %W1, bias = %b1} }` is what `lower-program` leaves
 beside the graph it produces: which payload field of which node each named parameter fills, so a
@@ -187,7 +187,7 @@ class ProgramOp(IRDLOperation):
             raise VerifyException(f"tl.program @{self.graph_name}: arguments must be !tl.tensor")
         # A program is checked where it is read, in either syntax, by lowering it: shape and
         # parameter errors come out as located diagnostics (DiagnosticError) at their call.
-        from tlc.program_run import check_program
+        from tlc.semantics.program_run import check_program
 
         check_program(self)
 

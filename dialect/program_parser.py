@@ -15,7 +15,7 @@ from typing import Any
 from lark import Token, v_args
 from xdsl.ir import Operation, SSAValue
 
-from tlc.diagnostics import Location, error
+from tlc.core.diagnostics import Location, error
 from tlc.dialect.program_ops import (
     BindOp,
     CallOp,

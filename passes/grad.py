@@ -1,15 +1,16 @@
 """grad: write a graph's reverse pass as a new tl graph, `@name_grad`, with its payload.
 
 The gradient graph starts with the forward nodes (same ids, same payload records), then the
-cotangent nodes the VJP rules emit (tlc.autodiff.rules through a GraphEmitter: forward ops plus the
-few ops of tlc.dialect.backward_ops), seeded with ones at the output. A tl graph selects one
-output, so the gradient graph's output is one flat vector, the concatenation of
+cotangent nodes the VJP rules emit (tlc.semantics.autodiff.rules through a GraphEmitter:
+forward ops plus the few ops of tlc.dialect.backward_ops), seeded with ones at the output. A tl
+graph selects one output, so the gradient graph's output is one flat vector, the concatenation of
 
     [ output, d input, d param_1, d param_2, ... ]
 
 each flattened row-major: the forward output, the cotangent of the input node (of each input node,
 in id order) and, unless `params=false`, the cotangent of every differentiated payload field in
-node order then field order (`%1.weight`, `%1.bias`, `%3.weight`, ...; `tlc.autodiff.rules.PARAMS`).
+node order then field order (`%1.weight`, `%1.bias`, `%3.weight`, ...;
+`tlc.semantics.autodiff.rules.PARAMS`).
 `GradLayout` names the pieces and cuts the vector back apart. Seeding with ones makes the pieces
 the gradient of the output for a scalar output, and of the output's sum otherwise.
 
@@ -28,15 +29,16 @@ from xdsl.context import Context
 from xdsl.dialects.builtin import IntegerAttr, ModuleOp, StringAttr
 from xdsl.passes import ModulePass
 
-from tlc.autodiff.emitter import GraphEmitter
-from tlc.autodiff.modes import backprop, input_ids, output_id, param_fields
-from tlc.diagnostics import error
+from tlc.core.diagnostics import error
+from tlc.core.payload import Payload
 from tlc.dialect import ops
 from tlc.dialect.ops import GraphOp, NodeOp, OutputOp
+from tlc.dialect.payload_section import payload_from_module, payload_op
 from tlc.dialect.shapes import Shape, numel
-from tlc.passes.infer_shapes import infer_graph_shapes
-from tlc.passes.payload_check import prepare_records
-from tlc.payload import Payload, payload_from_module, payload_op
+from tlc.dialect.verify import infer_graph_shapes
+from tlc.semantics.autodiff.emitter import GraphEmitter
+from tlc.semantics.autodiff.modes import backprop, input_ids, output_id, param_fields
+from tlc.semantics.payload_check import prepare_records
 
 
 @dataclass(frozen=True)

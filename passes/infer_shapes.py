@@ -14,30 +14,9 @@ from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.passes import ModulePass
 
-from tlc.diagnostics import error
 from tlc.dialect.ops import GraphOp
-from tlc.dialect.shapes import Shape, ShapeError, fmt_shape
-from tlc.passes.verify_structure import check_structure, run_on_graphs
-
-
-def infer_graph_shapes(graph: GraphOp) -> list[Shape]:
-    """The inferred output shape of every node, or a located DiagnosticError."""
-    check_structure(graph)
-    inferred: list[Shape] = []
-    for i, node in enumerate(graph.nodes):
-        try:
-            out = node.infer([inferred[pid] for pid in node.parent_ids()])
-        except ShapeError as exc:
-            raise error(str(exc), node) from None
-        declared = node.declared_shape
-        if declared is not None and declared != out:
-            raise error(
-                f"IR graph: node {i}: outShape mismatch: inferred={fmt_shape(out)}, "
-                f"declared={fmt_shape(declared)} ({node.summary()})",
-                node,
-            )
-        inferred.append(out)
-    return inferred
+from tlc.dialect.shapes import Shape
+from tlc.dialect.verify import infer_graph_shapes, run_on_graphs
 
 
 @dataclass(frozen=True)

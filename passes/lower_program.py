@@ -1,7 +1,7 @@
 """lower-program: each `tl.program` becomes a `tl.graph` of the same name plus its `tl.params`.
 
 The program is run with the IR-building instance of the operations interface
-(`tlc.program_run.lower_program`): every call, nested ones included, becomes one node in
+(`tlc.semantics.program_run.lower_program`): every call, nested ones included, becomes one node in
 evaluation order (post-order, so parents come first and ids are topological), a parameter read
 as a value becomes a `const` node, and each node's parameters are recorded by name in the
 `tl.params @name` binding beside the graph. Nodes keep the location of the call they come from,
@@ -17,10 +17,10 @@ from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.passes import ModulePass
 
-from tlc.diagnostics import error
+from tlc.core.diagnostics import error
 from tlc.dialect.ops import GraphOp
 from tlc.dialect.program_ops import ParamsOp, ProgramOp
-from tlc.program_run import lower_program
+from tlc.semantics.program_run import lower_program
 
 
 @dataclass(frozen=True)

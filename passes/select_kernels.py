@@ -16,10 +16,10 @@ from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.passes import ModulePass
 
-from tlc.capsules import KernelCapsule, KernelPolicy, plan_graph
 from tlc.dialect.ops import GraphOp, NodeOp
 from tlc.dialect.plan import set_kernel, set_policy
-from tlc.passes.verify_structure import check_structure, run_on_graphs
+from tlc.dialect.verify import check_structure, run_on_graphs
+from tlc.semantics.capsules import KernelCapsule, KernelPolicy, plan_graph
 
 
 @dataclass(frozen=True)

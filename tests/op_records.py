@@ -37,13 +37,13 @@ from typing import Any
 import numpy as np
 from xdsl.dialects.builtin import ModuleOp
 
+from tlc.core.payload import Payload
 from tlc.dialect import backward_ops as bw
 from tlc.dialect import ops
 from tlc.dialect.backward_ops import BACKWARD_OPS
 from tlc.dialect.ops import GraphOp, NodeOp, OutputOp
 from tlc.dialect.printer import print_tlir
 from tlc.dialect.shapes import Shape
-from tlc.payload import Payload
 
 Sampler = Callable[[np.random.Generator, Shape], np.ndarray]
 

@@ -14,16 +14,17 @@ import numpy as np
 import pytest
 
 import tlc
-from tlc.autodiff.modes import vjp
+from tlc.api.evaluate import checked_graph
 from tlc.codegen.jit import compile_graph
-from tlc.diagnostics import DiagnosticError
+from tlc.core.diagnostics import DiagnosticError
+from tlc.core.payload import Payload
 from tlc.dialect.ops import GraphOp
-from tlc.evaluate import checked_graph
-from tlc.frontend import context, parse_file, parse_source
-from tlc.pass_registry import build_pipeline
+from tlc.dialect.payload_section import payload_from_module
+from tlc.frontends.text import context, parse_file, parse_source
 from tlc.passes.grad import build_grad_graph
-from tlc.passes.interpret import interpret
-from tlc.payload import Payload, payload_from_module
+from tlc.passes.registry import build_pipeline
+from tlc.semantics.autodiff.modes import vjp
+from tlc.semantics.interpret import interpret
 from tlc.tools.run import main as tlc_run
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -23,13 +23,13 @@ import numpy as np
 import pytest
 from op_records import BACKWARD_RECORDS, NOT_IN_TABLE, RECORDS, OpRecord
 
-from tlc.autodiff.modes import jvp, vjp
-from tlc.autodiff.rules import JVP, NON_DIFFERENTIABLE, PARAMS, UNSUPPORTED, VJP
+from tlc.core.payload import Payload
 from tlc.dialect import ops
 from tlc.dialect.registry import NODE_OPS
 from tlc.passes.grad import build_grad_graph
-from tlc.passes.interpret import interpret
-from tlc.payload import Payload
+from tlc.semantics.autodiff.modes import jvp, vjp
+from tlc.semantics.autodiff.rules import JVP, NON_DIFFERENTIABLE, PARAMS, UNSUPPORTED, VJP
+from tlc.semantics.interpret import interpret
 
 DIFFERENTIABLE = [r for r in RECORDS if r.op in VJP]
 IDS = [r.name for r in DIFFERENTIABLE]

@@ -25,13 +25,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tlc.autodiff.modes import jvp, vjp
-from tlc.autodiff.rules import PARAMS
+from tlc.core.payload import Payload
 from tlc.dialect import ops
 from tlc.dialect.ops import GraphOp, NodeOp, OutputOp
 from tlc.passes.grad import build_grad_graph
-from tlc.passes.interpret import interpret
-from tlc.payload import Payload
+from tlc.semantics.autodiff.modes import jvp, vjp
+from tlc.semantics.autodiff.rules import PARAMS
+from tlc.semantics.interpret import interpret
 
 TorchStep = Callable[[Any, list[Any], dict[str, Any]], Any]
 

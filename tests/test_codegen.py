@@ -19,16 +19,16 @@ import pytest
 from op_records import BACKWARD_RECORDS, RECORDS, OpRecord
 
 import tlc
+from tlc.api.evaluate import checked_graph
 from tlc.codegen.jit import compile_graph, node_kernel
 from tlc.codegen.lower import LOWERINGS, UNSUPPORTED, missing_ops
 from tlc.codegen.module import build_graph_module, optimized_ir
 from tlc.codegen.target import compile_ir, emit_assembly
-from tlc.diagnostics import DiagnosticError
+from tlc.core.diagnostics import DiagnosticError
+from tlc.dialect.payload_section import payload_from_module
 from tlc.dialect.registry import NODE_OPS
-from tlc.evaluate import checked_graph
-from tlc.passes.interpret import EvalError, interpret
-from tlc.passes.reference_ops import LOG_MESSAGE
-from tlc.payload import payload_from_module
+from tlc.semantics.interpret import EvalError, interpret
+from tlc.semantics.reference import LOG_MESSAGE
 
 MLP = (Path(__file__).parent.parent / "examples" / "mlp.tlir").read_text(encoding="utf-8")
 X0 = np.array([0.3, -0.2, 0.1, 0.4])
@@ -123,7 +123,7 @@ def test_misuse_through_the_jit() -> None:
 def test_missing_payload_is_a_located_error() -> None:
     graph, _ = graph_of(MLP)
     with pytest.raises(EvalError, match="IR eval: missing linear payload for node 1"):
-        compile_graph(graph, tlc.payload.Payload())
+        compile_graph(graph, tlc.core.payload.Payload())
 
 
 BATCHED = """
@@ -140,7 +140,7 @@ tl.graph @b {
 def test_graph_with_leading_batch_dim() -> None:
     rng = np.random.default_rng(1)
     graph, _ = graph_of(BATCHED)
-    payload = tlc.payload.Payload(
+    payload = tlc.core.payload.Payload(
         {1: {"weight": rng.normal(size=(5, 4)), "bias": rng.normal(size=5)}}
     )
     x = rng.normal(size=(8, 4))
@@ -179,7 +179,7 @@ def test_hot_loops_use_avx512(dtype: type) -> None:
     """Linear, matmul and elementwise loops are vectorised to 512-bit zmm registers."""
     graph, _ = graph_of(LINEAR_256)
     rng = np.random.default_rng(3)
-    payload = tlc.payload.Payload(
+    payload = tlc.core.payload.Payload(
         {1: {"weight": rng.normal(size=(256, 256)), "bias": rng.normal(size=256)}}
     )
     asm = emit_assembly(compile_ir(build_graph_module(graph, payload, dtype).ir))
@@ -224,7 +224,7 @@ def test_matrix_kernels_at_tile_edges(dtype: type, name: str) -> None:
     rng = np.random.default_rng(4)
     records = {"lin": {1: {"weight": rng.normal(size=(19, 33)), "bias": rng.normal(size=19)}},
                "mm": {1: {"value": rng.normal(size=9 * 70)}}}  # fmt: skip
-    payload = tlc.payload.Payload(records[name])
+    payload = tlc.core.payload.Payload(records[name])
     x = rng.normal(size=graph.nodes[0].declared_shape).astype(dtype)
     expected = interpret(graph, payload, x, dtype).output
     tol = {"rtol": 1e-11, "atol": 1e-12} if dtype == np.float64 else {"rtol": 2e-5, "atol": 2e-5}

@@ -19,10 +19,10 @@ from hypothesis import strategies as st
 from tlc.codegen.jit import compile_graph
 from tlc.codegen.loader import load
 from tlc.codegen.shared_lib import build_library
+from tlc.core.payload import Payload
 from tlc.dialect import ops
 from tlc.dialect.ops import GraphOp, NodeOp, OutputOp
-from tlc.passes.interpret import interpret
-from tlc.payload import Payload
+from tlc.semantics.interpret import interpret
 
 TOL = {np.float64: {"rtol": 1e-9, "atol": 1e-10}, np.float32: {"rtol": 2e-3, "atol": 2e-4}}
 

@@ -11,11 +11,12 @@ import numpy as np
 import pytest
 
 import tlc
+from tlc.api.evaluate import checked_graph
 from tlc.codegen.module import pack_params
 from tlc.codegen.shared_lib import build_library
-from tlc.evaluate import checked_graph
-from tlc.passes.interpret import EvalError, interpret
-from tlc.payload import Payload, payload_from_module, save_npz
+from tlc.core.payload import Payload, save_npz
+from tlc.dialect.payload_section import payload_from_module
+from tlc.semantics.interpret import EvalError, interpret
 from tlc.tools.compile import main as compile_main
 
 ROOT = Path(__file__).parent.parent

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from tlc.dialect import ops, registry
 from tlc.dialect.metadata import MAX_INT, Field, Kind, MetadataError, check_value
 from tlc.dialect.shapes import Shape, ShapeError, can_broadcast_to, fmt_shape
-from tlc.passes.infer_shapes import infer_graph_shapes
+from tlc.dialect.verify import infer_graph_shapes
 
 ROOT = Path(__file__).parent.parent
 
@@ -291,7 +291,7 @@ def test_check_value(kind: Kind, value: Any, ok: bool) -> None:
 
 
 def test_infer_graph_shapes_fills_in_every_node() -> None:
-    from tlc.frontend import parse_source
+    from tlc.frontends.text import parse_source
 
     module = parse_source(
         "tl.graph @g {\n  %0 = input : [2, 3, 4]\n  %1 = input : [2, 5, 4]\n"

@@ -24,13 +24,13 @@ sys.path.insert(0, str(Path(__file__).parent))
 from op_records import NOT_IN_TABLE, RECORDS  # noqa: E402
 
 import tlc  # noqa: E402
-from tlc.diagnostics import DiagnosticError  # noqa: E402
+from tlc.core.diagnostics import DiagnosticError  # noqa: E402
 from tlc.dialect import ops as tl  # noqa: E402
 from tlc.dialect.backward_ops import SignOp  # noqa: E402
 from tlc.dialect.registry import NODE_OPS  # noqa: E402
-from tlc.export_onnx import EXPORT, UNSUPPORTED, to_onnx  # noqa: E402
-from tlc.import_onnx import from_onnx  # noqa: E402
-from tlc.passes.interpret import interpret  # noqa: E402
+from tlc.frontends.export_onnx import EXPORT, UNSUPPORTED, to_onnx  # noqa: E402
+from tlc.frontends.import_onnx import from_onnx  # noqa: E402
+from tlc.semantics.interpret import interpret  # noqa: E402
 
 EXPORTED = [rec for rec in RECORDS if rec.op in EXPORT]
 

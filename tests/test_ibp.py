@@ -13,15 +13,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tlc
-from tlc.bounds import ball
+from tlc.api.bounds import ball
+from tlc.api.evaluate import prepare as prepare_document
 from tlc.dialect import ops
 from tlc.dialect.ops import GraphOp, OutputOp
 from tlc.dialect.registry import NODE_OPS
-from tlc.evaluate import prepare as prepare_document
-from tlc.passes import ibp as ibp_module
-from tlc.passes.containment import check_samples, sample_inputs
-from tlc.passes.ibp import ABS_WEIGHT, INTERVAL, NO_INTERVAL_RULE, ibp, prepare_ibp
-from tlc.passes.interval_arith import Box, Outward
+from tlc.semantics import ibp as ibp_module
+from tlc.semantics.containment import check_samples, sample_inputs
+from tlc.semantics.ibp import ABS_WEIGHT, INTERVAL, NO_INTERVAL_RULE, ibp, prepare_ibp
+from tlc.semantics.interval_arith import Box, Outward
 from tlc.tools.run import format_box
 from tlc.tools.run import main as run_main
 
@@ -147,7 +147,7 @@ def test_negative_radius_or_samples_are_usage_errors(extra: list[str], tmp_path:
 
 def test_empty_input_box_is_a_diagnostic() -> None:
     graph = _unary_graph(ops.TanhOp)
-    with pytest.raises(tlc.diagnostics.DiagnosticError, match=r"empty box: lo > hi .* \[1\]"):
+    with pytest.raises(tlc.core.diagnostics.DiagnosticError, match=r"empty box: lo > hi .* \[1\]"):
         ibp(graph, None, np.array([0.0, 2.0]), np.array([1.0, 1.0]))
 
 

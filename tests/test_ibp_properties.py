@@ -4,7 +4,7 @@ node's value (float64 and float32 reference denotations) lies in the node's box.
 Three generators: every op record of `op_records` (each op alone, random payloads), the backward
 ops of gradient graphs, and random op chains over the ops with interval rules (random payloads,
 binary ops joining earlier nodes, an optional reduction at the end). Points are the deterministic
-samples of `tlc.passes.containment` (centre, vertices, interior points). A sample whose
+samples of `tlc.semantics.containment` (centre, vertices, interior points). A sample whose
 evaluation fails (raw log of a non-positive value, whose node then has no box) or overflows to a
 non-finite value is skipped: boxes enclose real values, and inf/NaN are not real.
 """
@@ -20,14 +20,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from op_records import RECORDS, OpRecord
 
+from tlc.core.payload import Payload
 from tlc.dialect import backward_ops as bw
 from tlc.dialect import ops
 from tlc.dialect.ops import GraphOp, NodeOp, OutputOp
-from tlc.passes.containment import sample_inputs
-from tlc.passes.ibp import ibp
-from tlc.passes.interpret import EvalError, interpret
-from tlc.passes.interval_arith import Box
-from tlc.payload import Payload
+from tlc.semantics.containment import sample_inputs
+from tlc.semantics.ibp import ibp
+from tlc.semantics.interpret import EvalError, interpret
+from tlc.semantics.interval_arith import Box
 
 DTYPES = [np.float64, np.float32]
 RADII = [0.0, 1e-7, 1e-3, 0.1, 0.7, 2.0]

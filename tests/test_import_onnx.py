@@ -24,9 +24,9 @@ from onnx.reference import ReferenceEvaluator  # noqa: E402
 sys.path.insert(0, str(Path(__file__).parent / "models"))
 
 import tlc  # noqa: E402
-from tlc.diagnostics import DiagnosticError  # noqa: E402
+from tlc.core.diagnostics import DiagnosticError  # noqa: E402
 from tlc.dialect.printer import print_listing  # noqa: E402
-from tlc.passes.interpret import interpret  # noqa: E402
+from tlc.semantics.interpret import interpret  # noqa: E402
 
 D = TensorProto.DOUBLE
 

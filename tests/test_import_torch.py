@@ -24,9 +24,9 @@ import seed_fx  # noqa: E402
 import torch_models  # noqa: E402
 
 import tlc  # noqa: E402
-from tlc.diagnostics import DiagnosticError  # noqa: E402
+from tlc.core.diagnostics import DiagnosticError  # noqa: E402
 from tlc.dialect.printer import print_listing  # noqa: E402
-from tlc.passes.interpret import interpret  # noqa: E402
+from tlc.semantics.interpret import interpret  # noqa: E402
 
 SEED_LISTING = """\
 0: input parents=[] out=[4]
@@ -39,7 +39,7 @@ SEED_LISTING = """\
 X0 = [0.3, -0.2, 0.1, 0.4]
 
 
-def check_against_torch(model: nn.Module, *examples: torch.Tensor) -> tlc.program.Traced:
+def check_against_torch(model: nn.Module, *examples: torch.Tensor) -> tlc.semantics.program.Traced:
     traced = tlc.from_torch(model, examples if len(examples) > 1 else examples[0])
     inputs = [e.double().numpy() for e in examples]
     ours = interpret(traced.graph, traced.payload, inputs if len(inputs) > 1 else inputs[0])

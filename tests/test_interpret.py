@@ -9,12 +9,13 @@ import numpy as np
 import pytest
 
 import tlc
-from tlc.diagnostics import DiagnosticError
+from tlc.api.evaluate import as_module, select_graph
+from tlc.core.diagnostics import DiagnosticError
+from tlc.core.payload import Payload
 from tlc.dialect.ops import GraphOp
+from tlc.dialect.payload_section import payload_from_module
 from tlc.dialect.registry import NODE_OPS
-from tlc.evaluate import as_module, select_graph
-from tlc.passes.interpret import REFERENCE, EvalError, check_payload, interpret
-from tlc.payload import Payload, payload_from_module
+from tlc.semantics.interpret import REFERENCE, EvalError, check_payload, interpret
 
 MLP = (Path(__file__).parent.parent / "examples" / "mlp.tlir").read_text()
 X0 = [0.3, -0.2, 0.1, 0.4]
@@ -92,7 +93,7 @@ def test_weight_in_dim_mismatch() -> None:
 
 
 def test_npz_payload_round_trip(tmp_path: Path) -> None:
-    from tlc.payload import save_npz
+    from tlc.core.payload import save_npz
 
     _, payload = _mlp()
     path = tmp_path / "p.npz"

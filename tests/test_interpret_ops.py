@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from op_records import NOT_IN_TABLE, RECORDS, OpRecord
 
 from tlc.dialect.registry import NODE_OPS
-from tlc.passes.interpret import interpret
+from tlc.semantics.interpret import interpret
 
 torch = pytest.importorskip("torch")
 
@@ -67,7 +67,7 @@ def test_f32_agrees_with_f64(rec: OpRecord, seed: int) -> None:
 def test_record_text_parses_to_the_same_graph(rec: OpRecord) -> None:
     """`rec.text()` (for lit tests of other backends) denotes what `rec.graph()` does."""
     import tlc
-    from tlc.evaluate import checked_graph
+    from tlc.api.evaluate import checked_graph
 
     inputs, payload = rec.sample(np.random.default_rng(0))
     parsed = checked_graph(tlc.parse(rec.text()))

@@ -16,7 +16,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tlc
-from tlc.capsules import (
+from tlc.api.emit import EMITTERS
+from tlc.api.execute import BindError, Handler, bind, bind_plan, handler_for
+from tlc.core.diagnostics import DiagnosticError
+from tlc.dialect import ops
+from tlc.dialect.ops import GraphOp
+from tlc.dialect.payload_section import payload_from_module
+from tlc.dialect.plan import kernel_of, set_kernel, set_policy
+from tlc.dialect.printer import print_mlir_op, print_tlir
+from tlc.dialect.registry import NODE_OPS
+from tlc.passes.registry import build_pipeline
+from tlc.semantics.capsules import (
     BACKEND_OP,
     BACKEND_OPS,
     DEVICES,
@@ -28,16 +38,6 @@ from tlc.capsules import (
     provider_capsules,
     registry,
 )
-from tlc.diagnostics import DiagnosticError
-from tlc.dialect import ops
-from tlc.dialect.ops import GraphOp
-from tlc.dialect.plan import kernel_of, set_kernel, set_policy
-from tlc.dialect.printer import print_mlir_op, print_tlir
-from tlc.dialect.registry import NODE_OPS
-from tlc.emit import EMITTERS
-from tlc.execute import BindError, Handler, bind, bind_plan, handler_for
-from tlc.pass_registry import build_pipeline
-from tlc.payload import payload_from_module
 
 MLP = (Path(__file__).parent.parent / "examples" / "mlp.tlir").read_text()
 X0 = [0.3, -0.2, 0.1, 0.4]
@@ -87,7 +87,7 @@ def test_reference_provider_registers_every_backend_op() -> None:
 
 
 def test_torch_table_is_exhaustive() -> None:
-    from tlc.torch_handlers import TORCH, TORCH_UNSUPPORTED
+    from tlc.semantics.torch_kernels import TORCH, TORCH_UNSUPPORTED
 
     needing = {cls for cls, op in BACKEND_OP.items() if op is not None}
     assert not set(TORCH) & set(TORCH_UNSUPPORTED)

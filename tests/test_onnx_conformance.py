@@ -17,7 +17,7 @@ pytest.importorskip("onnx")
 import numpy as np  # noqa: E402
 from onnx import TensorProto, helper  # noqa: E402
 
-from tlc.onnx_backend import TlcBackend, node_cases, parameter_inputs, run_case  # noqa: E402
+from tlc.frontends.onnx_backend import TlcBackend, node_cases, parameter_inputs, run_case  # noqa: E402
 
 PASSING = [
     "test_abs",

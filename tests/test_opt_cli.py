@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tlc.diagnostics import Diagnostic, Location
+from tlc.core.diagnostics import Diagnostic, Location
 from tlc.passes.infer_shapes import InferShapesPass
 from tlc.tools import opt
 from tlc.tools.verify_diagnostics import check_expectations

@@ -15,10 +15,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tlc.diagnostics import DiagnosticError
+from tlc.core.diagnostics import DiagnosticError
 from tlc.dialect.parser import _describe_terminal, _lark, parse_tlir
 from tlc.dialect.printer import print_mlir_op, print_tlir
-from tlc.frontend import context, parse_source
+from tlc.frontends.text import context, parse_source
 from tlc.passes.infer_shapes import InferShapesPass
 from tlc.passes.verify_structure import VerifyStructurePass
 from tlc.tools.opt import split_chunks

@@ -13,8 +13,9 @@ from hypothesis import strategies as st
 from tlc.dialect.ops import GraphOp
 from tlc.dialect.printer import print_dot, print_listing, print_mlir_op, print_tlir
 from tlc.dialect.shapes import Shape, fmt_shape
-from tlc.frontend import context, parse_source
-from tlc.passes.infer_shapes import InferShapesPass, infer_graph_shapes
+from tlc.dialect.verify import infer_graph_shapes
+from tlc.frontends.text import context, parse_source
+from tlc.passes.infer_shapes import InferShapesPass
 
 ROOT = Path(__file__).parent.parent
 

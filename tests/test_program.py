@@ -19,13 +19,13 @@ from xdsl.dialects.builtin import ModuleOp
 import tlc
 from tlc.dialect.printer import print_tlir
 from tlc.dialect.registry import NODE_OPS
-from tlc.frontend import context, parse_source
-from tlc.passes.ibp import NO_INTERVAL_RULE, ibp
+from tlc.frontends.text import context, parse_source
 from tlc.passes.infer_shapes import InferShapesPass
-from tlc.passes.interpret import interpret
 from tlc.passes.verify_structure import VerifyStructurePass
-from tlc.program import INTERFACE, NOT_IN_INTERFACE, Ops, ProgramError, bounds, evaluate
-from tlc.program_run import evaluate_program, lower_program, payload_from_params
+from tlc.semantics.ibp import NO_INTERVAL_RULE, ibp
+from tlc.semantics.interpret import interpret
+from tlc.semantics.program import INTERFACE, NOT_IN_INTERFACE, Ops, ProgramError, bounds, evaluate
+from tlc.semantics.program_run import evaluate_program, lower_program, payload_from_params
 
 W1 = np.array(
     [

@@ -23,12 +23,12 @@ from hypothesis import strategies as st
 from xdsl.dialects.builtin import ModuleOp
 
 import tlc
-from tlc.diagnostics import DiagnosticError
+from tlc.core.diagnostics import DiagnosticError
 from tlc.dialect.printer import print_tlir
 from tlc.dialect.program_ops import ProgramOp
-from tlc.frontend import parse_source
-from tlc.passes.interpret import interpret
-from tlc.program_run import evaluate_program, lower_program, payload_from_params
+from tlc.frontends.text import parse_source
+from tlc.semantics.interpret import interpret
+from tlc.semantics.program_run import evaluate_program, lower_program, payload_from_params
 
 #: Raw `log` three times over, so that many programs fail on a non-positive value.
 UNARY = ["relu", "tanh", "sigmoid", "softplus", "exp", "log", "log", "log", "abs", "sqrt",

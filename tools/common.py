@@ -13,7 +13,7 @@ import sys
 import traceback
 from collections.abc import Callable
 
-from tlc.diagnostics import DiagnosticError, Location, SourceManager, error
+from tlc.core.diagnostics import DiagnosticError, Location, SourceManager, error
 
 EXIT_DIAGNOSTICS = 1
 EXIT_INTERNAL = 70

@@ -19,11 +19,11 @@ import sys
 
 import numpy as np
 
+from tlc.api.evaluate import checked_graph, resolve_payload
 from tlc.codegen.shared_lib import build_library
-from tlc.diagnostics import DiagnosticError, SourceManager
+from tlc.core.diagnostics import DiagnosticError, SourceManager
 from tlc.dialect.ops import GraphOp
-from tlc.evaluate import checked_graph, resolve_payload
-from tlc.frontend import parse_source
+from tlc.frontends.text import parse_source
 from tlc.tools.common import read_input, run_tool
 
 DTYPES = {"f32": np.float32, "f64": np.float64}

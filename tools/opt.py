@@ -20,10 +20,10 @@ from pathlib import Path
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.passes import ModulePass
 
-from tlc.diagnostics import Diagnostic, DiagnosticError, SourceManager
-from tlc.emit import EMITTERS
-from tlc.frontend import context, parse_source
-from tlc.pass_registry import PASSES, build_pipeline
+from tlc.api.emit import EMITTERS
+from tlc.core.diagnostics import Diagnostic, DiagnosticError, SourceManager
+from tlc.frontends.text import context, parse_source
+from tlc.passes.registry import PASSES, build_pipeline
 from tlc.tools.common import read_input, run_tool, write_output
 from tlc.tools.verify_diagnostics import check_expectations
 

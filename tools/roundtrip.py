@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import sys
 
-from tlc.diagnostics import DiagnosticError
+from tlc.core.diagnostics import DiagnosticError
 from tlc.dialect.printer import print_mlir_op, print_tlir
-from tlc.frontend import parse_source
+from tlc.frontends.text import parse_source
 from tlc.tools.opt import split_chunks
 
 

@@ -29,17 +29,17 @@ from typing import TYPE_CHECKING
 import numpy as np
 from xdsl.dialects.builtin import ModuleOp
 
-from tlc.diagnostics import DiagnosticError, SourceManager, error
+from tlc.api.evaluate import checked_graph, parse_input_text, resolve_payload, shape_input
+from tlc.core.diagnostics import DiagnosticError, SourceManager, error
+from tlc.core.payload import Payload
 from tlc.dialect.ops import GraphOp, InputOp, NodeOp, node_id_of
 from tlc.dialect.shapes import fmt_shape
-from tlc.evaluate import checked_graph, parse_input_text, resolve_payload, shape_input
-from tlc.frontend import parse_source
-from tlc.payload import Payload
+from tlc.frontends.text import parse_source
 from tlc.tools.common import read_input, run_tool
 from tlc.tools.run_program import params_payload, run_program_lines, select_program
 
 if TYPE_CHECKING:
-    from tlc.passes.interval_arith import Box
+    from tlc.semantics.interval_arith import Box
 
 BACKENDS = ("reference", "llvm", "plan")
 
@@ -87,8 +87,8 @@ def format_value(value: np.ndarray, digits: int = 6) -> str:
 
 
 def _run_float(job: Job) -> list[str]:
-    from tlc.execute import execute_plan
-    from tlc.passes.interpret import DTYPES, interpret
+    from tlc.api.execute import execute_plan
+    from tlc.semantics.interpret import DTYPES, interpret
 
     if job.args.backend == "llvm":
         return _run_llvm(job, DTYPES[job.args.arithmetic])
@@ -119,8 +119,8 @@ def _run_llvm(job: Job, dtype: type) -> list[str]:
 def _run_grad(job: Job) -> list[str]:
     """`--grad`: the scalar output and its gradient with respect to the input and every
     parameter (docs/autodiff.md); with `--backend llvm` the gradient graph runs compiled."""
-    from tlc.autodiff.modes import output_id, vjp
     from tlc.passes.grad import build_grad_graph
+    from tlc.semantics.autodiff.modes import output_id, vjp
 
     out = job.graph.nodes[output_id(job.graph)]
     if out.declared_shape != ():
@@ -133,7 +133,7 @@ def _run_grad(job: Job) -> list[str]:
         grad, payload, layout = build_grad_graph(job.graph, job.payload)
         pieces = layout.unpack(compile_graph(grad, payload)(np.asarray(x, dtype=np.float64)))
     else:
-        from tlc.passes.interpret import interpret
+        from tlc.semantics.interpret import interpret
 
         dx, dp = vjp(job.graph, job.payload, x)
         pieces = {"output": interpret(job.graph, job.payload, x).output}
@@ -154,9 +154,9 @@ def format_box(box: Box | None, digits: int = 6) -> str:
 
 def _run_interval(job: Job) -> list[str]:
     """Boxes for the ball of --radius around --input; with --samples N, the containment check."""
-    from tlc.bounds import ball, violation_error
-    from tlc.passes.containment import check_samples
-    from tlc.passes.ibp import ibp
+    from tlc.api.bounds import ball, violation_error
+    from tlc.semantics.containment import check_samples
+    from tlc.semantics.ibp import ibp
 
     x = job.input_value() if job.input_nodes() else {}
     lo, hi = ball(x, job.args.radius or 0.0)

@@ -17,13 +17,14 @@ from typing import Any
 import numpy as np
 from xdsl.dialects.builtin import ModuleOp
 
-from tlc.diagnostics import DiagnosticError
+from tlc.api.evaluate import parse_input_text, shape_input
+from tlc.core.diagnostics import DiagnosticError
+from tlc.core.payload import Payload
 from tlc.dialect.ops import GraphOp
+from tlc.dialect.payload_section import payload_from_module
 from tlc.dialect.program_ops import CallOp, ProgramOp
-from tlc.evaluate import parse_input_text, shape_input
-from tlc.payload import Payload, payload_from_module
-from tlc.program import IntervalOps
-from tlc.program_run import (
+from tlc.semantics.program import IntervalOps
+from tlc.semantics.program_run import (
     ProgramRun,
     check_params,
     evaluate_program,

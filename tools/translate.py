@@ -23,10 +23,10 @@ from typing import Any
 
 from xdsl.dialects.builtin import ModuleOp
 
-from tlc.diagnostics import DiagnosticError, SourceManager
-from tlc.emit import EMITTERS
-from tlc.frontend import parse_source
-from tlc.program import Traced
+from tlc.api.emit import EMITTERS
+from tlc.core.diagnostics import DiagnosticError, SourceManager
+from tlc.frontends.text import parse_source
+from tlc.semantics.program import Traced
 from tlc.tools.common import read_input, run_tool, write_output
 
 TEXT_FORMATS = ("tlir", "mlir", "listing", "dot")
@@ -89,7 +89,7 @@ def import_torch(args: argparse.Namespace) -> Traced:
         raise DiagnosticError.simple("--import-torch needs --input-shape")
     import torch
 
-    from tlc.import_torch import from_torch
+    from tlc.frontends.import_torch import from_torch
 
     model = load_factory(args.import_torch)()
     torch.manual_seed(0)
@@ -98,14 +98,15 @@ def import_torch(args: argparse.Namespace) -> Traced:
 
 
 def import_onnx(args: argparse.Namespace) -> Traced:
-    from tlc.import_onnx import from_onnx
+    from tlc.frontends.import_onnx import from_onnx
 
     shapes = None if not args.input_shape else [parse_shape(s) for s in args.input_shape]
     return from_onnx(args.import_onnx, shapes, args.name)
 
 
 def emit_imported(args: argparse.Namespace, traced: Traced) -> int:
-    from tlc.payload import payload_op, save_npz
+    from tlc.core.payload import save_npz
+    from tlc.dialect.payload_section import payload_op
 
     module = traced.module
     if args.payload_out:
@@ -121,8 +122,8 @@ def emit_imported(args: argparse.Namespace, traced: Traced) -> int:
 def export_onnx(args: argparse.Namespace, sources: SourceManager) -> int:
     import numpy as np
 
-    from tlc.evaluate import checked_graph, resolve_payload
-    from tlc.export_onnx import to_onnx
+    from tlc.api.evaluate import checked_graph, resolve_payload
+    from tlc.frontends.export_onnx import to_onnx
 
     module = read_document(args.export_onnx, sources, None)
     graph = checked_graph(module, args.graph)

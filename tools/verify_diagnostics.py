@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from tlc.diagnostics import Diagnostic, Location
+from tlc.core.diagnostics import Diagnostic, Location
 
 _ANNOTATION = re.compile(
     r"expected-(error|warning|note|remark)\s*(?:@(\+\d+|-\d+|above|below))?\s*\{\{(.*?)\}\}"

@@ -1,0 +1,45 @@
+"""Output formats of `tlc-opt --emit` and `tlc-translate`, by name."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from xdsl.dialects.builtin import ModuleOp
+
+from tlc.dialect.ops import GraphOp
+from tlc.dialect.printer import print_dot, print_listing, print_mlir_op, print_tlir
+from tlc.semantics.capsules import plan_text
+
+
+def _per_graph(render: Callable[[GraphOp], str]) -> Callable[[ModuleOp], str]:
+    def emit(module: ModuleOp) -> str:
+        graphs = [op for op in module.ops if isinstance(op, GraphOp)]
+        if len(graphs) == 1:
+            return render(graphs[0]).rstrip("\n") + "\n"
+        return "\n".join(f"// @{g.graph_name}\n{render(g).rstrip()}\n" for g in graphs)
+
+    return emit
+
+
+def _llvm(dtype: str) -> Callable[[ModuleOp], str]:
+    """Optimised LLVM IR of every graph, compiled with its inline payload (tlc.codegen)."""
+
+    def emit(module: ModuleOp) -> str:
+        import numpy as np
+
+        from tlc.codegen.module import optimized_ir
+
+        return optimized_ir(module, np.dtype(dtype).type)
+
+    return emit
+
+
+EMITTERS: dict[str, Callable[[ModuleOp], str]] = {
+    "tlir": print_tlir,
+    "mlir": lambda module: print_mlir_op(module, debuginfo=False),
+    "listing": _per_graph(print_listing),
+    "dot": _per_graph(print_dot),
+    "plan": _per_graph(plan_text),
+    "llvm": _llvm("float64"),
+    "llvm-f32": _llvm("float32"),
+}

@@ -1,0 +1,1 @@
+"""`tlc.core`: diagnostics, payloads and rule tables; imports nothing of tlc."""

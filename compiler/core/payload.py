@@ -1,0 +1,72 @@
+"""Payloads: a graph's parameters, kept apart from it and keyed by node id.
+
+A `Payload` maps a node id to a record, a dict of named float64 arrays (`weight`, `bias`,
+`value`, `gamma`, `beta`, `mean`, `var`, `eps`, ...). It is read from `.npz` files with keys
+`"<id>.<field>"` (`"1.weight"`) or from the inline `tl.payload @graph { ... }` section. Checking a
+payload against its graph (shapes, missing records) happens where it is used, with the seed's
+messages (`IR eval: missing linear payload for node 1`).
+"""
+
+from __future__ import annotations
+
+import zipfile
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tlc.core.diagnostics import DiagnosticError
+
+Record = dict[str, np.ndarray]
+
+
+@dataclass
+class Payload(Mapping[int, Record]):
+    """Records by node id; `kinds` remembers the op kind a record was written for, if known."""
+
+    records: dict[int, Record] = field(default_factory=dict)
+    kinds: dict[int, str] = field(default_factory=dict)
+
+    def __getitem__(self, node_id: int) -> Record:
+        return self.records[node_id]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.records)
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def flat(self) -> dict[str, np.ndarray]:
+        """`{"1.weight": array, ...}`, the .npz layout."""
+        records = self.records.items()
+        return {f"{nid}.{name}": arr for nid, rec in records for name, arr in rec.items()}
+
+    @staticmethod
+    def from_flat(flat: Mapping[str, np.ndarray], source: str = "payload") -> Payload:
+        payload = Payload()
+        for key, value in flat.items():
+            node, dot, name = key.partition(".")
+            if not dot or not node.isdigit() or not name:
+                raise DiagnosticError.simple(
+                    f"{source}: key '{key}' is not of the form '<node id>.<field>'"
+                )
+            array = np.asarray(value, dtype=np.float64)
+            payload.records.setdefault(int(node), {})[name] = array
+        return payload
+
+
+def load_npz(path: str) -> Payload:
+    """The payload in the .npz file `path`; a file that is missing or not an .npz archive is a
+    diagnostic naming the file and the reason (`No such file or directory`, not `[Errno 2] ...`)."""
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            return Payload.from_flat({k: data[k] for k in data.files}, path)
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+    except (ValueError, zipfile.BadZipFile) as exc:
+        reason = str(exc)
+    raise DiagnosticError.simple(f"cannot read payload '{path}': {reason}")
+
+
+def save_npz(payload: Payload, path: str) -> None:
+    np.savez(path, **payload.flat())

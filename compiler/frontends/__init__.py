@@ -1,0 +1,1 @@
+"""`tlc.frontends`: reading and writing documents: .tlir/.mlir text, ONNX, PyTorch."""

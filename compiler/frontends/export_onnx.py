@@ -1,0 +1,353 @@
+"""ONNX export: a tl graph plus its payload becomes an ONNX model that ONNX Runtime can run.
+
+`to_onnx(graph, payload)` maps every node through `EXPORT`, one table keyed by tl op class; an
+op with no ONNX equivalent sits in `UNSUPPORTED` with the reason, and exporting a graph that uses
+it is an error naming the node. Payload fields become initializers named `<id>.<field>`, in the
+chosen float type (FLOAT by default, DOUBLE on request); `const` nodes become initializers too.
+Input nodes become graph inputs `x` (`x<id>` for several), the output is `y`.
+
+ONNX's layers want the batch and channel axes first ([N, C, spatial...]); tl's conv, pooling and
+batch norm allow any leading axes, so the exporter reshapes around them where the layouts differ
+(leading axes folded into N, a missing N added), which moves no values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from math import prod
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from tlc.core.diagnostics import DiagnosticError, error
+from tlc.core.payload import Payload
+from tlc.core.rule_table import registrar
+from tlc.dialect import backward_ops as bw
+from tlc.dialect import ops as tl
+from tlc.dialect.ops import GraphOp, NodeOp
+from tlc.dialect.shapes import Shape
+from tlc.dialect.verify import infer_graph_shapes
+from tlc.semantics.payload_check import check_payload
+
+#: The opset exported models declare (Gelu needs 20; ReduceMean's axes are an input from 18).
+OPSET = 21
+
+ELEMENT_TYPES = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.float64): TensorProto.DOUBLE}
+
+
+@dataclass
+class Exporter:
+    """The ONNX graph being built: nodes, initializers, and each tl node's value name."""
+
+    graph: GraphOp
+    payload: Payload
+    dtype: np.dtype
+    shapes: list[Shape]
+    nodes: list[onnx.NodeProto] = field(default_factory=list)
+    initializers: list[onnx.TensorProto] = field(default_factory=list)
+    names: dict[int, str] = field(default_factory=dict)
+    counter: int = 0
+
+    def fresh(self, hint: str) -> str:
+        self.counter += 1
+        return f"{hint}_{self.counter}"
+
+    def add(self, op_type: str, inputs: list[str], hint: str, **attrs: Any) -> str:
+        out = self.fresh(hint)
+        self.nodes.append(helper.make_node(op_type, inputs, [out], name=out, **attrs))
+        return out
+
+    def constant(self, value: Any, hint: str, dtype: Any = None) -> str:
+        name = self.fresh(hint)
+        array = np.asarray(value, dtype=dtype or self.dtype)
+        self.initializers.append(numpy_helper.from_array(array, name))
+        return name
+
+    def initializer(self, node: NodeOp, name: str, value: Any) -> str:
+        """`value` as the initializer `<id>.<name>`."""
+        key = f"{node.id}.{name}"
+        array = np.asarray(value, dtype=self.dtype)
+        self.initializers.append(numpy_helper.from_array(array, key))
+        return key
+
+    def field(self, node: NodeOp, name: str, default: Any = None) -> str:
+        """The payload field `name` of `node` (or `default`) as an initializer."""
+        return self.initializer(node, name, self.payload.get(node.id, {}).get(name, default))
+
+    def reshape(self, value: str, shape: Shape) -> str:
+        target = self.constant(list(shape), "shape", np.int64)
+        return self.add("Reshape", [value, target], "reshape")
+
+
+Rule = Callable[[Exporter, NodeOp, list[str]], str]
+
+EXPORT: dict[type[NodeOp], Rule] = {}
+
+UNSUPPORTED: dict[type[NodeOp], str] = {
+    tl.RandUniformOp: "ONNX's RandomUniform draws an implementation-defined stream, not tl's",
+    tl.BernoulliMaskOp: "ONNX's Bernoulli draws an implementation-defined stream, not tl's",
+    tl.HardMaskedSoftmaxOp: "rows with every entry blocked give 0 in tl and NaN in Softmax",
+    bw.GeluGradOp: "gelu's derivative has no ONNX op",
+    bw.MaxPoolGradOp: "ONNX has no max-pool gradient op",
+    bw.AvgPoolGradOp: "ONNX has no average-pool gradient op",
+    bw.ConvInputGradOp: "ConvTranspose could express it; the geometry mapping is not written",
+    bw.ConvWeightGradOp: "ONNX has no convolution weight-gradient op",
+}
+
+
+register = registrar(EXPORT, "export")
+
+
+def same_name(op_type: str, **attrs: Any) -> Rule:
+    """An op that is one ONNX node of the same arity."""
+
+    def rule(ex: Exporter, node: NodeOp, inputs: list[str]) -> str:
+        return ex.add(op_type, inputs, node.TAG, **attrs)
+
+    return rule
+
+
+for _cls, _onnx in {
+    tl.DetachOp: "Identity",
+    tl.AddOp: "Add",
+    tl.SubOp: "Sub",
+    tl.MulElemOp: "Mul",
+    tl.MaxElemOp: "Max",
+    tl.MinElemOp: "Min",
+    tl.AbsOp: "Abs",
+    tl.SqrtOp: "Sqrt",
+    tl.ReluOp: "Relu",
+    tl.TanhOp: "Tanh",
+    tl.SigmoidOp: "Sigmoid",
+    tl.SoftplusOp: "Softplus",
+    tl.ExpOp: "Exp",
+    tl.LogOp: "Log",
+    tl.InvOp: "Reciprocal",
+    tl.SinOp: "Sin",
+    tl.CosOp: "Cos",
+    tl.MatmulOp: "MatMul",
+    bw.SignOp: "Sign",
+}.items():
+    register(_cls)(same_name(_onnx))
+
+
+@register(tl.InputOp)
+def _input(ex: Exporter, node: NodeOp, inputs: list[str]) -> str:
+    raise AssertionError("input nodes are graph inputs, named by to_onnx")
+
+
+@register(tl.ConstOp)
+def _const(ex: Exporter, node: NodeOp, inputs: list[str]) -> str:
+    return ex.initializer(node, "value", ex.payload[node.id]["value"].reshape(node.meta("shape")))
+
+
+@register(tl.GeluOp)
+def _gelu(ex: Exporter, node: NodeOp, inputs: list[str]) -> str:
+    return ex.add("Gelu", inputs, "gelu", approximate=node.meta("approximate"))
+
+
+@register(tl.SoftmaxOp, tl.LogSoftmaxOp)
+def _softmax(ex: Exporter, node: NodeOp, inputs: list[str]) -> str:
+    op_type = "Softmax" if isinstance(node, tl.SoftmaxOp) else "LogSoftmax"
+    return ex.add(op_type, inputs, node.TAG, axis=node.meta("axis"))
+
+
+@register(tl.PermuteOp)
+def _permute(ex: Exporter, node: NodeOp, inputs: list[str]) -> str:
+    return ex.add("Transpose", inputs, "permute", perm=list(node.meta("perm")))
+
+
+@register(tl.TransposeOp)
+def _transpose(ex: Exporter, node: NodeOp, inputs: list[str]) -> str:
+    perm = list(range(len(ex.shapes[node.id])))
+    a, b = node.meta("axis1"), node.meta("axis2")
+    perm[a], perm[b] = perm[b], perm[a]
+    return ex.add("Transpose", inputs, "transpose", perm=perm)
+
+
+@register(tl.ReshapeOp, tl.FlattenOp)
+def _reshape(ex: Exporter, node: NodeOp, inputs: list[str]) -> str:
+    return ex.reshape(inputs[0], ex.shapes[node.id])
+
+
+@register(tl.BroadcastToOp)
+def _broadcast(ex: Exporter, node: NodeOp, inputs: list[str]) -> str:
+    target = ex.constant(list(node.meta("to")), "shape", np.int64)
+    return ex.add("Expand", [inputs[0], target], "broadcast")
+
+
+@register(tl.ConcatOp)
+def _concat(ex: Exporter, node: NodeOp, inputs: list[str]) -> str:
+    return ex.add("Concat", inputs, "concat", axis=node.meta("axis"))
+
+
+@register(tl.ReduceSumOp, tl.ReduceMeanOp)
+def _reduce(ex: Exporter, node: NodeOp, inputs: list[str]) -> str:
+    op_type = "ReduceSum" if isinstance(node, tl.ReduceSumOp) else "ReduceMean"
+    axes = ex.constant([node.meta("axis")], "axes", np.int64)
+    return ex.add(op_type, [inputs[0], axes], node.TAG, keepdims=0)
+
+
+@register(tl.SumOp)
+def _sum(ex: Exporter, node: NodeOp, inputs: list[str]) -> str:
+    return ex.add("ReduceSum", inputs, "sum", keepdims=0)
+
+
+@register(tl.MseLossOp)
+def _mse(ex: Exporter, node: NodeOp, inputs: list[str]) -> str:
+    diff = ex.add("Sub", inputs, "diff")
+    square = ex.add("Mul", [diff, diff], "square")
+    return ex.add("ReduceMean", [square], "mse", keepdims=0)
+
+
+@register(tl.SafeLogOp)
+def _safe_log(ex: Exporter, node: NodeOp, inputs: list[str]) -> str:
+    soft = ex.add("Softplus", [inputs[0]], "softplus")
+    return ex.add("Log", [ex.add("Add", [soft, inputs[1]], "plus_eps")], "safe_log")
+
+
+@register(tl.LinearOp)
+def _linear(ex: Exporter, node: NodeOp, inputs: list[str]) -> str:
+    """Gemm (transB = 1 keeps the [out, in] weight as stored) on matrices; MatMul + Add with
+    the transposed weight at other ranks."""
+    record = ex.payload[node.id]
+    weight = record["weight"]
+    bias = record.get("bias", np.zeros(weight.shape[0]))
+    if len(ex.shapes[node.parent_ids()[0]]) == 2:
+        w, b = ex.initializer(node, "weight", weight), ex.initializer(node, "bias", bias)
+        return ex.add("Gemm", [inputs[0], w, b], "linear", transB=1)
+    w = ex.initializer(node, "weight_t", weight.T)
+    product = ex.add("MatMul", [inputs[0], w], "matmul")
+    return ex.add("Add", [product, ex.initializer(node, "bias", bias)], "linear")
+
+
+def _nc_layout(ex: Exporter, node: NodeOp, x: str, channel_axis: int) -> tuple[str, Shape]:
+    """`x` reshaped to [N, C, spatial...]: the axes before the channel axis folded into N
+    (N = 1 if there are none). Returns the value and the original leading axes."""
+    shape = ex.shapes[node.parent_ids()[0]]
+    lead = shape[:channel_axis]
+    if len(lead) == 1:
+        return x, lead
+    return ex.reshape(x, (prod(lead),) + shape[channel_axis:]), lead
+
+
+def _restore(ex: Exporter, node: NodeOp, y: str, lead: Shape) -> str:
+    return y if len(lead) == 1 else ex.reshape(y, ex.shapes[node.id])
+
+
+@register(tl.ConvOp)
+def _conv(ex: Exporter, node: NodeOp, inputs: list[str]) -> str:
+    m = node.metadata()
+    x, lead = _nc_layout(ex, node, inputs[0], m["channel_axis"])
+    operands = [x, ex.field(node, "weight")]
+    if "bias" in ex.payload[node.id]:
+        operands.append(ex.field(node, "bias"))
+    y = ex.add(
+        "Conv", operands, "conv", kernel_shape=list(m["kernel"]), strides=list(m["stride"]),
+        dilations=list(m["dilation"]), pads=[*m["padding"], *m["padding_after"]],
+        group=m["groups"],
+    )  # fmt: skip
+    return _restore(ex, node, y, lead)
+
+
+@register(tl.BatchNormEvalOp)
+def _batch_norm(ex: Exporter, node: NodeOp, inputs: list[str]) -> str:
+    axis = node.meta("channel_axis")
+    shape = ex.shapes[node.id]
+    x = inputs[0]
+    lead = shape[:axis]
+    trail = shape[axis + 1 :]
+    # BatchNormalization wants [N, C, ...]: fold the leading axes into N and the trailing ones
+    # into one spatial axis.
+    view = (prod(lead), shape[axis], prod(trail))
+    if shape != view:
+        x = ex.reshape(x, view)
+    record = ex.payload[node.id]
+    eps = float(record.get("eps", 1e-5))
+    operands = [x] + [ex.field(node, f) for f in ("gamma", "beta", "mean", "var")]
+    y = ex.add("BatchNormalization", operands, "batch_norm", epsilon=eps)
+    return y if shape == view else ex.reshape(y, shape)
+
+
+@register(tl.LayernormOp)
+def _layernorm(ex: Exporter, node: NodeOp, inputs: list[str]) -> str:
+    axis = node.meta("axis")
+    suffix = ex.shapes[node.id][axis:]
+    record = ex.payload.get(node.id, {})
+    gamma = ex.field(node, "gamma", np.ones(suffix))
+    beta = ex.field(node, "beta", np.zeros(suffix))
+    eps = float(record.get("eps", 1e-5))
+    return ex.add(
+        "LayerNormalization", [inputs[0], gamma, beta], "layernorm", axis=axis, epsilon=eps
+    )
+
+
+@register(tl.MaxPoolOp, tl.AvgPoolOp)
+def _pool(ex: Exporter, node: NodeOp, inputs: list[str]) -> str:
+    kernel, padding = list(node.meta("kernel")), list(node.meta("padding"))
+    shape = ex.shapes[node.parent_ids()[0]]
+    lead = shape[: len(shape) - len(kernel)]
+    view = (1, prod(lead), *shape[len(lead) :]) if len(lead) != 2 else shape
+    x = inputs[0] if view == shape else ex.reshape(inputs[0], view)
+    attrs: dict[str, Any] = {
+        "kernel_shape": kernel, "strides": list(node.meta("stride")), "pads": padding * 2,
+    }  # fmt: skip
+    if isinstance(node, tl.AvgPoolOp):
+        attrs["count_include_pad"] = 1
+        y = ex.add("AveragePool", [x], "avg_pool", **attrs)
+    else:
+        y = ex.add("MaxPool", [x], "max_pool", **attrs)
+    return y if view == shape else ex.reshape(y, ex.shapes[node.id])
+
+
+def to_onnx(
+    graph: GraphOp, payload: Payload | None = None, dtype: Any = np.float32, opset: int = OPSET
+) -> onnx.ModelProto:
+    """The ONNX model computing `graph` with `payload`, in `dtype` (float32 or float64);
+    checked by `onnx.checker`."""
+    payload = payload or Payload()
+    shapes = infer_graph_shapes(graph)
+    check_payload(graph, payload, shapes)
+    np_dtype = np.dtype(dtype)
+    if np_dtype not in ELEMENT_TYPES:
+        raise DiagnosticError.simple(
+            f"ONNX export: unsupported dtype {np_dtype} (float32, float64)"
+        )
+    element = ELEMENT_TYPES[np_dtype]
+    ex = Exporter(graph, payload, np_dtype, shapes)
+    input_nodes = [n for n in graph.nodes if isinstance(n, tl.InputOp)]
+    graph_inputs = []
+    for node in graph.nodes:
+        if isinstance(node, tl.InputOp):
+            name = "x" if len(input_nodes) == 1 else f"x{node.id}"
+            graph_inputs.append(helper.make_tensor_value_info(name, element, shapes[node.id]))
+            ex.names[node.id] = name
+            continue
+        rule = EXPORT.get(type(node))
+        if rule is None:
+            reason = UNSUPPORTED[type(node)]
+            raise error(f"ONNX export: node {node.id}: {node.TAG} has no ONNX form: {reason}", node)
+        ex.names[node.id] = rule(ex, node, [ex.names[p] for p in node.parent_ids()])
+    output = graph.output
+    assert output is not None, "infer_graph_shapes checked the structure"
+    out_id = output.value.owner.id  # type: ignore[union-attr]
+    ex.nodes.append(helper.make_node("Identity", [ex.names[out_id]], ["y"], name="output"))
+    onnx_graph = helper.make_graph(
+        ex.nodes,
+        graph.graph_name,
+        graph_inputs,
+        [helper.make_tensor_value_info("y", element, shapes[out_id])],
+        ex.initializers,
+    )
+    model = helper.make_model(
+        onnx_graph, opset_imports=[helper.make_opsetid("", opset)], producer_name="tlc"
+    )
+    model.ir_version = min(model.ir_version, 10)
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+__all__ = ["EXPORT", "OPSET", "UNSUPPORTED", "to_onnx"]

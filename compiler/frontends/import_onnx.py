@@ -1,0 +1,732 @@
+"""ONNX import: an ONNX model (opset 13 and later, default domain) becomes a tl graph + payload.
+
+`from_onnx(path_or_model)` maps every node through `RULES`, one table keyed by ONNX op type;
+each entry names the attributes its rule understands, and a node carrying any other attribute
+is refused. Initializers and `Constant` outputs are constants: a layer that takes them as
+parameters (Conv weights, Gemm/MatMul right-hand sides, normalisation statistics) puts them in
+its payload record; anywhere else they become `const` nodes. `Gemm`, and `MatMul` followed by
+the `Add` of a bias vector, become `linear` where that is exact (the weight is a constant matrix,
+alpha = beta = 1): PyTorch's `[out, in]` layout is `transB = 1`'s `B` as stored.
+
+ONNX broadcasts; tl does not, so broadcasting appears as explicit `broadcast_to` nodes. Graph
+inputs become input nodes in order (ids 0, 1, ...); their shapes must be static (or given with
+`input_shapes`). Every node's tl shape is checked against ONNX's own shape inference where that
+knows the shape. Unsupported ops, attributes, dtypes and data-dependent shapes are errors naming
+the node and its op type: `ONNX import: node 'conv1' (Conv): unsupported attribute 'foo'`.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from math import prod
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+from xdsl.ir import SSAValue
+
+from tlc.core.diagnostics import DiagnosticError, Location
+from tlc.dialect import ops as tl
+from tlc.dialect.backward_ops import SignOp
+from tlc.dialect.shapes import Shape, fmt_shape
+from tlc.frontends.import_common import (
+    ImportFailure,
+    broadcast_to,
+    ceil_mode_extra,
+    elementwise,
+    finish,
+    import_error,
+    ints,
+    lift,
+    matmul,
+    new_builder,
+    norm_axis,
+    pad,
+    reduce,
+    reshape,
+)
+from tlc.semantics.program import GraphBuilder, Traced
+
+PREFIX = "ONNX import"
+MIN_OPSET = 13
+REAL_TYPES = {TensorProto.FLOAT: "FLOAT", TensorProto.DOUBLE: "DOUBLE"}
+
+_REQUIRED = object()
+
+Value = SSAValue | np.ndarray
+
+
+@dataclass
+class NodeCall:
+    """One ONNX node being translated."""
+
+    importer: OnnxImporter
+    node: onnx.NodeProto
+    index: int
+
+    @property
+    def ops(self) -> GraphBuilder:
+        return self.importer.builder
+
+    @property
+    def opset(self) -> int:
+        return self.importer.opset
+
+    def attr(self, name: str, default: Any = _REQUIRED) -> Any:
+        for a in self.node.attribute:
+            if a.name == name:
+                value = helper.get_attribute_value(a)
+                return value.decode() if isinstance(value, bytes) else value
+        if default is _REQUIRED:
+            raise self.refuse(f"missing attribute '{name}'")
+        return default
+
+    def input(self, i: int) -> Value | None:
+        """Input `i`, or None where it is absent (past the end or an empty name)."""
+        if i >= len(self.node.input) or not self.node.input[i]:
+            return None
+        return self.importer.env[self.node.input[i]]
+
+    def inputs(self) -> list[Value]:
+        return [self.importer.env[name] for name in self.node.input if name]
+
+    def tensor(self, i: int) -> SSAValue:
+        value = self.input(i)
+        if value is None:
+            raise self.refuse(f"missing input {i}")
+        return lift(self.ops, value)
+
+    def const(self, i: int, what: str, default: Any = _REQUIRED) -> np.ndarray | None:
+        """Input `i`, which must be an initializer or a Constant output."""
+        value = self.input(i)
+        if value is None:
+            if default is _REQUIRED:
+                raise self.refuse(f"missing input {i} ({what})")
+            return default
+        if not isinstance(value, np.ndarray):
+            raise self.refuse(f"{what} (input {i}) must be an initializer or a Constant")
+        return value
+
+    def shape(self, value: SSAValue) -> Shape:
+        return self.ops.shape_of(value)
+
+    def used(self, i: int) -> bool:
+        """Whether output `i` exists and a later node or the graph's output reads it."""
+        return i < len(self.node.output) and bool(self.importer.uses[self.node.output[i]])
+
+    def refuse(self, message: str) -> ImportFailure:
+        return import_error(PREFIX, f"{self.importer.describe(self.node, self.index)}: {message}")
+
+
+Rule = Callable[..., Value | list[Value | None]]
+
+
+@dataclass(frozen=True)
+class Entry:
+    rule: Rule
+    attributes: frozenset[str]
+    #: How many leading outputs the rule produces; later outputs must be unused.
+    outputs: int = 1
+
+
+#: ONNX op type -> the rule and the attributes it understands.
+RULES: dict[str, Entry] = {}
+
+
+def on(
+    *op_types: str, attributes: Sequence[str] = (), outputs: int = 1, **bound: Any
+) -> Callable[[Rule], Rule]:
+    def add(rule: Rule) -> Rule:
+        fn = functools.partial(rule, **bound) if bound else rule
+        for op_type in op_types:
+            assert op_type not in RULES, f"two rules for {op_type}"
+            RULES[op_type] = Entry(fn, frozenset(attributes), outputs)
+        return rule
+
+    return add
+
+
+# --------------------------------------------------------------------------------------------
+# Elementwise
+# --------------------------------------------------------------------------------------------
+
+UNARY: dict[str, type[tl.NodeOp]] = {
+    "Relu": tl.ReluOp,
+    "Tanh": tl.TanhOp,
+    "Sigmoid": tl.SigmoidOp,
+    "Abs": tl.AbsOp,
+    "Sqrt": tl.SqrtOp,
+    "Exp": tl.ExpOp,
+    "Log": tl.LogOp,
+    "Softplus": tl.SoftplusOp,
+    "Sin": tl.SinOp,
+    "Cos": tl.CosOp,
+    "Reciprocal": tl.InvOp,
+    "Sign": SignOp,
+}
+
+
+def _unary(call: NodeCall, op: type[tl.NodeOp]) -> SSAValue:
+    return call.ops.apply(op, [call.tensor(0)])
+
+
+for _op_type, _op in UNARY.items():
+    on(_op_type, op=_op)(_unary)
+
+
+@on("Identity")
+def _identity(call: NodeCall) -> Value:
+    value = call.input(0)
+    if value is None:
+        raise call.refuse("missing input 0")
+    return value
+
+
+def _to_real(call: NodeCall, value: Value | None, target: int) -> Value:
+    """Casts between real types leave a tl value alone (graphs are dtype-free; the scalar type
+    is chosen at run time); integer constants become reals exactly."""
+    if value is None:
+        raise call.refuse("missing input 0")
+    if target not in REAL_TYPES:
+        raise call.refuse(f"cast to {TensorProto.DataType.Name(target)} (tl computes on reals)")
+    return value.astype(np.float64) if isinstance(value, np.ndarray) else value
+
+
+@on("Cast", attributes=["to", "saturate", "round_mode"])
+def _cast(call: NodeCall) -> Value:
+    return _to_real(call, call.input(0), call.attr("to"))
+
+
+@on("CastLike", attributes=["saturate", "round_mode"])
+def _cast_like(call: NodeCall) -> Value:
+    like = call.input(1)
+    target = (
+        helper.np_dtype_to_tensor_dtype(like.dtype)
+        if isinstance(like, np.ndarray)
+        else TensorProto.DOUBLE
+    )
+    return _to_real(call, call.input(0), target)
+
+
+@on("Gelu", attributes=["approximate"])
+def _gelu(call: NodeCall) -> SSAValue:
+    return call.ops.gelu(call.tensor(0), approximate=call.attr("approximate", "none"))
+
+
+BINARY: dict[str, type[tl.NodeOp]] = {
+    "Add": tl.AddOp,
+    "Sub": tl.SubOp,
+    "Mul": tl.MulElemOp,
+    "Max": tl.MaxElemOp,
+    "Min": tl.MinElemOp,
+}
+
+
+def _binary(call: NodeCall, op: type[tl.NodeOp]) -> Value:
+    values = call.inputs()
+    if not values:
+        raise call.refuse("no inputs")
+    if op is tl.AddOp and len(values) == 2:
+        fused = call.importer.fuse_bias(call, *values)
+        if fused is not None:
+            return fused
+    if len(values) == 1:
+        return values[0]
+    return elementwise(call.ops, op, values)
+
+
+for _op_type, _op in BINARY.items():
+    on(_op_type, op=_op)(_binary)
+
+
+# --------------------------------------------------------------------------------------------
+# Contractions
+# --------------------------------------------------------------------------------------------
+
+
+@on("MatMul")
+def _matmul(call: NodeCall) -> SSAValue:
+    a, b = call.input(0), call.input(1)
+    if isinstance(b, np.ndarray) and b.ndim == 2 and isinstance(a, SSAValue):
+        out = call.ops.linear(a, b.T.copy())
+        call.importer.bias_free[out] = call.node.output[0]
+        return out
+    return matmul(call.ops, call.tensor(0), call.tensor(1))
+
+
+@on("Gemm", attributes=["alpha", "beta", "transA", "transB"])
+def _gemm(call: NodeCall) -> SSAValue:
+    """Y = alpha * A' B' + beta * C; a `linear` with bias where B is constant and
+    alpha = beta = 1 with C a row vector, else linear/matmul followed by explicit scaling."""
+    alpha, beta = call.attr("alpha", 1.0), call.attr("beta", 1.0)
+    a = call.tensor(0)
+    if call.attr("transA", 0):
+        a = call.ops.transpose(a, axis1=0, axis2=1)
+    b, c = call.input(1), call.input(2)
+    trans_b = call.attr("transB", 0)
+    if isinstance(b, np.ndarray):
+        weight = b if trans_b else b.T.copy()
+        out_dim = weight.shape[0]
+        bias = None
+        if isinstance(c, np.ndarray) and alpha == 1 and beta == 1 and _is_row(c, out_dim):
+            bias, c = np.broadcast_to(c, (out_dim,)).reshape(out_dim).copy(), None
+        y = call.ops.linear(a, weight, bias)
+    else:
+        b = call.tensor(1)
+        y = call.ops.matmul(a, call.ops.transpose(b, axis1=0, axis2=1) if trans_b else b)
+    if alpha != 1:
+        y = elementwise(call.ops, tl.MulElemOp, [y, np.float64(alpha)])
+    if c is None:
+        return y
+    if isinstance(c, np.ndarray):
+        return elementwise(call.ops, tl.AddOp, [y, beta * np.asarray(c, np.float64)])
+    term = c if beta == 1 else elementwise(call.ops, tl.MulElemOp, [c, np.float64(beta)])
+    return elementwise(call.ops, tl.AddOp, [y, term])
+
+
+def _is_row(c: np.ndarray, n: int) -> bool:
+    """C broadcasts along rows only: shape [], [1], [n], [1, n] or [1, 1]."""
+    return c.ndim <= 2 and all(d == 1 for d in c.shape[:-1]) and c.shape[-1:] in ((), (1,), (n,))
+
+
+# --------------------------------------------------------------------------------------------
+# Normalisations along an axis
+# --------------------------------------------------------------------------------------------
+
+
+@on("Softmax", attributes=["axis"], op=tl.SoftmaxOp)
+@on("LogSoftmax", attributes=["axis"], op=tl.LogSoftmaxOp)
+def _softmax(call: NodeCall, op: type[tl.NodeOp]) -> SSAValue:
+    x = call.tensor(0)
+    axis = norm_axis(call.attr("axis", -1), len(call.shape(x)))
+    return call.ops.apply(op, [x], {"axis": axis})
+
+
+@on("LayerNormalization", attributes=["axis", "epsilon", "stash_type"], outputs=3)
+def _layernorm(call: NodeCall) -> list[Value | None]:
+    """Y is a `layernorm`; the optional Mean and InvStdDev outputs (over the normalised axes,
+    kept as extent 1) are built from reductions. Each is built only where the model uses it
+    (None otherwise)."""
+    x = call.tensor(0)
+    shape = call.shape(x)
+    axis = norm_axis(call.attr("axis", -1), len(shape))
+    suffix = shape[axis:]
+
+    def affine(i: int, what: str) -> np.ndarray | None:
+        value = call.const(i, what, None)
+        return None if value is None else np.broadcast_to(value, suffix).copy()
+
+    eps = float(call.attr("epsilon", 1e-5))
+    outputs: list[Value | None] = [
+        call.ops.layernorm(x, affine(1, "scale"), affine(2, "bias"), eps, axis=axis)
+        if call.used(0)
+        else None
+    ]
+    if not any(call.used(i) for i in (1, 2)):
+        return outputs
+    axes = list(range(axis, len(shape)))
+    mean = reduce(call.ops, tl.ReduceMeanOp, x, axes, keepdims=True)
+    centred = elementwise(call.ops, tl.SubOp, [x, mean])
+    square = call.ops.apply(tl.MulElemOp, [centred, centred])
+    variance = reduce(call.ops, tl.ReduceMeanOp, square, axes, keepdims=True)
+    std = call.ops.apply(tl.SqrtOp, [elementwise(call.ops, tl.AddOp, [variance, np.float64(eps)])])
+    return [*outputs, mean, call.ops.apply(tl.InvOp, [std])]
+
+
+@on("BatchNormalization", attributes=["epsilon", "momentum", "training_mode"])
+def _batch_norm(call: NodeCall) -> SSAValue:
+    if call.attr("training_mode", 0):
+        raise call.refuse("training_mode=1 (tl has eval-mode batch norm only)")
+    gamma, beta = call.const(1, "scale"), call.const(2, "B")
+    mean, var = call.const(3, "input_mean"), call.const(4, "input_var")
+    eps = float(call.attr("epsilon", 1e-5))
+    return call.ops.batch_norm_eval(call.tensor(0), gamma, beta, mean, var, eps, channel_axis=1)
+
+
+# --------------------------------------------------------------------------------------------
+# Windows
+# --------------------------------------------------------------------------------------------
+
+
+def _pads(
+    call: NodeCall, spatial: Shape, kernel: list[int], stride: list[int], dilation: list[int]
+) -> tuple[list[int], list[int]]:
+    """Padding before and after each spatial axis, from `pads` or `auto_pad`."""
+    rank = len(kernel)
+    auto = call.attr("auto_pad", "NOTSET")
+    if auto == "VALID":
+        return [0] * rank, [0] * rank
+    if auto in ("SAME_UPPER", "SAME_LOWER"):
+        lo, hi = [], []
+        for n, k, s, d in zip(spatial, kernel, stride, dilation, strict=True):
+            total = max(0, (-(-n // s) - 1) * s + (k - 1) * d + 1 - n)
+            small, large = total // 2, total - total // 2
+            lo.append(small if auto == "SAME_UPPER" else large)
+            hi.append(large if auto == "SAME_UPPER" else small)
+        return lo, hi
+    if auto != "NOTSET":
+        raise call.refuse(f"auto_pad='{auto}'")
+    pads = ints(call.attr("pads", [0] * (2 * rank)))
+    return pads[:rank], pads[rank:]
+
+
+@on("Conv", attributes=["auto_pad", "dilations", "group", "kernel_shape", "pads", "strides"])
+def _conv(call: NodeCall) -> SSAValue:
+    x = call.tensor(0)
+    weight = call.const(1, "W")
+    bias = call.const(2, "B", None)
+    rank = weight.ndim - 2
+    kernel = list(weight.shape[2:])
+    if ints(call.attr("kernel_shape", kernel)) != kernel:
+        raise call.refuse("kernel_shape disagrees with the weight's shape")
+    stride = ints(call.attr("strides", [1] * rank))
+    dilation = ints(call.attr("dilations", [1] * rank))
+    lo, hi = _pads(call, call.shape(x)[2:], kernel, stride, dilation)
+    return call.ops.conv(
+        x, weight, bias, stride=stride, padding=lo, padding_after=hi, dilation=dilation,
+        groups=int(call.attr("group", 1)), channel_axis=1,
+    )  # fmt: skip
+
+
+POOL_ATTRIBUTES = ["auto_pad", "ceil_mode", "dilations", "kernel_shape", "pads", "strides"]
+
+
+@on("MaxPool", attributes=[*POOL_ATTRIBUTES, "storage_order"], op=tl.MaxPoolOp)
+@on("AveragePool", attributes=[*POOL_ATTRIBUTES, "count_include_pad"], op=tl.AvgPoolOp)
+def _pool(call: NodeCall, op: type[tl.PoolOp]) -> SSAValue:
+    x = call.tensor(0)
+    kernel = ints(call.attr("kernel_shape"))
+    rank = len(kernel)
+    stride = ints(call.attr("strides", [1] * rank))
+    dilation = ints(call.attr("dilations", [1] * rank))
+    dilated = dilation != [1] * rank
+    if dilated and op is tl.MaxPoolOp:
+        raise call.refuse("max pooling with dilations (tl's max pool has none)")
+    spatial = call.shape(x)[-rank:]
+    lo, hi = _pads(call, spatial, kernel, stride, dilation)
+    counts_pad = op is tl.AvgPoolOp and call.attr("count_include_pad", 0)
+    if call.attr("ceil_mode", 0):
+        span = [(k - 1) * d + 1 for k, d in zip(kernel, dilation, strict=True)]
+        extra = [ceil_mode_extra(*a) for a in zip(spatial, lo, hi, span, stride, strict=True)]
+        if any(extra) and counts_pad:
+            raise call.refuse(
+                "ceil_mode=1 where it adds a partial window, with count_include_pad=1"
+            )
+        hi = [h + e for h, e in zip(hi, extra, strict=True)]
+    if dilated:
+        # An average is a depthwise convolution with uniform weights, and tl's conv dilates.
+        channels = call.shape(x)[1]
+        weight = np.full((channels, 1, *kernel), 1.0 / prod(kernel))
+        y = call.ops.conv(
+            x, weight, stride=stride, padding=lo, padding_after=hi, dilation=dilation,
+            groups=channels, channel_axis=1,
+        )  # fmt: skip
+    else:
+        y = _pool_padded(call, op, x, rank, kernel, stride, lo, hi)
+    if op is tl.MaxPoolOp or counts_pad or not any(lo + hi):
+        return y
+    # tl divides every window by its full size; ONNX divides by the input elements it covers.
+    counted = functools.reduce(
+        np.multiply.outer,
+        [_window_counts(*a) for a in zip(spatial, lo, hi, kernel, stride, dilation, strict=True)],
+    )
+    if not counted.all():
+        raise call.refuse("a window covers only padding (count_include_pad=0 divides by zero)")
+    return elementwise(call.ops, tl.MulElemOp, [y, prod(kernel) / counted])
+
+
+def _window_counts(n: int, lo: int, hi: int, k: int, s: int, d: int) -> np.ndarray:
+    """How many input elements (not padding) each window along one axis covers."""
+    starts = np.arange((n + lo + hi - (k - 1) * d - 1) // s + 1) * s - lo
+    taps = starts[:, None] + np.arange(k) * d
+    return ((taps >= 0) & (taps < n)).sum(axis=1)
+
+
+def _pool_padded(
+    call: NodeCall,
+    op: type[tl.PoolOp],
+    x: SSAValue,
+    rank: int,
+    kernel: list[int],
+    stride: list[int],
+    lo: list[int],
+    hi: list[int],
+) -> SSAValue:
+    """The pool over `x` padded by `lo`/`hi` (zeros, counted, for an average)."""
+    padding = lo
+    if lo != hi or any(2 * p > k for p, k in zip(lo, kernel, strict=True)):
+        # tl pads both sides equally, at most half a window: pad explicitly instead, with
+        # what the pool would have padded with (-inf never wins a max; zeros are counted).
+        fill = -np.inf if op is tl.MaxPoolOp else 0.0
+        x = pad(call.ops, x, len(call.shape(x)) - rank, lo, hi, fill)
+        padding = [0] * rank
+    return call.ops.apply(op, [x], {"kernel": kernel, "stride": stride, "padding": padding})
+
+
+# --------------------------------------------------------------------------------------------
+# Layout
+# --------------------------------------------------------------------------------------------
+
+
+@on("Flatten", attributes=["axis"])
+def _flatten(call: NodeCall) -> SSAValue:
+    x = call.tensor(0)
+    shape = call.shape(x)
+    axis = norm_axis(call.attr("axis", 1), len(shape))
+    return reshape(call.ops, x, [prod(shape[:axis]), prod(shape[axis:])])
+
+
+@on("Reshape", attributes=["allowzero"])
+def _reshape(call: NodeCall) -> SSAValue:
+    x = call.tensor(0)
+    source = call.shape(x)
+    target = ints(call.const(1, "shape").reshape(-1))
+    allowzero = call.attr("allowzero", 0)
+    target = [source[i] if d == 0 and not allowzero else d for i, d in enumerate(target)]
+    if -1 in target:
+        known = prod(d for d in target if d != -1)
+        target[target.index(-1)] = prod(source) // known if known else 0
+    if prod(target) != prod(source):
+        raise call.refuse(f"cannot reshape {fmt_shape(source)} to {fmt_shape(target)}")
+    return reshape(call.ops, x, target)
+
+
+@on("Expand")
+def _expand(call: NodeCall) -> SSAValue:
+    """Bidirectional broadcasting against a constant shape."""
+    x = call.tensor(0)
+    target = np.broadcast_shapes(call.shape(x), tuple(ints(call.const(1, "shape").reshape(-1))))
+    return broadcast_to(call.ops, x, target)
+
+
+@on("Transpose", attributes=["perm"])
+def _transpose(call: NodeCall) -> SSAValue:
+    x = call.tensor(0)
+    rank = len(call.shape(x))
+    perm = ints(call.attr("perm", list(reversed(range(rank)))))
+    return x if perm == list(range(rank)) else call.ops.permute(x, perm=perm)
+
+
+@on("Concat", attributes=["axis"])
+def _concat(call: NodeCall) -> SSAValue:
+    parts = [lift(call.ops, v) for v in call.inputs()]
+    if len(parts) == 1:
+        return parts[0]
+    axis = norm_axis(call.attr("axis"), len(call.shape(parts[0])))
+    return call.ops.concat(*parts, axis=axis)
+
+
+@on("ReduceSum", attributes=["keepdims", "noop_with_empty_axes"], op=tl.ReduceSumOp, since=13)
+@on(
+    "ReduceMean",
+    attributes=["axes", "keepdims", "noop_with_empty_axes"],
+    op=tl.ReduceMeanOp,
+    since=18,
+)
+def _reduce(call: NodeCall, op: type[tl.ReductionOp], since: int) -> SSAValue:
+    """`since`: the opset from which the axes are an input rather than an attribute."""
+    x = call.tensor(0)
+    if call.opset >= since:
+        given = call.const(1, "axes", None)
+        axes = None if given is None else ints(given.reshape(-1))
+    else:
+        axes = call.attr("axes", None)
+    if not axes:
+        if call.attr("noop_with_empty_axes", 0):
+            return x
+        axes = None
+    if any(d == 0 for d in call.shape(x)):
+        raise call.refuse("reduction over an empty tensor")
+    return reduce(call.ops, op, x, axes, bool(call.attr("keepdims", 1)))
+
+
+CONSTANT_ATTRIBUTES = ["value", "value_float", "value_floats", "value_int", "value_ints"]
+
+
+@on("Constant", attributes=CONSTANT_ATTRIBUTES)
+def _constant(call: NodeCall) -> np.ndarray:
+    (attribute,) = call.node.attribute
+    value = helper.get_attribute_value(attribute)
+    if isinstance(value, TensorProto):
+        return numpy_helper.to_array(value)
+    return np.asarray(value)
+
+
+# --------------------------------------------------------------------------------------------
+# The driver
+# --------------------------------------------------------------------------------------------
+
+
+class OnnxImporter:
+    def __init__(self, model: onnx.ModelProto, builder: GraphBuilder, opset: int):
+        self.model = model
+        self.builder = builder
+        self.opset = opset
+        self.env: dict[str, Value] = {}
+        #: Linear nodes made from a MatMul without bias, by value -> the ONNX value name.
+        self.bias_free: dict[SSAValue, str] = {}
+        self.uses = Counter(
+            name for node in model.graph.node for name in node.input if name
+        ) + Counter(o.name for o in model.graph.output)
+        self.inferred = _inferred_shapes(model)
+
+    def describe(self, node: onnx.NodeProto, index: int) -> str:
+        name = f"node '{node.name}'" if node.name else f"node #{index}"
+        return f"{name} ({node.op_type})"
+
+    def fuse_bias(self, call: NodeCall, a: Value, b: Value) -> SSAValue | None:
+        """Add(MatMul(x, W), c) with c a constant vector over the output features: the
+        linear's bias (exact: linear computes x W^T, then adds b)."""
+        for lin, c in ((a, b), (b, a)):
+            name = self.bias_free.get(lin) if isinstance(lin, SSAValue) else None
+            if name is None or self.uses[name] != 1 or not isinstance(c, np.ndarray):
+                continue
+            shape = self.builder.shape_of(lin)
+            if c.size == shape[-1] and np.broadcast_shapes(c.shape, shape) == shape:
+                owner = lin.owner
+                assert isinstance(owner, tl.LinearOp)
+                self.builder.payload.records[owner.id]["bias"] = np.asarray(c, np.float64).reshape(
+                    -1
+                )
+                del self.bias_free[lin]
+                return lin
+        return None
+
+    def translate(self, node: onnx.NodeProto, index: int) -> None:
+        call = NodeCall(self, node, index)
+        if node.domain not in ("", "ai.onnx"):
+            raise call.refuse(f"unsupported domain '{node.domain}'")
+        entry = RULES.get(node.op_type)
+        if entry is None:
+            raise import_error(PREFIX, f"{self.describe(node, index)}: unsupported op type")
+        for attribute in node.attribute:
+            if attribute.name not in entry.attributes:
+                raise call.refuse(f"unsupported attribute '{attribute.name}'")
+        for extra in node.output[entry.outputs :]:
+            if extra and self.uses[extra]:
+                raise call.refuse(f"output '{extra}' is used (only the first is supported)")
+        try:
+            result = entry.rule(call)
+        except ImportFailure:
+            raise
+        except DiagnosticError as exc:
+            raise call.refuse(str(exc)) from None
+        values = result if isinstance(result, list) else [result]
+        for name, value in zip(node.output, values, strict=False):
+            if name and value is not None:
+                self._check(call, name, value)
+                self.env[name] = value
+
+    def _check(self, call: NodeCall, name: str, value: Value) -> None:
+        expected = self.inferred.get(name)
+        ours = value.shape if isinstance(value, np.ndarray) else self.builder.shape_of(value)
+        if expected is not None and tuple(ours) != expected:
+            raise call.refuse(
+                f"tl shape {fmt_shape(ours)} differs from ONNX's inferred shape "
+                f"{fmt_shape(expected)}"
+            )
+
+
+def _inferred_shapes(model: onnx.ModelProto) -> dict[str, Shape]:
+    """Static shapes ONNX's shape inference knows, by value name."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except Exception:  # inference is only a cross-check; a model it rejects is checked by us
+        return {}
+    shapes = {}
+    for info in [*inferred.graph.value_info, *inferred.graph.output]:
+        shape = _static_shape(info)
+        if shape is not None:
+            shapes[info.name] = shape
+    return shapes
+
+
+def _static_shape(info: onnx.ValueInfoProto) -> Shape | None:
+    t = info.type.tensor_type
+    if not t.HasField("shape") or not all(d.HasField("dim_value") for d in t.shape.dim):
+        return None
+    return tuple(d.dim_value for d in t.shape.dim)
+
+
+def _opset(model: onnx.ModelProto) -> int:
+    versions = [o.version for o in model.opset_import if o.domain in ("", "ai.onnx")]
+    if not versions:
+        raise import_error(PREFIX, "the model imports no ai.onnx opset")
+    if versions[0] < MIN_OPSET:
+        raise import_error(PREFIX, f"opset {versions[0]} is not supported (13 or later)")
+    return versions[0]
+
+
+def _input_shape(info: onnx.ValueInfoProto, given: Shape | None) -> Shape:
+    t = info.type.tensor_type
+    if not info.type.HasField("tensor_type"):
+        raise import_error(PREFIX, f"input '{info.name}' is not a tensor")
+    if t.elem_type not in REAL_TYPES:
+        kind = TensorProto.DataType.Name(t.elem_type)
+        raise import_error(
+            PREFIX,
+            f"input '{info.name}' has element type {kind} (tl graph inputs are FLOAT/DOUBLE; "
+            "shapes and axes must be initializers)",
+        )
+    if given is not None:
+        return tuple(given)
+    shape = _static_shape(info)
+    if shape is None:
+        raise import_error(
+            PREFIX, f"input '{info.name}' has a symbolic or unknown shape; give input_shapes"
+        )
+    return shape
+
+
+def _graph_name(model: onnx.ModelProto) -> str:
+    name = re.sub(r"[^A-Za-z0-9_]", "_", model.graph.name or "main")
+    return name if re.match(r"[A-Za-z_]", name) else f"g_{name}"
+
+
+def load_model(source: str | bytes | onnx.ModelProto) -> tuple[onnx.ModelProto, str]:
+    """The model and the name diagnostics use for it."""
+    if isinstance(source, onnx.ModelProto):
+        return source, "<onnx model>"
+    try:
+        return onnx.load(source), str(source)
+    except Exception as exc:  # OSError, protobuf's DecodeError, onnx's own errors
+        raise DiagnosticError.simple(f"cannot read ONNX model '{source}': {exc}") from None
+
+
+def from_onnx(
+    source: str | onnx.ModelProto,
+    input_shapes: Sequence[Shape] | None = None,
+    name: str | None = None,
+) -> Traced:
+    """Import an ONNX model (a path or a `ModelProto`): a `Traced` (module, graph, payload)."""
+    model, where = load_model(source)
+    opset = _opset(model)
+    graph = model.graph
+    initializers = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+    inputs = [i for i in graph.input if i.name not in initializers]
+    if input_shapes is not None and len(input_shapes) != len(inputs):
+        raise import_error(
+            PREFIX, f"{len(input_shapes)} input shapes given for {len(inputs)} inputs"
+        )
+    shapes = [
+        _input_shape(info, None if input_shapes is None else input_shapes[i])
+        for i, info in enumerate(inputs)
+    ]
+    if len(graph.output) != 1:
+        raise import_error(PREFIX, f"the graph has {len(graph.output)} outputs; tl graphs have one")
+    builder, values = new_builder(name or _graph_name(model), shapes, Location(where, 1, 1))
+    importer = OnnxImporter(model, builder, opset)
+    importer.env.update(initializers)
+    importer.env.update(zip((i.name for i in inputs), values, strict=True))
+    for index, node in enumerate(graph.node):
+        importer.translate(node, index)
+    result = importer.env[graph.output[0].name]
+    return finish(builder, lift(builder, result))
+
+
+__all__ = ["RULES", "from_onnx", "load_model"]

@@ -1,0 +1,196 @@
+"""tlc as an ONNX backend (`onnx.backend.base.Backend`), and ONNX's node conformance tests run
+through it: specialise the test's model on the values it feeds to inputs tl takes as parameters
+or metadata (`PARAMETER_INPUTS`: weights, statistics, shapes, axes become initializers, as in
+real models), import one tl graph per output, evaluate them by the reference denotation and
+compare every output with the ones ONNX ships, at the test's own tolerances.
+
+The node tests come from the onnx package (`onnx.backend.test.case.node.collect_testcases`,
+the generator of the `onnx/backend/test/data/node/*` files, which some wheels leave out); a test
+belongs to an op of `OPS` when its model is a single node of that op, and its function-expanded
+variants (`..._expanded`) count for the same op. `python -m tlc.frontends.onnx_backend` prints the
+report
+docs/onnx-conformance.md shows; tests/test_onnx_conformance.py keeps the passing tests in CI.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections import defaultdict
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+from onnx.backend.base import Backend, BackendRep
+
+from tlc.core.diagnostics import DiagnosticError
+from tlc.frontends.import_onnx import from_onnx
+from tlc.semantics.interpret import interpret
+from tlc.semantics.program import Traced
+
+#: The ONNX ops tlc imports, whose conformance tests are run.
+OPS = (
+    "Abs", "Add", "AveragePool", "BatchNormalization", "Concat", "Constant", "Conv", "Cos",
+    "Exp", "Flatten", "Gelu", "Gemm", "Identity", "LayerNormalization", "Log", "LogSoftmax",
+    "MatMul", "Max", "MaxPool", "Min", "Mul", "Reciprocal", "ReduceMean", "ReduceSum", "Relu",
+    "Reshape", "Sigmoid", "Sin", "Softmax", "Softplus", "Sqrt", "Sub", "Tanh", "Transpose",
+)  # fmt: skip
+
+
+#: Inputs that tl takes as parameters or metadata (a payload record, a shape, axes), by ONNX
+#: op type. ONNX's node tests feed them as graph inputs; real models hold them as initializers.
+PARAMETER_INPUTS: dict[str, tuple[int, ...]] = {
+    "Conv": (1, 2),
+    "BatchNormalization": (1, 2, 3, 4),
+    "LayerNormalization": (1, 2),
+    "Reshape": (1,),
+    "ReduceSum": (1,),
+    "ReduceMean": (1,),
+}
+
+
+def parameter_inputs(model: onnx.ModelProto) -> frozenset[str]:
+    """The graph inputs every node reading them reads as a parameter (see `PARAMETER_INPUTS`)."""
+    slots: dict[str, set[bool]] = defaultdict(set)
+    for node in model.graph.node:
+        for i, name in enumerate(node.input):
+            slots[name].add(i in PARAMETER_INPUTS.get(node.op_type, ()))
+    return frozenset(i.name for i in model.graph.input if slots.get(i.name) == {True})
+
+
+class TlcRep(BackendRep):
+    """A model, specialised at `run` on the values given for its parameter inputs (they become
+    initializers) and imported as one tl graph per output; run by the reference denotation in
+    float64 on the remaining (data) inputs."""
+
+    def __init__(self, model: onnx.ModelProto):
+        self.model = model
+        self.parameters = parameter_inputs(model)
+
+    def specialise(self, inputs: Any) -> tuple[list[Traced], list[np.ndarray]]:
+        """The tl graphs, one per model output, and the data inputs to run them on."""
+        names = [i.name for i in self.model.graph.input]
+        given = dict(zip(names, inputs, strict=True))
+        model = onnx.ModelProto()
+        model.CopyFrom(self.model)
+        model.graph.initializer.extend(
+            numpy_helper.from_array(np.asarray(given[name]), name)
+            for name in sorted(self.parameters)
+        )
+        graphs = []
+        for output in self.model.graph.output:
+            del model.graph.output[:]
+            model.graph.output.append(output)
+            graphs.append(from_onnx(model))
+        data = [np.asarray(given[n], dtype=np.float64) for n in names if n not in self.parameters]
+        return graphs, data
+
+    def evaluate(self, graphs: list[Traced], data: list[np.ndarray]) -> tuple[np.ndarray, ...]:
+        results = []
+        for traced, output in zip(graphs, self.model.graph.output, strict=True):
+            value = interpret(traced.graph, traced.payload, data).output
+            dtype = onnx.helper.tensor_dtype_to_np_dtype(output.type.tensor_type.elem_type)
+            results.append(np.asarray(value).astype(dtype))
+        return tuple(results)
+
+    def run(self, inputs: Any, **kwargs: Any) -> tuple[np.ndarray, ...]:
+        return self.evaluate(*self.specialise(inputs))
+
+
+class TlcBackend(Backend):
+    @classmethod
+    def prepare(cls, model: onnx.ModelProto, device: str = "CPU", **kwargs: Any) -> TlcRep:
+        return TlcRep(model)
+
+    @classmethod
+    def supports_device(cls, device: str) -> bool:
+        return device == "CPU"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    name: str
+    op: str
+    status: str  # "pass", "fail" (wrong values or a crash) or "unsupported"
+    reason: str = ""
+
+
+@cache
+def node_cases() -> dict[str, Any]:
+    """ONNX's node test cases for the ops of `OPS`, by name, with the op they belong to."""
+    from onnx.backend.test.case import node
+
+    cases = {c.name: c for c in node.collect_testcases(None) if c.kind == "node"}
+    ops = {name: c.model.graph.node[0].op_type for name, c in cases.items()
+           if len(c.model.graph.node) == 1}  # fmt: skip
+    chosen = {}
+    for name, case in sorted(cases.items()):
+        op = ops.get(re.sub(r"_expanded(_ver\d+)?$", "", name))
+        if op in OPS:
+            chosen[name] = (op, case)
+    return chosen
+
+
+def run_case(name: str) -> Outcome:
+    op, case = node_cases()[name]
+    rep = TlcBackend.prepare(case.model)
+    failures = []
+    for inputs, expected in case.data_sets:
+        try:
+            graphs, data = rep.specialise(inputs)
+        except DiagnosticError as exc:
+            return Outcome(name, op, "unsupported", _short(str(exc)))
+        try:
+            got = rep.evaluate(graphs, data)
+        except DiagnosticError as exc:
+            return Outcome(name, op, "fail", _short(str(exc)))
+        for i, (ours, theirs) in enumerate(zip(got, expected, strict=True)):
+            try:
+                np.testing.assert_allclose(ours, theirs, rtol=case.rtol, atol=case.atol)
+            except AssertionError as exc:
+                failures.append(f"output {i}: " + str(exc).strip().splitlines()[0])
+    if failures:
+        return Outcome(name, op, "fail", "values differ: " + failures[0])
+    return Outcome(name, op, "pass")
+
+
+def _short(message: str) -> str:
+    return message.removeprefix("ONNX import: ").splitlines()[0]
+
+
+def run_all() -> list[Outcome]:
+    return [run_case(name) for name in node_cases()]
+
+
+def report(outcomes: list[Outcome]) -> str:
+    """The markdown table and lists of docs/onnx-conformance.md."""
+    by_op: dict[str, list[Outcome]] = defaultdict(list)
+    for o in outcomes:
+        by_op[o.op].append(o)
+    lines = ["| op | tests | pass | unsupported | fail |", "|---|---:|---:|---:|---:|"]
+    for op in sorted(by_op):
+        count = {s: sum(o.status == s for o in by_op[op]) for s in ("pass", "unsupported", "fail")}
+        lines.append(
+            f"| {op} | {len(by_op[op])} | {count['pass']} | {count['unsupported']} | "
+            f"{count['fail']} |"
+        )
+    total = {s: sum(o.status == s for o in outcomes) for s in ("pass", "unsupported", "fail")}
+    lines.append(
+        f"| **all** | {len(outcomes)} | {total['pass']} | {total['unsupported']} | "
+        f"{total['fail']} |"
+    )
+    lines += ["", "Tests that do not pass, with the reason:", ""]
+    lines += [f"- `{o.name}` ({o.status}): {o.reason}" for o in outcomes if o.status != "pass"]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    sys.stdout.write(report(run_all()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

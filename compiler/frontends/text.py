@@ -1,0 +1,99 @@
+"""Reading documents: .tlir through the Lark front end, .mlir (generic form) through xDSL."""
+
+from __future__ import annotations
+
+from functools import cache
+
+from xdsl.context import Context
+from xdsl.dialects.builtin import Builtin, ModuleOp, UnknownLoc
+from xdsl.ir import Operation
+from xdsl.parser import Parser
+from xdsl.utils.exceptions import ParseError, VerifyException
+
+from tlc.core.diagnostics import DiagnosticError, Location, error
+from tlc.dialect.parser import parse_tlir
+from tlc.dialect.program_ops import TL_PROGRAM
+from tlc.dialect.registry import TL
+from tlc.dialect.verify import check_metadata, run_on_graphs
+
+
+@cache
+def context() -> Context:
+    """An xDSL context with the builtin and `tl` dialects loaded."""
+    ctx = Context()
+    ctx.load_dialect(Builtin)
+    ctx.load_dialect(TL)
+    ctx.load_dialect(TL_PROGRAM)
+    return ctx
+
+
+def parse_source(
+    text: str, filename: str = "<stdin>", line_offset: int = 0, mlir: bool | None = None
+) -> ModuleOp:
+    """Parse a document; the MLIR generic form when `mlir` (default: by the .mlir suffix)."""
+    if mlir is None:
+        mlir = filename.endswith(".mlir")
+    if not mlir:
+        return parse_tlir(text, filename, line_offset)
+    source = "\n" * line_offset + text
+    _check_string_literals(source, filename)
+    try:
+        module = _LocatingParser(context(), source, filename).parse_module()
+    except ParseError as exc:
+        raise error(exc.msg, _location(source, exc.span.start, filename)) from None
+    for op in module.walk():
+        try:
+            op.verify_()
+        except VerifyException as exc:
+            raise error(str(exc), op) from None
+    run_on_graphs(module, check_metadata)
+    return module
+
+
+def _check_string_literals(source: str, filename: str) -> None:
+    """Reject a string literal left open at the end of its line before xDSL sees it: MLIR's
+    strings never span lines, and xDSL 0.75's parser can loop forever on an unterminated one
+    (e.g. `%0 = "tl.input{id = 0} : () -> !tl.tensor<[4]>` at the end of a file)."""
+    start: int | None = None
+    i = 0
+    while i < len(source):
+        c = source[i]
+        if start is None and source.startswith("//", i):
+            end = source.find("\n", i)
+            i = len(source) if end < 0 else end
+            continue
+        if c == '"':
+            start = i if start is None else None
+        elif c == "\\" and start is not None:
+            i += 1
+        elif c == "\n" and start is not None:
+            break
+        i += 1
+    if start is not None:
+        raise error("unterminated string literal", _location(source, start, filename))
+
+
+def _location(source: str, offset: int, filename: str) -> Location:
+    before = source[:offset]
+    return Location(filename, before.count("\n") + 1, offset - (before.rfind("\n") + 1) + 1)
+
+
+class _LocatingParser(Parser):
+    """xDSL's parser, giving each op without a `loc(...)` its position in the file (as mlir-opt
+    does), so diagnostics on a .mlir input point at the op."""
+
+    def parse_operation(self) -> Operation:
+        start = self._current_token.span.start
+        op = super().parse_operation()
+        if isinstance(op.location, UnknownLoc):
+            source = self.lexer.input
+            op.location = _location(source.content, start, source.name).to_attr()
+        return op
+
+
+def parse_file(path: str) -> ModuleOp:
+    with open(path, encoding="utf-8") as f:
+        return parse_source(f.read(), path)
+
+
+__all__ = ["DiagnosticError", "context", "parse_file", "parse_source"]

@@ -1,0 +1,1 @@
+"""`tlc.semantics`: what tl ops mean: reference values, intervals, derivatives, kernels."""

@@ -1,0 +1,1 @@
+"""`tlc.semantics.autodiff`: forward (JVP) and reverse (VJP) derivative rules and modes."""

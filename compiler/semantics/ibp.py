@@ -1,0 +1,611 @@
+"""ibp: interval bound propagation, the graph read in the scalar context of boxes.
+
+`ibp(graph, payload, lo, hi, dtype)` gives every node a `Box` (lo, hi) that encloses the node's
+value for every input in the box [lo, hi], both its exact real value and the value the reference
+denotation (`tlc.semantics.interpret`) computes in `dtype`; or None where no sound rule applies
+(sqrt/log of a box reaching below their domain, division by a box holding 0, an op in
+`NO_INTERVAL_RULE`, or a parent without a box). A node never gets a wrong box. Endpoints are
+rounded outward (`tlc.semantics.interval_arith`); the rules follow reference/torchlean-ir.md §5 and
+are tight for monotone functions (endpoint rules, not the global codomain), so the seed's MLP at
+radius 0.05 ends in tanh([0.020775, 0.035640]) = [0.020772, 0.035625], not [-1, 1].
+
+`prepare_ibp(graph, payload, dtype)` does the per-graph work once (checks, payload records as
+`dtype` holds them, in float64, |W| of each weight) and returns a callable `(lo, hi) -> boxes`;
+`ibp` is one such call. `INTERVAL[OpClass]` is `rule(node, parent_boxes, record, outward) ->
+Box | None`, filled by `@register` beside each rule, where `record` is the node's prepared
+`interval_record`; many rules reuse the reference rule of the op (`REFERENCE`) on box
+endpoints, so an op's meaning is written once. `NO_INTERVAL_RULE` lists the ops without a rule
+(their nodes get no box) with the reason. docs/intervals.md explains each rule.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from tlc.core.diagnostics import DiagnosticError
+from tlc.core.payload import Payload, Record
+from tlc.core.rule_table import registrar
+from tlc.dialect import backward_ops as bw
+from tlc.dialect import ops
+from tlc.dialect.ops import GraphOp, NodeOp
+from tlc.dialect.shapes import Shape, numel
+from tlc.dialect.verify import infer_graph_shapes
+from tlc.semantics.interpret import REFERENCE, bind_inputs
+from tlc.semantics.interval_arith import COMPOSITE_ULPS, F64, LIBM_ULPS, Box, Outward, sanitize
+from tlc.semantics.payload_check import prepare_records
+
+__all__ = [
+    "ABS_WEIGHT",
+    "INTERVAL",
+    "NO_INTERVAL_RULE",
+    "Box",
+    "IntervalRule",
+    "PreparedIBP",
+    "ibp",
+    "interval_record",
+    "prepare_ibp",
+]
+
+IntervalRule = Callable[[NodeOp, list[Box], "Record | None", Outward], "Box | None"]
+
+INTERVAL: dict[type[NodeOp], IntervalRule] = {}
+
+#: Ops without an interval rule, with the reason (their nodes get no box). Rules may also give
+#: None for a node whose parent box leaves the op's domain (see the module docstring).
+NO_INTERVAL_RULE: dict[type[NodeOp], str] = {
+    bw.MaxPoolGradOp: "which input receives a window's cotangent depends on the window's argmax, "
+    "which can change inside a box; no rule written yet (a sound one would add hull(0, g) of "
+    "every window to each of its positions)",
+}
+
+#: float64 outward rounding for intermediate bounds that are not node boxes.
+EXACT = Outward(F64)
+
+
+def ibp(
+    graph: GraphOp, payload: Payload | None, lo: Any, hi: Any, dtype: type = np.float64
+) -> list[Box | None]:
+    """A box (or None) per node for inputs in [lo, hi] (arrays like `interpret`'s `x`)."""
+    return prepare_ibp(graph, payload, dtype)(lo, hi)
+
+
+@dataclass(frozen=True)
+class _Step:
+    node: NodeOp
+    rule: IntervalRule | None
+    parents: tuple[int, ...]
+    record: Record | None
+    shape: Shape
+
+
+@dataclass(frozen=True)
+class PreparedIBP:
+    """A checked graph with its interval records: call it on (lo, hi) for a box per node.
+
+    Checking the graph and payload, the float64 records with |W| and the rule lookup in
+    `INTERVAL` happen once in `prepare_ibp`; a call binds the input box and folds the rules over
+    the nodes, so the boxes of many input boxes (benchmarks, sweeps over radii, the sampled
+    check) cost the interval arithmetic only."""
+
+    graph: GraphOp
+    shapes: list[Shape]
+    outward: Outward
+    steps: list[_Step]
+
+    def __call__(self, lo: Any, hi: Any) -> list[Box | None]:
+        lows = bind_inputs(self.graph, self.shapes, lo, F64)
+        highs = bind_inputs(self.graph, self.shapes, hi, F64)
+        boxes: list[Box | None] = []
+        for step in self.steps:
+            node = step.node
+            box: Box | None
+            if node.id in lows:
+                box = self.outward.to_grid(_input_box(node, lows[node.id], highs[node.id]))
+            else:
+                box = self._apply(step, [boxes[pid] for pid in step.parents])
+            boxes.append(box)
+        return boxes
+
+    def _apply(self, step: _Step, parents: list[Box | None]) -> Box | None:
+        if step.rule is None or any(p is None for p in parents):
+            return None
+        box = step.rule(step.node, parents, step.record, self.outward)  # type: ignore[arg-type]
+        if box is None:
+            return None
+        box = sanitize(Box(*np.broadcast_arrays(box.lo, box.hi)))
+        assert box.shape == step.shape, f"{step.node.TAG}: box of the wrong shape"
+        return box
+
+
+def prepare_ibp(graph: GraphOp, payload: Payload | None, dtype: type = np.float64) -> PreparedIBP:
+    """Check `graph` and `payload` (the same checks and messages as `interpret`) and build each
+    node's interval record (`interval_record`), once, for repeated propagation in `dtype`."""
+    shapes = infer_graph_shapes(graph)
+    records = prepare_records(graph, payload or Payload(), dtype, shapes)
+    steps = [
+        _Step(node, INTERVAL.get(type(node)), tuple(node.parent_ids()),
+              interval_record(records[node.id]) if node.id in records else None,
+              shapes[node.id])
+        for node in graph.nodes
+    ]  # fmt: skip
+    return PreparedIBP(graph, shapes, Outward(dtype), steps)
+
+
+#: The key of |weight| in an interval record.
+ABS_WEIGHT = "|weight|"
+
+
+def interval_record(record: Record) -> Record:
+    """The record a rule receives: the payload record as the run's dtype holds it (from
+    `prepare_records`), in float64, and for a weighted op (linear, conv) also `ABS_WEIGHT`, the
+    magnitude `_weighted` multiplies the radius by."""
+    converted = {k: np.asarray(v, dtype=F64) for k, v in record.items()}
+    if "weight" in converted:
+        converted[ABS_WEIGHT] = np.abs(converted["weight"])
+    return converted
+
+
+def _input_box(node: NodeOp, lo: np.ndarray, hi: np.ndarray) -> Box:
+    bad = ~(lo <= hi)
+    if bad.any():
+        index = [int(i) for i in np.unravel_index(np.argmax(bad), bad.shape)]
+        raise DiagnosticError.simple(
+            f"ibp: input {node.id}: empty box: lo > hi (or NaN) at index {index}"
+        )
+    return Box(lo, hi)
+
+
+#: Decorator: `@register(OpA, ...)` makes `rule` the interval rule of each class.
+register = registrar(INTERVAL, "interval")
+
+
+def reference(node: NodeOp, *args: np.ndarray, record: Record | None = None) -> np.ndarray:
+    """The op's reference rule evaluated in float64 (on box endpoints)."""
+    with np.errstate(all="ignore"):
+        return np.asarray(REFERENCE[type(node)](node, list(args), record, F64), dtype=F64)
+
+
+# --------------------------------------------------------------------------------------------
+# Sources
+# --------------------------------------------------------------------------------------------
+
+
+@register(ops.InputOp)
+def _input(node: NodeOp, boxes: list[Box], record: Any, out: Outward) -> Box | None:
+    raise AssertionError("input boxes come from the caller, not from a rule")
+
+
+@register(ops.ConstOp)
+def _const(node: NodeOp, boxes: list[Box], record: Any, out: Outward) -> Box | None:
+    return Box.point(reference(node, record=record))
+
+
+@register(ops.RandUniformOp, ops.BernoulliMaskOp)
+def _unit(node: NodeOp, boxes: list[Box], record: Any, out: Outward) -> Box | None:
+    """Draws in [0, 1) and masks in {0, 1}: the box [0, 1], whatever the seed."""
+    shape = node.require_declared()
+    return Box(np.zeros(shape), np.ones(shape))
+
+
+# --------------------------------------------------------------------------------------------
+# Exact monotone ops: they select or move values, so f(lo) <= f(x) <= f(hi) with no rounding
+# --------------------------------------------------------------------------------------------
+
+
+@register(
+    ops.DetachOp, ops.PermuteOp, ops.TransposeOp, ops.ReshapeOp, ops.FlattenOp,
+    ops.BroadcastToOp, ops.ConcatOp, ops.ReluOp, ops.MaxElemOp, ops.MinElemOp, ops.MaxPoolOp,
+    bw.SignOp,
+)  # fmt: skip
+def _exact_monotone(node: NodeOp, boxes: list[Box], record: Any, out: Outward) -> Box | None:
+    """Non-decreasing in every argument and exact: the reference rule on lo and on hi."""
+    return Box(reference(node, *(b.lo for b in boxes)), reference(node, *(b.hi for b in boxes)))
+
+
+@register(ops.AbsOp)
+def _abs(node: NodeOp, boxes: list[Box], record: Any, out: Outward) -> Box | None:
+    (a,) = boxes
+    straddles = (a.lo < 0) & (a.hi > 0)
+    low = np.where(straddles, 0.0, np.minimum(np.abs(a.lo), np.abs(a.hi)))
+    return Box(low, a.magnitude())
+
+
+# --------------------------------------------------------------------------------------------
+# Arithmetic
+# --------------------------------------------------------------------------------------------
+
+
+@register(ops.AddOp)
+def _add(node: NodeOp, boxes: list[Box], record: Any, out: Outward) -> Box | None:
+    return out.add(*boxes)
+
+
+@register(ops.SubOp)
+def _sub(node: NodeOp, boxes: list[Box], record: Any, out: Outward) -> Box | None:
+    return out.sub(*boxes)
+
+
+@register(ops.MulElemOp)
+def _mul(node: NodeOp, boxes: list[Box], record: Any, out: Outward) -> Box | None:
+    return out.mul(*boxes)
+
+
+@register(ops.InvOp)
+def _inv(node: NodeOp, boxes: list[Box], record: Any, out: Outward) -> Box | None:
+    """1/x on a box excluding 0 (else None): decreasing on each side of 0."""
+    (a,) = boxes
+    one = Box.point(np.ones(a.shape))
+    return out.div(one, a)
+
+
+# --------------------------------------------------------------------------------------------
+# Monotone functions: endpoint rules, rounded outward by the function's error budget
+# --------------------------------------------------------------------------------------------
+
+
+def increasing(
+    op_class: type[NodeOp], ulps: int, domain: Callable[[np.ndarray], Any] | None = None
+) -> None:
+    """An increasing elementwise op: f(lo) .. f(hi) from its reference rule, stepped `ulps`
+    outward; None unless `domain(lo)` holds (when given)."""
+
+    def rule(node: NodeOp, boxes: list[Box], record: Any, out: Outward) -> Box | None:
+        (a,) = boxes
+        if domain is not None and not np.all(domain(a.lo)):
+            return None
+        return out.monotone(a, lambda v: reference(node, v), ulps)
+
+    register(op_class)(rule)
+
+
+increasing(ops.SqrtOp, 1, domain=lambda lo: lo >= 0)
+increasing(ops.LogOp, LIBM_ULPS, domain=lambda lo: lo > 0)
+increasing(ops.ExpOp, LIBM_ULPS)
+increasing(ops.TanhOp, LIBM_ULPS)
+increasing(ops.SigmoidOp, COMPOSITE_ULPS)
+increasing(ops.SoftplusOp, COMPOSITE_ULPS)
+
+
+@register(ops.SafeLogOp)
+def _safe_log(node: NodeOp, boxes: list[Box], record: Any, out: Outward) -> Box | None:
+    """log(softplus(x) + eps), step by step as the reference computes it; None if the sum's
+    box reaches 0."""
+    x, eps = boxes
+    softplus_rule = REFERENCE[ops.SoftplusOp]  # elementwise: it does not read the node
+    softplus = out.monotone(x, lambda v: softplus_rule(node, [v], None, F64), COMPOSITE_ULPS)
+    total = out.add(softplus, eps)
+    if not np.all(total.lo > 0):
+        return None
+    return out.monotone(total, np.log, LIBM_ULPS)
+
+
+#: Where each piecewise-monotone op changes direction, per `approximate` mode, to 17 digits
+#: (mpmath, 40 digits): gelu's minimum; gelu_grad's minimum and maximum (+-sqrt 2 exactly for
+#: the erf form).
+CRITICAL_POINTS: dict[type[NodeOp], dict[str, tuple[float, ...]]] = {
+    ops.GeluOp: {"none": (-0.7517915246935645,), "tanh": (-0.7524614220710163,)},
+    bw.GeluGradOp: {
+        "none": (-math.sqrt(2), math.sqrt(2)),
+        "tanh": (-1.4185040087908284, 1.4185040087908284),
+    },
+}
+#: A critical point this close to the box counts as inside; its value is widened by this much
+#: (f' = 0 there, so a 1e-16 error in the point moves the value by far less).
+CRITICAL_X_MARGIN, CRITICAL_Y_MARGIN = 1e-9, 1e-12
+
+
+def piecewise(op_class: type[NodeOp]) -> None:
+    """An elementwise op monotone between its `CRITICAL_POINTS`: the box spans the reference
+    values at both ends and at every critical point inside the box.
+
+    The reference's own evaluation error is absolute, not relative, where 1 + erf (1 + tanh)
+    cancels for negative x and through the cubic term of the tanh form: at most of order
+    u (1 + M + M^2 + M^3 + M^4), M = max |x|, which the box is widened by."""
+
+    def rule(node: NodeOp, boxes: list[Box], record: Any, out: Outward) -> Box | None:
+        (a,) = boxes
+        at_lo, at_hi = reference(node, a.lo), reference(node, a.hi)
+        low, high = np.minimum(at_lo, at_hi), np.maximum(at_lo, at_hi)
+        for c in CRITICAL_POINTS[op_class][node.meta("approximate")]:
+            inside = (a.lo <= c + CRITICAL_X_MARGIN) & (a.hi >= c - CRITICAL_X_MARGIN)
+            y = float(reference(node, np.asarray(c)))
+            low = np.where(inside, np.minimum(low, y - CRITICAL_Y_MARGIN), low)
+            high = np.where(inside, np.maximum(high, y + CRITICAL_Y_MARGIN), high)
+        box = Box(out.down(low, COMPOSITE_ULPS), out.up(high, COMPOSITE_ULPS))
+        m = a.magnitude()
+        with np.errstate(all="ignore"):
+            err = COMPOSITE_ULPS * out.u * (1 + m + m**2 + m**3 + m**4)
+        return out.widen(box, err)
+
+    register(op_class)(rule)
+
+
+piecewise(ops.GeluOp)
+piecewise(bw.GeluGradOp)
+
+
+def periodic(op_class: type[NodeOp], f: Callable[[np.ndarray], np.ndarray], peak: float) -> None:
+    """sin/cos: f(lo) .. f(hi) unless the box holds a maximum (phase `peak` + 2 pi k, value 1)
+    or a minimum (`peak` + pi + 2 pi k, value -1). The containment test errs towards holding."""
+
+    def rule(node: NodeOp, boxes: list[Box], record: Any, out: Outward) -> Box | None:
+        (a,) = boxes
+        with np.errstate(all="ignore"):
+            at_lo, at_hi = f(a.lo), f(a.hi)
+        low = out.down(np.minimum(at_lo, at_hi), LIBM_ULPS)
+        high = out.up(np.maximum(at_lo, at_hi), LIBM_ULPS)
+        low = np.where(_holds_phase(a, peak + math.pi), -1.0, low)
+        high = np.where(_holds_phase(a, peak), 1.0, high)
+        return Box(np.clip(low, -1.0, 1.0), np.clip(high, -1.0, 1.0))
+
+    register(op_class)(rule)
+
+
+def _holds_phase(a: Box, phase: float) -> np.ndarray:
+    """Whether [lo, hi] may contain phase + 2 pi k for an integer k (true when unsure)."""
+    turn = 2 * math.pi
+    with np.errstate(all="ignore"):
+        slack = 1e-9 + 1e-15 * a.magnitude()
+        first = np.ceil((a.lo - phase) / turn - slack)
+        last = np.floor((a.hi - phase) / turn + slack)
+        return ~(first > last)
+
+
+periodic(ops.SinOp, np.sin, math.pi / 2)
+periodic(ops.CosOp, np.cos, 0.0)
+
+
+# --------------------------------------------------------------------------------------------
+# Linear maps: sums, means, pooling, linear, conv (midpoint-radius = the min/max split)
+# --------------------------------------------------------------------------------------------
+
+
+def _linear_by_reference(node: NodeOp, a: Box, out: Outward, terms: int) -> Box:
+    """A linear op with non-negative coefficients and no payload: |L| = L."""
+    return out.linear_map(a, lambda v: reference(node, v), lambda v: reference(node, v), terms)
+
+
+@register(ops.SumOp)
+def _sum(node: NodeOp, boxes: list[Box], record: Any, out: Outward) -> Box | None:
+    return _linear_by_reference(node, boxes[0], out, max(numel(boxes[0].shape), 1))
+
+
+@register(ops.ReduceSumOp)
+def _reduce_sum(node: NodeOp, boxes: list[Box], record: Any, out: Outward) -> Box | None:
+    return _linear_by_reference(node, boxes[0], out, boxes[0].shape[node.meta("axis")])
+
+
+@register(ops.ReduceMeanOp)
+def _reduce_mean(node: NodeOp, boxes: list[Box], record: Any, out: Outward) -> Box | None:
+    return _linear_by_reference(node, boxes[0], out, boxes[0].shape[node.meta("axis")] + 1)
+
+
+@register(ops.AvgPoolOp)
+def _avg_pool(node: NodeOp, boxes: list[Box], record: Any, out: Outward) -> Box | None:
+    """Zero padding counts in the divisor, as in the reference: a fixed positive average."""
+    return _linear_by_reference(node, boxes[0], out, math.prod(node.meta("kernel")) + 1)
+
+
+def _weighted(
+    node: NodeOp, a: Box, record: Record, out: Outward, bias_view: tuple[int, ...]
+) -> Box:
+    """W x + b with W from the payload: centre W m + b, radius |W| r (per weight, the min/max
+    split min(w lo, w hi) = w m - |w| r); `terms` products and additions per output; the bias
+    reshaped to `bias_view` broadcasts against the output. |W| comes from the interval record
+    (`ABS_WEIGHT`); a record built elsewhere (tlc.semantics.program's interval arithmetic)
+    lacks it."""
+    weight = record["weight"]
+    terms = math.prod(weight.shape[1:]) + 1  # [out, in] or [out, in/groups, k...]
+    magnitude = {"weight": record[ABS_WEIGHT] if ABS_WEIGHT in record else np.abs(weight)}
+    return out.linear_map(
+        a,
+        lambda v: reference(node, v, record=record),
+        lambda v: reference(node, v, record=magnitude),
+        terms,
+        offset=np.abs(record["bias"]).reshape(bias_view) if "bias" in record else 0.0,
+    )
+
+
+@register(bw.AvgPoolGradOp)
+def _avg_pool_grad(node: NodeOp, boxes: list[Box], record: Any, out: Outward) -> Box | None:
+    """Each window's cotangent spread evenly over the window: a fixed positive linear map; a
+    position gathers at most prod(kernel) shares."""
+    return _linear_by_reference(node, boxes[0], out, math.prod(node.meta("kernel")) + 1)
+
+
+def _products(node: NodeOp, boxes: list[Box], out: Outward, terms: int) -> Box:
+    """Sums of products of the two parents, `terms` products per output element."""
+    return out.bilinear_map(*boxes, lambda a, b: reference(node, a, b), terms)
+
+
+@register(bw.ConvInputGradOp)
+def _conv_input_grad(node: NodeOp, boxes: list[Box], record: Any, out: Outward) -> Box | None:
+    """Cotangent x kernel: an input position meets out/groups channels at every kernel tap."""
+    m = node.metadata()
+    return _products(node, boxes, out, m["out_channels"] // m["groups"] * math.prod(m["kernel"]))
+
+
+@register(bw.ConvWeightGradOp)
+def _conv_weight_grad(node: NodeOp, boxes: list[Box], record: Any, out: Outward) -> Box | None:
+    """Input x cotangent: a kernel entry sums over every output position of its channel."""
+    return _products(node, boxes, out, numel(boxes[1].shape) // node.meta("out_channels"))
+
+
+@register(ops.LinearOp)
+def _linear(node: NodeOp, boxes: list[Box], record: Any, out: Outward) -> Box | None:
+    return _weighted(node, boxes[0], record, out, (-1,))
+
+
+@register(ops.ConvOp)
+def _conv(node: NodeOp, boxes: list[Box], record: Any, out: Outward) -> Box | None:
+    """Zero padding is a point box [0, 0]; each output sums its receptive field like linear."""
+    return _weighted(node, boxes[0], record, out, (-1,) + (1,) * len(node.meta("kernel")))
+
+
+@register(ops.MatmulOp)
+def _matmul(node: NodeOp, boxes: list[Box], record: Any, out: Outward) -> Box | None:
+    """Interval products a_ik * b_kj (four endpoint products each), then a directed sum over k."""
+    a, b = boxes
+    products = out.mul(
+        Box(a.lo[..., :, :, None], a.hi[..., :, :, None]),
+        Box(b.lo[..., None, :, :], b.hi[..., None, :, :]),
+    )
+    inner = a.shape[-1]
+
+    def total(v: np.ndarray) -> np.ndarray:
+        return np.sum(v, axis=-2)
+
+    return out.linear_map(products, total, total, max(inner, 1))
+
+
+# --------------------------------------------------------------------------------------------
+# Compositions computed step by step, as the reference does
+# --------------------------------------------------------------------------------------------
+
+
+def _sqrt(a: Box, out: Outward) -> Box | None:
+    return out.monotone(a, np.sqrt, 1) if np.all(a.lo >= 0) else None
+
+
+def _default_eps(record: Record, out: Outward) -> Box:
+    """The record's eps, else the reference's default 1e-5 as the run's dtype sees it."""
+    return Box.point(record.get("eps", np.asarray(out.dtype(1e-5), dtype=F64)))
+
+
+@register(ops.BatchNormEvalOp)
+def _batch_norm(node: NodeOp, boxes: list[Box], record: Any, out: Outward) -> Box | None:
+    """(x - mean) * (gamma / sqrt(var + eps)) + beta per channel; the scale's sign is the
+    interval product's business."""
+    (a,) = boxes
+    view = [1] * len(a.shape)
+    axis = node.meta("channel_axis")
+    view[axis] = a.shape[axis]
+
+    def channel(name: str) -> Box:
+        return Box.point(record[name].reshape(view))
+
+    root = _sqrt(out.add(channel("var"), _default_eps(record, out)), out)
+    scale = None if root is None else out.div(channel("gamma"), root)
+    if scale is None:
+        return None
+    return out.add(out.mul(out.sub(a, channel("mean")), scale), channel("beta"))
+
+
+@register(ops.LayernormOp)
+def _layernorm(node: NodeOp, boxes: list[Box], record: Any, out: Outward) -> Box | None:
+    """centred = x - mean(x) as one linear map (so x_i's own share cancels), var = mean of
+    squares, y = centred / sqrt(var + eps), clipped to |y| <= sqrt(n) (|c_i|^2 <= n var), then
+    gamma and beta. None if sqrt(var + eps) may be 0 (eps = 0)."""
+    (a,) = boxes
+    axes = tuple(range(node.meta("axis"), len(a.shape)))
+    n = numel(a.shape[node.meta("axis") :])
+
+    def mean(v: np.ndarray) -> np.ndarray:
+        return np.mean(v, axis=axes, keepdims=True)
+
+    centred = out.linear_map(a, lambda v: v - mean(v), lambda v: (1 - 2 / n) * v + mean(v), n + 1)
+    var = out.linear_map(out.square(centred), mean, mean, n + 1)
+    record = record or {}
+    root = _sqrt(out.add(var, _default_eps(record, out)), out)
+    y = None if root is None else out.div(centred, root)
+    if y is None:
+        return None
+    bound = np.nextafter(math.sqrt(n) * (1 + 8 * (n + 8) * out.u), np.inf)
+    y = Box(np.maximum(y.lo, -bound), np.minimum(y.hi, bound))
+    if "gamma" in record:
+        y = out.mul(y, Box.point(record["gamma"]))
+    if "beta" in record:
+        y = out.add(y, Box.point(record["beta"]))
+    return y
+
+
+@register(ops.MseLossOp)
+def _mse(node: NodeOp, boxes: list[Box], record: Any, out: Outward) -> Box | None:
+    """mean((yhat - target)^2): sub, square, then the mean as a linear map."""
+    squares = out.square(out.sub(*boxes))
+
+    def mean(v: np.ndarray) -> np.ndarray:
+        return np.asarray(np.mean(v))
+
+    return out.linear_map(squares, mean, mean, max(numel(squares.shape), 1) + 1)
+
+
+# --------------------------------------------------------------------------------------------
+# Softmax family: s_i = 1 / (1 + sum_{j != i} e^(x_j - x_i)), bounded with the other entries at
+# their worst ends (the issue's rule, in a form that cannot overflow into inf / inf)
+# --------------------------------------------------------------------------------------------
+
+
+def _others(a: Box, allowed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Along the last axis, for each i: (an upper bound of sum_{j != i, allowed} e^(hi_j - lo_i),
+    a lower bound of sum_{j != i, allowed} e^(lo_j - hi_i))."""
+    n = a.shape[-1]
+    others = ~np.eye(n, dtype=bool) & allowed[..., None, :]
+    with np.errstate(all="ignore"):
+        big = EXACT.up(np.exp(EXACT.up(a.hi[..., None, :] - a.lo[..., :, None])), LIBM_ULPS)
+        small = EXACT.down(np.exp(EXACT.down(a.lo[..., None, :] - a.hi[..., :, None])), LIBM_ULPS)
+        g = EXACT.gamma(n)
+        upper = EXACT.up(np.sum(np.where(others, big, 0.0), axis=-1) * (1 + g))
+        lower = EXACT.down(np.sum(np.where(others, np.maximum(small, 0.0), 0.0), axis=-1) * (1 - g))
+    return upper, lower
+
+
+def _softmax_slack(a: Box, out: Outward) -> np.ndarray:
+    """Absolute error of the reference's e^(x - max) / sum and x - max - log(sum) in `d`:
+    the shift's rounding grows with |x|, the sum's with n (docs/intervals.md)."""
+    n = a.shape[-1]
+    m = np.max(a.magnitude(), axis=-1, keepdims=True)
+    return 8 * out.u * (n + 16 + 4 * m)
+
+
+def _masked_softmax(a: Box, allowed: np.ndarray, out: Outward) -> Box:
+    upper_sum, lower_sum = _others(a, allowed)
+    with np.errstate(all="ignore"):
+        low = EXACT.down(1.0 / (1.0 + upper_sum))
+        high = EXACT.up(1.0 / (1.0 + lower_sum))
+    box = out.widen(Box(low, high), _softmax_slack(a, out))
+    return Box(
+        np.where(allowed, np.clip(box.lo, 0.0, 1.0), 0.0),
+        np.where(allowed, np.clip(box.hi, 0.0, 1.0), 0.0),
+    )
+
+
+def _along_axis(node: NodeOp, a: Box, rule: Callable[[Box], Box]) -> Box:
+    """`rule` (which works on the last axis) applied along the node's `axis`."""
+    axis = node.meta("axis")
+    return rule(a.map(lambda v: np.moveaxis(v, axis, -1))).map(lambda v: np.moveaxis(v, -1, axis))
+
+
+def _log_softmax_last(a: Box, out: Outward) -> Box:
+    """log s_i = -log(1 + sum_{j != i} e^(x_j - x_i)), at most 0."""
+    upper_sum, lower_sum = _others(a, np.ones(a.shape, dtype=bool))
+    with np.errstate(all="ignore"):
+        low = -EXACT.up(np.log1p(upper_sum), LIBM_ULPS)
+        high = -EXACT.down(np.log1p(lower_sum), LIBM_ULPS)
+    box = out.widen(Box(low, high), _softmax_slack(a, out))
+    return Box(box.lo, np.minimum(box.hi, 0.0))
+
+
+@register(ops.SoftmaxOp)
+def _softmax(node: NodeOp, boxes: list[Box], record: Any, out: Outward) -> Box | None:
+    return _along_axis(
+        node, boxes[0], lambda a: _masked_softmax(a, np.ones(a.shape, dtype=bool), out)
+    )
+
+
+@register(ops.LogSoftmaxOp)
+def _log_softmax(node: NodeOp, boxes: list[Box], record: Any, out: Outward) -> Box | None:
+    return _along_axis(node, boxes[0], lambda a: _log_softmax_last(a, out))
+
+
+@register(ops.HardMaskedSoftmaxOp)
+def _hard_masked_softmax(node: NodeOp, boxes: list[Box], record: Any, out: Outward) -> Box | None:
+    """Softmax over the allowed entries of each last-axis row; blocked entries are exactly 0."""
+    (a,) = boxes
+    allowed = np.array(node.meta("allowed"), dtype=bool).reshape(a.shape)
+    return _masked_softmax(a, allowed, out)

@@ -1,0 +1,501 @@
+"""Programs as operation-polymorphic functions (tagless final), and the instances that run them.
+
+A program is written once against the operations interface `Ops`:
+
+    def mlp(ops, x, params):
+        h = ops.relu(ops.linear(x, params["W1"], params["b1"]))
+        return ops.tanh(ops.sum(ops.linear(h, params["W2"], params["b2"])))
+
+and means what the instance passed as `ops` makes of it (the seed's `TorchLean.Runtime.Program`):
+`Eager` computes numpy values in float64 or float32, `Interval` propagates boxes, and
+`GraphBuilder` records one `tl` node per call, which is how `trace` turns the program into a
+graph plus a payload (the seed's `lowerForwardToIR`).
+
+Every method of the interface reduces to one primitive, `Ops.apply(op class, values, fields,
+parameters)`, which builds the op's node, checks its shape with the op's own rule and its
+parameters with the payload checks of the reference denotation, and hands the node to the
+instance. So the instances share one meaning of every op: `Eager` evaluates the node with the
+reference rule (`tlc.semantics.reference.REFERENCE`) and `Interval` with the interval rule of
+`tlc.semantics.ibp`; neither has ops of its own. Method signatures follow one convention, which the
+textual program form (`tl.program`) relies on too: the op's value operands first (positional),
+then its parameters (arrays: weights, biases, gamma, ...), then its metadata, keyword-only.
+A parameter-like argument (a numpy array, a number) where a value is expected becomes a `const`.
+"""
+
+from __future__ import annotations
+
+import linecache
+import sys
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from xdsl.dialects.builtin import ModuleOp
+from xdsl.ir import SSAValue
+
+from tlc.core.diagnostics import DiagnosticError, Location, error
+from tlc.core.payload import Payload
+from tlc.dialect import ops as tl
+from tlc.dialect.metadata import MetadataError, check_value
+from tlc.dialect.ops import GraphOp, NodeOp, OutputOp
+from tlc.dialect.registry import NODE_OPS
+from tlc.dialect.shapes import Shape, ShapeError, fmt_shape
+from tlc.dialect.types import shape_of_type
+
+#: Ops that are not methods of the interface, and why.
+NOT_IN_INTERFACE: dict[type[NodeOp], str] = {
+    tl.InputOp: "a program's input is its argument `x`, not the result of a call",
+}
+
+#: Op tag -> op class, for every op a program can call.
+INTERFACE: dict[str, type[NodeOp]] = {op.TAG: op for op in NODE_OPS if op not in NOT_IN_INTERFACE}
+
+
+def value_slots(op: type[NodeOp]) -> int | None:
+    """How many leading positional arguments of the op's method are values (None: all); an op
+    that reads parameters (it has a payload check) takes them after its values."""
+    return op.ARITY[1] if op in _payload_checks() else None
+
+
+@dataclass(frozen=True)
+class Param:
+    """A named parameter known only by its shape (lowering a textual program binds it by name)."""
+
+    name: str
+    shape: Shape
+
+
+class ProgramError(DiagnosticError):
+    """A program failed; `str()` shows each diagnostic with its file:line:col and source line."""
+
+    def __str__(self) -> str:
+        out = []
+        for d in self.diagnostics:
+            loc = d.location
+            if loc is None:
+                out.append(f"error: {d.message}")
+                continue
+            out.append(f"{loc}: error: {d.message}")
+            line = linecache.getline(loc.file, loc.line).rstrip("\n")
+            if line:
+                out.append(f"{line}\n{' ' * (loc.col - 1)}^")
+        return "\n".join(out)
+
+
+def _caller_location() -> Location:
+    """Where the user's code called the interface: the first frame outside this module."""
+    frame = sys._getframe(1)
+    while frame.f_back is not None and frame.f_code.co_filename == __file__:
+        frame = frame.f_back
+    positions = list(frame.f_code.co_positions())[frame.f_lasti // 2]
+    line = positions[0] or frame.f_lineno
+    return Location(frame.f_code.co_filename, line, (positions[2] or 0) + 1)
+
+
+def _with_defaults(
+    op: type[NodeOp], given: Mapping[str, Any], declared: Shape | None, where: Location
+) -> dict[str, Any]:
+    """The op's metadata: given fields checked by kind, the others from the field defaults."""
+    known = {f.name for f in op.FIELDS}
+    for name in given:
+        if name not in known:
+            raise error(f"{op.TAG}: unknown metadata field '{name}'", where)
+    fields: dict[str, Any] = {}
+    for f in op.FIELDS:
+        value = given.get(f.name)
+        if value is None and f.default is not None:
+            value = f.default(fields, declared)
+        if value is None:
+            raise error(f"{op.TAG}: missing metadata field '{f.name}'", where)
+        try:
+            fields[f.name] = check_value(f, list(value) if isinstance(value, tuple) else value)
+        except MetadataError as exc:
+            raise error(f"{op.TAG}: {exc}", where) from None
+    return fields
+
+
+def _shape_arrays(record: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """Arrays standing in for parameters in the payload checks (a Param by a zero view)."""
+    return {
+        k: np.broadcast_to(np.float64(0), p.shape) if isinstance(p, Param) else np.asarray(p)
+        for k, p in record.items()
+    }
+
+
+class Ops(ABC):
+    """The operations interface: one method per op of the `tl` dialect (but `input`)."""
+
+    def __init__(self) -> None:
+        #: Where the next call comes from; None means "the caller's Python line".
+        self.at: Location | None = None
+        #: The node id the next call gets (0 is the input), as in the graph `trace` builds.
+        self.next_id = 1
+
+    # -- what an instance defines ------------------------------------------------------------
+
+    @abstractmethod
+    def lift(self, value: Any) -> Any:
+        """A value of this instance from a program value or a parameter-like constant."""
+
+    @abstractmethod
+    def shape_of(self, value: Any) -> Shape:
+        """The shape of a value of this instance."""
+
+    @abstractmethod
+    def evaluate(self, node: NodeOp, args: list[Any], record: dict[str, Any]) -> Any:
+        """The instance's value for `node` (shape and parameters already checked)."""
+
+    # -- the one primitive -----------------------------------------------------------------
+
+    def apply(
+        self,
+        op: type[NodeOp],
+        args: Sequence[Any] = (),
+        fields: Mapping[str, Any] | None = None,
+        params: Mapping[str, Any] | None = None,
+        shape: Shape | None = None,
+    ) -> Any:
+        """Apply `op` to value `args` with metadata `fields` and parameters `params`.
+
+        `shape` is the declared output shape, for ops whose shape is not a function of their
+        inputs (linear's out dim, a random source's shape).
+        """
+        where = self.at or _caller_location()
+        values = [self.lift(a) for a in args]
+        low, high = op.ARITY
+        if len(values) < low or (high is not None and len(values) > high):
+            count = (
+                f"{low}" if low == high else f"{low} or more" if high is None else f"{low}..{high}"
+            )
+            plural = "" if count == "1" else "s"
+            raise error(f"{op.TAG}: takes {count} value{plural}, got {len(values)}", where)
+        record = {k: p for k, p in (params or {}).items() if p is not None}
+        node = op(self.next_id, [], shape, _with_defaults(op, fields or {}, shape, where))
+        node.location = where.to_attr()
+        parents = [self.shape_of(v) for v in values]
+        try:
+            out = node.infer(parents)
+        except ShapeError as exc:
+            raise error(str(exc), where) from None
+        if shape is None:
+            node.set_declared_shape(out)
+        elif out != shape:
+            raise error(
+                f"{op.TAG}: declared shape {fmt_shape(shape)} does not match the inferred "
+                f"{fmt_shape(out)}",
+                where,
+            )
+        check = _payload_checks().get(op)
+        if check is not None:
+            check(node, parents, out, _shape_arrays(record) or None)
+        self.next_id += 1
+        return self.evaluate(node, values, record)
+
+    # -- sources -----------------------------------------------------------------------------
+
+    def const(self, value: Any) -> Any:
+        """A constant (its values go to the payload when traced)."""
+        shape = _shape(value)
+        return self.apply(tl.ConstOp, [], {"shape": shape}, {"value": value}, shape)
+
+    # -- ops whose metadata depends on their arguments ----------------------------------------
+
+    def reshape(self, x: Any, *, to: Sequence[int]) -> Any:
+        """Same elements in a new shape; `from` is the shape of `x`."""
+        x = self.lift(x)
+        return self.apply(tl.ReshapeOp, [x], {"from": self.shape_of(x), "to": to})
+
+    def flatten(self, x: Any) -> Any:
+        x = self.lift(x)
+        return self.apply(tl.FlattenOp, [x], {"shape": self.shape_of(x)})
+
+    def broadcast_to(self, x: Any, *, to: Sequence[int]) -> Any:
+        x = self.lift(x)
+        return self.apply(tl.BroadcastToOp, [x], {"from": self.shape_of(x), "to": to})
+
+    def hard_masked_softmax(self, x: Any, *, allowed: Sequence[bool]) -> Any:
+        """Softmax over the last axis among allowed entries (`allowed` row-major, x's shape)."""
+        x = self.lift(x)
+        fields = {"mask_shape": self.shape_of(x), "allowed": [bool(a) for a in allowed]}
+        return self.apply(tl.HardMaskedSoftmaxOp, [x], fields)
+
+    # -- ops with parameters -----------------------------------------------------------------
+
+    def linear(self, x: Any, weight: Any, bias: Any = None) -> Any:
+        """W x + b at every leading index of `x`; `weight` is [out, in] (PyTorch's layout)."""
+        x = self.lift(x)
+        out = self.shape_of(x)[:-1] + _shape(weight)[:1]
+        return self.apply(tl.LinearOp, [x], None, {"weight": weight, "bias": bias}, out)
+
+    def conv(
+        self,
+        x: Any,
+        weight: Any,
+        bias: Any = None,
+        *,
+        stride: Sequence[int] | None = None,
+        padding: Sequence[int] | None = None,
+        dilation: Sequence[int] | None = None,
+        padding_after: Sequence[int] | None = None,
+        groups: int = 1,
+        channel_axis: int = 0,
+    ) -> Any:
+        """Grouped N-d convolution; `weight` is [out, in/groups, k...], which fixes the kernel
+        and channel counts."""
+        wshape = _shape(weight)
+        fields = {
+            "kernel": wshape[2:],
+            "stride": stride,
+            "padding": padding,
+            "dilation": dilation,
+            "padding_after": padding_after,
+            "groups": groups,
+            "channel_axis": channel_axis,
+            "in_channels": wshape[1] * groups if len(wshape) > 1 else 0,
+            "out_channels": wshape[0] if wshape else 0,
+        }
+        return self.apply(tl.ConvOp, [x], fields, {"weight": weight, "bias": bias})
+
+    def batch_norm_eval(
+        self,
+        x: Any,
+        gamma: Any,
+        beta: Any,
+        mean: Any,
+        var: Any,
+        eps: Any = None,
+        *,
+        channel_axis: int = 0,
+    ) -> Any:
+        """(x - mean) / sqrt(var + eps) * gamma + beta per channel (eps defaults to 1e-5)."""
+        params = {"gamma": gamma, "beta": beta, "mean": mean, "var": var, "eps": eps}
+        (channels,) = _shape(gamma)[:1] or (0,)
+        fields = {"channel_axis": channel_axis, "channels": channels}
+        return self.apply(tl.BatchNormEvalOp, [x], fields, params)
+
+    def layernorm(
+        self, x: Any, gamma: Any = None, beta: Any = None, eps: Any = None, *, axis: int
+    ) -> Any:
+        """Normalise over x's axes from `axis` on; optional affine `gamma`, `beta` of that
+        suffix shape, `eps` default 1e-5."""
+        params = {"gamma": gamma, "beta": beta, "eps": eps}
+        return self.apply(tl.LayernormOp, [x], {"axis": axis}, params)
+
+
+def _shape(p: Any) -> Shape:
+    return p.shape if isinstance(p, Param) else tuple(np.shape(p))
+
+
+def _generic(op: type[NodeOp]) -> Callable[..., Any]:
+    """The method of an op without parameters: `ops.softmax(x, axis=1)`, values positionally,
+    metadata fields by keyword, `shape=` for ops whose output shape is declared."""
+
+    def method(self: Ops, *args: Any, shape: Sequence[int] | None = None, **fields: Any) -> Any:
+        return self.apply(op, args, fields, None, None if shape is None else tuple(shape))
+
+    method.__name__ = method.__qualname__ = op.TAG
+    method.__doc__ = op.__doc__
+    return method
+
+
+for _op in INTERFACE.values():
+    if not hasattr(Ops, _op.TAG):
+        assert not _op.USES_PAYLOAD, f"{_op.TAG} reads parameters: it needs an explicit method"
+        setattr(Ops, _op.TAG, _generic(_op))
+
+
+def _payload_checks() -> Mapping[type[NodeOp], Any]:
+    from tlc.semantics.payload_check import PAYLOAD_CHECKS
+
+    return PAYLOAD_CHECKS
+
+
+# --------------------------------------------------------------------------------------------
+# Instances
+# --------------------------------------------------------------------------------------------
+
+
+class Eager(Ops):
+    """Numpy values in float64 or float32, each op by its reference rule."""
+
+    def __init__(self, dtype: type = np.float64) -> None:
+        super().__init__()
+        self.dtype = dtype
+
+    def lift(self, value: Any) -> np.ndarray:
+        return np.asarray(value, dtype=self.dtype)
+
+    def shape_of(self, value: Any) -> Shape:
+        return tuple(np.shape(value))
+
+    def evaluate(self, node: NodeOp, args: list[Any], record: dict[str, Any]) -> np.ndarray:
+        from tlc.semantics.payload_check import SCALAR_FIELDS
+        from tlc.semantics.reference import REFERENCE
+
+        cast = {
+            k: np.asarray(v, dtype=self.dtype).reshape(() if k in SCALAR_FIELDS else np.shape(v))
+            for k, v in record.items()
+        }
+        return np.asarray(REFERENCE[type(node)](node, args, cast or None, self.dtype))
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A value on intervals: its shape, and its box where a sound rule gave one (else None)."""
+
+    shape: Shape
+    box: Any  # tlc.semantics.interval_arith.Box | None
+
+
+class IntervalOps(Ops):
+    """Boxes, each op by its interval rule (`tlc.semantics.ibp.INTERVAL`), rounded outward for
+    `dtype`; a parameter-like argument becomes a point box through a `const`."""
+
+    def __init__(self, dtype: type = np.float64) -> None:
+        from tlc.semantics.interval_arith import Outward
+
+        super().__init__()
+        self.dtype = dtype
+        self.outward = Outward(dtype)
+
+    def box(self, lo: Any, hi: Any) -> Interval:
+        """The input box [lo, hi], on the `dtype` grid."""
+        from tlc.semantics.interval_arith import Box
+
+        box = self.outward.to_grid(Box(np.asarray(lo, np.float64), np.asarray(hi, np.float64)))
+        return Interval(box.shape, box)
+
+    def lift(self, value: Any) -> Interval:
+        return value if isinstance(value, Interval) else self.const(value)
+
+    def shape_of(self, value: Any) -> Shape:
+        return value.shape
+
+    def evaluate(self, node: NodeOp, args: list[Any], record: dict[str, Any]) -> Interval:
+        from tlc.semantics.ibp import INTERVAL, NO_INTERVAL_RULE
+        from tlc.semantics.interval_arith import Box, sanitize
+        from tlc.semantics.payload_check import SCALAR_FIELDS
+
+        shape = node.declared_shape
+        assert shape is not None, "apply declares every node's shape"
+        if type(node) in NO_INTERVAL_RULE or any(a.box is None for a in args):
+            return Interval(shape, None)
+        cast = {
+            k: np.asarray(v, self.dtype)
+            .astype(np.float64)
+            .reshape(() if k in SCALAR_FIELDS else np.shape(v))
+            for k, v in record.items()
+        }
+        box = INTERVAL[type(node)](node, [a.box for a in args], cast or None, self.outward)
+        if box is None:
+            return Interval(shape, None)
+        return Interval(shape, sanitize(Box(*np.broadcast_arrays(box.lo, box.hi))))
+
+
+class GraphBuilder(Ops):
+    """Records one node per call; parameters become payload records, or bindings by name."""
+
+    def __init__(self, name: str, input_shape: Shape, at: Location) -> None:
+        super().__init__()
+        self.name = name
+        source = tl.InputOp(0, [], tuple(input_shape))
+        source.location = at.to_attr()
+        self.nodes: list[NodeOp] = [source]
+        self.payload = Payload()
+        #: node id -> (op tag, {payload field: parameter name}) for `Param` arguments.
+        self.bound: dict[int, tuple[str, dict[str, str]]] = {}
+
+    @property
+    def input(self) -> SSAValue:
+        return self.nodes[0].result
+
+    def lift(self, value: Any) -> SSAValue:
+        return value if isinstance(value, SSAValue) else self.const(value)
+
+    def shape_of(self, value: Any) -> Shape:
+        shape = shape_of_type(value.type)
+        assert shape is not None, "every node the builder makes has its shape"
+        return shape
+
+    def evaluate(self, node: NodeOp, args: list[Any], record: dict[str, Any]) -> SSAValue:
+        node.operands = args
+        self.nodes.append(node)
+        for name, p in record.items():
+            if isinstance(p, Param):
+                self.bound.setdefault(node.id, (node.TAG, {}))[1][name] = p.name
+            else:
+                self.payload.records.setdefault(node.id, {})[name] = np.array(p, np.float64)
+                self.payload.kinds[node.id] = node.TAG
+        return node.result
+
+    def finish(self, result: Any, at: Location) -> GraphOp:
+        """The graph whose output is `result`, selected `at` the program's return (checked by
+        verify-structure and infer-shapes)."""
+        from tlc.dialect.verify import infer_graph_shapes
+
+        self.at = at
+        output = OutputOp(self.lift(result))
+        output.location = at.to_attr()
+        graph = GraphOp(self.name, [*self.nodes, output])
+        infer_graph_shapes(graph)
+        return graph
+
+
+# --------------------------------------------------------------------------------------------
+# Running Python programs
+# --------------------------------------------------------------------------------------------
+
+Program = Callable[[Ops, Any, Any], Any]
+
+
+@dataclass
+class Traced:
+    """What `trace` returns: the module holding the graph, the graph, and its payload."""
+
+    module: ModuleOp
+    graph: GraphOp
+    payload: Payload
+
+
+def trace(
+    program: Program, input_shape: Sequence[int], params: Any = None, name: str | None = None
+) -> Traced:
+    """Run `program(ops, x, params)` with the IR-building instance: a checked graph + payload.
+
+    Parameter arrays become payload records keyed by node id, never graph data. A failure is a
+    `ProgramError` located at the program line that made the bad node.
+    """
+    from tlc.semantics.payload_check import check_payload
+
+    code = program.__code__
+    at = Location(code.co_filename, code.co_firstlineno, 1)
+    try:
+        builder = GraphBuilder(name or program.__name__, tuple(input_shape), at)
+        graph = builder.finish(program(builder, builder.input, params), at)
+        check_payload(graph, builder.payload)
+    except DiagnosticError as exc:
+        raise ProgramError(*exc.diagnostics) from None
+    return Traced(ModuleOp([graph]), graph, builder.payload)
+
+
+def evaluate(program: Program, x: Any, params: Any = None, dtype: type = np.float64) -> Any:
+    """Run `program` eagerly in `dtype` (np.float64 or np.float32); returns its result."""
+    ops = Eager(dtype)
+    try:
+        return program(ops, ops.lift(x), params)
+    except DiagnosticError as exc:
+        raise ProgramError(*exc.diagnostics) from None
+
+
+def bounds(
+    program: Program, lo: Any, hi: Any, params: Any = None, dtype: type = np.float64
+) -> Interval:
+    """Run `program` on the input box [lo, hi] with interval rules; the result's box (or None
+    where no sound rule applied) encloses its value for every input in the box."""
+    ops = IntervalOps(dtype)
+    try:
+        return program(ops, ops.box(lo, hi), params)
+    except DiagnosticError as exc:
+        raise ProgramError(*exc.diagnostics) from None
