@@ -20,10 +20,12 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+import numpy as np
 from xdsl.irdl import irdl_op_definition
 
+from tlc.dialect.families import Monotone, NodeOp, OnnxSpelling, PoolOp, TorchSpelling, UnaryOp
 from tlc.dialect.metadata import Field, Kind
-from tlc.dialect.ops import ConvOp, NodeOp, PoolOp, UnaryOp
+from tlc.dialect.ops import ConvOp
 from tlc.dialect.shapes import Shape, ShapeError, fmt_shape
 
 
@@ -32,7 +34,10 @@ class SignOp(UnaryOp):
     """`%1 = sign(%0)` — -1 where x < 0, 0 where x = 0, 1 where x > 0."""
 
     name = "tl.sign"
-    TAG: ClassVar[str] = "sign"
+    ONNX = OnnxSpelling("Sign")
+    TORCH = TorchSpelling(functions=("torch.sign",), methods=("sign",))
+    MONOTONE = Monotone.INCREASING
+    numpy = staticmethod(np.sign)
 
 
 @irdl_op_definition
@@ -40,9 +45,8 @@ class GeluGradOp(UnaryOp):
     """`%1 = gelu_grad(%0) {approximate = "tanh"}` — d gelu / dx in the same form as `gelu`."""
 
     name = "tl.gelu_grad"
-    TAG: ClassVar[str] = "gelu_grad"
     FIELDS: ClassVar[tuple[Field, ...]] = (
-        Field("approximate", Kind.STR, lambda _f, _d: "none", ("none", "tanh")),
+        Field("approximate", Kind.STR, "none", ("none", "tanh")),
     )
 
 
@@ -62,7 +66,6 @@ class MaxPoolGradOp(PoolOp):
     """
 
     name = "tl.max_pool_grad"
-    TAG: ClassVar[str] = "max_pool_grad"
     ARITY: ClassVar[tuple[int, int | None]] = (2, 2)
 
     def infer(self, parents: list[Shape]) -> Shape:
@@ -79,7 +82,6 @@ class AvgPoolGradOp(PoolOp):
     """
 
     name = "tl.avg_pool_grad"
-    TAG: ClassVar[str] = "avg_pool_grad"
 
     def infer(self, parents: list[Shape]) -> Shape:
         x = self.require_declared()
@@ -93,9 +95,7 @@ class ConvGradOp(NodeOp):
     ARITY: ClassVar[tuple[int, int | None]] = (2, 2)
     FIELDS: ClassVar[tuple[Field, ...]] = ConvOp.FIELDS
 
-    def kernel_shape(self) -> Shape:
-        m = self.metadata()
-        return (m["out_channels"], m["in_channels"] // max(m["groups"], 1), *m["kernel"])
+    kernel_shape = ConvOp.kernel_shape
 
 
 @irdl_op_definition
@@ -105,7 +105,6 @@ class ConvInputGradOp(ConvGradOp):
     shape is declared."""
 
     name = "tl.conv_input_grad"
-    TAG: ClassVar[str] = "conv_input_grad"
 
     def infer(self, parents: list[Shape]) -> Shape:
         g, w = parents
@@ -121,7 +120,6 @@ class ConvWeightGradOp(ConvGradOp):
     conv's input and output cotangent -> the cotangent of its kernel [out, in/groups, k...]."""
 
     name = "tl.conv_weight_grad"
-    TAG: ClassVar[str] = "conv_weight_grad"
 
     def infer(self, parents: list[Shape]) -> Shape:
         x, g = parents

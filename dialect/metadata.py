@@ -2,13 +2,12 @@
 
 Each op declares its fields once as `Field` records; the .tlir parser, the .tlir printer, the
 listing printer and the shape rules all read metadata through this table, and values are stored
-on the xDSL op as ordinary MLIR attributes (`i64` integers, `array<i64: ...>`, `array<i1: ...>`,
-strings), so the generic MLIR form carries them too.
+on the xDSL op as ordinary MLIR attributes (`i64` integers, `f64` floats, `array<i64: ...>`,
+`array<i1: ...>`, strings), so the generic MLIR form carries them too.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 from functools import lru_cache
@@ -16,9 +15,11 @@ from typing import Any
 
 from xdsl.dialects.builtin import (
     DenseArrayBase,
+    FloatAttr,
     IntegerAttr,
     IntegerType,
     StringAttr,
+    f64,
     i1,
     i64,
 )
@@ -29,6 +30,7 @@ class Kind(Enum):
     """How a field's value is written in .tlir and stored as an attribute."""
 
     INT = "an integer"
+    FLOAT = "a number"
     INTS = "a list of integers"
     BOOLS = "a list of booleans"
     STR = "a string"
@@ -38,15 +40,21 @@ class Kind(Enum):
 class Field:
     """One metadata field of an op kind.
 
-    `default` computes the value when the text omits the field, from the fields already read and
-    the declared output shape (e.g. a conv's `dilation` defaults to ones); None means required.
-    `choices` restricts a string field.
+    `default` is the value when the text omits the field: a constant (`0.01`), or a function
+    computing it from the fields already read and the declared output shape (a conv's `dilation`
+    defaults to ones); None means required. `choices` restricts a string field (an enum).
     """
 
     name: str
     kind: Kind
-    default: Callable[[dict[str, Any], tuple[int, ...] | None], Any] | None = None
+    default: Any = None
     choices: tuple[str, ...] = ()
+
+    def default_value(self, fields: dict[str, Any], declared: tuple[int, ...] | None) -> Any:
+        """The value an omitted field takes (None: the field is required)."""
+        if callable(self.default):
+            return self.default(fields, declared)
+        return self.default
 
 
 #: The largest integer a field, id or extent may hold: they are stored as MLIR `i64`.
@@ -67,6 +75,10 @@ def check_value(field: Field, value: Any) -> Any:
         if not _is_index(value):
             raise MetadataError(f"'{field.name}' must be a non-negative integer (at most 2^63-1)")
         return value
+    if field.kind is Kind.FLOAT:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise MetadataError(f"'{field.name}' must be a number")
+        return float(value)
     if field.kind is Kind.INTS:
         if not isinstance(value, list) or not all(_is_index(v) for v in value):
             raise MetadataError(
@@ -99,6 +111,8 @@ def to_attr(field: Field, value: Any) -> Attribute:
 def _attr(kind: Kind, value: Any) -> Attribute:
     if kind is Kind.INT:
         return IntegerAttr(value, i64)
+    if kind is Kind.FLOAT:
+        return FloatAttr(value, f64)
     if kind is Kind.INTS:
         return DenseArrayBase.from_list(i64, list(value))
     if kind is Kind.BOOLS:
@@ -110,6 +124,8 @@ def from_attr(field: Field, attr: Attribute) -> Any:
     """Read a stored attribute back; raises MetadataError if it is not of the field's kind."""
     if field.kind is Kind.INT and isinstance(attr, IntegerAttr):
         return attr.value.data
+    if field.kind is Kind.FLOAT and isinstance(attr, FloatAttr):
+        return float(attr.value.data)
     if field.kind in (Kind.INTS, Kind.BOOLS) and isinstance(attr, DenseArrayBase):
         width = attr.elt_type.width.data if isinstance(attr.elt_type, IntegerType) else 0
         values = tuple(attr.get_values())
@@ -126,8 +142,17 @@ def fmt_value(field: Field, value: Any) -> str:
     """The .tlir text of a value (also used inside describe strings)."""
     if field.kind is Kind.INT:
         return str(value)
+    if field.kind is Kind.FLOAT:
+        return fmt_float(value)
     if field.kind is Kind.INTS:
         return "[" + ", ".join(str(v) for v in value) + "]"
     if field.kind is Kind.BOOLS:
         return "[" + ", ".join("true" if v else "false" for v in value) + "]"
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def fmt_float(value: float) -> str:
+    """The shortest text that reads back as the same double, always with a point or exponent so
+    it is not taken for an integer (`0.01`, `1.0`, `1e-05`, `inf`, `nan`)."""
+    text = repr(float(value))
+    return text if any(c in text for c in ".ein") else text + ".0"

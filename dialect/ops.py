@@ -1,18 +1,18 @@
-"""The `tl` dialect: every op kind of the graph IR, each defined once with its shape rule.
+"""The `tl` dialect: every op kind of the graph IR, each defined once with all its facts.
 
 A node op's parents are its operands (variadic, so a document with the wrong parent count still
 loads and verify-structure can report it), its declared output shape is its result type, and its
-node id is the `id` attribute (so `nodes[2].id = 7` can be represented and reported). Op-local
-metadata fields are declared in `FIELDS` (see `tlc.dialect.metadata`). Families share a base class,
-so a new elementwise op is a name and a tag.
-
-Shape rules raise `ShapeError` with TorchLean's message text (reference/torchlean-ir.md §2).
+node id is the `id` attribute (so `nodes[2].id = 7` can be represented and reported). What an op
+kind declares, and how interpretations use it, is described in `tlc.dialect.families`; shape
+rules raise `ShapeError` with TorchLean's message text.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any, ClassVar
 
+import numpy as np
 from xdsl.dialects.builtin import (
     DenseIntOrFPElementsAttr,
     DictionaryAttr,
@@ -21,252 +21,40 @@ from xdsl.dialects.builtin import (
     SymbolNameConstraint,
     i64,
 )
-from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
+from xdsl.ir import Block, Operation, Region, SSAValue
 from xdsl.irdl import (
     IRDLOperation,
     attr_def,
     irdl_op_definition,
     operand_def,
     region_def,
-    result_def,
     traits_def,
-    var_operand_def,
 )
-from xdsl.rewriter import Rewriter
 from xdsl.traits import IsolatedFromAbove, NoTerminator, SymbolOpInterface
 
-from tlc.dialect.metadata import Field, Kind, MetadataError, fmt_value, from_attr, to_attr
-from tlc.dialect.shapes import (
-    Shape,
-    ShapeError,
-    can_broadcast_to,
-    check_axis,
-    fmt_ids,
-    fmt_shape,
-    numel,
+from tlc.dialect.families import (
+    AxisOp,
+    BinaryOp,
+    DeclaredShapeOp,
+    Monotone,
+    NodeOp,
+    OnnxSpelling,
+    Param,
+    PoolOp,
+    ReductionOp,
+    TorchSpelling,
+    UnaryOp,
+    check_positive,
+    conv_out_dim,
+    expect_parent_shape,
+    ones_per_axis,
+    padding_default,
+    zeros_per_axis,
 )
-from tlc.dialect.types import TensorType, shape_of_type, type_for
-
-# --------------------------------------------------------------------------------------------
-# The node base class and families
-# --------------------------------------------------------------------------------------------
-
-
-class NodeOp(IRDLOperation):
-    """A graph node. Subclasses set `name`, `TAG`, `ARITY`, `FIELDS` and `infer`."""
-
-    TAG: ClassVar[str]
-    ARITY: ClassVar[tuple[int, int | None]] = (1, 1)
-    FIELDS: ClassVar[tuple[Field, ...]] = ()
-    #: True where the op reads parameters from the payload (shown as `payload=node_id`).
-    USES_PAYLOAD: ClassVar[bool] = False
-
-    parents = var_operand_def()
-    result = result_def()
-    node_id = attr_def(IntegerAttr, attr_name="id")
-
-    def __init__(
-        self,
-        node_id: int,
-        parents: list[SSAValue],
-        shape: Shape | None,
-        fields: dict[str, Any] | None = None,
-    ):
-        attrs: dict[str, Attribute] = {"id": IntegerAttr(node_id, i64)}
-        for f in self.FIELDS:
-            if fields is not None and f.name in fields:
-                attrs[f.name] = to_attr(f, fields[f.name])
-        super().__init__(operands=[parents], result_types=[type_for(shape)], attributes=attrs)
-
-    # -- reading the node ------------------------------------------------------------------
-
-    @property
-    def id(self) -> int:
-        return self.node_id.value.data
-
-    @property
-    def declared_shape(self) -> Shape | None:
-        return shape_of_type(self.result.type)
-
-    def meta(self, name: str) -> Any:
-        """The value of metadata field `name` (raises MetadataError if missing or mistyped)."""
-        field = next(f for f in self.FIELDS if f.name == name)
-        attr = self.attributes.get(name)
-        if attr is None:
-            raise MetadataError(f"{self.TAG}: missing metadata field '{name}'")
-        return from_attr(field, attr)
-
-    def metadata(self) -> dict[str, Any]:
-        return {f.name: self.meta(f.name) for f in self.FIELDS}
-
-    def set_declared_shape(self, shape: Shape) -> None:
-        """Give the node a declared shape; uses of its result see the new value."""
-        Rewriter.replace_value_with_new_type(self.result, TensorType(shape))
-
-    # -- the op's contract -----------------------------------------------------------------
-
-    def infer(self, parents: list[Shape]) -> Shape:
-        """The output shape from the parents' shapes (called with the right parent count)."""
-        raise NotImplementedError(f"{type(self).__name__} has no shape rule")
-
-    def describe(self) -> str:
-        """TorchLean's `OpKind.describe`: the tag with its metadata, as listings show it."""
-        parts = [f"{f.name}={self._describe_value(f)}" for f in self.FIELDS]
-        if self.USES_PAYLOAD:
-            parts.append("payload=node_id")
-        return f"{self.TAG}({', '.join(parts)})" if parts else self.TAG
-
-    def _describe_value(self, field: Field) -> str:
-        value = self.meta(field.name)
-        return fmt_shape(value) if field.kind is Kind.INTS else fmt_value(field, value)
-
-    def parent_ids(self) -> list[int]:
-        """The node ids of the parents (the `id` of each operand's defining node)."""
-        return [node_id_of(v) for v in self.parents]
-
-    def summary(self) -> str:
-        """`Node(id=2, kind=relu, parents=#[1], outShape=[4])`, quoted by structure errors."""
-        return (
-            f"Node(id={self.id}, kind={self.describe()}, parents={fmt_ids(self.parent_ids())}, "
-            f"outShape={fmt_shape(self.declared_shape)})"
-        )
-
-    def require_declared(self) -> Shape:
-        declared = self.declared_shape
-        if declared is None:
-            raise ShapeError(f"{self.TAG}: the output shape must be declared")
-        return declared
-
-
-def node_id_of(value: SSAValue) -> int:
-    owner = value.owner
-    assert isinstance(owner, NodeOp), "node operands are always results of node ops"
-    return owner.id
-
-
-class DeclaredShapeOp(NodeOp):
-    """Nodes whose output shape is part of the graph interface (inputs, random sources)."""
-
-    def infer(self, parents: list[Shape]) -> Shape:
-        return self.require_declared()
-
-
-class UnaryOp(NodeOp):
-    """Elementwise unary ops: the shape passes through."""
-
-    def infer(self, parents: list[Shape]) -> Shape:
-        return parents[0]
-
-
-class BinaryOp(NodeOp):
-    """Elementwise binary ops: no implicit broadcasting, both shapes must be equal."""
-
-    ARITY: ClassVar[tuple[int, int | None]] = (2, 2)
-
-    def infer(self, parents: list[Shape]) -> Shape:
-        a, b = parents
-        if a != b:
-            raise ShapeError(f"{self.TAG}: shape mismatch: {fmt_shape(a)} vs {fmt_shape(b)}")
-        return a
-
-
-class AxisOp(NodeOp):
-    """Unary ops along one valid axis that keep the shape (softmax, log_softmax)."""
-
-    FIELDS: ClassVar[tuple[Field, ...]] = (Field("axis", Kind.INT),)
-
-    def infer(self, parents: list[Shape]) -> Shape:
-        check_axis(self.meta("axis"), parents[0])
-        return parents[0]
-
-
-class ReductionOp(NodeOp):
-    """Drop one non-empty axis."""
-
-    FIELDS: ClassVar[tuple[Field, ...]] = (Field("axis", Kind.INT),)
-
-    def infer(self, parents: list[Shape]) -> Shape:
-        (s,) = parents
-        axis = self.meta("axis")
-        if not (axis < len(s) and s[axis] > 0):
-            raise ShapeError(f"invalid or empty reduction axis {axis} for shape {fmt_shape(s)}")
-        return s[:axis] + s[axis + 1 :]
-
-
-def _check_positive(tag: str, param: str, n: int) -> None:
-    if n == 0:
-        raise ShapeError(f"{tag}: {param} must be > 0")
-
-
-def _expect_parent_shape(tag: str, expected: Shape, got: Shape) -> None:
-    """Ops that restate their parent's shape in metadata (broadcast_to, reshape, flatten)."""
-    if got != expected:
-        raise ShapeError(
-            f"{tag}: parent shape mismatch: expected {fmt_shape(expected)}, got {fmt_shape(got)}"
-        )
-
-
-def _default_stride(fields: dict[str, Any], _declared: Shape | None) -> tuple[int, ...]:
-    return tuple(fields["kernel"])
-
-
-def _zeros(fields: dict[str, Any], _declared: Shape | None) -> tuple[int, ...]:
-    return (0,) * len(fields["kernel"])
-
-
-def _ones(fields: dict[str, Any], _declared: Shape | None) -> tuple[int, ...]:
-    return (1,) * len(fields["kernel"])
-
-
-def _same_padding(fields: dict[str, Any], _declared: Shape | None) -> tuple[int, ...]:
-    return tuple(fields["padding"])
-
-
-def pool_out_dim(size: int, kernel: int, stride: int, padding: int) -> int:
-    """PyTorch's pooled extent; empty where the window cannot be placed (TorchLean's poolOutDim)."""
-    if size == 0 or 2 * padding > kernel or size + 2 * padding < kernel:
-        return 0
-    return (size + 2 * padding - kernel) // stride + 1
-
-
-def conv_out_dim(size: int, kernel: int, stride: int, dilation: int, lo: int, hi: int) -> int:
-    return (size + lo + hi - (dilation * (kernel - 1) + 1)) // stride + 1
-
-
-class PoolOp(NodeOp):
-    """Pooling over the spatial suffix (rank = len(kernel)); leading axes are kept."""
-
-    FIELDS: ClassVar[tuple[Field, ...]] = (
-        Field("kernel", Kind.INTS),
-        Field("stride", Kind.INTS, _default_stride),
-        Field("padding", Kind.INTS, _zeros),
-    )
-
-    def describe(self) -> str:
-        config = ", ".join(f"{f.name}={self._describe_value(f)}" for f in self.FIELDS)
-        return f"{self.TAG}(config={{{config}}})"
-
-    def infer(self, parents: list[Shape]) -> Shape:
-        (s,) = parents
-        kernel, stride, padding = self.meta("kernel"), self.meta("stride"), self.meta("padding")
-        rank = len(kernel)
-        _check_positive(self.TAG, "spatial rank", rank)
-        if rank > len(s):
-            raise ShapeError(f"{self.TAG}: kernel rank {rank} exceeds input rank {len(s)}")
-        if len(stride) != rank or len(padding) != rank:
-            raise ShapeError(
-                f"{self.TAG}: axis-name, input, kernel, stride, and padding ranks must agree"
-            )
-        if 0 in kernel:
-            raise ShapeError(f"{self.TAG}: kernel extents must be nonzero")
-        if 0 in stride:
-            raise ShapeError(f"{self.TAG}: stride extents must be nonzero")
-        lead = len(s) - rank
-        spatial = tuple(
-            pool_out_dim(s[lead + i], kernel[i], stride[i], padding[i]) for i in range(rank)
-        )
-        return s[:lead] + spatial
-
+from tlc.dialect.families import node_id_of as node_id_of
+from tlc.dialect.families import pool_out_dim as pool_out_dim
+from tlc.dialect.metadata import Field, Kind
+from tlc.dialect.shapes import Shape, ShapeError, can_broadcast_to, check_axis, fmt_shape, numel
 
 # --------------------------------------------------------------------------------------------
 # The op kinds
@@ -278,7 +66,6 @@ class InputOp(DeclaredShapeOp):
     """`%0 = input : [4]` — the graph input; its shape is the graph's interface."""
 
     name = "tl.input"
-    TAG: ClassVar[str] = "input"
     ARITY: ClassVar[tuple[int, int | None]] = (0, 0)
 
 
@@ -287,7 +74,7 @@ class ConstOp(NodeOp):
     """`%3 = const {shape = [2]} : [2]` — a constant whose values live in the payload."""
 
     name = "tl.const"
-    TAG: ClassVar[str] = "const"
+    PAYLOAD = (Param("value", lambda _n, _p, out: (numel(out),)),)
     ARITY: ClassVar[tuple[int, int | None]] = (0, 0)
     FIELDS: ClassVar[tuple[Field, ...]] = (
         Field("shape", Kind.INTS, lambda _f, declared: declared),
@@ -305,7 +92,6 @@ class PermuteOp(NodeOp):
     """`%1 = permute(%0) {perm = [0, 2, 1]}` — output axis i is input axis perm[i]."""
 
     name = "tl.permute"
-    TAG: ClassVar[str] = "permute"
     FIELDS: ClassVar[tuple[Field, ...]] = (Field("perm", Kind.INTS),)
 
     def infer(self, parents: list[Shape]) -> Shape:
@@ -329,7 +115,6 @@ class TransposeOp(NodeOp):
     """`%1 = transpose(%0) {axis1 = 0, axis2 = 2}` — swap two axes."""
 
     name = "tl.transpose"
-    TAG: ClassVar[str] = "transpose"
     FIELDS: ClassVar[tuple[Field, ...]] = (Field("axis1", Kind.INT), Field("axis2", Kind.INT))
 
     def infer(self, parents: list[Shape]) -> Shape:
@@ -345,10 +130,14 @@ class TransposeOp(NodeOp):
 
 @irdl_op_definition
 class DetachOp(UnaryOp):
-    """`%2 = detach(%1)` — identity forward, stops gradients."""
+    """`%2 = detach(%0)` — identity forward, stops gradients."""
 
     name = "tl.detach"
-    TAG: ClassVar[str] = "detach"
+    ONNX = OnnxSpelling("Identity")
+    TORCH = TorchSpelling(functions=("torch.detach",), methods=("detach",))
+
+    def numpy(self, x: np.ndarray) -> np.ndarray:
+        return x
 
 
 @irdl_op_definition
@@ -356,7 +145,6 @@ class RandUniformOp(DeclaredShapeOp):
     """`%0 = rand_uniform {seed = 7} : [3]` — deterministic U[0,1) samples."""
 
     name = "tl.rand_uniform"
-    TAG: ClassVar[str] = "rand_uniform"
     ARITY: ClassVar[tuple[int, int | None]] = (0, 0)
     FIELDS: ClassVar[tuple[Field, ...]] = (Field("seed", Kind.INT),)
 
@@ -366,7 +154,6 @@ class BernoulliMaskOp(NodeOp):
     """`%2 = bernoulli_mask(%1) {seed = 7} : [3]` — a {0,1} mask; the parent is keepProb []."""
 
     name = "tl.bernoulli_mask"
-    TAG: ClassVar[str] = "bernoulli_mask"
     FIELDS: ClassVar[tuple[Field, ...]] = (Field("seed", Kind.INT),)
 
     def infer(self, parents: list[Shape]) -> Shape:
@@ -382,7 +169,9 @@ class AddOp(BinaryOp):
     """`%2 = add(%0, %1)` — elementwise a + b."""
 
     name = "tl.add"
-    TAG: ClassVar[str] = "add"
+    ONNX = OnnxSpelling("Add")
+    TORCH = TorchSpelling(functions=("torch.add", "operator.add"), methods=("add",))
+    numpy = staticmethod(np.add)
 
 
 @irdl_op_definition
@@ -390,7 +179,9 @@ class SubOp(BinaryOp):
     """`%2 = sub(%0, %1)` — elementwise a - b."""
 
     name = "tl.sub"
-    TAG: ClassVar[str] = "sub"
+    ONNX = OnnxSpelling("Sub")
+    TORCH = TorchSpelling(functions=("torch.sub", "operator.sub"), methods=("sub",))
+    numpy = staticmethod(np.subtract)
 
 
 @irdl_op_definition
@@ -398,7 +189,9 @@ class MulElemOp(BinaryOp):
     """`%2 = mul_elem(%0, %1)` — elementwise a * b."""
 
     name = "tl.mul_elem"
-    TAG: ClassVar[str] = "mul_elem"
+    ONNX = OnnxSpelling("Mul")
+    TORCH = TorchSpelling(functions=("torch.mul", "operator.mul"), methods=("mul",))
+    numpy = staticmethod(np.multiply)
 
 
 @irdl_op_definition
@@ -406,7 +199,10 @@ class MaxElemOp(BinaryOp):
     """`%2 = max_elem(%0, %1)` — elementwise max."""
 
     name = "tl.max_elem"
-    TAG: ClassVar[str] = "max_elem"
+    ONNX = OnnxSpelling("Max")
+    TORCH = TorchSpelling(functions=("torch.maximum", "torch.max"), methods=("maximum",))
+    numpy = staticmethod(np.maximum)
+    EXACT_MONOTONE = True
 
 
 @irdl_op_definition
@@ -414,7 +210,17 @@ class MinElemOp(BinaryOp):
     """`%2 = min_elem(%0, %1)` — elementwise min."""
 
     name = "tl.min_elem"
-    TAG: ClassVar[str] = "min_elem"
+    ONNX = OnnxSpelling("Min")
+    TORCH = TorchSpelling(functions=("torch.minimum", "torch.min"), methods=("minimum",))
+    numpy = staticmethod(np.minimum)
+    EXACT_MONOTONE = True
+
+
+#: Error budgets (ULPs of the scalar type) of the numpy functions: libm functions are faithful to
+#: a few ULPs; the small compositions (sigmoid, softplus: an exp, a log1p and one or two
+#: correctly rounded operations) add at most a few ULPs each.
+LIBM_ULPS = 8
+COMPOSITE_ULPS = 16
 
 
 @irdl_op_definition
@@ -422,7 +228,12 @@ class AbsOp(UnaryOp):
     """`%1 = abs(%0)` — |x|."""
 
     name = "tl.abs"
-    TAG: ClassVar[str] = "abs"
+    ONNX = OnnxSpelling("Abs")
+    TORCH = TorchSpelling(functions=("torch.abs", "operator.abs"), methods=("abs",))
+    numpy = staticmethod(np.abs)
+
+    def derivative(self, em: Any, x: Any, y: Any) -> Any:
+        return em.sign(x)
 
 
 @irdl_op_definition
@@ -430,7 +241,15 @@ class SqrtOp(UnaryOp):
     """`%1 = sqrt(%0)` — square root."""
 
     name = "tl.sqrt"
-    TAG: ClassVar[str] = "sqrt"
+    ONNX = OnnxSpelling("Sqrt")
+    TORCH = TorchSpelling(functions=("torch.sqrt",), methods=("sqrt",))
+    numpy = staticmethod(np.sqrt)
+    MONOTONE = Monotone.INCREASING
+    ULPS = 1
+    DOMAIN = (0.0, False)
+
+    def derivative(self, em: Any, x: Any, y: Any) -> Any:
+        return em.scale(em.unary(InvOp, y), 0.5)
 
 
 @irdl_op_definition
@@ -438,7 +257,52 @@ class ReluOp(UnaryOp):
     """`%1 = relu(%0)` — max(x, 0)."""
 
     name = "tl.relu"
-    TAG: ClassVar[str] = "relu"
+    ONNX = OnnxSpelling("Relu")
+    TORCH = TorchSpelling(
+        functions=("torch.relu", "torch.nn.functional.relu"),
+        modules=("torch.nn.ReLU",),
+        methods=("relu",),
+    )
+    MONOTONE = Monotone.INCREASING
+
+    def numpy(self, x: np.ndarray) -> np.ndarray:
+        return np.maximum(x, 0)
+
+    def derivative(self, em: Any, x: Any, y: Any) -> Any:
+        return em.unary(ReluOp, em.sign(x))
+
+
+@irdl_op_definition
+class LeakyReluOp(UnaryOp):
+    """`%1 = leaky_relu(%0) {negative_slope = 0.2}` — x where x > 0, else negative_slope * x
+    (PyTorch's `F.leaky_relu`, ONNX's `LeakyRelu`; the slope defaults to 0.01 in both)."""
+
+    name = "tl.leaky_relu"
+    FIELDS = (Field("negative_slope", Kind.FLOAT, 0.01),)
+    ONNX = OnnxSpelling("LeakyRelu", {"alpha": "negative_slope"})
+    TORCH = TorchSpelling(
+        functions=("torch.nn.functional.leaky_relu",),
+        modules=("torch.nn.LeakyReLU",),
+        arguments=("negative_slope",),
+    )
+    ULPS = 1
+
+    def monotone(self) -> Monotone:
+        return Monotone.INCREASING if self.meta("negative_slope") >= 0 else Monotone.NONE
+
+    def numpy(self, x: np.ndarray) -> np.ndarray:
+        return np.where(x > 0, x, x * x.dtype.type(self.meta("negative_slope")))
+
+    def derivative(self, em: Any, x: Any, y: Any) -> Any:
+        """1 where x > 0, else the slope (PyTorch's value at 0): s + (1 - s) relu(sign(x))."""
+        slope = self.meta("negative_slope")
+        positive = em.unary(ReluOp, em.sign(x))
+        return em.add(em.full_like(x, slope), em.scale(positive, 1.0 - slope))
+
+    def decompose(self, em: Any, x: Any) -> Any:
+        """max(x, s x) for s <= 1, min(x, s x) above: exactly the selection `numpy` makes."""
+        slope = self.meta("negative_slope")
+        return em.op(MaxElemOp if slope <= 1 else MinElemOp, [x, em.scale(x, slope)])
 
 
 @irdl_op_definition
@@ -446,7 +310,18 @@ class TanhOp(UnaryOp):
     """`%1 = tanh(%0)`."""
 
     name = "tl.tanh"
-    TAG: ClassVar[str] = "tanh"
+    ONNX = OnnxSpelling("Tanh")
+    TORCH = TorchSpelling(
+        functions=("torch.tanh", "torch.nn.functional.tanh"),
+        modules=("torch.nn.Tanh",),
+        methods=("tanh",),
+    )
+    numpy = staticmethod(np.tanh)
+    MONOTONE = Monotone.INCREASING
+    ULPS = LIBM_ULPS
+
+    def derivative(self, em: Any, x: Any, y: Any) -> Any:
+        return em.one_minus(em.mul(y, y))
 
 
 @irdl_op_definition
@@ -454,7 +329,27 @@ class SigmoidOp(UnaryOp):
     """`%1 = sigmoid(%0)` — 1 / (1 + e^-x)."""
 
     name = "tl.sigmoid"
-    TAG: ClassVar[str] = "sigmoid"
+    ONNX = OnnxSpelling("Sigmoid")
+    TORCH = TorchSpelling(
+        functions=("torch.sigmoid", "torch.nn.functional.sigmoid"),
+        modules=("torch.nn.Sigmoid",),
+        methods=("sigmoid",),
+    )
+    MONOTONE = Monotone.INCREASING
+    ULPS = COMPOSITE_ULPS
+
+    def numpy(self, x: np.ndarray) -> np.ndarray:
+        """Without overflow: 1 / (1 + e^-x) for x >= 0, e^x / (1 + e^x) below."""
+        e = np.exp(-np.abs(x))
+        return np.where(x >= 0, 1 / (1 + e), e / (1 + e))
+
+    def derivative(self, em: Any, x: Any, y: Any) -> Any:
+        return em.mul(y, em.one_minus(y))
+
+
+def softplus(x: np.ndarray) -> np.ndarray:
+    """log(1 + e^x) without overflow: max(x, 0) + log1p(e^-|x|)."""
+    return np.maximum(x, 0) + np.log1p(np.exp(-np.abs(x)))
 
 
 @irdl_op_definition
@@ -462,7 +357,13 @@ class SoftplusOp(UnaryOp):
     """`%1 = softplus(%0)` — log(1 + e^x), stable."""
 
     name = "tl.softplus"
-    TAG: ClassVar[str] = "softplus"
+    ONNX = OnnxSpelling("Softplus")
+    MONOTONE = Monotone.INCREASING
+    ULPS = COMPOSITE_ULPS
+    numpy = staticmethod(softplus)
+
+    def derivative(self, em: Any, x: Any, y: Any) -> Any:
+        return em.unary(SigmoidOp, x)
 
 
 @irdl_op_definition
@@ -470,7 +371,14 @@ class ExpOp(UnaryOp):
     """`%1 = exp(%0)`."""
 
     name = "tl.exp"
-    TAG: ClassVar[str] = "exp"
+    ONNX = OnnxSpelling("Exp")
+    TORCH = TorchSpelling(functions=("torch.exp",), methods=("exp",))
+    numpy = staticmethod(np.exp)
+    MONOTONE = Monotone.INCREASING
+    ULPS = LIBM_ULPS
+
+    def derivative(self, em: Any, x: Any, y: Any) -> Any:
+        return y
 
 
 @irdl_op_definition
@@ -478,7 +386,15 @@ class LogOp(UnaryOp):
     """`%1 = log(%0)` — fails on inputs <= 0 or NaN."""
 
     name = "tl.log"
-    TAG: ClassVar[str] = "log"
+    ONNX = OnnxSpelling("Log")
+    TORCH = TorchSpelling(functions=("torch.log",), methods=("log",))
+    numpy = staticmethod(np.log)
+    MONOTONE = Monotone.INCREASING
+    ULPS = LIBM_ULPS
+    DOMAIN = (0.0, True)
+
+    def derivative(self, em: Any, x: Any, y: Any) -> Any:
+        return em.unary(InvOp, x)
 
 
 @irdl_op_definition
@@ -486,7 +402,14 @@ class InvOp(UnaryOp):
     """`%1 = inv(%0)` — 1 / x."""
 
     name = "tl.inv"
-    TAG: ClassVar[str] = "inv"
+    ONNX = OnnxSpelling("Reciprocal")
+    TORCH = TorchSpelling(functions=("torch.reciprocal",), methods=("reciprocal",))
+
+    def numpy(self, x: np.ndarray) -> np.ndarray:
+        return 1 / x
+
+    def derivative(self, em: Any, x: Any, y: Any) -> Any:
+        return em.neg(em.mul(y, y))
 
 
 @irdl_op_definition
@@ -494,7 +417,12 @@ class SinOp(UnaryOp):
     """`%1 = sin(%0)`."""
 
     name = "tl.sin"
-    TAG: ClassVar[str] = "sin"
+    ONNX = OnnxSpelling("Sin")
+    TORCH = TorchSpelling(functions=("torch.sin",), methods=("sin",))
+    numpy = staticmethod(np.sin)
+
+    def derivative(self, em: Any, x: Any, y: Any) -> Any:
+        return em.unary(CosOp, x)
 
 
 @irdl_op_definition
@@ -502,7 +430,15 @@ class CosOp(UnaryOp):
     """`%1 = cos(%0)`."""
 
     name = "tl.cos"
-    TAG: ClassVar[str] = "cos"
+    ONNX = OnnxSpelling("Cos")
+    TORCH = TorchSpelling(functions=("torch.cos",), methods=("cos",))
+    numpy = staticmethod(np.cos)
+
+    def derivative(self, em: Any, x: Any, y: Any) -> Any:
+        return em.neg(em.unary(SinOp, x))
+
+
+_erf = np.vectorize(math.erf, otypes=[np.float64])
 
 
 @irdl_op_definition
@@ -510,10 +446,26 @@ class GeluOp(UnaryOp):
     """`%1 = gelu(%0) {approximate = "tanh"}` — exact erf form by default (PyTorch's meaning)."""
 
     name = "tl.gelu"
-    TAG: ClassVar[str] = "gelu"
-    FIELDS: ClassVar[tuple[Field, ...]] = (
-        Field("approximate", Kind.STR, lambda _f, _d: "none", ("none", "tanh")),
+    FIELDS = (Field("approximate", Kind.STR, "none", ("none", "tanh")),)
+    TORCH = TorchSpelling(
+        functions=("torch.nn.functional.gelu",),
+        modules=("torch.nn.GELU",),
+        arguments=("approximate",),
     )
+
+    def numpy(self, x: np.ndarray) -> np.ndarray:
+        """PyTorch's gelu: exact x/2 (1 + erf(x/sqrt 2)), or its tanh approximation.
+
+        The erf is evaluated per element in float64 and rounded to x's dtype (numpy has no
+        float32 erf); the surrounding arithmetic is in x's dtype.
+        """
+        dtype = x.dtype.type
+        half = dtype(0.5)
+        if self.meta("approximate") == "tanh":
+            k = dtype(math.sqrt(2 / math.pi))
+            inner = k * (x + dtype(0.044715) * x * x * x)
+            return half * x * (1 + np.tanh(inner))
+        return half * x * (1 + _erf(x * dtype(1 / math.sqrt(2))).astype(dtype))
 
 
 @irdl_op_definition
@@ -521,7 +473,6 @@ class MaxPoolOp(PoolOp):
     """`%1 = max_pool(%0) {kernel = [2, 2], stride = [2, 2], padding = [0, 0]}`."""
 
     name = "tl.max_pool"
-    TAG: ClassVar[str] = "max_pool"
 
 
 @irdl_op_definition
@@ -529,7 +480,6 @@ class AvgPoolOp(PoolOp):
     """`%1 = avg_pool(%0) {kernel = [2, 2]}` — zero padding counts in the divisor."""
 
     name = "tl.avg_pool"
-    TAG: ClassVar[str] = "avg_pool"
 
 
 @irdl_op_definition
@@ -537,13 +487,12 @@ class BroadcastToOp(NodeOp):
     """`%1 = broadcast_to(%0) {from = [3], to = [2, 3]}` — explicit broadcasting."""
 
     name = "tl.broadcast_to"
-    TAG: ClassVar[str] = "broadcast_to"
     FIELDS: ClassVar[tuple[Field, ...]] = (Field("from", Kind.INTS), Field("to", Kind.INTS))
 
     def infer(self, parents: list[Shape]) -> Shape:
         (s,) = parents
         src, dst = self.meta("from"), self.meta("to")
-        _expect_parent_shape(self.TAG, src, s)
+        expect_parent_shape(self.TAG, src, s)
         if not can_broadcast_to(src, dst):
             raise ShapeError(
                 f"broadcast_to: invalid broadcast from {fmt_shape(src)} to {fmt_shape(dst)}"
@@ -556,7 +505,6 @@ class ReduceSumOp(ReductionOp):
     """`%1 = reduce_sum(%0) {axis = 1}` — sum along an axis, which is dropped."""
 
     name = "tl.reduce_sum"
-    TAG: ClassVar[str] = "reduce_sum"
 
 
 @irdl_op_definition
@@ -564,7 +512,6 @@ class ReduceMeanOp(ReductionOp):
     """`%1 = reduce_mean(%0) {axis = 1}` — mean along an axis, which is dropped."""
 
     name = "tl.reduce_mean"
-    TAG: ClassVar[str] = "reduce_mean"
 
 
 @irdl_op_definition
@@ -572,7 +519,6 @@ class SumOp(NodeOp):
     """`%4 = sum(%3) : []` — sum of every element, a scalar."""
 
     name = "tl.sum"
-    TAG: ClassVar[str] = "sum"
 
     def infer(self, parents: list[Shape]) -> Shape:
         return ()
@@ -583,7 +529,6 @@ class MatmulOp(NodeOp):
     """`%2 = matmul(%0, %1)` — (...,m,n) x (...,n,p) -> (...,m,p), identical leading dims."""
 
     name = "tl.matmul"
-    TAG: ClassVar[str] = "matmul"
     ARITY: ClassVar[tuple[int, int | None]] = (2, 2)
 
     def infer(self, parents: list[Shape]) -> Shape:
@@ -606,8 +551,10 @@ class LinearOp(NodeOp):
     """`%1 = linear(%0) : [5]` — W x + b at every leading index; W [out, in] from the payload."""
 
     name = "tl.linear"
-    TAG: ClassVar[str] = "linear"
-    USES_PAYLOAD: ClassVar[bool] = True
+    PAYLOAD = (
+        Param("weight", lambda _n, parents, out: (out[-1], parents[0][-1])),
+        Param("bias", lambda _n, _p, out: (out[-1],), required=False),
+    )
 
     def infer(self, parents: list[Shape]) -> Shape:
         (s,) = parents
@@ -634,16 +581,18 @@ class ConvOp(NodeOp):
     """
 
     name = "tl.conv"
-    TAG: ClassVar[str] = "conv"
-    USES_PAYLOAD: ClassVar[bool] = True
+    PAYLOAD = (
+        Param("weight", lambda node, _p, _o: node.kernel_shape()),
+        Param("bias", lambda node, _p, _o: (node.meta("out_channels"),), required=False),
+    )
     FIELDS: ClassVar[tuple[Field, ...]] = (
         Field("kernel", Kind.INTS),
-        Field("stride", Kind.INTS, _ones),
-        Field("padding", Kind.INTS, _zeros),
-        Field("dilation", Kind.INTS, _ones),
-        Field("padding_after", Kind.INTS, _same_padding),
-        Field("groups", Kind.INT, lambda _f, _d: 1),
-        Field("channel_axis", Kind.INT, lambda _f, _d: 0),
+        Field("stride", Kind.INTS, ones_per_axis),
+        Field("padding", Kind.INTS, zeros_per_axis),
+        Field("dilation", Kind.INTS, ones_per_axis),
+        Field("padding_after", Kind.INTS, padding_default),
+        Field("groups", Kind.INT, 1),
+        Field("channel_axis", Kind.INT, 0),
         Field("in_channels", Kind.INT),
         Field("out_channels", Kind.INT),
     )
@@ -652,14 +601,19 @@ class ConvOp(NodeOp):
         config = ", ".join(f"{f.name}={self._describe_value(f)}" for f in self.FIELDS)
         return f"conv(config={{{config}}}, payload=node_id)"
 
+    def kernel_shape(self) -> Shape:
+        """The kernel's shape [out, in/groups, k...]."""
+        m = self.metadata()
+        return (m["out_channels"], m["in_channels"] // max(m["groups"], 1), *m["kernel"])
+
     def infer(self, parents: list[Shape]) -> Shape:
         (s,) = parents
         m = self.metadata()
         tag, groups = self.TAG, m["groups"]
         cin, cout, axis = m["in_channels"], m["out_channels"], m["channel_axis"]
-        _check_positive(tag, "inChannels", cin)
-        _check_positive(tag, "outChannels", cout)
-        _check_positive(tag, "groups", groups)
+        check_positive(tag, "inChannels", cin)
+        check_positive(tag, "outChannels", cout)
+        check_positive(tag, "groups", groups)
         if cin % groups:
             raise ShapeError(f"{tag}: in_channels={cin} is not divisible by groups={groups}")
         if cout % groups:
@@ -682,9 +636,9 @@ class ConvOp(NodeOp):
             k, st, dil = m["kernel"][i], m["stride"][i], m["dilation"][i]
             lo, hi = m["padding"][i], m["padding_after"][i]
             name = f"axis {axis + 1 + i}"
-            _check_positive(tag, f"{name} kernel", k)
-            _check_positive(tag, f"{name} stride", st)
-            _check_positive(tag, f"{name} dilation", dil)
+            check_positive(tag, f"{name} kernel", k)
+            check_positive(tag, f"{name} stride", st)
+            check_positive(tag, f"{name} dilation", dil)
             effective = dil * (k - 1) + 1
             if size + lo + hi < effective:
                 raise ShapeError(
@@ -695,14 +649,20 @@ class ConvOp(NodeOp):
         return s[:axis] + (cout,) + tuple(out)
 
 
+#: The per-channel fields of a batch-norm record, in the order gradients list them.
+BATCH_NORM_STATS = ("gamma", "beta", "mean", "var")
+
+
 @irdl_op_definition
 class BatchNormEvalOp(NodeOp):
     """`%1 = batch_norm_eval(%0) {channel_axis = 0, channels = 3}` — gamma, beta, mean, var
     and eps from the payload."""
 
     name = "tl.batch_norm_eval"
-    TAG: ClassVar[str] = "batch_norm_eval"
-    USES_PAYLOAD: ClassVar[bool] = True
+    PAYLOAD = (
+        *(Param(f, lambda node, _p, _o: (node.meta("channels"),)) for f in BATCH_NORM_STATS),
+        Param("eps", required=False, default=1e-5, scalar=True, differentiable=False),
+    )
     FIELDS: ClassVar[tuple[Field, ...]] = (
         Field("channel_axis", Kind.INT),
         Field("channels", Kind.INT),
@@ -717,7 +677,7 @@ class BatchNormEvalOp(NodeOp):
     def infer(self, parents: list[Shape]) -> Shape:
         (s,) = parents
         axis, channels = self.meta("channel_axis"), self.meta("channels")
-        _check_positive("batch_norm_eval", "channels", channels)
+        check_positive("batch_norm_eval", "channels", channels)
         check_axis(axis, s)
         if s[axis] != channels:
             raise ShapeError(f"batch_norm_eval: channel mismatch: op={channels} vs input={s[axis]}")
@@ -729,7 +689,6 @@ class SafeLogOp(NodeOp):
     """`%2 = safe_log(%0, %1)` — log(softplus(x) + eps); the second parent is the scalar eps."""
 
     name = "tl.safe_log"
-    TAG: ClassVar[str] = "safe_log"
     ARITY: ClassVar[tuple[int, int | None]] = (2, 2)
 
     def describe(self) -> str:
@@ -747,7 +706,6 @@ class SoftmaxOp(AxisOp):
     """`%1 = softmax(%0) {axis = 1}` — torch.softmax(x, dim=axis)."""
 
     name = "tl.softmax"
-    TAG: ClassVar[str] = "softmax"
 
 
 @irdl_op_definition
@@ -755,7 +713,6 @@ class LogSoftmaxOp(AxisOp):
     """`%1 = log_softmax(%0) {axis = 1}` — stable torch.log_softmax(x, dim=axis)."""
 
     name = "tl.log_softmax"
-    TAG: ClassVar[str] = "log_softmax"
 
 
 @irdl_op_definition
@@ -765,7 +722,6 @@ class HardMaskedSoftmaxOp(NodeOp):
     give 0."""
 
     name = "tl.hard_masked_softmax"
-    TAG: ClassVar[str] = "hard_masked_softmax"
     FIELDS: ClassVar[tuple[Field, ...]] = (
         Field("mask_shape", Kind.INTS),
         Field("allowed", Kind.BOOLS),
@@ -798,14 +754,20 @@ class LayernormOp(NodeOp):
     optional gamma/beta/eps from the payload (defaults 1, 0, 1e-5)."""
 
     name = "tl.layernorm"
-    TAG: ClassVar[str] = "layernorm"
+    PAYLOAD = (
+        *(
+            Param(f, lambda node, parents, _o: parents[0][node.meta("axis") :], required=False)
+            for f in ("gamma", "beta")
+        ),
+        Param("eps", required=False, default=1e-5, scalar=True, differentiable=False),
+    )
     FIELDS: ClassVar[tuple[Field, ...]] = (Field("axis", Kind.INT),)
 
     def infer(self, parents: list[Shape]) -> Shape:
         (s,) = parents
         axis = self.meta("axis")
         check_axis(axis, s)
-        _check_positive("layernorm", "embedDim", numel(s[axis:]))
+        check_positive("layernorm", "embedDim", numel(s[axis:]))
         return s
 
 
@@ -814,13 +776,12 @@ class ReshapeOp(NodeOp):
     """`%1 = reshape(%0) {from = [2, 3], to = [6]}` — same elements, row-major."""
 
     name = "tl.reshape"
-    TAG: ClassVar[str] = "reshape"
     FIELDS: ClassVar[tuple[Field, ...]] = (Field("from", Kind.INTS), Field("to", Kind.INTS))
 
     def infer(self, parents: list[Shape]) -> Shape:
         (s,) = parents
         src, dst = self.meta("from"), self.meta("to")
-        _expect_parent_shape(self.TAG, src, s)
+        expect_parent_shape(self.TAG, src, s)
         if numel(src) != numel(dst):
             raise ShapeError(f"reshape: numel mismatch: {numel(src)} vs {numel(dst)}")
         return dst
@@ -831,13 +792,12 @@ class FlattenOp(NodeOp):
     """`%1 = flatten(%0) {shape = [2, 3]} : [6]` — to a vector of numel(shape)."""
 
     name = "tl.flatten"
-    TAG: ClassVar[str] = "flatten"
     FIELDS: ClassVar[tuple[Field, ...]] = (Field("shape", Kind.INTS),)
 
     def infer(self, parents: list[Shape]) -> Shape:
         (s,) = parents
         expected = self.meta("shape")
-        _expect_parent_shape(self.TAG, expected, s)
+        expect_parent_shape(self.TAG, expected, s)
         return (numel(s),)
 
 
@@ -846,7 +806,6 @@ class ConcatOp(NodeOp):
     """`%3 = concat(%1, %2) {axis = 1}` — same rank, other extents equal, axis extents summed."""
 
     name = "tl.concat"
-    TAG: ClassVar[str] = "concat"
     ARITY: ClassVar[tuple[int, int | None]] = (2, None)
     FIELDS: ClassVar[tuple[Field, ...]] = (Field("axis", Kind.INT),)
 
@@ -874,7 +833,6 @@ class MseLossOp(NodeOp):
     """`%2 = mse_loss(%0, %1) : []` — mean of (yhat - target)^2."""
 
     name = "tl.mse_loss"
-    TAG: ClassVar[str] = "mse_loss"
     ARITY: ClassVar[tuple[int, int | None]] = (2, 2)
 
     def infer(self, parents: list[Shape]) -> Shape:
@@ -978,8 +936,8 @@ class PayloadOp(IRDLOperation):
 FORWARD_OPS: tuple[type[NodeOp], ...] = (
     InputOp, ConstOp, PermuteOp, TransposeOp, DetachOp, RandUniformOp, BernoulliMaskOp,
     AddOp, SubOp, MulElemOp, MaxElemOp, MinElemOp,
-    AbsOp, SqrtOp, ReluOp, TanhOp, SigmoidOp, SoftplusOp, ExpOp, LogOp, InvOp, SinOp, CosOp,
-    GeluOp, MaxPoolOp, AvgPoolOp, BroadcastToOp, ReduceSumOp, ReduceMeanOp, SumOp, MatmulOp,
+    AbsOp, SqrtOp, ReluOp, LeakyReluOp, TanhOp, SigmoidOp, SoftplusOp, ExpOp, LogOp, InvOp, SinOp,
+    CosOp, GeluOp, MaxPoolOp, AvgPoolOp, BroadcastToOp, ReduceSumOp, ReduceMeanOp, SumOp, MatmulOp,
     LinearOp, ConvOp, BatchNormEvalOp, SafeLogOp, SoftmaxOp, LogSoftmaxOp, HardMaskedSoftmaxOp,
     LayernormOp, ReshapeOp, FlattenOp, ConcatOp, MseLossOp,
 )  # fmt: skip

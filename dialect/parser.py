@@ -264,8 +264,8 @@ class _Builder(ProgramRules, Transformer[Token, ModuleOp]):
         for f in op_class.FIELDS:
             if f.name in given:
                 fields[f.name] = given[f.name]
-            elif f.default is not None and f.default(fields, declared) is not None:
-                fields[f.name] = f.default(fields, declared)
+            elif f.default_value(fields, declared) is not None:
+                fields[f.name] = f.default_value(fields, declared)
             else:
                 raise error(f"op '{op_class.TAG}' requires metadata field '{f.name}'", where)
         return fields

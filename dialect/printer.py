@@ -77,7 +77,7 @@ def _non_default_fields(node: NodeOp) -> list[tuple[str, str]]:
     seen: dict[str, object] = {}
     for f in node.FIELDS:
         value = values[f.name]
-        default = f.default(seen, node.declared_shape) if f.default is not None else None
+        default = f.default_value(seen, node.declared_shape)
         seen[f.name] = value
         if default is None or tuple_or(value) != tuple_or(default):
             shown.append((f.name, fmt_value(f, value)))

@@ -33,7 +33,7 @@ def make(op_class: type[ops.NodeOp], declared: Shape | None = None, **fields: An
     given = {f.name: fields[f.name] for f in op_class.FIELDS if f.name in fields}
     for f in op_class.FIELDS:
         if f.name not in given and f.default is not None:
-            given[f.name] = f.default(given, declared)
+            given[f.name] = f.default_value(given, declared)
     return op_class(1, [], declared, given)
 
 
@@ -279,6 +279,10 @@ def test_summary_quotes_id_kind_parents_and_declared_shape() -> None:
         (Kind.BOOLS, [1, 0], False),
         (Kind.STR, "x", True),
         (Kind.STR, 1, False),
+        (Kind.FLOAT, 0.01, True),
+        (Kind.FLOAT, 2, True),
+        (Kind.FLOAT, True, False),
+        (Kind.FLOAT, "0.1", False),
     ],
 )
 def test_check_value(kind: Kind, value: Any, ok: bool) -> None:

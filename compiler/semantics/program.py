@@ -106,7 +106,7 @@ def _with_defaults(
     for f in op.FIELDS:
         value = given.get(f.name)
         if value is None and f.default is not None:
-            value = f.default(fields, declared)
+            value = f.default_value(fields, declared)
         if value is None:
             raise error(f"{op.TAG}: missing metadata field '{f.name}'", where)
         try:
@@ -302,7 +302,7 @@ def _generic(op: type[NodeOp]) -> Callable[..., Any]:
 
 for _op in INTERFACE.values():
     if not hasattr(Ops, _op.TAG):
-        assert not _op.USES_PAYLOAD, f"{_op.TAG} reads parameters: it needs an explicit method"
+        assert not _op.reads_payload(), f"{_op.TAG} reads parameters: it needs an explicit method"
         setattr(Ops, _op.TAG, _generic(_op))
 
 

@@ -27,6 +27,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 from tlc.core.diagnostics import DiagnosticError, error
 from tlc.dialect import ops
 from tlc.dialect.ops import NodeOp
+from tlc.dialect.registry import NODE_OPS
 
 Rule = Callable[[NodeOp, list[np.ndarray], "dict[str, np.ndarray] | None", Any], np.ndarray]
 
@@ -68,15 +69,6 @@ def register(*op_classes: type[NodeOp]) -> Callable[[Rule], Rule]:
     return add
 
 
-def elementwise(op_class: type[NodeOp], fn: Callable[..., np.ndarray]) -> None:
-    """An op that applies `fn` to its parents' values elementwise (dtype preserved)."""
-
-    def rule(node: NodeOp, args: list[np.ndarray], record: Any, dtype: Any) -> np.ndarray:
-        return np.asarray(fn(*args), dtype=dtype)
-
-    register(op_class)(rule)
-
-
 # --------------------------------------------------------------------------------------------
 # Sources
 # --------------------------------------------------------------------------------------------
@@ -115,56 +107,13 @@ def _bernoulli(node: NodeOp, args: list[np.ndarray], record: Any, dtype: Any) ->
 # --------------------------------------------------------------------------------------------
 
 
-def _sigmoid(x: np.ndarray) -> np.ndarray:
-    e = np.exp(-np.abs(x))
-    return np.where(x >= 0, 1 / (1 + e), e / (1 + e))
+# Ops stating their numpy function (`UnaryOp.numpy`, `BinaryOp.numpy`) get it as their rule,
+# computed in the run's dtype; the rest are below.
+for _op in NODE_OPS:
+    if _op.defines("numpy") and _op is not ops.LogOp:
+        register(_op)(lambda node, args, record, dtype: np.asarray(node.numpy(*args), dtype=dtype))
 
-
-def _softplus(x: np.ndarray) -> np.ndarray:
-    """log(1 + e^x) without overflow: max(x, 0) + log1p(e^-|x|)."""
-    return np.maximum(x, 0) + np.log1p(np.exp(-np.abs(x)))
-
-
-_erf = np.vectorize(math.erf, otypes=[np.float64])
-
-
-def _gelu(node: NodeOp, args: list[np.ndarray], record: Any, dtype: Any) -> np.ndarray:
-    """PyTorch's gelu: exact x/2 (1 + erf(x/sqrt 2)), or its tanh approximation.
-
-    The erf is evaluated per element in float64 and rounded to `dtype` (numpy has no float32
-    erf); the surrounding arithmetic is in `dtype`.
-    """
-    (x,) = args
-    half = dtype(0.5)
-    if node.meta("approximate") == "tanh":
-        k = dtype(math.sqrt(2 / math.pi))
-        inner = k * (x + dtype(0.044715) * x * x * x)
-        return half * x * (1 + np.tanh(inner))
-    return half * x * (1 + _erf(x * dtype(1 / math.sqrt(2))).astype(dtype))
-
-
-register(ops.GeluOp)(_gelu)
-
-for _op, _fn in (
-    (ops.DetachOp, lambda x: x),
-    (ops.AddOp, np.add),
-    (ops.SubOp, np.subtract),
-    (ops.MulElemOp, np.multiply),
-    (ops.MaxElemOp, np.maximum),
-    (ops.MinElemOp, np.minimum),
-    (ops.AbsOp, np.abs),
-    (ops.SqrtOp, np.sqrt),
-    (ops.ReluOp, lambda x: np.maximum(x, 0)),
-    (ops.TanhOp, np.tanh),
-    (ops.SigmoidOp, _sigmoid),
-    (ops.SoftplusOp, _softplus),
-    (ops.ExpOp, np.exp),
-    (ops.InvOp, lambda x: 1 / x),
-    (ops.SinOp, np.sin),
-    (ops.CosOp, np.cos),
-    (ops.SafeLogOp, lambda x, eps: np.log(_softplus(x) + eps)),
-):
-    elementwise(_op, _fn)
+register(ops.SafeLogOp)(lambda node, args, record, dtype: np.log(ops.softplus(args[0]) + args[1]))
 
 
 @register(ops.LogOp)

@@ -23,16 +23,12 @@ from tlc.dialect.backward_ops import (
     ConvWeightGradOp,
     GeluGradOp,
     MaxPoolGradOp,
-    SignOp,
 )
 from tlc.dialect.ops import NodeOp
-from tlc.semantics.reference import elementwise, register
+from tlc.semantics.reference import register
 
 _SQRT_2_OVER_PI = math.sqrt(2 / math.pi)
 _erf = np.vectorize(math.erf, otypes=[np.float64])
-
-
-elementwise(SignOp, np.sign)
 
 
 @register(GeluGradOp)
