@@ -190,6 +190,55 @@ def test_monotone_ops_use_endpoints(op: type[ops.NodeOp], fn) -> None:  # noqa: 
     assert np.all(box.lo < fn(np.array(lo))) and np.all(box.hi > fn(np.array(hi)))  # outward
 
 
+def _leaky(v: np.ndarray, slope: float) -> np.ndarray:
+    return np.where(v > 0, v, slope * v)
+
+
+@pytest.mark.parametrize("slope", [0.01, 0.0, 2.5])
+def test_leaky_relu_monotone_slope_is_one_step_outside_the_endpoints(slope: float) -> None:
+    """slope >= 0: increasing (the op's `monotone()` fact), so the endpoint rule stepped one
+    ULP outward (ULPS = 1): tight."""
+    lo, hi = np.array([-2.0, -0.5, 0.25]), np.array([-1.0, 0.75, 3.0])
+    graph = _unary_graph(ops.LeakyReluOp, {"negative_slope": slope}, (3,))
+    box = ibp(graph, None, lo, hi)[1]
+    assert box is not None
+    np.testing.assert_array_equal(box.lo, np.nextafter(_leaky(lo, slope), -np.inf))
+    np.testing.assert_array_equal(box.hi, np.nextafter(_leaky(hi, slope), np.inf))
+
+
+def test_leaky_relu_f32_box_holds_the_f32_and_the_exact_values() -> None:
+    """In float32 the slope 0.01 is rounded before the product, so the run's value at an
+    endpoint differs from the float64 one; the box holds both and is at most one float32 step
+    wider on each side."""
+    lo, hi = np.array([-2.0, -0.5, 0.25]), np.array([-1.0, 0.75, 3.0])
+    graph = _unary_graph(ops.LeakyReluOp, {"negative_slope": 0.01}, (3,))
+    box = ibp(graph, None, lo, hi, F32)[1]
+    assert box is not None
+    for end, pick in ((lo, np.minimum), (hi, np.maximum)):
+        run = _leaky(end.astype(F32), F32(0.01)).astype(F64)
+        exact = _leaky(end, 0.01)
+        assert box.contains(run).all() and box.contains(exact).all()
+        outer = pick(run, exact)
+        step = np.abs(np.nextafter(outer.astype(F32), F32(np.inf)) - outer.astype(F32))
+        assert np.all(np.abs((box.lo if pick is np.minimum else box.hi) - outer) <= 2 * step)
+
+
+@pytest.mark.parametrize("dtype", [F64, F32])
+def test_leaky_relu_negative_slope_goes_through_its_decomposition(dtype: type) -> None:
+    """slope < 0: not monotone, so the box is the decomposition's, max(x, s x) on boxes: sound
+    (every sampled value, vertices included, is inside), exact where one branch dominates, and
+    as wide as the interval max of the two branches where the box straddles the kink."""
+    lo, hi = np.array([-2.0, -0.5, 0.25]), np.array([-1.0, 0.75, 3.0])
+    graph = _unary_graph(ops.LeakyReluOp, {"negative_slope": -0.5}, (3,))
+    report = check_samples(graph, None, lo, hi, 40, dtype)
+    assert report.ok
+    box = report.boxes[1]
+    assert box is not None
+    # [-2, -1] -> s x in [0.5, 1]; [-0.5, 0.75] -> max([-0.5, 0.75], [-0.375, 0.25])
+    np.testing.assert_allclose(box.lo, [0.5, -0.375, 0.25], rtol=1e-6)
+    np.testing.assert_allclose(box.hi, [1.0, 0.75, 3.0], rtol=1e-6)
+
+
 def test_gelu_pieces() -> None:
     gelu = np.vectorize(lambda v: v * 0.5 * (1 + math.erf(v / math.sqrt(2))))
     box = _box(ops.GeluOp, [-3.0, -0.5, -2.0], [-1.0, 1.0, 0.5], approximate="none")

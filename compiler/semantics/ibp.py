@@ -167,10 +167,12 @@ def _input_box(node: NodeOp, lo: np.ndarray, hi: np.ndarray) -> Box:
 register = INTERVAL.register
 
 
-def reference(node: NodeOp, *args: np.ndarray, record: Record | None = None) -> np.ndarray:
-    """The op's reference rule evaluated in float64 (on box endpoints)."""
+def reference(
+    node: NodeOp, *args: np.ndarray, record: Record | None = None, dtype: type = F64
+) -> np.ndarray:
+    """The op's reference rule evaluated in float64 (on box endpoints), or in `dtype`."""
     with np.errstate(all="ignore"):
-        return np.asarray(REFERENCE[type(node)](node, list(args), record, F64), dtype=F64)
+        return np.asarray(REFERENCE[type(node)](node, list(args), record, dtype), dtype=dtype)
 
 
 # --------------------------------------------------------------------------------------------
@@ -598,17 +600,32 @@ def _within(op_class: type[UnaryOp], lo: np.ndarray) -> bool:
 
 
 def _endpoints(node: NodeOp, a: Box, out: Outward, direction: Monotone) -> Box | None:
-    """A monotone elementwise op: its reference rule at the endpoints (swapped where it
-    decreases), stepped `ULPS` outward (not at all where exact); None outside its `DOMAIN`."""
+    """A monotone elementwise op: its values at the endpoints (swapped where it decreases),
+    stepped `ULPS` outward (not at all where exact); None outside its `DOMAIN`.
+
+    An endpoint's value is the float64 one and, in a narrower run, also the run's own: a
+    function whose dtype evaluation rounds a constant first (leaky_relu's slope) may sit an
+    ULP off the float64 value, and the box must hold both."""
     op_class = type(node)
     assert issubclass(op_class, UnaryOp)
     if not _within(op_class, a.lo):
         return None
-    increasing = direction is Monotone.INCREASING
+
+    def at(v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        value = reference(node, v)
+        if out.dtype is F64:
+            return value, value
+        narrow = np.asarray(reference(node, v.astype(out.dtype), dtype=out.dtype), dtype=F64)
+        return np.minimum(value, narrow), np.maximum(value, narrow)
+
+    (lo_min, lo_max), (hi_min, hi_max) = at(a.lo), at(a.hi)
+    if direction is Monotone.INCREASING:
+        low, high = lo_min, hi_max
+    else:
+        low, high = hi_min, lo_max
     if op_class.ULPS == 0:
-        at_lo, at_hi = reference(node, a.lo), reference(node, a.hi)
-        return Box(at_lo, at_hi) if increasing else Box(at_hi, at_lo)
-    return out.monotone(a, lambda v: reference(node, v), op_class.ULPS, increasing)
+        return Box(low, high)
+    return Box(out.down(low, op_class.ULPS), out.up(high, op_class.ULPS))
 
 
 def _decomposed(node: NodeOp, boxes: list[Box], record: Any, out: Outward) -> Box | None:

@@ -557,7 +557,7 @@ def _record_tape(em: Emitter[Any], node: NodeOp, ins: list[Any]) -> tuple[_Tape,
     return tape, node.decompose(tape, *range(len(ins)))
 
 
-def _decomposition_jvp(em, node, ins, out, ts, record, rt):  # type: ignore[no-untyped-def]
+def decomposition_jvp(em, node, ins, out, ts, record, rt):  # type: ignore[no-untyped-def]
     """Tangents pushed through the decomposition's parts, each by its own JVP rule."""
     tape, result = _record_tape(em, node, ins)
     tangents: list[Any] = list(ts)
@@ -568,7 +568,7 @@ def _decomposition_jvp(em, node, ins, out, ts, record, rt):  # type: ignore[no-u
     return tangents[result]
 
 
-def _decomposition_vjp(em, node, ins, out, g, record):  # type: ignore[no-untyped-def]
+def decomposition_vjp(em, node, ins, out, g, record):  # type: ignore[no-untyped-def]
     """Cotangents pulled back through the decomposition's parts, each by its own VJP rule;
     the parts' own parameters (constants) are not the op's and are dropped."""
     tape, result = _record_tape(em, node, ins)
@@ -591,13 +591,13 @@ _DERIVATIVE_JVP, _DERIVATIVE_VJP = _elementwise_rules(_by_derivative)
 def _derived_jvp(op_class: type[NodeOp]) -> Jvp | None:
     if issubclass(op_class, UnaryOp) and op_class.defines("derivative"):
         return _DERIVATIVE_JVP
-    return _decomposition_jvp if op_class.defines("decompose") else None
+    return decomposition_jvp if op_class.defines("decompose") else None
 
 
 def _derived_vjp(op_class: type[NodeOp]) -> Vjp | None:
     if issubclass(op_class, UnaryOp) and op_class.defines("derivative"):
         return _DERIVATIVE_VJP
-    return _decomposition_vjp if op_class.defines("decompose") else None
+    return decomposition_vjp if op_class.defines("decompose") else None
 
 
 JVP.derive(NODE_OPS, _derived_jvp)
