@@ -27,7 +27,7 @@ from tlc.dialect.verify import infer_graph_shapes
 
 # The backward ops' reference rules join `REFERENCE` when their module is imported: imported
 # here, so `REFERENCE` as this module exports it is the complete table.
-from tlc.semantics.autodiff import backward_reference  # noqa: F401
+from tlc.semantics import backward_reference  # noqa: F401
 from tlc.semantics.payload_check import PAYLOAD_CHECKS, check_payload, prepare_records
 from tlc.semantics.reference import REFERENCE, EvalError, Rule, eval_error
 

@@ -6,7 +6,7 @@ that read no payload or were given none) and `dtype` the scalar context. An op s
 function (`UnaryOp.numpy`, `BinaryOp.numpy`) gets it as its rule; an op with only a decomposition
 gets the decomposition evaluated by a `NumpyEmitter` (each part by its own rule, in `dtype`); the
 rules below are the ops that need their own. The backward ops' rules (gradient graphs) are
-registered by `tlc.semantics.autodiff.backward_reference`; `tlc.semantics.interpret` imports it,
+registered by `tlc.semantics.backward_reference`; `tlc.semantics.interpret` imports it,
 so the complete table is `tlc.semantics.interpret.REFERENCE`. Every rule computes in
 `dtype` throughout: a float32 run rounds at every step, as a float32 machine would, instead of
 rounding a float64 result once at the end. The one data-dependent failure is raw `log` of a

@@ -41,7 +41,7 @@ from tlc.dialect.families import UnaryOp
 from tlc.dialect.ops import NodeOp
 from tlc.dialect.registry import NODE_OPS
 from tlc.dialect.shapes import Shape, numel
-from tlc.semantics.autodiff.backward_reference import max_pool_tangent
+from tlc.semantics.backward_reference import max_pool_tangent
 from tlc.semantics.emitter import Emitter, NumpyEmitter
 from tlc.semantics.interpret import REFERENCE
 from tlc.semantics.reference import payload_field
