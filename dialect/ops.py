@@ -143,6 +143,7 @@ class DetachOp(UnaryOp):
     name = "tl.detach"
     ONNX = OnnxSpelling("Identity")
     TORCH = TorchSpelling(functions=("torch.detach",), methods=("detach",))
+    MONOTONE = Monotone.INCREASING
 
     def numpy(self, x: np.ndarray) -> np.ndarray:
         return x
@@ -312,7 +313,7 @@ class LeakyReluOp(UnaryOp):
     def decompose(self, em: Any, x: Any) -> Any:
         """max(x, s x) for s <= 1, min(x, s x) above: exactly the selection `numpy` makes."""
         slope = self.meta("negative_slope")
-        return em.op(MaxElemOp if slope <= 1 else MinElemOp, [x, em.scale(x, slope)])
+        return em.bind(MaxElemOp if slope <= 1 else MinElemOp, [x, em.scale(x, slope)])
 
 
 @irdl_op_definition

@@ -331,8 +331,8 @@ class Eager(Ops):
         return tuple(np.shape(value))
 
     def evaluate(self, node: NodeOp, args: list[Any], record: dict[str, Any]) -> np.ndarray:
+        from tlc.semantics.interpret import REFERENCE
         from tlc.semantics.payload_check import SCALAR_FIELDS
-        from tlc.semantics.reference import REFERENCE
 
         cast = {
             k: np.asarray(v, dtype=self.dtype).reshape(() if k in SCALAR_FIELDS else np.shape(v))
@@ -374,13 +374,13 @@ class IntervalOps(Ops):
         return value.shape
 
     def evaluate(self, node: NodeOp, args: list[Any], record: dict[str, Any]) -> Interval:
-        from tlc.semantics.ibp import INTERVAL, NO_INTERVAL_RULE
+        from tlc.semantics.ibp import INTERVAL
         from tlc.semantics.interval_arith import Box, sanitize
         from tlc.semantics.payload_check import SCALAR_FIELDS
 
         shape = node.declared_shape
         assert shape is not None, "apply declares every node's shape"
-        if type(node) in NO_INTERVAL_RULE or any(a.box is None for a in args):
+        if type(node) in INTERVAL.unsupported or any(a.box is None for a in args):
             return Interval(shape, None)
         cast = {
             k: np.asarray(v, self.dtype)
