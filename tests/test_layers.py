@@ -15,7 +15,10 @@ import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-LINT = "import sys; from importlinter.cli import lint_imports_command; sys.exit(lint_imports_command())"
+LINT = (
+    "import sys; from importlinter.cli import lint_imports_command; "
+    "sys.exit(lint_imports_command())"
+)
 
 
 def _package_layout(target: Path) -> None:
