@@ -102,14 +102,14 @@ def decompose_graph(
 
 
 def missing_in(name: str) -> Chooser:
-    """The ops the rule table `name` has no rule for (and does not refuse)."""
+    """The ops the rule table `name` has no rule for (refused ones included)."""
     table = next((t for t in TABLES if t.what == name), None)
     if table is None:
         known = ", ".join(sorted(t.what for t in TABLES))
         raise DiagnosticError.simple(
             f"decompose: no interpretation named '{name}' (known: {known})"
         )
-    return lambda op_class: op_class not in table and op_class not in table.unsupported
+    return lambda op_class: op_class not in table
 
 
 def load_tables() -> None:

@@ -1,4 +1,4 @@
-"""The decompose pass (docs/passes.md): a decomposed graph computes what the op computes.
+"""The decompose pass (docs/tlc-opt.md): a decomposed graph computes what the op computes.
 
 leaky_relu's decomposition, max_elem(x, s*x) for s <= 1 and min_elem(x, s*x) above, selects
 exactly the value the op's numpy fact computes (x, or the rounded product x*s), so the
