@@ -1,11 +1,14 @@
-"""tl -> LLVM IR: one lowering rule per op kind, in one table.
+"""tl -> LLVM IR: one lowering rule per op kind, in one rule table.
 
 `LOWERINGS[OpClass]` is a `Lowering`: `emit(k, step)` writes the node's value into `step.out`
 (or, for a view, returns the buffer it aliases), and `params` names the payload fields the node
 reads with their shapes and defaults, so a library built with `--runtime-payload` knows its
-parameter layout without the values. `UNSUPPORTED` lists the ops with no lowering and why; the
-two tables together cover `NODE_OPS` (tests check it), and compiling an unsupported op is a
-located error naming the op and the node, never a fallback.
+parameter layout without the values. Rules are written here for the ops that need code of their
+own; an op without one that states a decomposition (`NodeOp.decompose`, such as leaky_relu's
+`max_elem(x, s*x)`) is lowered through it: its node's kernel runs the lowerings of the ops the
+decomposition emits, in order, on scratch storage (`decomposition_lowering`). Ops the table
+refuses (`LOWERINGS.unsupported`) are a located error naming the op and the node when compiled,
+never a fallback.
 
 Semantics follow the reference rules (`tlc.semantics.reference`) operation for operation.
 Reductions (sum, mean, dot products, softmax denominators) are reassociated so they vectorise:
@@ -22,14 +25,19 @@ from dataclasses import dataclass
 
 import numpy as np
 from llvmlite import ir
+from xdsl.ir import Block
 
 from tlc.codegen.builder import I1, I8, Buf, KernelBuilder, Status, strides
 from tlc.codegen.gemm import emit_broadcast_tiles, emit_dot_tiles
+from tlc.core.diagnostics import error
+from tlc.core.payload import Payload
+from tlc.core.rule_table import RuleTable
 from tlc.dialect import backward_ops as bw
 from tlc.dialect import ops
 from tlc.dialect.ops import NodeOp
 from tlc.dialect.registry import NODE_OPS
 from tlc.dialect.shapes import Shape, numel
+from tlc.semantics.autodiff.emitter import GraphEmitter
 from tlc.semantics.reference import uniform_draws
 
 
@@ -77,9 +85,7 @@ class Lowering:
     scratch: ScratchSize = _no_scratch
 
 
-LOWERINGS: dict[type[NodeOp], Lowering] = {}
-
-UNSUPPORTED: dict[type[NodeOp], str] = {}
+LOWERINGS: RuleTable[Lowering] = RuleTable("llvm")
 
 
 def register(
@@ -91,9 +97,7 @@ def register(
     """Decorator: `emit` lowers each of `op_classes`."""
 
     def add(emit: Emit) -> Emit:
-        for cls in op_classes:
-            assert cls not in LOWERINGS, f"two lowerings for {cls.__name__}"
-            LOWERINGS[cls] = Lowering(emit, view, params, scratch)
+        LOWERINGS.register(*op_classes)(Lowering(emit, view, params, scratch))
         return emit
 
     return add
@@ -938,6 +942,110 @@ def _avg_pool_grad(k: KernelBuilder, s: Step) -> None:
                          lambda acc, v: k.b.fadd(acc, k.b.fdiv(v, size)))  # fmt: skip
 
 
-def missing_ops() -> list[type[NodeOp]]:
-    """Ops in neither table (the exhaustiveness test expects none)."""
-    return [op for op in NODE_OPS if op not in LOWERINGS and op not in UNSUPPORTED]
+# --------------------------------------------------------------------------------------------
+# Ops defined by a decomposition
+# --------------------------------------------------------------------------------------------
+
+
+#: A region of a node's scratch: (offset in elements, shape).
+Slot = tuple[int, Shape]
+
+
+@dataclass(frozen=True)
+class Decomposition:
+    """A node's decomposition on its parents' shapes: `parts` are the emitted nodes, whose
+    parent ids count the node's parents first (ids 0..n-1) then the parts; `result` is the
+    id holding the node's value; `payload` the parts' records (constants)."""
+
+    parts: tuple[NodeOp, ...]
+    result: int
+    payload: Payload
+
+    @staticmethod
+    def of(node: NodeOp, parents: list[Shape]) -> Decomposition:
+        block = Block([ops.InputOp(i, [], shape) for i, shape in enumerate(parents)])
+        payload = Payload()
+        result = node.decompose(GraphEmitter(block, payload), *block.ops)
+        parts = tuple(op for op in block.ops if isinstance(op, NodeOp))[len(parents) :]
+        return Decomposition(parts, result.id, payload)
+
+    def lowering(self, node: NodeOp, part: NodeOp) -> Lowering:
+        cls = type(part)
+        reason = LOWERINGS.unsupported.get(cls, None if cls in LOWERINGS else "no lowering")
+        if reason is not None:
+            raise error(
+                f"codegen: cannot compile {node.TAG} node {node.id}: its decomposition uses "
+                f"{part.TAG}: {reason}",
+                node,
+            )
+        return LOWERINGS[cls]
+
+    def layout(self, node: NodeOp, parents: list[Shape]) -> tuple[dict[int, Slot], int]:
+        """Where the parts live in the node's scratch: the value of each part that computes
+        into memory (but the result's, which goes to the node's output) under its id, its own
+        scratch under -1 - id; with the total size."""
+        shapes = [*parents, *(part.require_declared() for part in self.parts)]
+        slots: dict[int, Slot] = {}
+        total = 0
+
+        def take(key: int, shape: Shape) -> None:
+            nonlocal total
+            slots[key] = (total, shape)
+            total += numel(shape)
+
+        for part in self.parts:
+            lowering = self.lowering(node, part)
+            if not lowering.view and part.id != self.result:
+                take(part.id, shapes[part.id])
+            extra = lowering.scratch(part, [shapes[p] for p in part.parent_ids()], shapes[part.id])
+            if extra:
+                take(-1 - part.id, (extra,))
+        return slots, total
+
+
+def _decomposition_scratch(node: NodeOp, parents: list[Shape], out: Shape) -> int:
+    return Decomposition.of(node, parents).layout(node, parents)[1]
+
+
+def _decomposed(k: KernelBuilder, s: Step) -> None:
+    """Lower each part of the node's decomposition in order: intermediate values and the
+    parts' own scratch live in the node's scratch, the result is written to the output, and
+    the parts' payload fields (the decomposition's constants) are baked in."""
+    d = Decomposition.of(s.node, [a.shape for a in s.args])
+    slots, _ = d.layout(s.node, [a.shape for a in s.args])
+
+    def scratch(key: int) -> Buf | None:
+        if key not in slots:
+            return None
+        assert s.scratch is not None
+        offset, shape = slots[key]
+        return Buf(k.at(s.scratch, offset), shape)
+
+    values = list(s.args)
+    for part in d.parts:
+        lowering = d.lowering(s.node, part)
+        args = [values[p] for p in part.parent_ids()]
+        shape = part.require_declared()
+        record = d.payload.get(part.id) or {}
+        params = {}
+        for name, spec in lowering.params(part, [a.shape for a in args], shape).items():
+            assert name in record or spec.default is not None, "emitted parts carry their payload"
+            value = record[name] if name in record else np.full(spec.shape, spec.default)
+            constant = np.asarray(value, dtype=k.dtype).reshape(spec.shape)
+            params[name] = Buf(k.global_constant(f"{part.TAG}.{name}", constant), spec.shape)
+        # A view's rule returns the buffer it aliases and writes nothing to `out`.
+        out = s.out if part.id == d.result else scratch(part.id) or Buf(s.out.ptr, shape)
+        value = lowering.emit(k, Step(part, args, params, out, scratch(-1 - part.id)))
+        values.append(value if lowering.view else out)
+    if values[d.result].ptr is not s.out.ptr:
+        k.copy(s.out, values[d.result])
+
+
+def decomposition_lowering(op_class: type[NodeOp]) -> Lowering | None:
+    """The rule of an op without a lowering of its own that states a decomposition."""
+    if not op_class.defines("decompose"):
+        return None
+    return Lowering(_decomposed, scratch=_decomposition_scratch)
+
+
+LOWERINGS.derive(NODE_OPS, decomposition_lowering)

@@ -25,14 +25,14 @@ from llvmlite import ir
 from xdsl.dialects.builtin import ModuleOp
 
 from tlc.codegen.builder import I32, I64, Buf, KernelBuilder, Status, scalar_type
-from tlc.codegen.lower import LOWERINGS, UNSUPPORTED, ParamSpec, Step
+from tlc.codegen.lower import LOWERINGS, ParamSpec, Step
 from tlc.core.diagnostics import error
 from tlc.core.payload import Payload, Record
 from tlc.dialect import ops
 from tlc.dialect.ops import GraphOp, NodeOp
 from tlc.dialect.payload_section import payload_from_module
 from tlc.dialect.shapes import Shape, ShapeError, numel
-from tlc.dialect.verify import infer_graph_shapes
+from tlc.dialect.verify import graph_shapes
 from tlc.semantics.payload_check import prepare_records
 
 #: Workspaces up to this many bytes live on the stack; larger ones are malloc'ed per call.
@@ -73,7 +73,7 @@ class GraphModule:
 
 def check_lowerable(graph: GraphOp) -> None:
     for node in graph.nodes:
-        reason = UNSUPPORTED.get(type(node))
+        reason = LOWERINGS.unsupported.get(type(node))
         if reason is not None:
             raise error(f"codegen: cannot compile {node.TAG} node {node.id}: {reason}", node)
 
@@ -158,7 +158,7 @@ def build_graph_module(
     runtime_payload: bool = False,
 ) -> GraphModule:
     """Check `graph` and its payload, and emit its module (see the module docstring)."""
-    shapes = infer_graph_shapes(graph)
+    shapes = graph_shapes(graph)
     check_lowerable(graph)
     # A runtime-payload build needs no values, but checks any it is given.
     records = (
@@ -415,7 +415,7 @@ def build_node_module(
 ) -> tuple[str, str, Shape]:
     """IR for one node as `i32 @tlc_node(T** args, T* out)` (for mixed kernel plans): returns
     (ir, symbol, output shape). Parameters are baked from `record`."""
-    reason = UNSUPPORTED.get(type(node))
+    reason = LOWERINGS.unsupported.get(type(node))
     if reason is not None:
         raise error(f"codegen: cannot compile {node.TAG} node {node.id}: {reason}", node)
     if isinstance(node, ops.InputOp):
@@ -466,7 +466,7 @@ def optimized_ir(module: ModuleOp, dtype: type = np.float64) -> str:
 def pack_params(graph: GraphOp, payload: Payload, dtype: type = np.float64) -> np.ndarray:
     """The flat `params` array a --runtime-payload build of `graph` takes, from `payload`
     (checked against the graph; absent optional fields get their defaults)."""
-    shapes = infer_graph_shapes(graph)
+    shapes = graph_shapes(graph)
     records = prepare_records(graph, payload, dtype, shapes)
     parts = [
         field_value(

@@ -41,6 +41,12 @@ def _lower_program() -> type[ModulePass]:
     return LowerProgramPass
 
 
+def _decompose() -> type[ModulePass]:
+    from tlc.passes.decompose import DecomposePass
+
+    return DecomposePass
+
+
 def _grad() -> type[ModulePass]:
     from tlc.passes.grad import GradPass
 
@@ -48,6 +54,7 @@ def _grad() -> type[ModulePass]:
 
 
 PASSES: dict[str, Callable[[], type[ModulePass]]] = {
+    "decompose": _decompose,
     "grad": _grad,
     "verify-structure": _verify_structure,
     "infer-shapes": _infer_shapes,

@@ -27,7 +27,7 @@ from tlc.semantics.interpret import interpret
 TOL = {np.float64: {"rtol": 1e-9, "atol": 1e-10}, np.float32: {"rtol": 2e-3, "atol": 2e-4}}
 
 UNARY = [ops.AbsOp, ops.ReluOp, ops.TanhOp, ops.SigmoidOp, ops.SoftplusOp, ops.SinOp, ops.CosOp,
-         ops.GeluOp, ops.DetachOp]  # fmt: skip
+         ops.GeluOp, ops.DetachOp, ops.LeakyReluOp]  # fmt: skip
 BINARY = [ops.AddOp, ops.SubOp, ops.MulElemOp, ops.MaxElemOp, ops.MinElemOp]
 
 
@@ -66,8 +66,11 @@ def step(draw, b: Builder) -> None:
     kind = draw(st.sampled_from(kinds))
     if kind == "unary":
         cls = draw(st.sampled_from(UNARY))
-        form = draw(st.sampled_from(["none", "tanh"]))
-        b.add(cls, [x], s, {"approximate": form} if cls is ops.GeluOp else None)
+        fields = {
+            ops.GeluOp: {"approximate": draw(st.sampled_from(["none", "tanh"]))},
+            ops.LeakyReluOp: {"negative_slope": draw(st.sampled_from([0.01, 0.2, 1.5, -0.5]))},
+        }
+        b.add(cls, [x], s, fields.get(cls))
     elif kind == "binary":
         same = [n for n in b.nodes if b.shape(n) == s]
         b.add(draw(st.sampled_from(BINARY)), [x, draw(st.sampled_from(same))], s)

@@ -86,14 +86,6 @@ def test_reference_provider_registers_every_backend_op() -> None:
     assert covered == set(BACKEND_OPS)
 
 
-def test_torch_table_is_exhaustive() -> None:
-    from tlc.semantics.torch_kernels import TORCH, TORCH_UNSUPPORTED
-
-    needing = {cls for cls, op in BACKEND_OP.items() if op is not None}
-    assert not set(TORCH) & set(TORCH_UNSUPPORTED)
-    assert needing == set(TORCH) | set(TORCH_UNSUPPORTED)
-
-
 def test_llvm_capsules_follow_the_lowering_table() -> None:
     lower = pytest.importorskip("tlc.codegen.lower")
     lowered = {cls.TAG for cls in lower.LOWERINGS}
@@ -459,3 +451,37 @@ def test_a_hand_written_policy_is_checked_at_the_graph() -> None:
     (diag,) = info.value.diagnostics
     assert diag.message.startswith("unknown device 'gpu' (known: cpu, cuda,")
     assert diag.location is not None and diag.location.line == 2
+
+
+LEAKY = """
+tl.graph @leaky {
+  %0 = input : [6]
+  %1 = leaky_relu(%0) {negative_slope = 0.2}
+  %2 = leaky_relu(%1) {negative_slope = 1.5}
+  output %2
+}
+"""
+
+
+@pytest.mark.parametrize("provider", ["reference", "llvm", "torch"])
+@pytest.mark.parametrize("arithmetic", ["f64", "f32"])
+def test_an_op_defined_by_its_facts_has_a_capsule_in_every_provider(
+    provider: str, arithmetic: str
+) -> None:
+    """leaky_relu has no kernel rule of its own anywhere: the reference derives it from the
+    numpy fact, llvm lowers its decomposition, torch calls its PyTorch spelling. Each runs the
+    plan and selects the same values as the reference, bit for bit."""
+    if provider == "torch":
+        pytest.importorskip("torch")
+    capsule = find_capsule(f"{provider}.leaky_relu", "cpu")
+    assert capsule is not None and capsule.ir_ops == ("leaky_relu",)
+    assert capsule.reduction is ReductionPolicy.NOT_APPLICABLE
+    module = tlc.plan(LEAKY, provider=f"only:{provider}", allow_trusted_external=True)
+    assert EMITTERS["plan"](module) == (
+        f'(#[1, 2], #["{provider}.leaky_relu", "{provider}.leaky_relu"])\n'
+    )
+    x = [-3.0, -0.5, -0.0, 0.0, 0.7, 4.0]
+    got = tlc.execute_plan(module, x, arithmetic=arithmetic).output
+    want = tlc.run(LEAKY, x, arithmetic=arithmetic).output
+    assert got.dtype == want.dtype
+    assert got.tobytes() == want.tobytes()

@@ -177,10 +177,10 @@ def bind_plan(
     graph: GraphOp, payload: Payload | None = None, dtype: Any = np.float64
 ) -> PlannedGraph:
     """Check `graph` and its plan, bind every capsule to a handler and prepare its kernel."""
-    from tlc.dialect.verify import infer_graph_shapes
+    from tlc.dialect.verify import graph_shapes
     from tlc.semantics.interpret import prepare_records
 
-    shapes = infer_graph_shapes(graph)
+    shapes = graph_shapes(graph)
     records = prepare_records(graph, payload or Payload(), dtype, shapes)
     try:
         policy = KernelPolicy.from_attrs(policy_of(graph))

@@ -10,9 +10,12 @@ provider, on which device, how far it is trusted and how its reductions round. I
   provider allowed, trust level allowed, the node's op kind covered) - `select_capsule`;
 - executable: a handler of the same op, provider and device exists and binds - `tlc.api.execute`.
 
-IR ops map to the backend vocabulary through `BACKEND_OP`, one exhaustive table: ops that need
-no runtime work (input, const, detach) map to None and get no capsule; several IR ops can share a
-backend op (`sum` and `reduce_sum` plan as `reduce_sum`).
+IR ops map to the backend vocabulary through `BACKEND_OP`, a rule table: an op's backend op is
+its tag unless TorchLean's vocabulary names it otherwise; ops that need no runtime work (input,
+const, detach) map to None and get no capsule; several IR ops can share a backend op (`sum` and
+`reduce_sum` plan as `reduce_sum`). A provider registers a capsule for every backend op one of
+whose IR ops its table has a rule for: `reference` from the reference rules, `llvm` from the
+lowerings (including those through a decomposition), `torch` from the torch kernels.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from enum import Enum
 from functools import cache
 
 from tlc.core.diagnostics import Diagnostic, DiagnosticError, error, location_of
+from tlc.core.rule_table import RuleTable
 from tlc.dialect import backward_ops, ops
 from tlc.dialect.ops import NodeOp
 from tlc.dialect.plan import kernel_of, policy_of
@@ -33,59 +37,32 @@ from tlc.dialect.registry import NODE_OPS
 # The backend vocabulary
 # --------------------------------------------------------------------------------------------
 
-#: IR op -> backend op (None: no runtime work, no capsule). Every op of NODE_OPS is a key.
-BACKEND_OP: dict[type[NodeOp], str | None] = {
-    ops.InputOp: None,
-    ops.ConstOp: None,
-    ops.DetachOp: None,
-    ops.PermuteOp: "permute",
-    ops.TransposeOp: "permute",
-    ops.RandUniformOp: "rand_uniform",
-    ops.BernoulliMaskOp: "bernoulli",
-    ops.AddOp: "add",
-    ops.SubOp: "sub",
-    ops.MulElemOp: "mul",
-    ops.MaxElemOp: "maximum",
-    ops.MinElemOp: "minimum",
-    ops.AbsOp: "abs",
-    ops.SqrtOp: "sqrt",
-    ops.ReluOp: "relu",
-    ops.TanhOp: "tanh",
-    ops.SigmoidOp: "sigmoid",
-    ops.SoftplusOp: "softplus",
-    ops.ExpOp: "exp",
-    ops.LogOp: "log",
-    ops.InvOp: "reciprocal",
-    ops.SinOp: "sin",
-    ops.CosOp: "cos",
-    ops.GeluOp: "gelu",
-    ops.MaxPoolOp: "max_pool",
-    ops.AvgPoolOp: "avg_pool",
-    ops.BroadcastToOp: "broadcast",
-    ops.ReduceSumOp: "reduce_sum",
-    ops.SumOp: "reduce_sum",
-    ops.ReduceMeanOp: "reduce_mean",
-    ops.MatmulOp: "matmul",
-    ops.LinearOp: "linear",
-    ops.ConvOp: "conv",
-    ops.BatchNormEvalOp: "batch_norm",
-    ops.SafeLogOp: "safe_log",
-    ops.SoftmaxOp: "softmax",
-    ops.LogSoftmaxOp: "log_softmax",
-    ops.HardMaskedSoftmaxOp: "masked_softmax",
-    ops.LayernormOp: "layer_norm",
-    ops.ReshapeOp: "reshape",
-    ops.FlattenOp: "reshape",
-    ops.ConcatOp: "concat",
-    ops.MseLossOp: "mse_loss",
+#: IR op -> backend op (None: no runtime work, no capsule). An op's backend op is its tag unless
+#: the backend vocabulary (TorchLean's) names it otherwise, below.
+BACKEND_OP: RuleTable[str | None] = RuleTable("backend op")
+BACKEND_OP.register(ops.InputOp, ops.ConstOp, ops.DetachOp)(None)
+for _name, _classes in (
+    ("permute", (ops.PermuteOp, ops.TransposeOp)),
+    ("bernoulli", (ops.BernoulliMaskOp,)),
+    ("mul", (ops.MulElemOp,)),
+    ("maximum", (ops.MaxElemOp,)),
+    ("minimum", (ops.MinElemOp,)),
+    ("reciprocal", (ops.InvOp,)),
+    ("broadcast", (ops.BroadcastToOp,)),
+    ("reduce_sum", (ops.ReduceSumOp, ops.SumOp)),
+    ("batch_norm", (ops.BatchNormEvalOp,)),
+    ("masked_softmax", (ops.HardMaskedSoftmaxOp,)),
+    ("layer_norm", (ops.LayernormOp,)),
+    ("reshape", (ops.ReshapeOp, ops.FlattenOp)),
     # the ops gradient graphs add
-    backward_ops.SignOp: "sign",
-    backward_ops.GeluGradOp: "gelu_backward",
-    backward_ops.MaxPoolGradOp: "max_pool_backward",
-    backward_ops.AvgPoolGradOp: "avg_pool_backward",
-    backward_ops.ConvInputGradOp: "conv_backward_input",
-    backward_ops.ConvWeightGradOp: "conv_backward_weight",
-}
+    ("gelu_backward", (backward_ops.GeluGradOp,)),
+    ("max_pool_backward", (backward_ops.MaxPoolGradOp,)),
+    ("avg_pool_backward", (backward_ops.AvgPoolGradOp,)),
+    ("conv_backward_input", (backward_ops.ConvInputGradOp,)),
+    ("conv_backward_weight", (backward_ops.ConvWeightGradOp,)),
+):
+    BACKEND_OP.register(*_classes)(_name)
+BACKEND_OP.derive(NODE_OPS, lambda cls: cls.TAG)
 
 #: Backend ops whose result sums many terms, so the summation order is a numerical policy.
 REDUCING = frozenset(
@@ -105,7 +82,9 @@ def ir_ops_of(op: str) -> tuple[type[NodeOp], ...]:
     return tuple(cls for cls in NODE_OPS if BACKEND_OP[cls] == op)
 
 
-BACKEND_OPS: tuple[str, ...] = tuple(dict.fromkeys(op for op in BACKEND_OP.values() if op))
+BACKEND_OPS: tuple[str, ...] = tuple(
+    dict.fromkeys(op for cls in NODE_OPS if (op := BACKEND_OP[cls]) is not None)
+)
 
 # --------------------------------------------------------------------------------------------
 # Capsule records

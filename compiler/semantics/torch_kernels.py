@@ -3,81 +3,92 @@
 Trusted-external: tlc does not check ATen's code, it only compares results in tests. `TORCH` maps
 an IR op class to `rule(torch, node, args, record) -> Tensor` over tensors of the run's dtype;
 `torch` is passed in so this module loads (and the registry is built) without importing torch.
-Ops without a rule are in `TORCH_UNSUPPORTED` with the reason; a test checks the two tables
-cover every op that has a backend op.
+
+An op whose PyTorch spelling (`NodeOp.TORCH`) names a function gets that function as its rule,
+called as `fn(*tensors, field=value...)` for the spelling's `arguments` (`leaky_relu` is
+`F.leaky_relu(x, negative_slope=s)`); the name is resolved when the kernel first runs. Rules are
+written below where torch's function differs from tl's meaning or needs the payload (softplus,
+flatten, reductions, layout, linear, normalisations, pooling, convolution). Ops torch cannot run
+as tl defines them are refused with the reason (`TORCH.unsupported`).
 """
 
 from __future__ import annotations
 
+import importlib
 import math
 from collections.abc import Callable
+from functools import cache
 from typing import Any
 
-from tlc.core.rule_table import registrar
+from tlc.core.rule_table import RuleTable
 from tlc.dialect import backward_ops, ops
 from tlc.dialect.ops import NodeOp
+from tlc.dialect.registry import NODE_OPS
 
 TorchRule = Callable[[Any, NodeOp, list[Any], "dict[str, Any] | None"], Any]
 
-TORCH: dict[type[NodeOp], TorchRule] = {}
+TORCH: RuleTable[TorchRule] = RuleTable("torch")
 
-TORCH_UNSUPPORTED: dict[type[NodeOp], str] = {
-    ops.RandUniformOp: "tlc draws from its documented PCG64 stream; torch's generator differs",
-    ops.BernoulliMaskOp: "tlc draws from its documented PCG64 stream; torch's generator differs",
-    ops.LogOp: "the reference fails on inputs <= 0; torch.log returns NaN or -inf instead",
-    ops.HardMaskedSoftmaxOp: "fully blocked rows must give 0; torch.softmax gives NaN there",
-    **dict.fromkeys(
-        (
-            backward_ops.GeluGradOp,
-            backward_ops.MaxPoolGradOp,
-            backward_ops.AvgPoolGradOp,
-            backward_ops.ConvInputGradOp,
-            backward_ops.ConvWeightGradOp,
-        ),
-        "a gradient op: torch runs these only inside autograd (torch.nn.grad lacks asymmetric "
-        "padding)",
-    ),  # fmt: skip
-}
+TORCH.refuse(
+    "tlc draws from its documented PCG64 stream; torch's generator differs",
+    ops.RandUniformOp,
+    ops.BernoulliMaskOp,
+)
+TORCH.refuse("the reference fails on inputs <= 0; torch.log returns NaN or -inf instead", ops.LogOp)
+TORCH.refuse(
+    "fully blocked rows must give 0; torch.softmax gives NaN there", ops.HardMaskedSoftmaxOp
+)
+TORCH.refuse(
+    "a gradient op: torch runs these only inside autograd (torch.nn.grad lacks asymmetric padding)",
+    backward_ops.GeluGradOp,
+    backward_ops.MaxPoolGradOp,
+    backward_ops.AvgPoolGradOp,
+    backward_ops.ConvInputGradOp,
+    backward_ops.ConvWeightGradOp,
+)
 
-
-register = registrar(TORCH, "torch")
-
-
-def _function(op_class: type[NodeOp], fn: Callable[..., Any]) -> None:
-    """An op that is `fn(torch, *args)`."""
-    register(op_class)(lambda t, node, args, record: fn(t, *args))
+register = TORCH.register
 
 
-for _op, _fn in (
-    (ops.AddOp, lambda t, a, b: t.add(a, b)),
-    (ops.SubOp, lambda t, a, b: t.sub(a, b)),
-    (ops.MulElemOp, lambda t, a, b: t.mul(a, b)),
-    (ops.MaxElemOp, lambda t, a, b: t.maximum(a, b)),
-    (ops.MinElemOp, lambda t, a, b: t.minimum(a, b)),
-    (ops.AbsOp, lambda t, x: t.abs(x)),
-    (ops.SqrtOp, lambda t, x: t.sqrt(x)),
-    (ops.ReluOp, lambda t, x: t.nn.functional.relu(x)),
-    (ops.TanhOp, lambda t, x: t.tanh(x)),
-    (ops.SigmoidOp, lambda t, x: t.sigmoid(x)),
-    # F.softplus switches to the identity above a threshold; logaddexp is the exact stable form.
-    (ops.SoftplusOp, lambda t, x: t.logaddexp(x, t.zeros_like(x))),
-    (ops.ExpOp, lambda t, x: t.exp(x)),
-    (ops.InvOp, lambda t, x: t.reciprocal(x)),
-    (ops.SinOp, lambda t, x: t.sin(x)),
-    (ops.CosOp, lambda t, x: t.cos(x)),
-    (backward_ops.SignOp, lambda t, x: t.sign(x)),
-    (ops.SafeLogOp, lambda t, x, eps: t.log(t.logaddexp(x, t.zeros_like(x)) + eps)),
-    (ops.SumOp, lambda t, x: t.sum(x)),
-    (ops.MatmulOp, lambda t, a, b: t.matmul(a, b)),
-    (ops.FlattenOp, lambda t, x: x.reshape(-1)),
-    (ops.MseLossOp, lambda t, a, b: t.nn.functional.mse_loss(a, b)),
-):
-    _function(_op, _fn)
+@cache
+def resolve(dotted: str) -> Callable[..., Any]:
+    """The callable a dotted name such as `torch.nn.functional.relu` names (the longest
+    importable prefix is the module, the rest attributes)."""
+    parts = dotted.split(".")
+    for split in range(len(parts), 0, -1):
+        try:
+            found: Any = importlib.import_module(".".join(parts[:split]))
+        except ImportError:
+            continue
+        for attr in parts[split:]:
+            found = getattr(found, attr)
+        return found
+    raise ImportError(f"cannot import {dotted}")
 
 
-@register(ops.GeluOp)
-def _gelu(t: Any, node: NodeOp, args: list[Any], record: Any) -> Any:
-    return t.nn.functional.gelu(args[0], approximate=node.meta("approximate"))
+def spelled_rule(op_class: type[NodeOp]) -> TorchRule | None:
+    """The rule of an op whose PyTorch spelling names a function: the first one, called with
+    the tensors and the spelling's arguments as keywords."""
+    spelling = op_class.TORCH
+    if spelling is None or not spelling.functions:
+        return None
+    name, fields = spelling.functions[0], spelling.arguments
+
+    def rule(t: Any, node: NodeOp, args: list[Any], record: Any) -> Any:
+        return resolve(name)(*args, **{f: node.meta(f) for f in fields})
+
+    return rule
+
+
+# F.softplus switches to the identity above a threshold; logaddexp is the exact stable form.
+register(ops.SoftplusOp)(lambda t, node, args, record: t.logaddexp(args[0], t.zeros_like(args[0])))
+register(ops.SafeLogOp)(
+    lambda t, node, args, record: t.log(t.logaddexp(args[0], t.zeros_like(args[0])) + args[1])
+)
+register(ops.SumOp)(lambda t, node, args, record: t.sum(args[0]))
+register(ops.MatmulOp)(lambda t, node, args, record: t.matmul(*args))
+register(ops.FlattenOp)(lambda t, node, args, record: args[0].reshape(-1))
+register(ops.MseLossOp)(lambda t, node, args, record: t.nn.functional.mse_loss(*args))
 
 
 @register(ops.ReduceSumOp)
@@ -195,3 +206,6 @@ def _conv(t: Any, node: NodeOp, args: list[Any], record: Any) -> Any:
         )  # fmt: skip
 
     return _spatial(t, args[0], rank, 1, run)
+
+
+TORCH.derive(NODE_OPS, spelled_rule)
