@@ -37,7 +37,7 @@ from tlc.dialect import ops
 from tlc.dialect.ops import NodeOp
 from tlc.dialect.registry import NODE_OPS
 from tlc.dialect.shapes import Shape, numel
-from tlc.semantics.autodiff.emitter import GraphEmitter
+from tlc.semantics.emitter import GraphEmitter
 from tlc.semantics.reference import uniform_draws
 
 

@@ -29,7 +29,7 @@ from tlc.dialect.ops import GraphOp, NodeOp, OutputOp, PayloadOp
 from tlc.dialect.payload_section import payload_from_module, payload_op
 from tlc.dialect.shapes import Shape, fmt_shape
 from tlc.dialect.verify import graph_shapes
-from tlc.semantics.autodiff.emitter import GraphEmitter
+from tlc.semantics.emitter import GraphEmitter
 
 Chooser = Callable[[type[NodeOp]], bool]
 
@@ -51,10 +51,10 @@ class _Rewriter(GraphEmitter):
             old: new.result for old, new in zip(node.parents, parents, strict=True)
         }
         copy = node.clone(value_mapper=mapper)
-        copy.attributes["id"] = IntegerAttr(self.next_id, i64)
+        copy.attributes["id"] = IntegerAttr(self.next_id(), i64)
         self.block.add_op(copy)
-        self.shapes[self.next_id] = shape
-        self.next_id += 1
+        self.shapes[self.next_id()] = shape
+        self._next_id += 1
         return copy
 
     def shape(self, value: NodeOp) -> Shape:
@@ -78,7 +78,7 @@ def decompose_graph(
     for node in graph.nodes:
         parents = [value[pid] for pid in node.parent_ids()]
         if decomposable(type(node)) and chosen(type(node)):
-            first = em.next_id
+            first = em.next_id()
             result = node.decompose(em, *parents)
             for part in list(block.ops)[first:]:
                 part.location = node.location  # diagnostics point at the decomposed node

@@ -34,6 +34,11 @@ TORCH.refuse(
     ops.RandUniformOp,
     ops.BernoulliMaskOp,
 )
+TORCH.refuse(
+    "a source: the executor takes its value from the caller or the payload, not from a kernel",
+    ops.InputOp,
+    ops.ConstOp,
+)
 TORCH.refuse("the reference fails on inputs <= 0; torch.log returns NaN or -inf instead", ops.LogOp)
 TORCH.refuse(
     "fully blocked rows must give 0; torch.softmax gives NaN there", ops.HardMaskedSoftmaxOp
