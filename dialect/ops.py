@@ -311,7 +311,9 @@ class LeakyReluOp(UnaryOp):
         return em.add(em.full_like(x, slope), em.scale(positive, 1.0 - slope))
 
     def decompose(self, em: Any, x: Any) -> Any:
-        """max(x, s x) for s <= 1, min(x, s x) above: exactly the selection `numpy` makes."""
+        """max(x, s x) for s <= 1, min(x, s x) above: the selection `numpy` makes, bit for bit
+        for s > 0. For s <= 0 a zero result may carry the other sign (max(+0, -0) is +0 where
+        s * +0 is -0), and for s = 0 the value at x = +inf is NaN (0 * inf) instead of +inf."""
         slope = self.meta("negative_slope")
         return em.bind(MaxElemOp if slope <= 1 else MinElemOp, [x, em.scale(x, slope)])
 
