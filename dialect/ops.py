@@ -447,6 +447,7 @@ class GeluOp(UnaryOp):
 
     name = "tl.gelu"
     FIELDS = (Field("approximate", Kind.STR, "none", ("none", "tanh")),)
+    ONNX = OnnxSpelling("Gelu", {"approximate": "approximate"})
     TORCH = TorchSpelling(
         functions=("torch.nn.functional.gelu",),
         modules=("torch.nn.GELU",),
@@ -530,6 +531,8 @@ class MatmulOp(NodeOp):
 
     name = "tl.matmul"
     ARITY: ClassVar[tuple[int, int | None]] = (2, 2)
+    #: ONNX's MatMul also broadcasts and takes vectors; tl's is its case of equal batch axes.
+    ONNX = OnnxSpelling("MatMul")
 
     def infer(self, parents: list[Shape]) -> Shape:
         a, b = parents
