@@ -44,7 +44,9 @@ from tlc.dialect.registry import NODE_OPS
 from tlc.dialect.shapes import Shape, ShapeError, fmt_shape
 from tlc.dialect.types import shape_of_type
 
-#: Ops that are not methods of the interface, and why.
+#: Ops that are not methods of the interface, and why. A plain reason map, not a rule table:
+#: the interface is a vocabulary (every op kind's method is generated and reduces to `apply`),
+#: not an interpretation with a rule per op; what a call means is the instance's table's.
 NOT_IN_INTERFACE: dict[type[NodeOp], str] = {
     tl.InputOp: "a program's input is its argument `x`, not the result of a call",
 }
@@ -374,13 +376,14 @@ class IntervalOps(Ops):
         return value.shape
 
     def evaluate(self, node: NodeOp, args: list[Any], record: dict[str, Any]) -> Interval:
-        from tlc.semantics.ibp import INTERVAL, NO_INTERVAL_RULE
+        from tlc.semantics.ibp import INTERVAL
         from tlc.semantics.interval_arith import Box, sanitize
         from tlc.semantics.payload_check import SCALAR_FIELDS
 
         shape = node.declared_shape
         assert shape is not None, "apply declares every node's shape"
-        if type(node) in NO_INTERVAL_RULE or any(a.box is None for a in args):
+        rule = INTERVAL.get(type(node))
+        if rule is None or any(a.box is None for a in args):
             return Interval(shape, None)
         cast = {
             k: np.asarray(v, self.dtype)
@@ -388,7 +391,7 @@ class IntervalOps(Ops):
             .reshape(() if k in SCALAR_FIELDS else np.shape(v))
             for k, v in record.items()
         }
-        box = INTERVAL[type(node)](node, [a.box for a in args], cast or None, self.outward)
+        box = rule(node, [a.box for a in args], cast or None, self.outward)
         if box is None:
             return Interval(shape, None)
         return Interval(shape, sanitize(Box(*np.broadcast_arrays(box.lo, box.hi))))
