@@ -238,6 +238,7 @@ class DeclaredShapeOp(NodeOp):
     """Nodes whose output shape is part of the graph interface (inputs, random sources)."""
 
     def infer(self, parents: list[Shape]) -> Shape:
+        """The declared shape (required)."""
         return self.require_declared()
 
 
@@ -257,6 +258,7 @@ class UnaryOp(NodeOp):
     DOMAIN: ClassVar[tuple[float, bool] | None] = None
 
     def infer(self, parents: list[Shape]) -> Shape:
+        """s → s."""
         return parents[0]
 
     def monotone(self) -> Monotone:
@@ -286,6 +288,8 @@ class BinaryOp(NodeOp):
         raise NotImplementedError(f"{self.TAG} has no numpy function")
 
     def infer(self, parents: list[Shape]) -> Shape:
+        """Both parents must have the same shape (no implicit broadcasting); the result has that
+        shape."""
         a, b = parents
         if a != b:
             raise ShapeError(f"{self.TAG}: shape mismatch: {fmt_shape(a)} vs {fmt_shape(b)}")
@@ -298,6 +302,7 @@ class AxisOp(NodeOp):
     FIELDS: ClassVar[tuple[Field, ...]] = (Field("axis", Kind.INT),)
 
     def infer(self, parents: list[Shape]) -> Shape:
+        """`axis < rank`; s → s."""
         check_axis(self.meta("axis"), parents[0])
         return parents[0]
 
@@ -308,6 +313,7 @@ class ReductionOp(NodeOp):
     FIELDS: ClassVar[tuple[Field, ...]] = (Field("axis", Kind.INT),)
 
     def infer(self, parents: list[Shape]) -> Shape:
+        """`axis < rank` and `s[axis] > 0`; the axis is dropped."""
         (s,) = parents
         axis = self.meta("axis")
         if not (axis < len(s) and s[axis] > 0):
@@ -329,18 +335,22 @@ def expect_parent_shape(tag: str, expected: Shape, got: Shape) -> None:
 
 
 def stride_default(fields: dict[str, Any], _declared: Shape | None) -> tuple[int, ...]:
+    """`kernel`"""
     return tuple(fields["kernel"])
 
 
 def zeros_per_axis(fields: dict[str, Any], _declared: Shape | None) -> tuple[int, ...]:
+    """zeros"""
     return (0,) * len(fields["kernel"])
 
 
 def ones_per_axis(fields: dict[str, Any], _declared: Shape | None) -> tuple[int, ...]:
+    """ones"""
     return (1,) * len(fields["kernel"])
 
 
 def padding_default(fields: dict[str, Any], _declared: Shape | None) -> tuple[int, ...]:
+    """`padding`"""
     return tuple(fields["padding"])
 
 
@@ -369,6 +379,10 @@ class PoolOp(NodeOp):
         return f"{self.TAG}(config={{{config}}})"
 
     def infer(self, parents: list[Shape]) -> Shape:
+        """`len(kernel)` is the spatial rank r (> 0, ≤ input rank); stride and padding have rank r;
+        kernel and stride extents are non-zero. The last r axes become PyTorch's
+        `floor((n + 2p - k) / s) + 1` (0 where the window cannot be placed); leading axes
+        are kept."""
         (s,) = parents
         kernel, stride, padding = self.meta("kernel"), self.meta("stride"), self.meta("padding")
         rank = len(kernel)

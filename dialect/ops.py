@@ -69,6 +69,11 @@ class InputOp(DeclaredShapeOp):
     ARITY: ClassVar[tuple[int, int | None]] = (0, 0)
 
 
+def declared_shape(_fields: dict[str, Any], declared: Shape | None) -> Shape | None:
+    """the declared shape"""
+    return declared
+
+
 @irdl_op_definition
 class ConstOp(NodeOp):
     """`%3 = const {shape = [2]} : [2]` — a constant whose values live in the payload."""
@@ -76,14 +81,13 @@ class ConstOp(NodeOp):
     name = "tl.const"
     PAYLOAD = (Param("value", lambda _n, _p, out: (numel(out),)),)
     ARITY: ClassVar[tuple[int, int | None]] = (0, 0)
-    FIELDS: ClassVar[tuple[Field, ...]] = (
-        Field("shape", Kind.INTS, lambda _f, declared: declared),
-    )
+    FIELDS: ClassVar[tuple[Field, ...]] = (Field("shape", Kind.INTS, declared_shape),)
 
     def describe(self) -> str:
         return f"const(shape={fmt_shape(self.meta('shape'))})"
 
     def infer(self, parents: list[Shape]) -> Shape:
+        """`shape` (which defaults to the declared shape; one of the two must be given)."""
         return self.meta("shape")
 
 
@@ -95,6 +99,9 @@ class PermuteOp(NodeOp):
     FIELDS: ClassVar[tuple[Field, ...]] = (Field("perm", Kind.INTS),)
 
     def infer(self, parents: list[Shape]) -> Shape:
+        """`perm` must be a permutation of `0..rank-1`; output axis i is input axis `perm[i]`.
+        (TorchLean's `permute: missing axis` cannot occur: axes are checked in range and
+        distinct first, and `len(perm)` distinct axes below `len(perm)` are all of them.)"""
         (s,) = parents
         perm = self.meta("perm")
         r, text = len(perm), fmt_shape(perm)
@@ -118,6 +125,7 @@ class TransposeOp(NodeOp):
     FIELDS: ClassVar[tuple[Field, ...]] = (Field("axis1", Kind.INT), Field("axis2", Kind.INT))
 
     def infer(self, parents: list[Shape]) -> Shape:
+        """Both axes `< rank`; the two extents swap."""
         (s,) = parents
         a, b = self.meta("axis1"), self.meta("axis2")
         for axis in (a, b):
@@ -135,6 +143,7 @@ class DetachOp(UnaryOp):
     name = "tl.detach"
     ONNX = OnnxSpelling("Identity")
     TORCH = TorchSpelling(functions=("torch.detach",), methods=("detach",))
+    MONOTONE = Monotone.INCREASING
 
     def numpy(self, x: np.ndarray) -> np.ndarray:
         return x
@@ -157,6 +166,8 @@ class BernoulliMaskOp(NodeOp):
     FIELDS: ClassVar[tuple[Field, ...]] = (Field("seed", Kind.INT),)
 
     def infer(self, parents: list[Shape]) -> Shape:
+        """The parent (keep probability) must be a scalar `[]`; the result is the declared shape
+        (required)."""
         if parents[0] != ():
             raise ShapeError(
                 f"bernoulli_mask: expected scalar keepProb parent, got {fmt_shape(parents[0])}"
@@ -302,7 +313,7 @@ class LeakyReluOp(UnaryOp):
     def decompose(self, em: Any, x: Any) -> Any:
         """max(x, s x) for s <= 1, min(x, s x) above: exactly the selection `numpy` makes."""
         slope = self.meta("negative_slope")
-        return em.op(MaxElemOp if slope <= 1 else MinElemOp, [x, em.scale(x, slope)])
+        return em.bind(MaxElemOp if slope <= 1 else MinElemOp, [x, em.scale(x, slope)])
 
 
 @irdl_op_definition
@@ -491,6 +502,8 @@ class BroadcastToOp(NodeOp):
     FIELDS: ClassVar[tuple[Field, ...]] = (Field("from", Kind.INTS), Field("to", Kind.INTS))
 
     def infer(self, parents: list[Shape]) -> Shape:
+        """The parent must have shape `from`, and `from` must broadcast (NumPy rules) to `to`; the
+        result is `to`."""
         (s,) = parents
         src, dst = self.meta("from"), self.meta("to")
         expect_parent_shape(self.TAG, src, s)
@@ -522,6 +535,7 @@ class SumOp(NodeOp):
     name = "tl.sum"
 
     def infer(self, parents: list[Shape]) -> Shape:
+        """s → `[]`."""
         return ()
 
 
@@ -535,6 +549,8 @@ class MatmulOp(NodeOp):
     ONNX = OnnxSpelling("MatMul")
 
     def infer(self, parents: list[Shape]) -> Shape:
+        """Both parents rank ≥ 2 with identical leading dims: `(..., m, n) × (..., n, p) → (..., m,
+        p)`."""
         a, b = parents
         if len(a) < 2 or len(b) < 2:
             raise ShapeError(
@@ -560,6 +576,8 @@ class LinearOp(NodeOp):
     )
 
     def infer(self, parents: list[Shape]) -> Shape:
+        """Input and declared output rank ≥ 1 with identical leading dims; the last extent comes
+        from the declared shape (required), which the payload's W `[out, in]` must match."""
         (s,) = parents
         out = self.require_declared()
         if not s or not out:
@@ -610,6 +628,12 @@ class ConvOp(NodeOp):
         return (m["out_channels"], m["in_channels"] // max(m["groups"], 1), *m["kernel"])
 
     def infer(self, parents: list[Shape]) -> Shape:
+        """`in_channels`, `out_channels`, `groups` > 0, both channel counts divisible by `groups`;
+        `channel_axis < rank` and `s[channel_axis] = in_channels`; exactly `len(kernel)`
+        axes follow the channel axis, with matching stride/padding/dilation/padding_after
+        ranks; per spatial axis kernel, stride, dilation > 0 and `n + lo + hi ≥
+        dilation·(k-1)+1`. Output: `s[:channel_axis] ++ [out_channels] ++ [(n + lo + hi -
+        dilation·(k-1) - 1) / stride + 1 ...]`."""
         (s,) = parents
         m = self.metadata()
         tag, groups = self.TAG, m["groups"]
@@ -678,6 +702,7 @@ class BatchNormEvalOp(NodeOp):
         )
 
     def infer(self, parents: list[Shape]) -> Shape:
+        """`channels > 0`, `channel_axis < rank`, `s[channel_axis] = channels`; s → s."""
         (s,) = parents
         axis, channels = self.meta("channel_axis"), self.meta("channels")
         check_positive("batch_norm_eval", "channels", channels)
@@ -698,6 +723,8 @@ class SafeLogOp(NodeOp):
         return "safe_log(epsilon=scalar_parent)"
 
     def infer(self, parents: list[Shape]) -> Shape:
+        """The second parent (epsilon) must be a scalar `[]`; the result is the first parent's
+        shape."""
         s, eps = parents
         if eps != ():
             raise ShapeError(f"safe_log: epsilon must be scalar, got {fmt_shape(eps)}")
@@ -734,6 +761,8 @@ class HardMaskedSoftmaxOp(NodeOp):
         return f"hard_masked_softmax(maskShape={fmt_shape(self.meta('mask_shape'))})"
 
     def infer(self, parents: list[Shape]) -> Shape:
+        """`allowed` has `numel(mask_shape)` entries, `mask_shape` equals the parent's shape, rank ≥
+        1; s → s."""
         (s,) = parents
         mask_shape, allowed = self.meta("mask_shape"), self.meta("allowed")
         if len(allowed) != numel(mask_shape):
@@ -767,6 +796,8 @@ class LayernormOp(NodeOp):
     FIELDS: ClassVar[tuple[Field, ...]] = (Field("axis", Kind.INT),)
 
     def infer(self, parents: list[Shape]) -> Shape:
+        """`axis < rank` and `numel(s[axis:]) > 0`; s → s. The normalised suffix is `s[axis:]`
+        (PyTorch's `normalized_shape`)."""
         (s,) = parents
         axis = self.meta("axis")
         check_axis(axis, s)
@@ -782,6 +813,7 @@ class ReshapeOp(NodeOp):
     FIELDS: ClassVar[tuple[Field, ...]] = (Field("from", Kind.INTS), Field("to", Kind.INTS))
 
     def infer(self, parents: list[Shape]) -> Shape:
+        """The parent must have shape `from`, and `numel(from) = numel(to)`; the result is `to`."""
         (s,) = parents
         src, dst = self.meta("from"), self.meta("to")
         expect_parent_shape(self.TAG, src, s)
@@ -798,6 +830,7 @@ class FlattenOp(NodeOp):
     FIELDS: ClassVar[tuple[Field, ...]] = (Field("shape", Kind.INTS),)
 
     def infer(self, parents: list[Shape]) -> Shape:
+        """The parent must have shape `shape`; the result is `[numel(shape)]`."""
         (s,) = parents
         expected = self.meta("shape")
         expect_parent_shape(self.TAG, expected, s)
@@ -813,6 +846,8 @@ class ConcatOp(NodeOp):
     FIELDS: ClassVar[tuple[Field, ...]] = (Field("axis", Kind.INT),)
 
     def infer(self, parents: list[Shape]) -> Shape:
+        """Two or more parents of the same rank, `axis < rank`, every other extent equal; the axis
+        extents are summed."""
         axis = self.meta("axis")
         first = parents[0]
         check_axis(axis, first)
@@ -839,6 +874,7 @@ class MseLossOp(NodeOp):
     ARITY: ClassVar[tuple[int, int | None]] = (2, 2)
 
     def infer(self, parents: list[Shape]) -> Shape:
+        """Both parents the same shape; the result is `[]`."""
         a, b = parents
         if a != b:
             raise ShapeError(

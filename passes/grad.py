@@ -36,8 +36,8 @@ from tlc.dialect.ops import GraphOp, NodeOp, OutputOp
 from tlc.dialect.payload_section import payload_from_module, payload_op
 from tlc.dialect.shapes import Shape, numel
 from tlc.dialect.verify import infer_graph_shapes
-from tlc.semantics.autodiff.emitter import GraphEmitter
 from tlc.semantics.autodiff.modes import backprop, input_ids, output_id, param_fields
+from tlc.semantics.emitter import GraphEmitter
 from tlc.semantics.payload_check import prepare_records
 
 
@@ -91,7 +91,7 @@ def build_grad_graph(
             zeros = em.full(records[nid][field].shape, 0.0) if ct is None else ct
             pieces.append((f"%{nid}.{field}", zeros))
     flat = [em.reshape(v, (numel(em.shape(v)),)) for _, v in pieces]
-    packed = flat[0] if len(flat) == 1 else em.op(ops.ConcatOp, flat, {"axis": 0})
+    packed = flat[0] if len(flat) == 1 else em.bind(ops.ConcatOp, flat, {"axis": 0})
     grad.body.block.add_op(OutputOp(packed.result))
     layout = GradLayout(tuple((label, em.shape(v)) for label, v in pieces))
     return grad, _drop_dead(grad, len(forward), grad_payload), layout

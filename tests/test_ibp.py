@@ -17,10 +17,9 @@ from tlc.api.bounds import ball
 from tlc.api.evaluate import prepare as prepare_document
 from tlc.dialect import ops
 from tlc.dialect.ops import GraphOp, OutputOp
-from tlc.dialect.registry import NODE_OPS
 from tlc.semantics import ibp as ibp_module
 from tlc.semantics.containment import check_samples, sample_inputs
-from tlc.semantics.ibp import ABS_WEIGHT, INTERVAL, NO_INTERVAL_RULE, ibp, prepare_ibp
+from tlc.semantics.ibp import ABS_WEIGHT, INTERVAL, ibp, prepare_ibp
 from tlc.semantics.interval_arith import Box, Outward
 from tlc.tools.run import format_box
 from tlc.tools.run import main as run_main
@@ -40,19 +39,6 @@ SEED_TABLE = [
 ]
 
 F64, F32 = np.float64, np.float32
-
-
-# --------------------------------------------------------------------------------------------
-# The table covers every op
-# --------------------------------------------------------------------------------------------
-
-
-def test_every_op_has_an_interval_rule_or_a_reason() -> None:
-    ruled, unsupported = set(INTERVAL), set(NO_INTERVAL_RULE)
-    assert not ruled & unsupported
-    missing = [op.__name__ for op in NODE_OPS if op not in ruled | unsupported]
-    assert not missing, f"ops with neither an interval rule nor a reason: {missing}"
-    assert all(reason for reason in NO_INTERVAL_RULE.values())
 
 
 # --------------------------------------------------------------------------------------------
@@ -101,7 +87,7 @@ def _too_narrow_tanh(node, boxes, record, out):  # noqa: ANN001, ANN202
 
 
 def test_check_samples_reports_a_violation(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(INTERVAL, ops.TanhOp, _too_narrow_tanh)
+    monkeypatch.setitem(INTERVAL._rules, ops.TanhOp, _too_narrow_tanh)
     report = tlc.check_samples(MLP, X0, 0.05, samples=50)
     v = report.violation
     assert v is not None and v.node_id == 5 and v.sample == 0 and v.index == ()
@@ -113,7 +99,7 @@ def test_check_samples_reports_a_violation(monkeypatch: pytest.MonkeyPatch) -> N
 def test_tool_prints_the_counterexample(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    monkeypatch.setitem(INTERVAL, ops.TanhOp, _too_narrow_tanh)
+    monkeypatch.setitem(INTERVAL._rules, ops.TanhOp, _too_narrow_tanh)
     path = tmp_path / "mlp.tlir"
     path.write_text(MLP)
     argv = [str(path), "--input", "0.3,-0.2,0.1,0.4", "--arithmetic", "interval"]
@@ -202,6 +188,55 @@ def test_monotone_ops_use_endpoints(op: type[ops.NodeOp], fn) -> None:  # noqa: 
     np.testing.assert_allclose(box.lo, fn(np.array(lo)), rtol=1e-14)
     np.testing.assert_allclose(box.hi, fn(np.array(hi)), rtol=1e-14)
     assert np.all(box.lo < fn(np.array(lo))) and np.all(box.hi > fn(np.array(hi)))  # outward
+
+
+def _leaky(v: np.ndarray, slope: float) -> np.ndarray:
+    return np.where(v > 0, v, slope * v)
+
+
+@pytest.mark.parametrize("slope", [0.01, 0.0, 2.5])
+def test_leaky_relu_monotone_slope_is_one_step_outside_the_endpoints(slope: float) -> None:
+    """slope >= 0: increasing (the op's `monotone()` fact), so the endpoint rule stepped one
+    ULP outward (ULPS = 1): tight."""
+    lo, hi = np.array([-2.0, -0.5, 0.25]), np.array([-1.0, 0.75, 3.0])
+    graph = _unary_graph(ops.LeakyReluOp, {"negative_slope": slope}, (3,))
+    box = ibp(graph, None, lo, hi)[1]
+    assert box is not None
+    np.testing.assert_array_equal(box.lo, np.nextafter(_leaky(lo, slope), -np.inf))
+    np.testing.assert_array_equal(box.hi, np.nextafter(_leaky(hi, slope), np.inf))
+
+
+def test_leaky_relu_f32_box_holds_the_f32_and_the_exact_values() -> None:
+    """In float32 the slope 0.01 is rounded before the product, so the run's value at an
+    endpoint differs from the float64 one; the box holds both and is at most one float32 step
+    wider on each side."""
+    lo, hi = np.array([-2.0, -0.5, 0.25]), np.array([-1.0, 0.75, 3.0])
+    graph = _unary_graph(ops.LeakyReluOp, {"negative_slope": 0.01}, (3,))
+    box = ibp(graph, None, lo, hi, F32)[1]
+    assert box is not None
+    for end, pick in ((lo, np.minimum), (hi, np.maximum)):
+        run = _leaky(end.astype(F32), F32(0.01)).astype(F64)
+        exact = _leaky(end, 0.01)
+        assert box.contains(run).all() and box.contains(exact).all()
+        outer = pick(run, exact)
+        step = np.abs(np.nextafter(outer.astype(F32), F32(np.inf)) - outer.astype(F32))
+        assert np.all(np.abs((box.lo if pick is np.minimum else box.hi) - outer) <= 2 * step)
+
+
+@pytest.mark.parametrize("dtype", [F64, F32])
+def test_leaky_relu_negative_slope_goes_through_its_decomposition(dtype: type) -> None:
+    """slope < 0: not monotone, so the box is the decomposition's, max(x, s x) on boxes: sound
+    (every sampled value, vertices included, is inside), exact where one branch dominates, and
+    as wide as the interval max of the two branches where the box straddles the kink."""
+    lo, hi = np.array([-2.0, -0.5, 0.25]), np.array([-1.0, 0.75, 3.0])
+    graph = _unary_graph(ops.LeakyReluOp, {"negative_slope": -0.5}, (3,))
+    report = check_samples(graph, None, lo, hi, 40, dtype)
+    assert report.ok
+    box = report.boxes[1]
+    assert box is not None
+    # [-2, -1] -> s x in [0.5, 1]; [-0.5, 0.75] -> max([-0.5, 0.75], [-0.375, 0.25])
+    np.testing.assert_allclose(box.lo, [0.5, -0.375, 0.25], rtol=1e-6)
+    np.testing.assert_allclose(box.hi, [1.0, 0.75, 3.0], rtol=1e-6)
 
 
 def test_gelu_pieces() -> None:

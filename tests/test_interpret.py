@@ -183,7 +183,7 @@ def test_produced_shape_is_checked(monkeypatch: pytest.MonkeyPatch) -> None:
     """A rule that returned the wrong shape is caught at its node, not passed downstream."""
     from tlc.dialect.ops import ReluOp
 
-    monkeypatch.setitem(REFERENCE, ReluOp, lambda node, args, record, dtype: args[0][:3])
+    monkeypatch.setitem(REFERENCE._rules, ReluOp, lambda node, args, record, dtype: args[0][:3])
     graph, payload = _mlp()
     with pytest.raises(EvalError) as exc:
         interpret(graph, payload, np.array(X0))

@@ -37,11 +37,12 @@ from tlc.core.rule_table import RuleTable
 from tlc.dialect import backward_ops as bw
 from tlc.dialect import ops as tl
 from tlc.dialect.families import OnnxSpelling
+from tlc.dialect.metadata import Kind
 from tlc.dialect.ops import GraphOp, NodeOp
 from tlc.dialect.registry import NODE_OPS
 from tlc.dialect.shapes import Shape
 from tlc.dialect.verify import infer_graph_shapes
-from tlc.semantics.autodiff.emitter import Emitter
+from tlc.semantics.emitter import Emitter
 from tlc.semantics.payload_check import check_payload
 
 #: The opset exported models declare (Gelu needs 20; ReduceMean's axes are an input from 18).
@@ -299,10 +300,17 @@ def _pool(ex: Exporter, node: NodeOp, inputs: list[str]) -> str:
 
 def _spelled(spelling: OnnxSpelling) -> Rule:
     """One ONNX node of type `spelling.op_type` on the node's inputs; each metadata field is
-    the attribute the spelling maps it to, left out at its default (ONNX's default too)."""
+    the attribute the spelling maps it to, left out at its default (ONNX's default too).
+
+    ONNX float attributes are float32: in a float64 export a number field that is no float32
+    (a slope of 0.2) would change the op, so such a node is written as its decomposition, whose
+    constants are float64 initializers, where the op kind has one (float32 exports compute with
+    the rounded number, as tl's float32 semantics does)."""
     attribute_of = {name: attribute for attribute, name in spelling.attributes.items()}
 
     def rule(ex: Exporter, node: NodeOp, inputs: list[str]) -> str:
+        if ex.dtype != np.float32 and _rounded_by_onnx(node) and node.defines("decompose"):
+            return _decomposed(ex, node, inputs)
         attrs = {}
         for f in node.FIELDS:
             value = node.meta(f.name)
@@ -313,8 +321,16 @@ def _spelled(spelling: OnnxSpelling) -> Rule:
     return rule
 
 
+def _rounded_by_onnx(node: NodeOp) -> bool:
+    """Whether a number field of `node` is no float32, which an ONNX attribute would round."""
+    return any(
+        f.kind is Kind.FLOAT and float(np.float32(node.meta(f.name))) != node.meta(f.name)
+        for f in node.FIELDS
+    )
+
+
 class OnnxEmitter(Emitter[NodeOp]):
-    """The emitter a decomposition is written for, writing ONNX: each op it applies becomes a
+    """The emitter a decomposition is written for, writing ONNX: each op it binds becomes a
     detached tl node (an id after the graph's, its shape checked by its rule, a constant's
     values in the exporter's payload) that the export table writes at once."""
 
@@ -322,25 +338,16 @@ class OnnxEmitter(Emitter[NodeOp]):
         self.ex = ex
         self.made: list[NodeOp] = []
 
-    def op(
-        self,
-        cls: type[NodeOp],
-        parents: list[NodeOp],
-        fields: dict[str, Any] | None = None,
-        shape: Shape | None = None,
-        record: Record | None = None,
-    ) -> NodeOp:
-        node_id = max(self.ex.shapes) + 1
-        parent_shapes = [self.shape(p) for p in parents]
-        if shape is None:
-            shape = cls(node_id, [], None, fields).infer(parent_shapes)
-        node = cls(node_id, [p.result for p in parents], shape, fields)
-        node.infer(parent_shapes)
+    def next_id(self) -> int:
+        return max(self.ex.shapes) + 1
+
+    def evaluate(self, node: NodeOp, operands: list[NodeOp], record: Record | None) -> NodeOp:
+        node.operands = [p.result for p in operands]
         self.made.append(node)
-        self.ex.shapes[node_id] = shape
+        self.ex.shapes[node.id] = node.require_declared()
         if record is not None:
-            self.ex.payload.records[node_id] = {k: np.asarray(v) for k, v in record.items()}
-            self.ex.payload.kinds[node_id] = cls.TAG
+            self.ex.payload.records[node.id] = {k: np.asarray(v) for k, v in record.items()}
+            self.ex.payload.kinds[node.id] = node.TAG
         self.ex.export(node)
         return node
 

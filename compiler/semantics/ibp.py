@@ -3,8 +3,8 @@
 `ibp(graph, payload, lo, hi, dtype)` gives every node a `Box` (lo, hi) that encloses the node's
 value for every input in the box [lo, hi], both its exact real value and the value the reference
 denotation (`tlc.semantics.interpret`) computes in `dtype`; or None where no sound rule applies
-(sqrt/log of a box reaching below their domain, division by a box holding 0, an op in
-`NO_INTERVAL_RULE`, or a parent without a box). A node never gets a wrong box. Endpoints are
+(sqrt/log of a box reaching below their domain, division by a box holding 0, an op the table
+refuses, or a parent without a box). A node never gets a wrong box. Endpoints are
 rounded outward (`tlc.semantics.interval_arith`); the rules follow reference/torchlean-ir.md §5 and
 are tight for monotone functions (endpoint rules, not the global codomain), so the seed's MLP at
 radius 0.05 ends in tanh([0.020775, 0.035640]) = [0.020772, 0.035625], not [-1, 1].
@@ -12,10 +12,16 @@ radius 0.05 ends in tanh([0.020775, 0.035640]) = [0.020772, 0.035625], not [-1, 
 `prepare_ibp(graph, payload, dtype)` does the per-graph work once (checks, payload records as
 `dtype` holds them, in float64, |W| of each weight) and returns a callable `(lo, hi) -> boxes`;
 `ibp` is one such call. `INTERVAL[OpClass]` is `rule(node, parent_boxes, record, outward) ->
-Box | None`, filled by `@register` beside each rule, where `record` is the node's prepared
-`interval_record`; many rules reuse the reference rule of the op (`REFERENCE`) on box
-endpoints, so an op's meaning is written once. `NO_INTERVAL_RULE` lists the ops without a rule
-(their nodes get no box) with the reason. docs/intervals.md explains each rule.
+Box | None`, where `record` is the node's prepared `interval_record`; many rules reuse the
+reference rule of the op (`REFERENCE`) on box endpoints, so an op's meaning is written once.
+Rules derive from the op's facts where it states them (`_derived`): an elementwise op that is
+monotone gets the endpoint rule stepped outward by its `ULPS` (none where exact), inside its
+`DOMAIN`; a binary op that selects one of its inputs (`EXACT_MONOTONE`) the exact endpoint rule;
+an op with a decomposition and no other rule the decomposition evaluated on boxes
+(`IntervalEmitter`), each part by its own rule, which is sound because each part is. Explicit
+rules below are the ops that need their own (tight softmax, the weighted maps, norms, ...);
+`INTERVAL.unsupported` lists the ops without a rule (their nodes get no box) with the reason.
+docs/intervals.md explains each rule.
 """
 
 from __future__ import annotations
@@ -29,20 +35,23 @@ import numpy as np
 
 from tlc.core.diagnostics import DiagnosticError
 from tlc.core.payload import Payload, Record
-from tlc.core.rule_table import registrar
+from tlc.core.rule_table import RuleTable
 from tlc.dialect import backward_ops as bw
 from tlc.dialect import ops
+from tlc.dialect.families import BinaryOp, Monotone, UnaryOp
 from tlc.dialect.ops import GraphOp, NodeOp
+from tlc.dialect.registry import NODE_OPS
 from tlc.dialect.shapes import Shape, numel
 from tlc.dialect.verify import infer_graph_shapes
+from tlc.semantics.emitter import IntervalEmitter, NoBox
 from tlc.semantics.interpret import REFERENCE, bind_inputs
 from tlc.semantics.interval_arith import COMPOSITE_ULPS, F64, LIBM_ULPS, Box, Outward, sanitize
 from tlc.semantics.payload_check import prepare_records
+from tlc.semantics.reference import payload_field
 
 __all__ = [
     "ABS_WEIGHT",
     "INTERVAL",
-    "NO_INTERVAL_RULE",
     "Box",
     "IntervalRule",
     "PreparedIBP",
@@ -53,15 +62,9 @@ __all__ = [
 
 IntervalRule = Callable[[NodeOp, list[Box], "Record | None", Outward], "Box | None"]
 
-INTERVAL: dict[type[NodeOp], IntervalRule] = {}
-
-#: Ops without an interval rule, with the reason (their nodes get no box). Rules may also give
-#: None for a node whose parent box leaves the op's domain (see the module docstring).
-NO_INTERVAL_RULE: dict[type[NodeOp], str] = {
-    bw.MaxPoolGradOp: "which input receives a window's cotangent depends on the window's argmax, "
-    "which can change inside a box; no rule written yet (a sound one would add hull(0, g) of "
-    "every window to each of its positions)",
-}
+#: Ops the table refuses get no box; rules may also give None for a node whose parent box
+#: leaves the op's domain (see the module docstring).
+INTERVAL: RuleTable[IntervalRule] = RuleTable("interval")
 
 #: float64 outward rounding for intermediate bounds that are not node boxes.
 EXACT = Outward(F64)
@@ -161,13 +164,15 @@ def _input_box(node: NodeOp, lo: np.ndarray, hi: np.ndarray) -> Box:
 
 
 #: Decorator: `@register(OpA, ...)` makes `rule` the interval rule of each class.
-register = registrar(INTERVAL, "interval")
+register = INTERVAL.register
 
 
-def reference(node: NodeOp, *args: np.ndarray, record: Record | None = None) -> np.ndarray:
-    """The op's reference rule evaluated in float64 (on box endpoints)."""
+def reference(
+    node: NodeOp, *args: np.ndarray, record: Record | None = None, dtype: type = F64
+) -> np.ndarray:
+    """The op's reference rule evaluated in float64 (on box endpoints), or in `dtype`."""
     with np.errstate(all="ignore"):
-        return np.asarray(REFERENCE[type(node)](node, list(args), record, F64), dtype=F64)
+        return np.asarray(REFERENCE[type(node)](node, list(args), record, dtype), dtype=dtype)
 
 
 # --------------------------------------------------------------------------------------------
@@ -193,14 +198,13 @@ def _unit(node: NodeOp, boxes: list[Box], record: Any, out: Outward) -> Box | No
 
 
 # --------------------------------------------------------------------------------------------
-# Exact monotone ops: they select or move values, so f(lo) <= f(x) <= f(hi) with no rounding
+# Layout: ops that only move values, so f(lo) <= f(x) <= f(hi) elementwise with no rounding
 # --------------------------------------------------------------------------------------------
 
 
 @register(
-    ops.DetachOp, ops.PermuteOp, ops.TransposeOp, ops.ReshapeOp, ops.FlattenOp,
-    ops.BroadcastToOp, ops.ConcatOp, ops.ReluOp, ops.MaxElemOp, ops.MinElemOp, ops.MaxPoolOp,
-    bw.SignOp,
+    ops.PermuteOp, ops.TransposeOp, ops.ReshapeOp, ops.FlattenOp, ops.BroadcastToOp,
+    ops.ConcatOp, ops.MaxPoolOp,
 )  # fmt: skip
 def _exact_monotone(node: NodeOp, boxes: list[Box], record: Any, out: Outward) -> Box | None:
     """Non-decreasing in every argument and exact: the reference rule on lo and on hi."""
@@ -241,34 +245,6 @@ def _inv(node: NodeOp, boxes: list[Box], record: Any, out: Outward) -> Box | Non
     (a,) = boxes
     one = Box.point(np.ones(a.shape))
     return out.div(one, a)
-
-
-# --------------------------------------------------------------------------------------------
-# Monotone functions: endpoint rules, rounded outward by the function's error budget
-# --------------------------------------------------------------------------------------------
-
-
-def increasing(
-    op_class: type[NodeOp], ulps: int, domain: Callable[[np.ndarray], Any] | None = None
-) -> None:
-    """An increasing elementwise op: f(lo) .. f(hi) from its reference rule, stepped `ulps`
-    outward; None unless `domain(lo)` holds (when given)."""
-
-    def rule(node: NodeOp, boxes: list[Box], record: Any, out: Outward) -> Box | None:
-        (a,) = boxes
-        if domain is not None and not np.all(domain(a.lo)):
-            return None
-        return out.monotone(a, lambda v: reference(node, v), ulps)
-
-    register(op_class)(rule)
-
-
-increasing(ops.SqrtOp, 1, domain=lambda lo: lo >= 0)
-increasing(ops.LogOp, LIBM_ULPS, domain=lambda lo: lo > 0)
-increasing(ops.ExpOp, LIBM_ULPS)
-increasing(ops.TanhOp, LIBM_ULPS)
-increasing(ops.SigmoidOp, COMPOSITE_ULPS)
-increasing(ops.SoftplusOp, COMPOSITE_ULPS)
 
 
 @register(ops.SafeLogOp)
@@ -471,9 +447,9 @@ def _sqrt(a: Box, out: Outward) -> Box | None:
     return out.monotone(a, np.sqrt, 1) if np.all(a.lo >= 0) else None
 
 
-def _default_eps(record: Record, out: Outward) -> Box:
-    """The record's eps, else the reference's default 1e-5 as the run's dtype sees it."""
-    return Box.point(record.get("eps", np.asarray(out.dtype(1e-5), dtype=F64)))
+def _default_eps(node: NodeOp, record: Record, out: Outward) -> Box:
+    """The record's eps, else the schema's default as the run's dtype sees it."""
+    return Box.point(np.asarray(payload_field(node, record, "eps", out.dtype), dtype=F64))
 
 
 @register(ops.BatchNormEvalOp)
@@ -488,7 +464,7 @@ def _batch_norm(node: NodeOp, boxes: list[Box], record: Any, out: Outward) -> Bo
     def channel(name: str) -> Box:
         return Box.point(record[name].reshape(view))
 
-    root = _sqrt(out.add(channel("var"), _default_eps(record, out)), out)
+    root = _sqrt(out.add(channel("var"), _default_eps(node, record, out)), out)
     scale = None if root is None else out.div(channel("gamma"), root)
     if scale is None:
         return None
@@ -510,7 +486,7 @@ def _layernorm(node: NodeOp, boxes: list[Box], record: Any, out: Outward) -> Box
     centred = out.linear_map(a, lambda v: v - mean(v), lambda v: (1 - 2 / n) * v + mean(v), n + 1)
     var = out.linear_map(out.square(centred), mean, mean, n + 1)
     record = record or {}
-    root = _sqrt(out.add(var, _default_eps(record, out)), out)
+    root = _sqrt(out.add(var, _default_eps(node, record, out)), out)
     y = None if root is None else out.div(centred, root)
     if y is None:
         return None
@@ -608,3 +584,89 @@ def _hard_masked_softmax(node: NodeOp, boxes: list[Box], record: Any, out: Outwa
     (a,) = boxes
     allowed = np.array(node.meta("allowed"), dtype=bool).reshape(a.shape)
     return _masked_softmax(a, allowed, out)
+
+
+# --------------------------------------------------------------------------------------------
+# Derived from the op's facts
+# --------------------------------------------------------------------------------------------
+
+
+def _within(op_class: type[UnaryOp], lo: np.ndarray) -> bool:
+    """Whether every lower endpoint lies in the op's `DOMAIN` (always, without one)."""
+    if op_class.DOMAIN is None:
+        return True
+    bound, strict = op_class.DOMAIN
+    return bool(np.all(lo > bound if strict else lo >= bound))
+
+
+def _endpoints(node: NodeOp, a: Box, out: Outward, direction: Monotone) -> Box | None:
+    """A monotone elementwise op: its values at the endpoints (swapped where it decreases),
+    stepped `ULPS` outward (not at all where exact); None outside its `DOMAIN`.
+
+    An endpoint's value is the float64 one and, in a narrower run, also the run's own: a
+    function whose dtype evaluation rounds a constant first (leaky_relu's slope) may sit an
+    ULP off the float64 value, and the box must hold both."""
+    op_class = type(node)
+    assert issubclass(op_class, UnaryOp)
+    if not _within(op_class, a.lo):
+        return None
+
+    def at(v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        value = reference(node, v)
+        if out.dtype is F64:
+            return value, value
+        narrow = np.asarray(reference(node, v.astype(out.dtype), dtype=out.dtype), dtype=F64)
+        return np.minimum(value, narrow), np.maximum(value, narrow)
+
+    (lo_min, lo_max), (hi_min, hi_max) = at(a.lo), at(a.hi)
+    if direction is Monotone.INCREASING:
+        low, high = lo_min, hi_max
+    else:
+        low, high = hi_min, lo_max
+    if op_class.ULPS == 0:
+        return Box(low, high)
+    return Box(out.down(low, op_class.ULPS), out.up(high, op_class.ULPS))
+
+
+def _decomposed(node: NodeOp, boxes: list[Box], record: Any, out: Outward) -> Box | None:
+    """The op's decomposition on boxes, each part by its own interval rule (None where a part
+    has no box)."""
+    try:
+        return node.decompose(IntervalEmitter(INTERVAL, out), *boxes)
+    except NoBox:
+        return None
+
+
+def _elementwise(node: NodeOp, boxes: list[Box], record: Any, out: Outward) -> Box | None:
+    """The endpoint rule where the node is monotone (`monotone()` may depend on metadata, as
+    leaky_relu's slope sign), else its decomposition, else no box."""
+    direction = node.monotone()  # type: ignore[attr-defined]
+    if direction is not Monotone.NONE and type(node).defines("numpy"):
+        return _endpoints(node, boxes[0], out, direction)
+    if type(node).defines("decompose"):
+        return _decomposed(node, boxes, record, out)
+    return None
+
+
+def _may_be_monotone(op_class: type[UnaryOp]) -> bool:
+    """A unary op declared monotone, or whose `monotone()` depends on its metadata."""
+    return op_class.MONOTONE is not Monotone.NONE or op_class.monotone is not UnaryOp.monotone
+
+
+def _derived(op_class: type[NodeOp]) -> IntervalRule | None:
+    if issubclass(op_class, UnaryOp) and op_class.defines("numpy") and _may_be_monotone(op_class):
+        return _elementwise
+    if issubclass(op_class, BinaryOp) and op_class.EXACT_MONOTONE:
+        return _exact_monotone  # max, min: the result is one of the inputs
+    if op_class.defines("decompose"):
+        return _elementwise if issubclass(op_class, UnaryOp) else _decomposed
+    return None
+
+
+INTERVAL.derive(NODE_OPS, _derived)
+INTERVAL.refuse(
+    "which input receives a window's cotangent depends on the window's argmax, which can "
+    "change inside a box; no rule written yet (a sound one would add hull(0, g) of every window "
+    "to each of its positions)",
+    bw.MaxPoolGradOp,
+)

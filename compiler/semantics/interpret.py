@@ -24,6 +24,10 @@ from tlc.dialect import ops
 from tlc.dialect.ops import GraphOp, NodeOp
 from tlc.dialect.shapes import Shape, fmt_shape
 from tlc.dialect.verify import infer_graph_shapes
+
+# The backward ops' reference rules join `REFERENCE` when their module is imported: imported
+# here, so `REFERENCE` as this module exports it is the complete table.
+from tlc.semantics import backward_reference  # noqa: F401
 from tlc.semantics.payload_check import PAYLOAD_CHECKS, check_payload, prepare_records
 from tlc.semantics.reference import REFERENCE, EvalError, Rule, eval_error
 

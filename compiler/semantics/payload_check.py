@@ -3,7 +3,10 @@
 A payload can be internally consistent and still disagree with the graph it is used with: the
 seed's example swaps the two linear records of the six-node MLP, so node 1 reads a [3, 5] matrix
 and fails with `IR eval: linear 1: declared outShape mismatch: [5] vs expected [3]`. Every
-payload-reading op has one checker in `PAYLOAD_CHECKS`; a record for a node that reads no payload,
+payload-reading op has one checker in `PAYLOAD_CHECKS`, derived from its payload schema
+(`NodeOp.PAYLOAD`: required and optional fields, scalar fields, each field's shape); four ops keep
+an explicit checker for the seed's own messages (linear, conv, layernorm, const). A record for a
+node that reads no payload,
 for a node that does not exist, or written for another op kind is reported too, since such a
 record is always a mistake (a renumbered graph, a stale checkpoint). Errors are located at the
 node and name it and both shapes.
@@ -17,9 +20,10 @@ import numpy as np
 
 from tlc.core.diagnostics import error
 from tlc.core.payload import Payload, Record
-from tlc.core.rule_table import registrar
+from tlc.core.rule_table import RuleTable
 from tlc.dialect import ops
 from tlc.dialect.ops import GraphOp, NodeOp
+from tlc.dialect.registry import NODE_OPS
 from tlc.dialect.shapes import Shape, fmt_shape, numel
 from tlc.dialect.verify import infer_graph_shapes
 from tlc.semantics.reference import EvalError, eval_error
@@ -27,10 +31,11 @@ from tlc.semantics.reference import EvalError, eval_error
 #: `check(node, parent shapes, output shape, record or None)`; raises EvalError.
 Check = Callable[[NodeOp, list[Shape], Shape, "Record | None"], None]
 
-PAYLOAD_CHECKS: dict[type[NodeOp], Check] = {}
+PAYLOAD_CHECKS: RuleTable[Check] = RuleTable("payload check")
 
-#: Fields holding one number; stored as 0-d arrays after `prepare_records`.
-SCALAR_FIELDS = frozenset({"eps"})
+#: Fields holding one number (`Param.scalar` of any op); stored as 0-d arrays after
+#: `prepare_records`.
+SCALAR_FIELDS = frozenset(p.name for op in NODE_OPS for p in op.PAYLOAD if p.scalar)
 
 
 def check_payload(graph: GraphOp, payload: Payload, shapes: list[Shape] | None = None) -> None:
@@ -85,7 +90,19 @@ def _cast(name: str, value: np.ndarray, dtype: type) -> np.ndarray:
     return np.asarray(value, dtype=dtype).reshape(shape)
 
 
-_register = registrar(PAYLOAD_CHECKS, "payload check")
+# --------------------------------------------------------------------------------------------
+# The checks a payload schema gives
+# --------------------------------------------------------------------------------------------
+
+#: The message for a field of the wrong shape: (node, field, its shape, the expected shape).
+Mismatch = Callable[[NodeOp, str, Shape, Shape], str]
+
+
+def _field_mismatch(node: NodeOp, name: str, got: Shape, expected: Shape) -> str:
+    return (
+        f"IR eval: {node.TAG} {node.id}: payload field '{name}' has shape "
+        f"{fmt_shape(got)}, expected {fmt_shape(expected)}"
+    )
 
 
 def _require(node: NodeOp, record: Record | None) -> Record:
@@ -94,16 +111,17 @@ def _require(node: NodeOp, record: Record | None) -> Record:
     return record
 
 
-def _fields(
-    node: NodeOp, record: Record, required: Collection[str], optional: Collection[str] = ()
-) -> None:
+def _fields(node: NodeOp, record: Record) -> None:
     """Every required field present, nothing unknown, scalar fields holding one number."""
+    schema = type(node).PAYLOAD
+    required: Collection[str] = [p.name for p in schema if p.required]
     for name in required:
         if name not in record:
             raise eval_error(
                 f"IR eval: {node.TAG} {node.id}: payload record lacks field '{name}'", node
             )
-    known = [*required, *optional]
+    known = [*required, *(p.name for p in schema if not p.required)]
+    scalar = {p.name for p in schema if p.scalar}
     for name, value in record.items():
         if name not in known:
             raise eval_error(
@@ -111,7 +129,7 @@ def _fields(
                 f"(expected {', '.join(known)})",
                 node,
             )
-        if name in SCALAR_FIELDS and value.size != 1:
+        if name in scalar and value.size != 1:
             raise eval_error(
                 f"IR eval: {node.TAG} {node.id}: payload field '{name}' must be one number, "
                 f"got shape {fmt_shape(value.shape)}",
@@ -119,19 +137,50 @@ def _fields(
             )
 
 
-def _field_shape(node: NodeOp, record: Record, name: str, expected: Shape) -> None:
-    if name in record and record[name].shape != expected:
-        raise eval_error(
-            f"IR eval: {node.TAG} {node.id}: payload field '{name}' has shape "
-            f"{fmt_shape(record[name].shape)}, expected {fmt_shape(expected)}",
-            node,
-        )
+def _shapes(
+    node: NodeOp,
+    parents: list[Shape],
+    out: Shape,
+    record: Record,
+    mismatch: Mismatch = _field_mismatch,
+) -> None:
+    """Every field the schema gives a shape (`Param.shape`) has that shape."""
+    for param in type(node).PAYLOAD:
+        expected = param.shape(node, parents, out)
+        if expected is not None and param.name in record:
+            got = record[param.name].shape
+            if got != tuple(expected):
+                raise eval_error(mismatch(node, param.name, got, tuple(expected)), node)
 
 
-@_register(ops.LinearOp)
+def check_schema(
+    node: NodeOp,
+    parents: list[Shape],
+    out: Shape,
+    record: Record | None,
+    mismatch: Mismatch = _field_mismatch,
+) -> None:
+    """The check an op's payload schema gives: a record where one is required, its fields,
+    their shapes."""
+    if record is None:
+        if type(node).payload_required():
+            _require(node, record)
+        return
+    _fields(node, record)
+    _shapes(node, parents, out, record, mismatch)
+
+
+# --------------------------------------------------------------------------------------------
+# The seed's own messages
+# --------------------------------------------------------------------------------------------
+
+
+@PAYLOAD_CHECKS.register(ops.LinearOp)
 def _linear(node: NodeOp, parents: list[Shape], out: Shape, record: Record | None) -> None:
+    """The weight's rank, the declared outShape and the in-dim, each with its own message,
+    before the schema's shapes."""
     record = _require(node, record)
-    _fields(node, record, ["weight"], ["bias"])
+    _fields(node, record)
     weight = record["weight"]
     (x,) = parents
     if weight.ndim != 2:
@@ -154,13 +203,14 @@ def _linear(node: NodeOp, parents: list[Shape], out: Shape, record: Record | Non
             f"input shape {fmt_shape(x)} (in-dim {in_dim} vs {x[-1]})",
             node,
         )
-    _field_shape(node, record, "bias", (out_dim,))
+    _shapes(node, parents, out, record)
 
 
-@_register(ops.ConstOp)
+@PAYLOAD_CHECKS.register(ops.ConstOp)
 def _const(node: NodeOp, parents: list[Shape], out: Shape, record: Record | None) -> None:
+    """Only the number of values counts: any shape of numel(out) values is accepted."""
     record = _require(node, record)
-    _fields(node, record, ["value"])
+    _fields(node, record)
     have, size = record["value"].size, numel(out)
     if have != size:
         raise eval_error(
@@ -168,46 +218,29 @@ def _const(node: NodeOp, parents: list[Shape], out: Shape, record: Record | None
         )
 
 
-@_register(ops.ConvOp)
-def _conv(node: NodeOp, parents: list[Shape], out: Shape, record: Record | None) -> None:
-    record = _require(node, record)
-    _fields(node, record, ["weight"], ["bias"])
-    m = node.metadata()
-    cout = m["out_channels"]
-    expected = {
-        "weight": (cout, m["in_channels"] // m["groups"], *m["kernel"]),
-        "bias": (cout,),
-    }
-    for name, shape in expected.items():
-        if name in record and record[name].shape != shape:
-            raise eval_error(
-                f"IR eval: conv {node.id}: payload does not match the node configuration: "
-                f"{name} shape {fmt_shape(record[name].shape)} vs expected {fmt_shape(shape)}",
-                node,
-            )
+def _conv_mismatch(node: NodeOp, name: str, got: Shape, expected: Shape) -> str:
+    return (
+        f"IR eval: conv {node.id}: payload does not match the node configuration: "
+        f"{name} shape {fmt_shape(got)} vs expected {fmt_shape(expected)}"
+    )
 
 
-@_register(ops.BatchNormEvalOp)
-def _batch_norm(node: NodeOp, parents: list[Shape], out: Shape, record: Record | None) -> None:
-    record = _require(node, record)
-    per_channel = ["gamma", "beta", "mean", "var"]
-    _fields(node, record, per_channel, ["eps"])
-    for name in per_channel:
-        _field_shape(node, record, name, (node.meta("channels"),))
+def _layernorm_mismatch(node: NodeOp, name: str, got: Shape, expected: Shape) -> str:
+    return (
+        f"IR eval: node {node.id}: layernorm payload shape {fmt_shape(got)} does not match "
+        f"normalized suffix {fmt_shape(expected)}"
+    )
 
 
-@_register(ops.LayernormOp)
-def _layernorm(node: NodeOp, parents: list[Shape], out: Shape, record: Record | None) -> None:
-    """Optional record: without one gamma = 1, beta = 0, eps = 1e-5."""
-    if record is None:
-        return
-    _fields(node, record, [], ["gamma", "beta", "eps"])
-    suffix = parents[0][node.meta("axis") :]
-    for name in ("gamma", "beta"):
-        if name in record and record[name].shape != suffix:
-            raise eval_error(
-                f"IR eval: node {node.id}: layernorm payload shape "
-                f"{fmt_shape(record[name].shape)} does not match normalized suffix "
-                f"{fmt_shape(suffix)}",
-                node,
-            )
+PAYLOAD_CHECKS.register(ops.ConvOp)(
+    lambda node, parents, out, record: check_schema(node, parents, out, record, _conv_mismatch)
+)
+PAYLOAD_CHECKS.register(ops.LayernormOp)(
+    lambda node, parents, out, record: check_schema(node, parents, out, record, _layernorm_mismatch)
+)
+
+PAYLOAD_CHECKS.derive(NODE_OPS, lambda op: check_schema if op.reads_payload() else None)
+PAYLOAD_CHECKS.refuse(
+    "reads no payload: a record for its node is reported as one",
+    *(op for op in NODE_OPS if not op.reads_payload()),
+)

@@ -333,8 +333,8 @@ class Eager(Ops):
         return tuple(np.shape(value))
 
     def evaluate(self, node: NodeOp, args: list[Any], record: dict[str, Any]) -> np.ndarray:
+        from tlc.semantics.interpret import REFERENCE
         from tlc.semantics.payload_check import SCALAR_FIELDS
-        from tlc.semantics.reference import REFERENCE
 
         cast = {
             k: np.asarray(v, dtype=self.dtype).reshape(() if k in SCALAR_FIELDS else np.shape(v))
@@ -382,8 +382,7 @@ class IntervalOps(Ops):
 
         shape = node.declared_shape
         assert shape is not None, "apply declares every node's shape"
-        rule = INTERVAL.get(type(node))
-        if rule is None or any(a.box is None for a in args):
+        if type(node) in INTERVAL.unsupported or any(a.box is None for a in args):
             return Interval(shape, None)
         cast = {
             k: np.asarray(v, self.dtype)
@@ -391,7 +390,7 @@ class IntervalOps(Ops):
             .reshape(() if k in SCALAR_FIELDS else np.shape(v))
             for k, v in record.items()
         }
-        box = rule(node, [a.box for a in args], cast or None, self.outward)
+        box = INTERVAL[type(node)](node, [a.box for a in args], cast or None, self.outward)
         if box is None:
             return Interval(shape, None)
         return Interval(shape, sanitize(Box(*np.broadcast_arrays(box.lo, box.hi))))

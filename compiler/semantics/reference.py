@@ -2,7 +2,12 @@
 
 `REFERENCE[OpClass]` is `rule(node, args, record, dtype) -> ndarray`: `args` are the parents'
 values (already of `dtype`), `record` the node's payload record (cast to `dtype`, None for ops
-that read no payload or were given none) and `dtype` the scalar context. Every rule computes in
+that read no payload or were given none) and `dtype` the scalar context. An op stating its numpy
+function (`UnaryOp.numpy`, `BinaryOp.numpy`) gets it as its rule; an op with only a decomposition
+gets the decomposition evaluated by a `NumpyEmitter` (each part by its own rule, in `dtype`); the
+rules below are the ops that need their own. The backward ops' rules (gradient graphs) are
+registered by `tlc.semantics.backward_reference`; `tlc.semantics.interpret` imports it,
+so the complete table is `tlc.semantics.interpret.REFERENCE`. Every rule computes in
 `dtype` throughout: a float32 run rounds at every step, as a float32 machine would, instead of
 rounding a float64 result once at the end. The one data-dependent failure is raw `log` of a
 non-positive or NaN input, which raises `EvalError` with the seed's message; every other rule is
@@ -25,13 +30,15 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from tlc.core.diagnostics import DiagnosticError, error
+from tlc.core.rule_table import RuleTable
 from tlc.dialect import ops
 from tlc.dialect.ops import NodeOp
 from tlc.dialect.registry import NODE_OPS
+from tlc.semantics.emitter import NumpyEmitter
 
 Rule = Callable[[NodeOp, list[np.ndarray], "dict[str, np.ndarray] | None", Any], np.ndarray]
 
-REFERENCE: dict[type[NodeOp], Rule] = {}
+REFERENCE: RuleTable[Rule] = RuleTable("reference")
 
 LOG_MESSAGE = (
     "IR eval: log: input contains values <= 0 (or NaN); "
@@ -48,25 +55,36 @@ def eval_error(message: str, node: NodeOp) -> EvalError:
     return EvalError(*error(message, node).diagnostics)
 
 
-def register(*op_classes: type[NodeOp]) -> Callable[[Rule], Rule]:
-    """Decorator: `rule` is the reference semantics of each of `op_classes`.
+def _quiet(rule: Rule) -> Rule:
+    """`rule` run without numpy floating-point warnings: overflow to inf and NaN from inf - inf
+    are values of the denotation, not events to report."""
 
-    The table holds the rule wrapped to run without numpy floating-point warnings: overflow to
-    inf and NaN from inf - inf are values of the denotation, not events to report.
-    """
+    @functools.wraps(rule)
+    def quiet(node: NodeOp, args: list[np.ndarray], record: Any, dtype: Any) -> np.ndarray:
+        with np.errstate(all="ignore"):
+            return rule(node, args, record, dtype)
+
+    return quiet
+
+
+def register(*op_classes: type[NodeOp]) -> Callable[[Rule], Rule]:
+    """Decorator: `rule` is the reference semantics of each of `op_classes` (held quiet)."""
 
     def add(rule: Rule) -> Rule:
-        @functools.wraps(rule)
-        def quiet(node: NodeOp, args: list[np.ndarray], record: Any, dtype: Any) -> np.ndarray:
-            with np.errstate(all="ignore"):
-                return rule(node, args, record, dtype)
-
-        for cls in op_classes:
-            assert cls not in REFERENCE, f"two reference rules for {cls.__name__}"
-            REFERENCE[cls] = quiet
+        REFERENCE.register(*op_classes)(_quiet(rule))
         return rule
 
     return add
+
+
+def payload_field(node: NodeOp, record: Any, name: str, dtype: Any) -> np.ndarray:
+    """The record's field `name`, else the default the op's payload schema gives it, in
+    `dtype` (layernorm and batch norm's eps)."""
+    if record is not None and name in record:
+        return record[name]
+    param = next(p for p in type(node).PAYLOAD if p.name == name)
+    assert param.default is not None, f"{node.TAG}.{name} has no default"
+    return np.asarray(param.default, dtype=dtype)
 
 
 # --------------------------------------------------------------------------------------------
@@ -106,12 +124,6 @@ def _bernoulli(node: NodeOp, args: list[np.ndarray], record: Any, dtype: Any) ->
 # Elementwise
 # --------------------------------------------------------------------------------------------
 
-
-# Ops stating their numpy function (`UnaryOp.numpy`, `BinaryOp.numpy`) get it as their rule,
-# computed in the run's dtype; the rest are below.
-for _op in NODE_OPS:
-    if _op.defines("numpy") and _op is not ops.LogOp:
-        register(_op)(lambda node, args, record, dtype: np.asarray(node.numpy(*args), dtype=dtype))
 
 register(ops.SafeLogOp)(lambda node, args, record, dtype: np.log(ops.softplus(args[0]) + args[1]))
 
@@ -220,8 +232,8 @@ def _layernorm(node: NodeOp, args: list[np.ndarray], record: Any, dtype: Any) ->
     """PyTorch's layer_norm with normalized_shape = s[axis:] (biased variance)."""
     (x,) = args
     axes = tuple(range(node.meta("axis"), x.ndim))
+    eps = payload_field(node, record, "eps", dtype)
     record = record or {}
-    eps = record.get("eps", np.asarray(1e-5, dtype=dtype))
     centred = x - np.mean(x, axis=axes, keepdims=True)
     var = np.mean(centred * centred, axis=axes, keepdims=True)
     y = centred / np.sqrt(var + eps)
@@ -243,7 +255,7 @@ def _batch_norm(node: NodeOp, args: list[np.ndarray], record: Any, dtype: Any) -
     def per_channel(name: str) -> np.ndarray:
         return record[name].reshape(view)
 
-    eps = record.get("eps", np.asarray(1e-5, dtype=dtype))
+    eps = payload_field(node, record, "eps", dtype)
     scale = per_channel("gamma") / np.sqrt(per_channel("var") + eps)
     return (x - per_channel("mean")) * scale + per_channel("beta")
 
@@ -353,5 +365,27 @@ def _conv(node: NodeOp, args: list[np.ndarray], record: Any, dtype: Any) -> np.n
     return y.astype(dtype, copy=False)
 
 
-# The backward ops' rules (gradient graphs) live with autodiff and register themselves here.
-import tlc.semantics.autodiff.backward_reference  # noqa: E402, F401
+# --------------------------------------------------------------------------------------------
+# Derived from the op's facts
+# --------------------------------------------------------------------------------------------
+
+
+def _by_numpy(node: NodeOp, args: list[np.ndarray], record: Any, dtype: Any) -> np.ndarray:
+    """The op's numpy function, computed in the run's dtype."""
+    return np.asarray(node.numpy(*args), dtype=dtype)
+
+
+def _by_decomposition(node: NodeOp, args: list[np.ndarray], record: Any, dtype: Any) -> np.ndarray:
+    """The op's decomposition, each part by its own reference rule in the run's dtype."""
+    return np.asarray(node.decompose(NumpyEmitter(REFERENCE, dtype), *args), dtype=dtype)
+
+
+def _derived(op_class: type[NodeOp]) -> Rule | None:
+    if op_class.defines("numpy"):
+        return _quiet(_by_numpy)
+    if op_class.defines("decompose"):
+        return _quiet(_by_decomposition)
+    return None
+
+
+REFERENCE.derive(NODE_OPS, _derived)

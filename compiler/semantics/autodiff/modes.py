@@ -25,9 +25,9 @@ from tlc.dialect import ops
 from tlc.dialect.ops import GraphOp, NodeOp
 from tlc.dialect.shapes import Shape, fmt_shape
 from tlc.dialect.verify import infer_graph_shapes
-from tlc.semantics.autodiff.emitter import Emitter, NumpyEmitter
-from tlc.semantics.autodiff.rules import JVP, NON_DIFFERENTIABLE, PARAMS, UNSUPPORTED, VJP
-from tlc.semantics.interpret import interpret
+from tlc.semantics.autodiff.rules import JVP, PARAMS, VJP
+from tlc.semantics.emitter import Emitter, NumpyEmitter
+from tlc.semantics.interpret import REFERENCE, interpret
 from tlc.semantics.payload_check import prepare_records
 
 V = TypeVar("V")
@@ -53,7 +53,7 @@ class Cotangents(NamedTuple):
 def not_differentiable(node: NodeOp) -> DiagnosticError:
     return error(
         f"autodiff: cannot differentiate through {node.TAG} (node {node.id}): "
-        f"{UNSUPPORTED[type(node)]}",
+        f"{VJP.unsupported[type(node)]}",
         node,
     )
 
@@ -111,7 +111,7 @@ def jvp(
     given = param_tangents or {}
     _check_param_tangents(graph, records, given)
     seeds = _per_input(graph, tangent, "jvp")
-    em = NumpyEmitter()
+    em = NumpyEmitter(REFERENCE)
     tangents: list[np.ndarray | None] = []
     for node in graph.nodes:
         tangents.append(_push(em, node, table.values, tangents, seeds, records, given))
@@ -140,8 +140,6 @@ def _push(
         return None
     rule = JVP.get(type(node))
     if rule is None:
-        if type(node) in NON_DIFFERENTIABLE:
-            return None
         raise not_differentiable(node)
     ts = [np.zeros_like(values[p]) if tangents[p] is None else tangents[p] for p in pids]
     ins = [values[p] for p in pids]
@@ -168,8 +166,6 @@ def backprop(
             continue
         rule = VJP.get(type(node))
         if rule is None:
-            if type(node) in NON_DIFFERENTIABLE:
-                continue
             raise not_differentiable(node)
         pids = node.parent_ids()
         record = records.get(node.id)
@@ -202,7 +198,7 @@ def vjp(graph: GraphOp, payload: Payload | None, x: Any, cotangent: Any = None) 
     out = table.output
     seed = np.ones_like(out) if cotangent is None else np.asarray(cotangent, dtype=np.float64)
     _check_shape("vjp: cotangent", seed.shape, out.shape)
-    inputs, params = backprop(NumpyEmitter(), graph, table.values, seed, records)
+    inputs, params = backprop(NumpyEmitter(REFERENCE), graph, table.values, seed, records)
     by_input = {i: inputs.get(i, np.zeros_like(table[i])) for i in input_ids(graph)}
     result = Payload()
     for nid, name in param_fields(graph, records):

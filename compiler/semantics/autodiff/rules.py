@@ -1,21 +1,29 @@
 """Derivative rules: one JVP table and one VJP table keyed by op class, filled next to each rule.
 
 A VJP rule `vjp(em, node, ins, out, g, record) -> (parent cotangents, parameter cotangents)`
-is written in the emitter's vocabulary (tlc.semantics.autodiff.emitter), so the same rule computes
+is written in the emitter's vocabulary (tlc.semantics.emitter), so the same rule computes
 `tlc.vjp` numerically and writes the gradient graph of the `grad` pass. `ins` are the parents'
 forward values, `out` the node's (the saved values), `g` the cotangent of the output; a parent
 cotangent may be None (no gradient flows there) and parameter cotangents are keyed by payload
 field. A JVP rule `jvp(em, node, ins, out, tangents, record, record_tangent) -> tangent` runs
 numerically (a NumpyEmitter and float64 arrays), with zeros for parents that carry no tangent.
 
-Families share one-line helpers: `elementwise` (a derivative factor f'(x) serves both modes),
-`binary` (two partials), `linear_op` (the JVP is the op itself, the VJP its transpose),
-`self_adjoint` (a symmetric Jacobian: one product serves both), `zero` (derivative 0).
+Rules derive from the op's facts where it states them (`_derived`): an elementwise op's
+`derivative` fact f'(x) gives both modes (`elementwise`); an op with only a decomposition is
+differentiated through it, JAX-style: the decomposition is emitted with the rule's own emitter
+(recomputed numerically, or written into the gradient graph) and each part's rule applied
+(`through_decomposition`). Families share one-line helpers for the explicit rules: `binary`
+(two partials), `linear_op` (the JVP is the op itself, the VJP its transpose), `self_adjoint`
+(a symmetric Jacobian: one product serves both), `stop_gradient` (derivative 0).
 
 Conventions at kinks (PyTorch's): relu'(0) = 0, abs'(0) = sign(0) = 0, max/min split a tie
-0.5/0.5, max_pool sends a window's gradient to its first maximum in row-major order. Ops without
-rules are listed with the reason: `NON_DIFFERENTIABLE` (gradients stop there) and `UNSUPPORTED`
-(differentiating through them is an error).
+0.5/0.5, max_pool sends a window's gradient to its first maximum in row-major order.
+
+Two kinds of op have no derivative, and they differ: where gradients *stop* (detach, sign, random
+sources, the graph's inputs as leaves) the op has a rule, `stop_gradient`'s, that passes nothing on
+(derivative 0), with the reason in `GRADIENT_STOPS`; where tlc does not provide a derivative (the
+backward ops: second order) the tables refuse the op (`JVP.unsupported`), and reaching one with a
+(co)tangent is an error.
 """
 
 from __future__ import annotations
@@ -26,14 +34,17 @@ from typing import Any
 import numpy as np
 
 from tlc.core.payload import Record
-from tlc.core.rule_table import registrar
+from tlc.core.rule_table import RuleTable
 from tlc.dialect import backward_ops as bw
 from tlc.dialect import ops
+from tlc.dialect.families import UnaryOp
 from tlc.dialect.ops import NodeOp
-from tlc.dialect.shapes import numel
-from tlc.semantics.autodiff.backward_reference import max_pool_tangent
-from tlc.semantics.autodiff.emitter import Emitter, NumpyEmitter
-from tlc.semantics.reference import REFERENCE
+from tlc.dialect.registry import NODE_OPS
+from tlc.dialect.shapes import Shape, numel
+from tlc.semantics.backward_reference import max_pool_tangent
+from tlc.semantics.emitter import Emitter, NumpyEmitter
+from tlc.semantics.interpret import REFERENCE
+from tlc.semantics.reference import payload_field
 
 Cotangents = tuple[list[Any], dict[str, Any]]
 Vjp = Callable[[Emitter, NodeOp, list[Any], Any, Any, "Record | None"], Cotangents]
@@ -42,47 +53,27 @@ Jvp = Callable[
     np.ndarray,
 ]
 
-JVP: dict[type[NodeOp], Jvp] = {}
-VJP: dict[type[NodeOp], Vjp] = {}
+JVP: RuleTable[Jvp] = RuleTable("JVP")
+VJP: RuleTable[Vjp] = RuleTable("VJP")
 
 #: The payload fields each parameterised op is differentiated with respect to (when present in
-#: its record). `eps` is a fixed hyperparameter, never differentiated.
+#: its record): its schema's differentiable fields (`Param.differentiable`; never `eps`).
 PARAMS: dict[type[NodeOp], tuple[str, ...]] = {
-    ops.ConstOp: ("value",),
-    ops.LinearOp: ("weight", "bias"),
-    ops.ConvOp: ("weight", "bias"),
-    ops.LayernormOp: ("gamma", "beta"),
-    ops.BatchNormEvalOp: ("gamma", "beta", "mean", "var"),
+    op: tuple(p.name for p in op.PAYLOAD if p.differentiable)
+    for op in NODE_OPS
+    if op.reads_payload()
 }
 
-_SECOND_ORDER = "a backward op of gradient graphs; second derivatives are not provided"
-
-#: Ops with no derivative rule where gradients simply stop, with the reason.
-NON_DIFFERENTIABLE: dict[type[NodeOp], str] = {
-    ops.InputOp: "a leaf: its tangent is given (jvp) and its cotangent is the result (vjp)",
-    ops.RandUniformOp: "a random source with no parents; its samples carry no derivative",
-    ops.BernoulliMaskOp: (
-        "the sample is piecewise constant in keepProb (derivative 0 almost everywhere, "
-        "undefined at the thresholds); like PyTorch's bernoulli it passes no gradient"
-    ),
-}
-
-#: Ops whose derivatives tlc does not provide: reaching one with a (co)tangent is an error.
-UNSUPPORTED: dict[type[NodeOp], str] = {
-    bw.GeluGradOp: _SECOND_ORDER,
-    bw.MaxPoolGradOp: _SECOND_ORDER,
-    bw.AvgPoolGradOp: _SECOND_ORDER,
-    bw.ConvInputGradOp: _SECOND_ORDER,
-    bw.ConvWeightGradOp: _SECOND_ORDER,
-}
+#: Ops where gradients stop (their rule passes nothing on), with the reason.
+GRADIENT_STOPS: dict[type[NodeOp], str] = {}
 
 
 def _ref(node: NodeOp, args: list[np.ndarray], record: Record | None) -> np.ndarray:
     return np.asarray(REFERENCE[type(node)](node, args, record, np.float64))
 
 
-defvjp = registrar(VJP, "VJP")
-defjvp = registrar(JVP, "JVP")
+defvjp = VJP.register
+defjvp = JVP.register
 
 
 # --------------------------------------------------------------------------------------------
@@ -95,14 +86,24 @@ Factor = Callable[[Emitter, NodeOp, Any, Any], Any]
 
 def elementwise(cls: type[NodeOp], factor: Factor) -> None:
     """A unary elementwise op: tangent t f'(x), cotangent g f'(x)."""
+    jvp, vjp = _elementwise_rules(factor)
+    defjvp(cls)(jvp)
+    defvjp(cls)(vjp)
 
-    @defjvp(cls)
+
+def _elementwise_rules(factor: Factor) -> tuple[Jvp, Vjp]:
     def jvp(em, node, ins, out, ts, record, rt):  # type: ignore[no-untyped-def]
         return ts[0] * factor(em, node, ins[0], out)
 
-    @defvjp(cls)
     def vjp(em, node, ins, out, g, record):  # type: ignore[no-untyped-def]
         return [em.mul(g, factor(em, node, ins[0], out))], {}
+
+    return jvp, vjp
+
+
+def _by_derivative(em: Emitter, node: NodeOp, x: Any, y: Any) -> Any:
+    """The op's `derivative` fact."""
+    return node.derivative(em, x, y)  # type: ignore[attr-defined]
 
 
 #: (d out / d a, d out / d b) as values, given a, b and the output.
@@ -156,39 +157,41 @@ def self_adjoint(cls: type[NodeOp], product: Product) -> None:
         return [product(em, node, ins[0], out, g)], {}
 
 
-def zero(cls: type[NodeOp]) -> None:
-    """Derivative 0 (detach by definition, sign almost everywhere): nothing flows back."""
+def stop_gradient(reason: str, *op_classes: type[NodeOp]) -> None:
+    """Gradients stop at `op_classes` (derivative 0, for `reason`): tangent 0, no cotangent."""
 
-    @defjvp(cls)
     def jvp(em, node, ins, out, ts, record, rt):  # type: ignore[no-untyped-def]
         return np.zeros_like(out)
 
-    @defvjp(cls)
     def vjp(em, node, ins, out, g, record):  # type: ignore[no-untyped-def]
         return [None] * len(ins), {}
+
+    defjvp(*op_classes)(jvp)
+    defvjp(*op_classes)(vjp)
+    GRADIENT_STOPS.update(dict.fromkeys(op_classes, reason))
 
 
 # --------------------------------------------------------------------------------------------
 # Elementwise
 # --------------------------------------------------------------------------------------------
 
-elementwise(ops.AbsOp, lambda em, n, x, y: em.sign(x))
-elementwise(ops.SqrtOp, lambda em, n, x, y: em.scale(em.unary(ops.InvOp, y), 0.5))
-elementwise(ops.ReluOp, lambda em, n, x, y: em.unary(ops.ReluOp, em.sign(x)))
-elementwise(ops.TanhOp, lambda em, n, x, y: em.one_minus(em.mul(y, y)))
-elementwise(ops.SigmoidOp, lambda em, n, x, y: em.mul(y, em.one_minus(y)))
-elementwise(ops.SoftplusOp, lambda em, n, x, y: em.unary(ops.SigmoidOp, x))
-elementwise(ops.ExpOp, lambda em, n, x, y: y)
-elementwise(ops.LogOp, lambda em, n, x, y: em.unary(ops.InvOp, x))
-elementwise(ops.InvOp, lambda em, n, x, y: em.neg(em.mul(y, y)))
-elementwise(ops.SinOp, lambda em, n, x, y: em.unary(ops.CosOp, x))
-elementwise(ops.CosOp, lambda em, n, x, y: em.neg(em.unary(ops.SinOp, x)))
+# Elementwise ops stating their `derivative` get `elementwise` rules (see `_derived`); gelu's
+# derivative is a backward op, which tlc.dialect.ops cannot name.
 elementwise(
     ops.GeluOp,
     lambda em, n, x, y: em.unary(bw.GeluGradOp, x, approximate=n.meta("approximate")),
 )
-zero(ops.DetachOp)
-zero(bw.SignOp)
+stop_gradient("identity forward, no gradient by definition (PyTorch's detach)", ops.DetachOp)
+stop_gradient("piecewise constant: derivative 0 wherever it exists", bw.SignOp)
+stop_gradient(
+    "a leaf: its tangent is given (jvp) and its cotangent is the result (vjp)", ops.InputOp
+)
+stop_gradient("a random source with no parents; its samples carry no derivative", ops.RandUniformOp)
+stop_gradient(
+    "the sample is piecewise constant in keepProb (derivative 0 almost everywhere, undefined at "
+    "the thresholds); like PyTorch's bernoulli it passes no gradient",
+    ops.BernoulliMaskOp,
+)
 
 
 def _max_weight(em: Emitter, a: Any, b: Any) -> Any:
@@ -299,7 +302,7 @@ linear_op(ops.ReduceMeanOp, _mean_transpose)
 linear_op(ops.ConcatOp, _concat_transpose)
 linear_op(
     ops.AvgPoolOp,
-    lambda em, node, shapes, g: [em.op(bw.AvgPoolGradOp, [g], _pool_fields(node), shapes[0])],
+    lambda em, node, shapes, g: [em.bind(bw.AvgPoolGradOp, [g], _pool_fields(node), shapes[0])],
 )
 
 
@@ -314,7 +317,7 @@ def _max_pool_jvp(em, node, ins, out, ts, record, rt):  # type: ignore[no-untype
 
 @defvjp(ops.MaxPoolOp)
 def _max_pool_vjp(em, node, ins, out, g, record):  # type: ignore[no-untyped-def]
-    return [em.op(bw.MaxPoolGradOp, [ins[0], g], _pool_fields(node))], {}
+    return [em.bind(bw.MaxPoolGradOp, [ins[0], g], _pool_fields(node))], {}
 
 
 # --------------------------------------------------------------------------------------------
@@ -350,8 +353,8 @@ def _log_softmax_vjp(em, node, ins, out, g, record):  # type: ignore[no-untyped-
     return [em.sub(g, em.mul(em.unary(ops.ExpOp, out), em.keep_sum(g, axis)))], {}
 
 
-def _eps(record: Record | None) -> float:
-    return float(record["eps"]) if record is not None and "eps" in record else 1e-5
+def _eps(node: NodeOp, record: Record | None) -> float:
+    return float(payload_field(node, record, "eps", np.float64))
 
 
 def _layernorm_frame(node: NodeOp, shape: tuple[int, ...]) -> tuple[tuple[int, int], Any]:
@@ -366,7 +369,7 @@ def _layernorm_jvp(em, node, ins, out, ts, record, rt):  # type: ignore[no-untyp
     (m, n), suffix = _layernorm_frame(node, x.shape)
     x2, t2 = x.reshape(m, n), t.reshape(m, n)
     d = x2 - x2.mean(axis=1, keepdims=True)
-    rstd = 1 / np.sqrt((d * d).mean(axis=1, keepdims=True) + _eps(record))
+    rstd = 1 / np.sqrt((d * d).mean(axis=1, keepdims=True) + _eps(node, record))
     xhat = d * rstd
     dxhat = rstd * (t2 - t2.mean(axis=1, keepdims=True) - xhat * (t2 * xhat).mean(1, keepdims=True))
     record = record or {}
@@ -386,7 +389,8 @@ def _layernorm_vjp(em, node, ins, out, g, record):  # type: ignore[no-untyped-de
     x2, g2 = em.reshape(ins[0], (m, n)), em.reshape(g, (m, n))
     d = em.sub(x2, em.keep_mean(x2, 1))
     var = em.keep_mean(em.mul(d, d), 1)
-    rstd = em.unary(ops.InvOp, em.unary(ops.SqrtOp, em.add(var, em.full((m, n), _eps(record)))))
+    eps = em.full((m, n), _eps(node, record))
+    rstd = em.unary(ops.InvOp, em.unary(ops.SqrtOp, em.add(var, eps)))
     xhat = em.mul(d, rstd)
     record = record or {}
     gg = g2
@@ -410,7 +414,7 @@ def _per_channel(node: NodeOp, value: np.ndarray, shape: tuple[int, ...]) -> np.
 
 
 def _bn_stats(node: NodeOp, record: Record, shape: tuple[int, ...]) -> dict[str, np.ndarray]:
-    rstd = 1 / np.sqrt(record["var"] + _eps(record))
+    rstd = 1 / np.sqrt(record["var"] + _eps(node, record))
     return {
         "rstd": _per_channel(node, rstd, shape),
         "scale": _per_channel(node, record["gamma"] * rstd, shape),
@@ -498,10 +502,10 @@ def _conv_vjp(em, node, ins, out, g, record):  # type: ignore[no-untyped-def]
     (x,) = ins
     fields = node.metadata()
     kernel = em.const(record["weight"])
-    params = {"weight": em.op(bw.ConvWeightGradOp, [x, g], fields)}
+    params = {"weight": em.bind(bw.ConvWeightGradOp, [x, g], fields)}
     if "bias" in record:
         params["bias"] = em.sum_except(g, node.meta("channel_axis"))
-    return [em.op(bw.ConvInputGradOp, [g, kernel], fields, em.shape(x))], params
+    return [em.bind(bw.ConvInputGradOp, [g, kernel], fields, em.shape(x))], params
 
 
 # --------------------------------------------------------------------------------------------
@@ -517,3 +521,91 @@ def _const_jvp(em, node, ins, out, ts, record, rt):  # type: ignore[no-untyped-d
 @defvjp(ops.ConstOp)
 def _const_vjp(em, node, ins, out, g, record):  # type: ignore[no-untyped-def]
     return [], {"value": g}
+
+
+# --------------------------------------------------------------------------------------------
+# Derived from the op's facts
+# --------------------------------------------------------------------------------------------
+
+
+class _Tape(Emitter[int]):
+    """Emits a decomposition through `em` and records each op: values are indices into
+    `values` (the parents first), so every value keeps its place even where a rule returns one
+    of its inputs unchanged."""
+
+    def __init__(self, em: Emitter[Any], parents: list[Any]) -> None:
+        self.em = em
+        self.values: list[Any] = list(parents)
+        #: (node, operand indices, result index, record) per op, in emission order.
+        self.entries: list[tuple[NodeOp, list[int], int, Record | None]] = []
+
+    def next_id(self) -> int:
+        return self.em.next_id()
+
+    def evaluate(self, node: NodeOp, operands: list[int], record: Record | None) -> int:
+        value = self.em.evaluate(node, [self.values[i] for i in operands], record)
+        self.values.append(value)
+        self.entries.append((node, list(operands), len(self.values) - 1, record))
+        return len(self.values) - 1
+
+    def shape(self, value: int) -> Shape:
+        return self.em.shape(self.values[value])
+
+
+def _record_tape(em: Emitter[Any], node: NodeOp, ins: list[Any]) -> tuple[_Tape, int]:
+    tape = _Tape(em, ins)
+    return tape, node.decompose(tape, *range(len(ins)))
+
+
+def decomposition_jvp(em, node, ins, out, ts, record, rt):  # type: ignore[no-untyped-def]
+    """Tangents pushed through the decomposition's parts, each by its own JVP rule."""
+    tape, result = _record_tape(em, node, ins)
+    tangents: list[Any] = list(ts)
+    for part, operands, index, part_record in tape.entries:
+        args = [tape.values[i] for i in operands]
+        moved = [tangents[i] for i in operands]
+        tangents.append(JVP[type(part)](em, part, args, tape.values[index], moved, part_record, {}))
+    return tangents[result]
+
+
+def decomposition_vjp(em, node, ins, out, g, record):  # type: ignore[no-untyped-def]
+    """Cotangents pulled back through the decomposition's parts, each by its own VJP rule;
+    the parts' own parameters (constants) are not the op's and are dropped."""
+    tape, result = _record_tape(em, node, ins)
+    cotangents: dict[int, Any] = {result: g}
+    for part, operands, index, part_record in reversed(tape.entries):
+        ct = cotangents.pop(index, None)
+        if ct is None:
+            continue
+        args = [tape.values[i] for i in operands]
+        to_parents, _ = VJP[type(part)](em, part, args, tape.values[index], ct, part_record)
+        for i, c in zip(operands, to_parents, strict=True):
+            if c is not None:
+                cotangents[i] = em.add(cotangents[i], c) if i in cotangents else c
+    return [cotangents.get(i) for i in range(len(ins))], {}
+
+
+_DERIVATIVE_JVP, _DERIVATIVE_VJP = _elementwise_rules(_by_derivative)
+
+
+def _derived_jvp(op_class: type[NodeOp]) -> Jvp | None:
+    if issubclass(op_class, UnaryOp) and op_class.defines("derivative"):
+        return _DERIVATIVE_JVP
+    return decomposition_jvp if op_class.defines("decompose") else None
+
+
+def _derived_vjp(op_class: type[NodeOp]) -> Vjp | None:
+    if issubclass(op_class, UnaryOp) and op_class.defines("derivative"):
+        return _DERIVATIVE_VJP
+    return decomposition_vjp if op_class.defines("decompose") else None
+
+
+JVP.derive(NODE_OPS, _derived_jvp)
+VJP.derive(NODE_OPS, _derived_vjp)
+
+_SECOND_ORDER = "a backward op of gradient graphs; second derivatives are not provided"
+for _table in (JVP, VJP):
+    _table.refuse(
+        _SECOND_ORDER,
+        bw.GeluGradOp, bw.MaxPoolGradOp, bw.AvgPoolGradOp, bw.ConvInputGradOp, bw.ConvWeightGradOp,
+    )  # fmt: skip
