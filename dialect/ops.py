@@ -460,6 +460,7 @@ class GeluOp(UnaryOp):
 
     name = "tl.gelu"
     FIELDS = (Field("approximate", Kind.STR, "none", ("none", "tanh")),)
+    ONNX = OnnxSpelling("Gelu", {"approximate": "approximate"})
     TORCH = TorchSpelling(
         functions=("torch.nn.functional.gelu",),
         modules=("torch.nn.GELU",),
@@ -546,6 +547,8 @@ class MatmulOp(NodeOp):
 
     name = "tl.matmul"
     ARITY: ClassVar[tuple[int, int | None]] = (2, 2)
+    #: ONNX's MatMul also broadcasts and takes vectors; tl's is its case of equal batch axes.
+    ONNX = OnnxSpelling("MatMul")
 
     def infer(self, parents: list[Shape]) -> Shape:
         """Both parents rank ≥ 2 with identical leading dims: `(..., m, n) × (..., n, p) → (..., m,

@@ -185,11 +185,9 @@ class ProgramOp(IRDLOperation):
             )
         if not all(isinstance(a.type, TensorType) for a in args):
             raise VerifyException(f"tl.program @{self.graph_name}: arguments must be !tl.tensor")
-        # A program is checked where it is read, in either syntax, by lowering it: shape and
-        # parameter errors come out as located diagnostics (DiagnosticError) at their call.
-        from tlc.semantics.program_run import check_program
-
-        check_program(self)
+        # What the calls mean (shapes, parameter uses) is the operations interface's, a layer
+        # above the dialect: a document's reader checks each program by lowering it
+        # (`tlc.frontends.text.parse_source`), with located diagnostics at the bad call.
 
     @property
     def graph_name(self) -> str:

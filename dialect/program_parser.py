@@ -2,9 +2,10 @@
 
 Names are resolved in order, so a use before the `let` that defines it, an unknown name and a
 redefinition are reported where they are written. A nested call becomes an unnamed `tl.call`
-placed just before its user (post-order), which is what the printer inlines again. Once a program
-is built its shapes and parameter uses are checked by running it with the IR-building instance
-of the operations interface (`ProgramOp.verify_`), so a program that parses also lowers.
+placed just before its user (post-order), which is what the printer inlines again. What is
+checked here is the program's form (`ProgramOp.verify_`); its shapes and parameter uses are
+checked by the document's reader, which lowers it (`tlc.frontends.text.parse_source`), so a
+program that is read also lowers.
 """
 
 from __future__ import annotations

@@ -172,6 +172,11 @@ CASES = {
                           dilations=[2, 2])],
         [("x", (2, 3, 6, 7))], [], "conv",
     ),
+    "leaky_relu_alpha_and_default": (
+        [helper.make_node("LeakyRelu", ["x"], ["a"], alpha=0.2),
+         helper.make_node("LeakyRelu", ["a"], ["y"])],
+        [("x", (2, 3))], [], "leaky_relu",
+    ),
     "layernorm_mean_output": (
         [helper.make_node("LayerNormalization", ["x", "s"], ["l", "mean", "inv"], axis=1),
          helper.make_node("Mul", ["mean", "inv"], ["y"])],
@@ -239,6 +244,33 @@ def test_refusals_name_the_node_and_op_type() -> None:
     assert _refusal(weights) == (
         "ONNX import: node #0 (Conv): W (input 1) must be an initializer or a Constant"
     )
+
+
+def test_every_onnx_spelling_is_imported_from_its_op_kind() -> None:
+    """An op kind's `ONNX` spelling is an importable op type; unless an explicit rule covers
+    the op type, the derived rule understands exactly the spelling's attributes."""
+    from tlc.dialect.registry import NODE_OPS
+    from tlc.frontends.import_onnx import DERIVED, RULES
+
+    spelled = {op.ONNX.op_type: op for op in NODE_OPS if op.ONNX is not None}
+    assert set(spelled) <= set(RULES)
+    assert {"LeakyRelu", "Relu", "Sign", "Gelu", "Max"} <= DERIVED <= set(spelled)
+    assert RULES["LeakyRelu"].attributes == {"alpha"}
+
+
+def test_leaky_relu_alpha_is_the_negative_slope() -> None:
+    """`alpha` sets `negative_slope`; an absent alpha is ONNX's default, the field's 0.01. ONNX
+    floats are float32, defaults too; any other attribute is refused."""
+    model = make_model(
+        [helper.make_node("LeakyRelu", ["x"], ["a"], alpha=0.2),
+         helper.make_node("LeakyRelu", ["a"], ["y"])],
+        [("x", (3,))], "y",
+    )  # fmt: skip
+    first, second = tlc.from_onnx(model).graph.nodes[1:]
+    assert first.meta("negative_slope") == float(np.float32(0.2))
+    assert second.meta("negative_slope") == float(np.float32(0.01))
+    odd = make_model([helper.make_node("LeakyRelu", ["x"], ["y"], beta=1.0)], [("x", (3,))], "y")
+    assert _refusal(odd) == "ONNX import: node #0 (LeakyRelu): unsupported attribute 'beta'"
 
 
 def test_unreadable_file_is_a_diagnostic(tmp_path: Path) -> None:

@@ -177,3 +177,79 @@ def test_refusals_name_the_node_and_target() -> None:
     assert _refusal(TwoInputs(), x) == (
         "PyTorch graph import: the model takes 2 inputs (x, y), 1 example inputs given"
     )
+
+
+class Leaky(nn.Module):
+    """Every PyTorch form of leaky_relu: positional and keyword slope, module, default."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.act = nn.LeakyReLU(0.3)
+        self.default = nn.LeakyReLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.leaky_relu(x, 0.2) - F.leaky_relu(x, negative_slope=-0.5)
+        return self.default(self.act(y) * F.leaky_relu(x) + F.gelu(x, approximate="tanh"))
+
+
+def test_leaky_relu_forms_match_pytorch() -> None:
+    """The slope comes from the argument after the tensor (by position or keyword), from the
+    module's `negative_slope`, or is the default 0.01; values agree with PyTorch in float64
+    (leaky_relu is one product and a selection: exact, up to the gelu in the mix)."""
+    x = torch.randn(4, 5, dtype=torch.float64)
+    x[0, 0] = 0.0
+    traced = check_against_torch(Leaky(), x)
+    slopes = [n.meta("negative_slope") for n in traced.graph.nodes if n.TAG == "leaky_relu"]
+    assert slopes == [0.2, -0.5, 0.3, 0.01, 0.01]
+    assert [n.meta("approximate") for n in traced.graph.nodes if n.TAG == "gelu"] == ["tanh"]
+    alone = tlc.from_torch(nn.Sequential(nn.LeakyReLU(0.2)), x)
+    ours = interpret(alone.graph, alone.payload, x.numpy()).output
+    np.testing.assert_allclose(ours, F.leaky_relu(x, 0.2).numpy(), rtol=0, atol=1e-12)
+
+
+class MaxAlongDim(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.max(x, 1)[0]
+
+
+class ExpOut(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.exp(x, out=torch.empty(2, 4))
+
+
+class AddAlpha(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.add(x, x, alpha=2)
+
+
+def test_spelled_targets_refuse_what_the_spelling_does_not_name() -> None:
+    """A derived rule knows the tensors and the spelling's `arguments`; anything else, or a call
+    that is not the op (torch.max along a dim returns values and indices), is refused."""
+    x = torch.randn(2, 4)
+    assert _refusal(ExpOut(), x) == (
+        "PyTorch graph import: FX node 'exp' (torch.exp): unsupported argument 'out'"
+    )
+    assert _refusal(MaxAlongDim(), x) == (
+        "PyTorch graph import: FX node 'max_1' produced no single tensor"
+    )
+    assert _refusal(AddAlpha(), x) == (
+        "PyTorch graph import: FX node 'add' (torch.add): alpha != 1"
+    )
+
+
+def test_every_torch_spelling_is_imported() -> None:
+    """Each callable an op kind's PyTorch spelling names is a target of the import table."""
+    from tlc.dialect.registry import NODE_OPS
+    from tlc.frontends.import_torch import DERIVED, RULES
+
+    for op in NODE_OPS:
+        if op.TORCH is not None:
+            names = (*op.TORCH.functions, *op.TORCH.modules)
+            assert all(any(_named(t, n) for t in RULES) for n in names), op.TAG
+            assert set(op.TORCH.methods) <= set(RULES), op.TAG
+    assert nn.LeakyReLU in DERIVED and F.leaky_relu in DERIVED and nn.GELU in DERIVED
+
+
+def _named(target: object, dotted: str) -> bool:
+    module, _, name = dotted.rpartition(".")
+    return target is getattr(__import__(module, fromlist=[name]), name)

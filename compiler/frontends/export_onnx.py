@@ -1,10 +1,19 @@
 """ONNX export: a tl graph plus its payload becomes an ONNX model that ONNX Runtime can run.
 
-`to_onnx(graph, payload)` maps every node through `EXPORT`, one table keyed by tl op class; an
-op with no ONNX equivalent sits in `UNSUPPORTED` with the reason, and exporting a graph that uses
-it is an error naming the node. Payload fields become initializers named `<id>.<field>`, in the
-chosen float type (FLOAT by default, DOUBLE on request); `const` nodes become initializers too.
-Input nodes become graph inputs `x` (`x<id>` for several), the output is `y`.
+`to_onnx(graph, payload)` maps every node through `EXPORT`, a `RuleTable` keyed by tl op class.
+An op kind with an `ONNX` spelling is exported as that operator, its metadata fields as the mapped
+attributes (a field at its default is left out: ONNX's default is the same); an op kind with a
+decomposition and no spelling is exported as its decomposition, whose ops are written by the same
+table (`OnnxEmitter`). Explicit rules remain where the ONNX form differs from the op: parameters
+as initializers (const, linear, conv, batch norm, layer norm), ONNX's [N, C, ...] layout (conv,
+pooling, batch norm), shapes and axes as inputs or attributes tl derives (reshape, flatten,
+broadcast_to, transpose, permute, reductions, softmax, concat), and the ops ONNX spells as
+several nodes (mse_loss, safe_log). An op with no ONNX equivalent is refused with the reason
+(`EXPORT.unsupported`), and exporting a graph that uses it is an error naming the node.
+
+Payload fields become initializers named `<id>.<field>`, in the chosen float type (FLOAT by
+default, DOUBLE on request); `const` nodes become initializers too. Input nodes become graph
+inputs `x` (`x<id>` for several), the output is `y`.
 
 ONNX's layers want the batch and channel axes first ([N, C, spatial...]); tl's conv, pooling and
 batch norm allow any leading axes, so the exporter reshapes around them where the layouts differ
@@ -13,7 +22,7 @@ batch norm allow any leading axes, so the exporter reshapes around them where th
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from math import prod
 from typing import Any
@@ -23,13 +32,17 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from tlc.core.diagnostics import DiagnosticError, error
-from tlc.core.payload import Payload
-from tlc.core.rule_table import registrar
+from tlc.core.payload import Payload, Record
+from tlc.core.rule_table import RuleTable
 from tlc.dialect import backward_ops as bw
 from tlc.dialect import ops as tl
+from tlc.dialect.families import OnnxSpelling
+from tlc.dialect.metadata import Kind
 from tlc.dialect.ops import GraphOp, NodeOp
+from tlc.dialect.registry import NODE_OPS
 from tlc.dialect.shapes import Shape
 from tlc.dialect.verify import infer_graph_shapes
+from tlc.semantics.emitter import Emitter
 from tlc.semantics.payload_check import check_payload
 
 #: The opset exported models declare (Gelu needs 20; ReduceMean's axes are an input from 18).
@@ -40,12 +53,15 @@ ELEMENT_TYPES = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.float64): 
 
 @dataclass
 class Exporter:
-    """The ONNX graph being built: nodes, initializers, and each tl node's value name."""
+    """The ONNX graph being built: nodes, initializers, and each tl node's value name and shape
+    (by node id; the nodes a decomposition makes get ids after the graph's)."""
 
     graph: GraphOp
     payload: Payload
     dtype: np.dtype
-    shapes: list[Shape]
+    shapes: dict[int, Shape]
+    #: Op kinds exported by their decomposition even where ONNX spells them.
+    decompose: Collection[type[NodeOp]] = ()
     nodes: list[onnx.NodeProto] = field(default_factory=list)
     initializers: list[onnx.TensorProto] = field(default_factory=list)
     names: dict[int, str] = field(default_factory=dict)
@@ -81,86 +97,60 @@ class Exporter:
         target = self.constant(list(shape), "shape", np.int64)
         return self.add("Reshape", [value, target], "reshape")
 
+    def export(self, node: NodeOp) -> None:
+        """Write `node` (its parents written already) and record its value's name."""
+        cls = type(node)
+        rule = _decomposed if cls in self.decompose else EXPORT.get(cls)
+        if rule is None:
+            reason = EXPORT.unsupported[cls]
+            raise error(f"ONNX export: node {node.id}: {node.TAG} has no ONNX form: {reason}", node)
+        self.names[node.id] = rule(self, node, [self.names[p] for p in node.parent_ids()])
+
 
 Rule = Callable[[Exporter, NodeOp, list[str]], str]
 
-EXPORT: dict[type[NodeOp], Rule] = {}
+EXPORT: RuleTable[Rule] = RuleTable("ONNX export")
 
-UNSUPPORTED: dict[type[NodeOp], str] = {
-    tl.RandUniformOp: "ONNX's RandomUniform draws an implementation-defined stream, not tl's",
-    tl.BernoulliMaskOp: "ONNX's Bernoulli draws an implementation-defined stream, not tl's",
-    tl.HardMaskedSoftmaxOp: "rows with every entry blocked give 0 in tl and NaN in Softmax",
-    bw.GeluGradOp: "gelu's derivative has no ONNX op",
-    bw.MaxPoolGradOp: "ONNX has no max-pool gradient op",
-    bw.AvgPoolGradOp: "ONNX has no average-pool gradient op",
-    bw.ConvInputGradOp: "ConvTranspose could express it; the geometry mapping is not written",
-    bw.ConvWeightGradOp: "ONNX has no convolution weight-gradient op",
-}
-
-
-register = registrar(EXPORT, "export")
-
-
-def same_name(op_type: str, **attrs: Any) -> Rule:
-    """An op that is one ONNX node of the same arity."""
-
-    def rule(ex: Exporter, node: NodeOp, inputs: list[str]) -> str:
-        return ex.add(op_type, inputs, node.TAG, **attrs)
-
-    return rule
+EXPORT.refuse(
+    "ONNX's RandomUniform draws an implementation-defined stream, not tl's", tl.RandUniformOp
+)
+EXPORT.refuse(
+    "ONNX's Bernoulli draws an implementation-defined stream, not tl's", tl.BernoulliMaskOp
+)
+EXPORT.refuse(
+    "rows with every entry blocked give 0 in tl and NaN in Softmax", tl.HardMaskedSoftmaxOp
+)
+EXPORT.refuse("gelu's derivative has no ONNX op", bw.GeluGradOp)
+EXPORT.refuse("ONNX has no max-pool gradient op", bw.MaxPoolGradOp)
+EXPORT.refuse("ONNX has no average-pool gradient op", bw.AvgPoolGradOp)
+EXPORT.refuse(
+    "ConvTranspose could express it; the geometry mapping is not written", bw.ConvInputGradOp
+)
+EXPORT.refuse("ONNX has no convolution weight-gradient op", bw.ConvWeightGradOp)
 
 
-for _cls, _onnx in {
-    tl.DetachOp: "Identity",
-    tl.AddOp: "Add",
-    tl.SubOp: "Sub",
-    tl.MulElemOp: "Mul",
-    tl.MaxElemOp: "Max",
-    tl.MinElemOp: "Min",
-    tl.AbsOp: "Abs",
-    tl.SqrtOp: "Sqrt",
-    tl.ReluOp: "Relu",
-    tl.TanhOp: "Tanh",
-    tl.SigmoidOp: "Sigmoid",
-    tl.SoftplusOp: "Softplus",
-    tl.ExpOp: "Exp",
-    tl.LogOp: "Log",
-    tl.InvOp: "Reciprocal",
-    tl.SinOp: "Sin",
-    tl.CosOp: "Cos",
-    tl.MatmulOp: "MatMul",
-    bw.SignOp: "Sign",
-}.items():
-    register(_cls)(same_name(_onnx))
-
-
-@register(tl.InputOp)
+@EXPORT.register(tl.InputOp)
 def _input(ex: Exporter, node: NodeOp, inputs: list[str]) -> str:
     raise AssertionError("input nodes are graph inputs, named by to_onnx")
 
 
-@register(tl.ConstOp)
+@EXPORT.register(tl.ConstOp)
 def _const(ex: Exporter, node: NodeOp, inputs: list[str]) -> str:
     return ex.initializer(node, "value", ex.payload[node.id]["value"].reshape(node.meta("shape")))
 
 
-@register(tl.GeluOp)
-def _gelu(ex: Exporter, node: NodeOp, inputs: list[str]) -> str:
-    return ex.add("Gelu", inputs, "gelu", approximate=node.meta("approximate"))
-
-
-@register(tl.SoftmaxOp, tl.LogSoftmaxOp)
+@EXPORT.register(tl.SoftmaxOp, tl.LogSoftmaxOp)
 def _softmax(ex: Exporter, node: NodeOp, inputs: list[str]) -> str:
     op_type = "Softmax" if isinstance(node, tl.SoftmaxOp) else "LogSoftmax"
     return ex.add(op_type, inputs, node.TAG, axis=node.meta("axis"))
 
 
-@register(tl.PermuteOp)
+@EXPORT.register(tl.PermuteOp)
 def _permute(ex: Exporter, node: NodeOp, inputs: list[str]) -> str:
     return ex.add("Transpose", inputs, "permute", perm=list(node.meta("perm")))
 
 
-@register(tl.TransposeOp)
+@EXPORT.register(tl.TransposeOp)
 def _transpose(ex: Exporter, node: NodeOp, inputs: list[str]) -> str:
     perm = list(range(len(ex.shapes[node.id])))
     a, b = node.meta("axis1"), node.meta("axis2")
@@ -168,48 +158,48 @@ def _transpose(ex: Exporter, node: NodeOp, inputs: list[str]) -> str:
     return ex.add("Transpose", inputs, "transpose", perm=perm)
 
 
-@register(tl.ReshapeOp, tl.FlattenOp)
+@EXPORT.register(tl.ReshapeOp, tl.FlattenOp)
 def _reshape(ex: Exporter, node: NodeOp, inputs: list[str]) -> str:
     return ex.reshape(inputs[0], ex.shapes[node.id])
 
 
-@register(tl.BroadcastToOp)
+@EXPORT.register(tl.BroadcastToOp)
 def _broadcast(ex: Exporter, node: NodeOp, inputs: list[str]) -> str:
     target = ex.constant(list(node.meta("to")), "shape", np.int64)
     return ex.add("Expand", [inputs[0], target], "broadcast")
 
 
-@register(tl.ConcatOp)
+@EXPORT.register(tl.ConcatOp)
 def _concat(ex: Exporter, node: NodeOp, inputs: list[str]) -> str:
     return ex.add("Concat", inputs, "concat", axis=node.meta("axis"))
 
 
-@register(tl.ReduceSumOp, tl.ReduceMeanOp)
+@EXPORT.register(tl.ReduceSumOp, tl.ReduceMeanOp)
 def _reduce(ex: Exporter, node: NodeOp, inputs: list[str]) -> str:
     op_type = "ReduceSum" if isinstance(node, tl.ReduceSumOp) else "ReduceMean"
     axes = ex.constant([node.meta("axis")], "axes", np.int64)
     return ex.add(op_type, [inputs[0], axes], node.TAG, keepdims=0)
 
 
-@register(tl.SumOp)
+@EXPORT.register(tl.SumOp)
 def _sum(ex: Exporter, node: NodeOp, inputs: list[str]) -> str:
     return ex.add("ReduceSum", inputs, "sum", keepdims=0)
 
 
-@register(tl.MseLossOp)
+@EXPORT.register(tl.MseLossOp)
 def _mse(ex: Exporter, node: NodeOp, inputs: list[str]) -> str:
     diff = ex.add("Sub", inputs, "diff")
     square = ex.add("Mul", [diff, diff], "square")
     return ex.add("ReduceMean", [square], "mse", keepdims=0)
 
 
-@register(tl.SafeLogOp)
+@EXPORT.register(tl.SafeLogOp)
 def _safe_log(ex: Exporter, node: NodeOp, inputs: list[str]) -> str:
     soft = ex.add("Softplus", [inputs[0]], "softplus")
     return ex.add("Log", [ex.add("Add", [soft, inputs[1]], "plus_eps")], "safe_log")
 
 
-@register(tl.LinearOp)
+@EXPORT.register(tl.LinearOp)
 def _linear(ex: Exporter, node: NodeOp, inputs: list[str]) -> str:
     """Gemm (transB = 1 keeps the [out, in] weight as stored) on matrices; MatMul + Add with
     the transposed weight at other ranks."""
@@ -238,7 +228,7 @@ def _restore(ex: Exporter, node: NodeOp, y: str, lead: Shape) -> str:
     return y if len(lead) == 1 else ex.reshape(y, ex.shapes[node.id])
 
 
-@register(tl.ConvOp)
+@EXPORT.register(tl.ConvOp)
 def _conv(ex: Exporter, node: NodeOp, inputs: list[str]) -> str:
     m = node.metadata()
     x, lead = _nc_layout(ex, node, inputs[0], m["channel_axis"])
@@ -253,7 +243,7 @@ def _conv(ex: Exporter, node: NodeOp, inputs: list[str]) -> str:
     return _restore(ex, node, y, lead)
 
 
-@register(tl.BatchNormEvalOp)
+@EXPORT.register(tl.BatchNormEvalOp)
 def _batch_norm(ex: Exporter, node: NodeOp, inputs: list[str]) -> str:
     axis = node.meta("channel_axis")
     shape = ex.shapes[node.id]
@@ -272,7 +262,7 @@ def _batch_norm(ex: Exporter, node: NodeOp, inputs: list[str]) -> str:
     return y if shape == view else ex.reshape(y, shape)
 
 
-@register(tl.LayernormOp)
+@EXPORT.register(tl.LayernormOp)
 def _layernorm(ex: Exporter, node: NodeOp, inputs: list[str]) -> str:
     axis = node.meta("axis")
     suffix = ex.shapes[node.id][axis:]
@@ -285,7 +275,7 @@ def _layernorm(ex: Exporter, node: NodeOp, inputs: list[str]) -> str:
     )
 
 
-@register(tl.MaxPoolOp, tl.AvgPoolOp)
+@EXPORT.register(tl.MaxPoolOp, tl.AvgPoolOp)
 def _pool(ex: Exporter, node: NodeOp, inputs: list[str]) -> str:
     kernel, padding = list(node.meta("kernel")), list(node.meta("padding"))
     shape = ex.shapes[node.parent_ids()[0]]
@@ -303,11 +293,105 @@ def _pool(ex: Exporter, node: NodeOp, inputs: list[str]) -> str:
     return y if view == shape else ex.reshape(y, ex.shapes[node.id])
 
 
+# --------------------------------------------------------------------------------------------
+# Every other op kind: its ONNX spelling, or its decomposition
+# --------------------------------------------------------------------------------------------
+
+
+def _spelled(spelling: OnnxSpelling) -> Rule:
+    """One ONNX node of type `spelling.op_type` on the node's inputs; each metadata field is
+    the attribute the spelling maps it to, left out at its default (ONNX's default too).
+
+    ONNX float attributes are float32: in a float64 export a number field that is no float32
+    (a slope of 0.2) would change the op, so such a node is written as its decomposition, whose
+    constants are float64 initializers, where the op kind has one (float32 exports compute with
+    the rounded number, as tl's float32 semantics does)."""
+    attribute_of = {name: attribute for attribute, name in spelling.attributes.items()}
+
+    def rule(ex: Exporter, node: NodeOp, inputs: list[str]) -> str:
+        if ex.dtype != np.float32 and _rounded_by_onnx(node) and node.defines("decompose"):
+            return _decomposed(ex, node, inputs)
+        attrs = {}
+        for f in node.FIELDS:
+            value = node.meta(f.name)
+            if callable(f.default) or value != f.default:
+                attrs[attribute_of[f.name]] = list(value) if isinstance(value, tuple) else value
+        return ex.add(spelling.op_type, inputs, node.TAG, **attrs)
+
+    return rule
+
+
+def _rounded_by_onnx(node: NodeOp) -> bool:
+    """Whether a number field of `node` is no float32, which an ONNX attribute would round."""
+    return any(
+        f.kind is Kind.FLOAT and float(np.float32(node.meta(f.name))) != node.meta(f.name)
+        for f in node.FIELDS
+    )
+
+
+class OnnxEmitter(Emitter[NodeOp]):
+    """The emitter a decomposition is written for, writing ONNX: each op it binds becomes a
+    detached tl node (an id after the graph's, its shape checked by its rule, a constant's
+    values in the exporter's payload) that the export table writes at once."""
+
+    def __init__(self, ex: Exporter) -> None:
+        self.ex = ex
+        self.made: list[NodeOp] = []
+
+    def next_id(self) -> int:
+        return max(self.ex.shapes) + 1
+
+    def evaluate(self, node: NodeOp, operands: list[NodeOp], record: Record | None) -> NodeOp:
+        node.operands = [p.result for p in operands]
+        self.made.append(node)
+        self.ex.shapes[node.id] = node.require_declared()
+        if record is not None:
+            self.ex.payload.records[node.id] = {k: np.asarray(v) for k, v in record.items()}
+            self.ex.payload.kinds[node.id] = node.TAG
+        self.ex.export(node)
+        return node
+
+    def shape(self, value: NodeOp) -> Shape:
+        return self.ex.shapes[value.id]
+
+    def discard(self) -> None:
+        """Detach the nodes made from the graph's values (they were only carriers)."""
+        for node in reversed(self.made):
+            node.erase()
+
+
+def _decomposed(ex: Exporter, node: NodeOp, inputs: list[str]) -> str:
+    """The ONNX nodes of `node`'s decomposition (`NodeOp.decompose`), written op by op."""
+    em = OnnxEmitter(ex)
+    parents = [value.owner for value in node.parents]
+    try:
+        result = node.decompose(em, *parents)
+        return ex.names[result.id]
+    finally:
+        em.discard()
+
+
+def _derive(op: type[NodeOp]) -> Rule | None:
+    """An op kind's spelling, where it maps every metadata field; else its decomposition."""
+    spelling = op.ONNX
+    if spelling is not None and {f.name for f in op.FIELDS} <= set(spelling.attributes.values()):
+        return _spelled(spelling)
+    return _decomposed if op.defines("decompose") else None
+
+
+EXPORT.derive(NODE_OPS, _derive)
+
+
 def to_onnx(
-    graph: GraphOp, payload: Payload | None = None, dtype: Any = np.float32, opset: int = OPSET
+    graph: GraphOp,
+    payload: Payload | None = None,
+    dtype: Any = np.float32,
+    opset: int = OPSET,
+    decompose: Collection[type[NodeOp]] = (),
 ) -> onnx.ModelProto:
     """The ONNX model computing `graph` with `payload`, in `dtype` (float32 or float64);
-    checked by `onnx.checker`."""
+    checked by `onnx.checker`. The op kinds in `decompose` are written as their decomposition
+    even where ONNX has the operator (for a runtime that lacks it)."""
     payload = payload or Payload()
     shapes = infer_graph_shapes(graph)
     check_payload(graph, payload, shapes)
@@ -317,7 +401,9 @@ def to_onnx(
             f"ONNX export: unsupported dtype {np_dtype} (float32, float64)"
         )
     element = ELEMENT_TYPES[np_dtype]
-    ex = Exporter(graph, payload, np_dtype, shapes)
+    # A copy: the nodes a decomposition makes add records (constants) the caller's lacks.
+    own = Payload(dict(payload.records), dict(payload.kinds))
+    ex = Exporter(graph, own, np_dtype, dict(enumerate(shapes)), frozenset(decompose))
     input_nodes = [n for n in graph.nodes if isinstance(n, tl.InputOp)]
     graph_inputs = []
     for node in graph.nodes:
@@ -326,11 +412,7 @@ def to_onnx(
             graph_inputs.append(helper.make_tensor_value_info(name, element, shapes[node.id]))
             ex.names[node.id] = name
             continue
-        rule = EXPORT.get(type(node))
-        if rule is None:
-            reason = UNSUPPORTED[type(node)]
-            raise error(f"ONNX export: node {node.id}: {node.TAG} has no ONNX form: {reason}", node)
-        ex.names[node.id] = rule(ex, node, [ex.names[p] for p in node.parent_ids()])
+        ex.export(node)
     output = graph.output
     assert output is not None, "infer_graph_shapes checked the structure"
     out_id = output.value.owner.id  # type: ignore[union-attr]
@@ -350,4 +432,4 @@ def to_onnx(
     return model
 
 
-__all__ = ["EXPORT", "OPSET", "UNSUPPORTED", "to_onnx"]
+__all__ = ["EXPORT", "OPSET", "OnnxEmitter", "to_onnx"]

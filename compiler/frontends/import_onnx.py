@@ -1,12 +1,21 @@
 """ONNX import: an ONNX model (opset 13 and later, default domain) becomes a tl graph + payload.
 
-`from_onnx(path_or_model)` maps every node through `RULES`, one table keyed by ONNX op type;
-each entry names the attributes its rule understands, and a node carrying any other attribute
-is refused. Initializers and `Constant` outputs are constants: a layer that takes them as
-parameters (Conv weights, Gemm/MatMul right-hand sides, normalisation statistics) puts them in
-its payload record; anywhere else they become `const` nodes. `Gemm`, and `MatMul` followed by
-the `Add` of a bias vector, become `linear` where that is exact (the weight is a constant matrix,
-alpha = beta = 1): PyTorch's `[out, in]` layout is `transB = 1`'s `B` as stored.
+`from_onnx(path_or_model)` maps every node through `RULES`, one table keyed by ONNX op type
+(the source's vocabulary: several op types make the same tl op, some make none); each entry
+names the attributes its rule understands, and a node carrying any other attribute is refused.
+An op type that is an op kind's `ONNX` spelling (`tl.leaky_relu` is `LeakyRelu` with `alpha` as
+`negative_slope`) is imported from that spelling (`DERIVED`): its attributes set the mapped
+metadata fields, an absent one leaves the field's default (which is ONNX's). Explicit rules
+remain only where the ONNX form differs from a tl op: layers taking parameters as inputs
+(Conv, Gemm, BatchNormalization, LayerNormalization), shapes and axes given as inputs or with
+negative defaults (Reshape, Expand, Softmax, Concat, Transpose, reductions), pooling's padding
+conventions, value-level ops (Identity, Cast, Constant) and Add's bias fusion.
+
+Initializers and `Constant` outputs are constants: a layer that takes them as parameters (Conv
+weights, Gemm/MatMul right-hand sides, normalisation statistics) puts them in its payload record;
+anywhere else they become `const` nodes. `Gemm`, and `MatMul` followed by the `Add` of a bias
+vector, become `linear` where that is exact (the weight is a constant matrix, alpha = beta = 1):
+PyTorch's `[out, in]` layout is `transB = 1`'s `B` as stored.
 
 ONNX broadcasts; tl does not, so broadcasting appears as explicit `broadcast_to` nodes. Graph
 inputs become input nodes in order (ids 0, 1, ...); their shapes must be static (or given with
@@ -32,7 +41,9 @@ from xdsl.ir import SSAValue
 
 from tlc.core.diagnostics import DiagnosticError, Location
 from tlc.dialect import ops as tl
-from tlc.dialect.backward_ops import SignOp
+from tlc.dialect.families import BinaryOp, OnnxSpelling
+from tlc.dialect.metadata import Kind
+from tlc.dialect.registry import NODE_OPS
 from tlc.dialect.shapes import Shape, fmt_shape
 from tlc.frontends.import_common import (
     ImportFailure,
@@ -155,29 +166,6 @@ def on(
 # Elementwise
 # --------------------------------------------------------------------------------------------
 
-UNARY: dict[str, type[tl.NodeOp]] = {
-    "Relu": tl.ReluOp,
-    "Tanh": tl.TanhOp,
-    "Sigmoid": tl.SigmoidOp,
-    "Abs": tl.AbsOp,
-    "Sqrt": tl.SqrtOp,
-    "Exp": tl.ExpOp,
-    "Log": tl.LogOp,
-    "Softplus": tl.SoftplusOp,
-    "Sin": tl.SinOp,
-    "Cos": tl.CosOp,
-    "Reciprocal": tl.InvOp,
-    "Sign": SignOp,
-}
-
-
-def _unary(call: NodeCall, op: type[tl.NodeOp]) -> SSAValue:
-    return call.ops.apply(op, [call.tensor(0)])
-
-
-for _op_type, _op in UNARY.items():
-    on(_op_type, op=_op)(_unary)
-
 
 @on("Identity")
 def _identity(call: NodeCall) -> Value:
@@ -213,35 +201,27 @@ def _cast_like(call: NodeCall) -> Value:
     return _to_real(call, call.input(0), target)
 
 
-@on("Gelu", attributes=["approximate"])
-def _gelu(call: NodeCall) -> SSAValue:
-    return call.ops.gelu(call.tensor(0), approximate=call.attr("approximate", "none"))
-
-
-BINARY: dict[str, type[tl.NodeOp]] = {
-    "Add": tl.AddOp,
-    "Sub": tl.SubOp,
-    "Mul": tl.MulElemOp,
-    "Max": tl.MaxElemOp,
-    "Min": tl.MinElemOp,
-}
-
-
-def _binary(call: NodeCall, op: type[tl.NodeOp]) -> Value:
+@on("Add")
+def _add(call: NodeCall) -> Value:
+    """An Add of a bias vector to a bias-free MatMul's `linear` fills its bias (see
+    `OnnxImporter.fuse_bias`); any other Add is the elementwise op."""
     values = call.inputs()
-    if not values:
-        raise call.refuse("no inputs")
-    if op is tl.AddOp and len(values) == 2:
+    if len(values) == 2:
         fused = call.importer.fuse_bias(call, *values)
         if fused is not None:
             return fused
+    return _elementwise(call, tl.AddOp)
+
+
+def _elementwise(call: NodeCall, op: type[tl.NodeOp]) -> Value:
+    """An elementwise binary op over the node's inputs: ONNX broadcasts them
+    (multidirectionally) and Max/Min take any number, folded left; one input is itself."""
+    values = call.inputs()
+    if not values:
+        raise call.refuse("no inputs")
     if len(values) == 1:
         return values[0]
     return elementwise(call.ops, op, values)
-
-
-for _op_type, _op in BINARY.items():
-    on(_op_type, op=_op)(_binary)
 
 
 # --------------------------------------------------------------------------------------------
@@ -558,6 +538,52 @@ def _constant(call: NodeCall) -> np.ndarray:
 
 
 # --------------------------------------------------------------------------------------------
+# Every other op type: the op kind whose ONNX spelling it is
+# --------------------------------------------------------------------------------------------
+
+
+def _spelled(call: NodeCall, op: type[tl.NodeOp], spelling: OnnxSpelling) -> Value:
+    """A node of the op kind spelled `spelling`: its attributes set the mapped metadata fields,
+    its inputs are the parents; an elementwise binary op broadcasts them as ONNX does.
+
+    An absent attribute takes ONNX's default, which is the field's default; ONNX stores float
+    attributes, defaults included, as float32, so an absent float is the float32 nearest the
+    field's default (LeakyRelu's alpha is float32(0.01) in ONNX Runtime and the reference
+    evaluator alike), as a given one is the float32 the model holds."""
+    if issubclass(op, BinaryOp):
+        return _elementwise(call, op)
+    kinds = {f.name: f for f in op.FIELDS}
+    fields = {}
+    for attribute, name in spelling.attributes.items():
+        value = call.attr(attribute, None)
+        field = kinds[name]
+        if value is None and field.kind is Kind.FLOAT and not callable(field.default):
+            value = float(np.float32(field.default))
+        if value is not None:
+            fields[name] = value
+    tensors = [lift(call.ops, value) for value in call.inputs()]
+    return call.ops.apply(op, tensors, fields)
+
+
+def _derive_rules(op_kinds: Sequence[type[tl.NodeOp]]) -> list[str]:
+    """Give every op type spelled by one of `op_kinds` and without an explicit rule the rule
+    `_spelled`, understanding exactly the spelling's attributes. Returns the op types added."""
+    added = []
+    for op in op_kinds:
+        spelling = op.ONNX
+        if spelling is None or spelling.op_type in RULES:
+            continue
+        rule = functools.partial(_spelled, op=op, spelling=spelling)
+        RULES[spelling.op_type] = Entry(rule, frozenset(spelling.attributes))
+        added.append(spelling.op_type)
+    return added
+
+
+#: The op types imported by their op kind's spelling (the rest of `RULES` is explicit).
+DERIVED = frozenset(_derive_rules(NODE_OPS))
+
+
+# --------------------------------------------------------------------------------------------
 # The driver
 # --------------------------------------------------------------------------------------------
 
@@ -729,4 +755,4 @@ def from_onnx(
     return finish(builder, lift(builder, result))
 
 
-__all__ = ["RULES", "from_onnx", "load_model"]
+__all__ = ["DERIVED", "RULES", "from_onnx", "load_model"]

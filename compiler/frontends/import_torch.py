@@ -6,6 +6,13 @@ by the node's target: the submodule's class for `call_module` (`nn.Linear`), the
 `call_function` (`torch.relu`, `operator.add`), the method name for `call_method` (`"sum"`).
 Parameters go to the payload keyed by node id, in PyTorch's layouts (`[out, in]`).
 
+The table is keyed by the source's vocabulary (several targets make one tl op, some make none,
+some make several), so it is a dict rather than a rule table by op kind. Every target an op
+kind's `TORCH` spelling names is imported from that spelling (`DERIVED`, `_spelled`); explicit
+rules remain where PyTorch's form is not one tl op: layers whose parameters become the payload
+(Linear, Conv, BatchNorm, LayerNorm), softplus (tl has no beta/threshold), add/sub's `alpha`
+and the in-place operators, softmax's dim, reductions, layouts, pooling, and sizes.
+
 A target without a rule, or a rule meeting an argument it cannot translate exactly, is an error
 naming the FX node and its target (`PyTorch graph import: unsupported target ...`); the importer
 never returns a graph that computes something else. As a second guard every node's tl shape is
@@ -20,6 +27,7 @@ from __future__ import annotations
 
 import builtins
 import functools
+import importlib
 import inspect
 import operator
 import re
@@ -37,6 +45,8 @@ from xdsl.ir import SSAValue
 
 from tlc.core.diagnostics import DiagnosticError, Location
 from tlc.dialect import ops as tl
+from tlc.dialect.families import BinaryOp
+from tlc.dialect.registry import NODE_OPS
 from tlc.dialect.shapes import Shape, fmt_shape
 from tlc.frontends.import_common import (
     ImportFailure,
@@ -160,38 +170,6 @@ def _tuple(value: Any, rank: int) -> list[int]:
 # Elementwise
 # --------------------------------------------------------------------------------------------
 
-UNARY: dict[type[tl.NodeOp], tuple[Any, ...]] = {
-    tl.ReluOp: (nn.ReLU, torch.relu, F.relu, "relu"),
-    tl.TanhOp: (nn.Tanh, torch.tanh, F.tanh, "tanh"),
-    tl.SigmoidOp: (nn.Sigmoid, torch.sigmoid, F.sigmoid, "sigmoid"),
-    tl.ExpOp: (torch.exp, "exp"),
-    tl.LogOp: (torch.log, "log"),
-    tl.SqrtOp: (torch.sqrt, "sqrt"),
-    tl.AbsOp: (torch.abs, operator.abs, "abs"),
-    tl.SinOp: (torch.sin, "sin"),
-    tl.CosOp: (torch.cos, "cos"),
-    tl.InvOp: (torch.reciprocal, "reciprocal"),
-    tl.DetachOp: (torch.detach, "detach"),
-}
-
-
-def _unary(call: Call, op: type[tl.NodeOp]) -> SSAValue:
-    return call.ops.apply(op, [call.tensor(0)])
-
-
-for _op, _targets in UNARY.items():
-    on(*_targets, op=_op)(_unary)
-
-
-@on(nn.GELU)
-def _gelu_module(call: Call) -> SSAValue:
-    return call.ops.gelu(call.tensor(0), approximate=call.module.approximate)
-
-
-@on(F.gelu)
-def _gelu(call: Call) -> SSAValue:
-    return call.ops.gelu(call.tensor(0), approximate=call.arg(1, "approximate", "none"))
-
 
 def _softplus_of(call: Call, beta: float, threshold: float) -> SSAValue:
     # PyTorch returns x itself where beta * x > threshold; tl's softplus is log(1 + e^x)
@@ -211,20 +189,33 @@ def _softplus(call: Call) -> SSAValue:
     return _softplus_of(call, call.arg(1, "beta", 1), call.arg(2, "threshold", 20))
 
 
-def _binary(call: Call, op: type[tl.NodeOp], python: Callable[[Any, Any], Any]) -> Any:
-    a, b = call.arg(0, "input"), call.arg(1, "other")
-    if not isinstance(a, SSAValue | Constant) and not isinstance(b, SSAValue | Constant):
-        return python(a, b)  # arithmetic on sizes, e.g. x.size(0) * 2
+@on(torch.add, "add", op=tl.AddOp)
+@on(torch.sub, "sub", op=tl.SubOp)
+def _with_alpha(call: Call, op: type[tl.BinaryOp]) -> Any:
+    """`torch.add(x, y, alpha=a)` is x + a y: tl's add where alpha is 1."""
     if call.arg(2, "alpha", 1) != 1:
         raise call.refuse("alpha != 1")
+    return _elementwise(call, op)
+
+
+@on(operator.iadd, op=tl.AddOp)
+@on(operator.isub, op=tl.SubOp)
+@on(operator.imul, op=tl.MulElemOp)
+def _in_place(call: Call, op: type[tl.BinaryOp]) -> Any:
+    """`x += y` traces to `operator.iadd`: the value is x + y (tl graphs are functional)."""
+    return _elementwise(call, op)
+
+
+def _elementwise(call: Call, op: type[tl.BinaryOp]) -> Any:
+    """A binary op on its two operands (PyTorch broadcasts them; a number is a constant). Where
+    neither is a tensor the call is arithmetic on sizes (`x.size(0) * 2`), which the graph does
+    not compute: its value is the function's own."""
+    a, b = call.arg(0, "input"), call.arg(1, "other")
+    if not isinstance(a, SSAValue | Constant) and not isinstance(b, SSAValue | Constant):
+        if call.node.op != "call_function":
+            raise call.refuse(f"expected a tensor, got {type(a).__name__}")
+        return call.node.target(a, b)
     return elementwise(call.ops, op, [call.value(a), call.value(b)])
-
-
-on(operator.add, operator.iadd, torch.add, "add", op=tl.AddOp, python=operator.add)(_binary)
-on(operator.sub, operator.isub, torch.sub, "sub", op=tl.SubOp, python=operator.sub)(_binary)
-on(operator.mul, operator.imul, torch.mul, "mul", op=tl.MulElemOp, python=operator.mul)(_binary)
-on(torch.maximum, "maximum", op=tl.MaxElemOp, python=max)(_binary)
-on(torch.minimum, "minimum", op=tl.MinElemOp, python=min)(_binary)
 
 
 @on(operator.neg, torch.neg, "neg")
@@ -579,6 +570,85 @@ def _getitem(call: Call) -> Any:
 
 
 # --------------------------------------------------------------------------------------------
+# Every other target: the op kind whose PyTorch spelling it is
+# --------------------------------------------------------------------------------------------
+
+#: Keyword arguments PyTorch's functions take that do not change the value: FX records
+#: `F.relu(x)` as `relu(x, inplace=False)`.
+VALUE_NEUTRAL = frozenset({"inplace"})
+
+
+def _spelled(call: Call, op: type[tl.NodeOp]) -> Any:
+    """The op kind spelled by the call's target, applied to its leading tensors (as many as the
+    op takes; an elementwise binary op broadcasts them). The spelling's `arguments` are the
+    metadata fields: the call's arguments after the tensors, by position or keyword, or a
+    module's attributes of the same name; an absent one is the field's default (PyTorch's).
+    Any other argument is refused: the rule cannot know what it means."""
+    spelling = op.TORCH
+    assert spelling is not None
+    if issubclass(op, BinaryOp):
+        _check_arguments(call, 2, ())
+        return _elementwise(call, op)
+    count = op.ARITY[0]
+    _check_arguments(call, count, spelling.arguments)
+    if call.module is not None:
+        fields = {name: getattr(call.module, name) for name in spelling.arguments}
+    else:
+        fields = {
+            name: call.arg(count + i, name)
+            for i, name in enumerate(spelling.arguments)
+            if count + i < len(call.node.args) or name in call.node.kwargs
+        }
+    values = [call.tensor(i, ("input", "other")[i] if i < 2 else f"input{i}") for i in range(count)]
+    return call.ops.apply(op, values, fields)
+
+
+def _check_arguments(call: Call, tensors: int, fields: Sequence[str]) -> None:
+    """Refuse positional arguments past the tensors and fields, and unknown keywords."""
+    if len(call.node.args) > tensors + len(fields):
+        raise call.refuse(
+            f"{len(call.node.args)} positional arguments (at most {tensors + len(fields)})"
+        )
+    known = {"input", "other", *fields, *VALUE_NEUTRAL}
+    for name in call.node.kwargs:
+        if name not in known:
+            raise call.refuse(f"unsupported argument '{name}'")
+
+
+def _resolve(dotted: str) -> Any:
+    """The object a dotted name (`torch.nn.functional.leaky_relu`) names: its longest
+    importable module prefix, then attributes."""
+    parts = dotted.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        try:
+            value = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        return functools.reduce(getattr, parts[cut:], value)
+    raise AssertionError(f"{dotted} names no module attribute")
+
+
+def _derive_rules(op_kinds: Sequence[type[tl.NodeOp]]) -> list[Any]:
+    """Give every target an op kind's PyTorch spelling names (functions, module classes,
+    method names) and no explicit rule has the rule `_spelled`. Returns the targets added."""
+    added = []
+    for op in op_kinds:
+        spelling = op.TORCH
+        if spelling is None:
+            continue
+        targets = [_resolve(name) for name in (*spelling.functions, *spelling.modules)]
+        for target in [*targets, *spelling.methods]:
+            if target not in RULES:
+                RULES[target] = functools.partial(_spelled, op=op)
+                added.append(target)
+    return added
+
+
+#: The targets imported by their op kind's spelling (the rest of `RULES` is explicit).
+DERIVED = frozenset(_derive_rules(NODE_OPS))
+
+
+# --------------------------------------------------------------------------------------------
 # The driver
 # --------------------------------------------------------------------------------------------
 
@@ -651,14 +721,14 @@ class TorchImporter:
         return result
 
     def _check(self, call: Call, result: SSAValue) -> None:
-        meta = call.node.meta.get("tensor_meta")
-        if meta is not None and not meta.dtype.is_floating_point:
+        expected = call.out_shape  # refuses a call whose value is not one tensor
+        meta = call.node.meta["tensor_meta"]
+        if not meta.dtype.is_floating_point:
             raise call.refuse(f"produces {meta.dtype} values (tl graphs compute on reals)")
         ours = self.builder.shape_of(result)
-        if ours != call.out_shape:
+        if ours != expected:
             raise call.refuse(
-                f"tl shape {fmt_shape(ours)} differs from the traced shape "
-                f"{fmt_shape(call.out_shape)}"
+                f"tl shape {fmt_shape(ours)} differs from the traced shape {fmt_shape(expected)}"
             )
 
 
@@ -729,4 +799,4 @@ def from_torch(module: nn.Module, example_input: Any, name: str | None = None) -
     return finish(builder, value)
 
 
-__all__ = ["RULES", "from_torch"]
+__all__ = ["DERIVED", "RULES", "from_torch"]

@@ -12,9 +12,10 @@ from xdsl.utils.exceptions import ParseError, VerifyException
 
 from tlc.core.diagnostics import DiagnosticError, Location, error
 from tlc.dialect.parser import parse_tlir
-from tlc.dialect.program_ops import TL_PROGRAM
+from tlc.dialect.program_ops import TL_PROGRAM, ProgramOp
 from tlc.dialect.registry import TL
 from tlc.dialect.verify import check_metadata, run_on_graphs
+from tlc.semantics.program_run import check_program
 
 
 @cache
@@ -30,11 +31,26 @@ def context() -> Context:
 def parse_source(
     text: str, filename: str = "<stdin>", line_offset: int = 0, mlir: bool | None = None
 ) -> ModuleOp:
-    """Parse a document; the MLIR generic form when `mlir` (default: by the .mlir suffix)."""
+    """Parse a document; the MLIR generic form when `mlir` (default: by the .mlir suffix).
+
+    Each program (`tl.program`) is checked by lowering it, so a program that is read also
+    lowers: shape and parameter errors are located diagnostics at their call."""
     if mlir is None:
         mlir = filename.endswith(".mlir")
-    if not mlir:
-        return parse_tlir(text, filename, line_offset)
+    module = (
+        _parse_mlir(text, filename, line_offset)
+        if mlir
+        else parse_tlir(text, filename, line_offset)
+    )
+    for op in module.ops:
+        if isinstance(op, ProgramOp):
+            check_program(op)
+    return module
+
+
+def _parse_mlir(text: str, filename: str, line_offset: int) -> ModuleOp:
+    """The MLIR generic form through xDSL's parser, each op verified and the graphs' metadata
+    checked."""
     source = "\n" * line_offset + text
     _check_string_literals(source, filename)
     try:

@@ -44,7 +44,9 @@ from tlc.dialect.registry import NODE_OPS
 from tlc.dialect.shapes import Shape, ShapeError, fmt_shape
 from tlc.dialect.types import shape_of_type
 
-#: Ops that are not methods of the interface, and why.
+#: Ops that are not methods of the interface, and why. A plain reason map, not a rule table:
+#: the interface is a vocabulary (every op kind's method is generated and reduces to `apply`),
+#: not an interpretation with a rule per op; what a call means is the instance's table's.
 NOT_IN_INTERFACE: dict[type[NodeOp], str] = {
     tl.InputOp: "a program's input is its argument `x`, not the result of a call",
 }

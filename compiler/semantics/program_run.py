@@ -7,7 +7,8 @@ program means exactly what the same calls mean in Python. Its instances give:
 - `evaluate_program`: the program's own evaluator (the `Eager` instance; parameters by name),
 - `lower_program`: the graph and the parameter binding (the `GraphBuilder` instance with
   symbolic parameters), which the `lower-program` pass installs,
-- `check_program`: the same lowering, run by the parser so a program that parses also lowers.
+- `check_program`: the same lowering, run by the document reader (`tlc.frontends.text`) so a
+  program that is read also lowers.
 
 A parameter where a value is expected becomes a `const` node bound to that parameter; a value
 where a parameter is expected is an error. Parameter files are keyed by parameter name
