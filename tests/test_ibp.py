@@ -21,7 +21,7 @@ from tlc.semantics import ibp as ibp_module
 from tlc.semantics.containment import check_samples, sample_inputs
 from tlc.semantics.ibp import ABS_WEIGHT, INTERVAL, ibp, prepare_ibp
 from tlc.semantics.interval_arith import Box, Outward
-from tlc.tools.run import format_box
+from tlc.tools.formatting import format_box
 from tlc.tools.run import main as run_main
 
 MLP = (Path(__file__).parent.parent / "examples" / "mlp.tlir").read_text()

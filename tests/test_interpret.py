@@ -206,7 +206,7 @@ def test_tool_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
 
 
 def test_format_value() -> None:
-    from tlc.tools.run import format_value
+    from tlc.tools.formatting import format_value
 
     assert format_value(np.array(0.02772)) == "0.027720"
     assert format_value(np.array([[1.0, -2.5]])) == "[[1.000000, -2.500000]]"

@@ -36,10 +36,11 @@ from tlc.dialect.ops import GraphOp, InputOp, NodeOp, node_id_of
 from tlc.dialect.shapes import fmt_shape
 from tlc.frontends.text import parse_source
 from tlc.tools.common import read_input, run_tool
+from tlc.tools.formatting import format_box, format_value
 from tlc.tools.run_program import params_payload, run_program_lines, select_program
 
 if TYPE_CHECKING:
-    from tlc.semantics.interval_arith import Box
+    pass
 
 BACKENDS = ("reference", "llvm", "plan")
 
@@ -71,19 +72,6 @@ class Job:
                 "one (use tlc.run from Python for several)"
             )
         return nodes
-
-
-#: Magnitudes from here on print in exponent form (`1.000000e+300`), not as 300 digits.
-EXPONENT_FROM = 1e15
-
-
-def format_value(value: np.ndarray, digits: int = 6) -> str:
-    """`0.027720`, `[0.107000, -0.017000]`, nested brackets for rank >= 2 (row-major)."""
-    if value.ndim == 0:
-        x = float(value)
-        style = "e" if abs(x) >= EXPONENT_FROM and np.isfinite(x) else "f"
-        return f"{x:.{digits}{style}}"
-    return "[" + ", ".join(format_value(row, digits) for row in value) + "]"
 
 
 def _run_float(job: Job) -> list[str]:
@@ -142,14 +130,6 @@ def _run_grad(job: Job) -> list[str]:
     digits = job.args.digits
     lines = [f"output: {format_value(pieces.pop('output'), digits)}"]
     return lines + [f"grad {label}: {format_value(v, digits)}" for label, v in pieces.items()]
-
-
-def format_box(box: Box | None, digits: int = 6) -> str:
-    """`[lo...] .. [hi...]` (scalars bracketed, like the seed's IBP table); `none` if no box."""
-    if box is None:
-        return "none"
-    lo, hi = (format_value(np.atleast_1d(end), digits) for end in (box.lo, box.hi))
-    return f"{lo} .. {hi}"
 
 
 def _run_interval(job: Job) -> list[str]:

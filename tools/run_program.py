@@ -32,6 +32,7 @@ from tlc.semantics.program_run import (
     payload_from_params,
     run_program,
 )
+from tlc.tools.formatting import format_box, format_value
 
 
 def select_program(module: ModuleOp, name: str | None) -> ProgramOp | None:
@@ -59,8 +60,6 @@ def params_payload(module: ModuleOp, graph: GraphOp, params_path: str) -> Payloa
 
 
 def run_program_lines(args: argparse.Namespace, program: ProgramOp) -> list[str]:
-    from tlc.tools.run import format_box, format_value
-
     for flag, given in (("--payload", args.payload), ("--samples", args.samples)):
         if given is not None:
             raise DiagnosticError.simple(f"{flag} applies to graphs: lower the program first")

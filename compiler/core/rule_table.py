@@ -85,21 +85,3 @@ class RuleTable(Mapping[type, R], Generic[R]):
     def missing(self, op_classes: Iterable[type]) -> list[type]:
         """The ops of `op_classes` with neither a rule nor a reason (should be none)."""
         return [c for c in op_classes if c not in self._rules and c not in self.unsupported]
-
-
-def registrar(table: Any, what: str) -> Callable[..., Callable[[R], R]]:
-    """TRANSITIONAL (removed once every table is a RuleTable): the decorator filling a plain
-    dict table, or `table.register` for a RuleTable."""
-    if isinstance(table, RuleTable):
-        return table.register
-
-    def register(*op_classes: type) -> Callable[[R], R]:
-        def add(rule: R) -> R:
-            for cls in op_classes:
-                assert cls not in table, f"two {what} rules for {cls.__name__}"
-                table[cls] = rule
-            return rule
-
-        return add
-
-    return register

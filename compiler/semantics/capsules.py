@@ -149,34 +149,23 @@ DEVICES: dict[str, bool] = {
 
 @dataclass(frozen=True)
 class Provider:
-    """A source of kernels. `covers()` gives the IR op classes it implements (imported lazily,
-    only when the registry is built); `present()` says whether this build has it at all."""
+    """A source of kernels. `rules` names its rule table as `module:attribute`; the IR op
+    classes it implements are that table's keys (`covers()`). The table is resolved by name,
+    on first use: a provider is configuration naming its implementation, like an entry point,
+    so this layer never imports the code generator or torch and planning with the reference
+    provider loads neither. `present()` says whether this build has the provider at all."""
 
     name: str
     trust: TrustLevel
     devices: tuple[str, ...]
-    covers: Callable[[], frozenset[type[NodeOp]]]
+    rules: str
     present: Callable[[], bool]
     #: The summation order of its reducing kernels.
     reduction: ReductionPolicy
 
-
-def _reference_ops() -> frozenset[type[NodeOp]]:
-    from tlc.semantics.interpret import REFERENCE
-
-    return frozenset(REFERENCE)
-
-
-def _llvm_ops() -> frozenset[type[NodeOp]]:
-    from tlc.codegen.lower import LOWERINGS
-
-    return frozenset(LOWERINGS)
-
-
-def _torch_ops() -> frozenset[type[NodeOp]]:
-    from tlc.semantics.torch_kernels import TORCH
-
-    return frozenset(TORCH)
+    def covers(self) -> frozenset[type[NodeOp]]:
+        module, _, attribute = self.rules.partition(":")
+        return frozenset(getattr(importlib.import_module(module), attribute))
 
 
 def _codegen_present() -> bool:
@@ -198,14 +187,17 @@ def _torch_imports() -> bool:
 #: the graph's semantics; ask for native code with `prefer:llvm`).
 PROVIDERS: tuple[Provider, ...] = (
     # numpy's sums are pairwise and its matmul is BLAS: the order is numpy's, not a left fold.
-    Provider("reference", TrustLevel.CHECKED, ("cpu",), _reference_ops, lambda: True,
+    Provider("reference", TrustLevel.CHECKED, ("cpu",), "tlc.semantics.interpret:REFERENCE",
+             lambda: True,
              ReductionPolicy.IMPLEMENTATION_DEFINED),
     # the generated loops may be vectorised with reassociated partial sums (see tlc.codegen).
-    Provider("llvm", TrustLevel.CHECKED, ("cpu",), _llvm_ops, _codegen_present,
+    Provider("llvm", TrustLevel.CHECKED, ("cpu",), "tlc.codegen.lower:LOWERINGS",
+             _codegen_present,
              ReductionPolicy.IMPLEMENTATION_DEFINED),
     # ATen chooses its own blocking and threading; cuda capsules are registered, not selectable.
-    Provider("torch", TrustLevel.TRUSTED_EXTERNAL, ("cpu", "cuda"), _torch_ops,
-             _torch_imports, ReductionPolicy.IMPLEMENTATION_DEFINED),
+    Provider("torch", TrustLevel.TRUSTED_EXTERNAL, ("cpu", "cuda"),
+             "tlc.semantics.torch_kernels:TORCH", _torch_imports,
+             ReductionPolicy.IMPLEMENTATION_DEFINED),
 )  # fmt: skip
 
 #: Provider names a policy may mention that this build never has (TorchLean's vocabulary).
