@@ -118,7 +118,9 @@ def _tile(
 
 
 def _fma(k: KernelBuilder, vec: ir.VectorType) -> ir.Function:
-    name = f"llvm.fma.v{vec.count}{'f32' if k.dtype.itemsize == 4 else 'f64'}"
+    """Multiply-add that fuses where the target has FMA (AVX2, AVX-512, NEON) and is a multiply
+    and an add elsewhere: `llvm.fma` would become a libm call per element on x86-64-v2."""
+    name = f"llvm.fmuladd.v{vec.count}{'f32' if k.dtype.itemsize == 4 else 'f64'}"
     func = k.module.globals.get(name)
     return func or ir.Function(k.module, ir.FunctionType(vec, [vec, vec, vec]), name)
 
