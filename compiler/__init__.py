@@ -102,20 +102,28 @@ def compile(
     dtype: Any = "f64",
     graph: str | None = None,
     batch: int | None = None,
+    *,
+    target_cpu: str = "host",
+    target_features: str = "",
+    target_triple: str = "",
 ) -> Any:
     """JIT-compile a graph to native code: returns a callable `f(x) -> output` on numpy arrays
     of `dtype` ("f64"/"f32" or a numpy float type). `payload` as in `tlc.run`; it is baked into
-    the code. `batch=N` maps a single-example graph over a leading axis of N. See docs/codegen.md.
+    the code. `batch=N` maps a single-example graph over a leading axis of N. `target_cpu`,
+    `target_features` and `target_triple` choose the code (default: this CPU); a target this
+    machine cannot run is refused. See docs/codegen.md.
     """
     import numpy as np
 
     from tlc.api.evaluate import choose
     from tlc.codegen.jit import compile_graph
+    from tlc.codegen.target import resolve_target
 
+    target = resolve_target(target_cpu, target_features, target_triple)
     chosen, records = choose(source_or_module, graph, payload)
     scalars = {"f64": np.float64, "f32": np.float32}
     scalar = scalars.get(dtype, dtype) if isinstance(dtype, str) else dtype
-    return compile_graph(chosen, records, scalar, batch)
+    return compile_graph(chosen, records, scalar, batch, target=target)
 
 
 def load(path: str) -> Any:
