@@ -44,7 +44,7 @@ from tlc.dialect.ops import GraphOp, NodeOp
 from tlc.dialect.shapes import Shape, numel
 from tlc.semantics.ibp import ABS_WEIGHT, PreparedIBP, prepare_ibp, reference
 from tlc.semantics.interpret import bind_inputs
-from tlc.semantics.interval_arith import COMPOSITE_ULPS, F64, LIBM_ULPS, Box, Outward
+from tlc.semantics.interval_arith import COMPOSITE_ULPS, F64, LIBM_ULPS, Box, Outward, sanitize
 
 __all__ = ["CROWN", "METHODS", "Back", "Bounds", "PreparedCrown", "prepare_crown"]
 
@@ -88,6 +88,9 @@ register = registrar(CROWN, "crown")
 #: Nonlinear ops whose relaxation reads the bounds of their parent: in method "crown" their
 #: parents get a backward pass of their own.
 NEEDS_PARENT_BOUNDS = (ops.ReluOp, ops.TanhOp, ops.SigmoidOp)
+
+#: Ops whose interval rule acts on every leading index alike, so a batch of boxes costs one call.
+BATCHABLE = (ops.InputOp, ops.ConstOp, ops.UnaryOp, ops.BinaryOp, ops.LinearOp)
 
 
 @dataclass
@@ -429,12 +432,12 @@ def _relaxed(
     lines: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
     parent: Box,
     own: Box,
-    denotation_err: np.ndarray | float,
+    denotation_err: np.ndarray | None,
 ) -> Back:
     """y >= s_lo z + b_lo and y <= s_hi z + b_hi (each [B, *shape], exact as floats): rows
     with a positive coefficient take the lower line, negative ones the upper line. Our
     products are charged u |new coefficient| mag(z), the constant's dot product its gamma_n,
-    and `denotation_err` (>= |y_dtype - f(z)|) times |lam|."""
+    and `denotation_err` (>= |y_dtype - f(z)|, None when exact) times |lam|."""
     s_lo, b_lo, s_hi, b_hi = (v[:, None] for v in lines)
     positive = lam >= 0
     into = np.where(positive, lam * s_lo, lam * s_hi)
@@ -445,7 +448,7 @@ def _relaxed(
     err = (
         _U * dot_bound(into, magnitude(parent))
         + EXACT.gamma(n + 1) * dot_bound(lam, np.maximum(np.abs(lines[1]), np.abs(lines[3])))
-        + dot_bound(lam, np.broadcast_to(denotation_err, own.lo.shape))
+        + (0.0 if denotation_err is None else dot_bound(lam, denotation_err))
         + 2 * n * _TINY
     )
     return Back({0: into}, const, EXACT.up(err * (1 + 8 * _U)))
@@ -471,7 +474,7 @@ def _relu(step: Step, lam: np.ndarray, parents: list[Box], own: Box, out: Outwar
     (z,) = parents
     if not (np.all(np.isfinite(z.lo)) and np.all(np.isfinite(z.hi))):
         return None
-    return _relaxed(lam, relu_lines(z.lo, z.hi), z, own, 0.0)
+    return _relaxed(lam, relu_lines(z.lo, z.hi), z, own, None)
 
 
 @dataclass(frozen=True)
@@ -659,14 +662,39 @@ class PreparedCrown:
         return matrix
 
     def _interval_boxes(self, lo: np.ndarray, hi: np.ndarray) -> list[Box | None]:
-        """The interval boxes of every node, per box of the batch, stacked on a batch axis."""
-        per_box = [self.ibp(lo[b], hi[b]) for b in range(lo.shape[0])]
-        return [
-            None if any(boxes[i] is None for boxes in per_box)
-            else Box(np.stack([boxes[i].lo for boxes in per_box]),
-                     np.stack([boxes[i].hi for boxes in per_box]))
-            for i in range(len(self.steps))
-        ]  # fmt: skip
+        """The interval boxes of every node for a batch of input boxes, on a leading batch axis:
+        one pass over the batch where every rule allows it (`_batched`), else box by box."""
+        if lo.shape[0] == 1 or not self._batchable or not np.all(lo <= hi):
+            per_box = [self.ibp(lo[b], hi[b]) for b in range(lo.shape[0])]
+            return [
+                None if any(boxes[i] is None for boxes in per_box)
+                else Box(np.stack([boxes[i].lo for boxes in per_box]),
+                         np.stack([boxes[i].hi for boxes in per_box]))
+                for i in range(len(self.steps))
+            ]  # fmt: skip
+        boxes: list[Box | None] = []
+        for step in self.steps:
+            if step.node.id == self.input_id:
+                boxes.append(self.ibp.outward.to_grid(Box(lo, hi)))
+            else:
+                boxes.append(self._batched(step, [boxes[p] for p in step.parents], lo.shape[0]))
+        return boxes
+
+    @property
+    def _batchable(self) -> bool:
+        return all(isinstance(s.node, BATCHABLE) for s in self.steps)
+
+    def _batched(self, step: Step, parents: list[Box | None], batch: int) -> Box | None:
+        """The interval rule on batched boxes: for `BATCHABLE` ops, which act on leading axes
+        alike (elementwise ops; linear maps every leading index)."""
+        ibp_step = self.ibp.steps[step.node.id]
+        if ibp_step.rule is None or any(p is None for p in parents):
+            return None
+        box = ibp_step.rule(step.node, parents, ibp_step.record, self.ibp.outward)  # type: ignore[arg-type]
+        if box is None:
+            return None
+        shape = (batch,) + step.shape
+        return sanitize(Box(np.broadcast_to(box.lo, shape), np.broadcast_to(box.hi, shape)))
 
     def _tighten(self, boxes: list[Box | None], method: str, fallbacks: dict[int, str]) -> None:
         """Forward over the nodes: each box from its rule on the tightened parents, intersected
@@ -699,8 +727,14 @@ class PreparedCrown:
     def _reapply(self, step: Step, parents: list[Box], current: Box) -> Box:
         """The interval rule on tightened parent boxes, intersected with the current box."""
         ibp_step = self.ibp.steps[step.node.id]
+        batch = current.lo.shape[0]
+        if batch > 1 and isinstance(step.node, BATCHABLE):
+            one_pass = self._batched(step, parents, batch)
+            if one_pass is None:
+                return current
+            return Box(np.maximum(current.lo, one_pass.lo), np.minimum(current.hi, one_pass.hi))
         fresh = []
-        for b in range(current.lo.shape[0]):
+        for b in range(batch):
             one = self.ibp._apply(ibp_step, [Box(p.lo[b], p.hi[b]) for p in parents])
             if one is None:
                 return current
