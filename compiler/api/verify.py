@@ -3,6 +3,9 @@
 A property (`tlc.frontends.vnnlib`) is a disjunction of cases, each an input box and output
 rows `C y + d <= 0` describing a counterexample. The answer follows VNN-COMP's contract:
 
+Cases that one CROWN pass over their whole box already refutes are done first; the others are
+attacked (falsification), then split.
+
 - `sat`: an input inside a case's box whose outputs satisfy the case's rows. Found by sampling
   and a signed-gradient attack (PGD with `tlc.vjp`), and reported only after the reference
   interpreter (`tlc.semantics.interpret`, in the run's arithmetic) has evaluated it again and
@@ -98,14 +101,15 @@ def verify(net: Network, prop: Property, timeout: float = 60.0, seed: int = 0) -
         return Verdict(result, x, y, time.monotonic() - start)
 
     rng = np.random.default_rng(seed)
-    for case in prop.cases:
+    open_cases = [case for case in prop.cases if not _refuted_at_root(net, case)]
+    for case in open_cases:
         found = _falsify(net, case, rng, deadline)
         if found is not None:
             return done("sat", *found)
         if time.monotonic() > deadline:
             return done("timeout")
     undecided = False
-    for case in prop.cases:
+    for case in open_cases:
         outcome = _branch_and_bound(net, case, deadline)
         if isinstance(outcome, tuple):
             return done("sat", *outcome)
@@ -167,6 +171,16 @@ def _refuted(case: Case, lower: np.ndarray) -> np.ndarray:
     with np.errstate(all="ignore"):
         margin = EXACT.down(lower + case.d)
     return np.any(np.where(case.strict, margin >= 0, margin > 0), axis=1)
+
+
+def _refuted_at_root(net: Network, case: Case) -> bool:
+    """Whether one CROWN pass over the case's whole box already shows it cannot hold (then
+    there is nothing to falsify)."""
+    if len(case.C) == 0:
+        return False
+    shape = (1,) + net.input_shape
+    result = net.bounds(case.lo.reshape(shape), case.hi.reshape(shape), "crown", case.C)
+    return bool(_refuted(case, result.lower)[0])
 
 
 def _branch_and_bound(

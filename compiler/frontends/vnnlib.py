@@ -108,14 +108,15 @@ def parse_vnnlib(text: str, filename: str = "<string>") -> Property:
 def _syntax_error(exc: UnexpectedInput, text: str, filename: str) -> DiagnosticError:
     if isinstance(exc, UnexpectedEOF):
         lines = text.splitlines() or [""]
-        where = Location(filename, len(lines), len(lines[-1]) + 1)
-        return error("unexpected end of file: an unclosed '('", where)
+        return error("unexpected end of file: an unclosed '('",
+                     Location(filename, len(lines), len(lines[-1]) + 1))  # fmt: skip
     where = Location(filename, exc.line, exc.column)
     if isinstance(exc, UnexpectedCharacters):
         return error(f"unexpected character {text[exc.pos_in_stream]!r}", where)
     token = getattr(exc, "token", None)
-    shown = "end of file" if token is None or token.type == "$END" else repr(str(token))
-    return error(f"unexpected {shown}", where)
+    if token is None or token.type == "$END":
+        return error("unexpected end of file: an unclosed '('", where)
+    return error(f"unexpected {str(token)!r}", where)
 
 
 class _Reader:
