@@ -13,6 +13,7 @@ INTERPRETATIONS = (
     "tlc.semantics.reference",
     "tlc.semantics.payload_check",
     "tlc.semantics.ibp",
+    "tlc.semantics.crown",
     "tlc.semantics.autodiff.rules",
     "tlc.semantics.torch_kernels",
     "tlc.semantics.capsules",

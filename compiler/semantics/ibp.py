@@ -447,7 +447,7 @@ def _sqrt(a: Box, out: Outward) -> Box | None:
     return out.monotone(a, np.sqrt, 1) if np.all(a.lo >= 0) else None
 
 
-def _default_eps(node: NodeOp, record: Record, out: Outward) -> Box:
+def default_eps(node: NodeOp, record: Record, out: Outward) -> Box:
     """The record's eps, else the schema's default as the run's dtype sees it."""
     return Box.point(np.asarray(payload_field(node, record, "eps", out.dtype), dtype=F64))
 
@@ -464,7 +464,7 @@ def _batch_norm(node: NodeOp, boxes: list[Box], record: Any, out: Outward) -> Bo
     def channel(name: str) -> Box:
         return Box.point(record[name].reshape(view))
 
-    root = _sqrt(out.add(channel("var"), _default_eps(node, record, out)), out)
+    root = _sqrt(out.add(channel("var"), default_eps(node, record, out)), out)
     scale = None if root is None else out.div(channel("gamma"), root)
     if scale is None:
         return None
@@ -486,7 +486,7 @@ def _layernorm(node: NodeOp, boxes: list[Box], record: Any, out: Outward) -> Box
     centred = out.linear_map(a, lambda v: v - mean(v), lambda v: (1 - 2 / n) * v + mean(v), n + 1)
     var = out.linear_map(out.square(centred), mean, mean, n + 1)
     record = record or {}
-    root = _sqrt(out.add(var, _default_eps(node, record, out)), out)
+    root = _sqrt(out.add(var, default_eps(node, record, out)), out)
     y = None if root is None else out.div(centred, root)
     if y is None:
         return None
