@@ -14,7 +14,7 @@ from xdsl.passes import ModulePass
 from xdsl.utils.arg_spec import parse_pipeline
 from xdsl.utils.exceptions import ArgSpecParseError
 
-from tlc.core.diagnostics import DiagnosticError
+from tlc.core.diagnostics import DiagnosticError, did_you_mean
 
 
 def _verify_structure() -> type[ModulePass]:
@@ -59,8 +59,9 @@ PASSES: dict[str, Callable[[], type[ModulePass]]] = {
 def pass_class(name: str) -> type[ModulePass]:
     factory = PASSES.get(name)
     if factory is None:
+        hint = did_you_mean(name, PASSES)
         raise DiagnosticError.simple(
-            f"'{name}' does not refer to a registered pass or pass pipeline"
+            f"'{name}' does not refer to a registered pass or pass pipeline{hint}"
         )
     return factory()
 

@@ -62,7 +62,7 @@ def test_every_op_has_an_interval_rule_or_a_reason() -> None:
 
 @pytest.mark.parametrize("arithmetic", ["f64", "f32"])
 def test_seed_ibp_table(arithmetic: str) -> None:
-    boxes = tlc.ibp(MLP, X0, 0.05, arithmetic=arithmetic)
+    boxes = tlc.ibp(MLP, X0, 0.05, dtype=arithmetic)
     assert [format_box(b) for b in boxes] == SEED_TABLE
 
 
@@ -83,7 +83,7 @@ def test_point_box_is_the_value_up_to_rounding() -> None:
 
 @pytest.mark.parametrize("arithmetic", ["f64", "f32"])
 def test_check_samples_passes_on_the_mlp(arithmetic: str) -> None:
-    report = tlc.check_samples(MLP, X0, 0.05, samples=50, arithmetic=arithmetic)
+    report = tlc.check_samples(MLP, X0, 0.05, samples=50, dtype=arithmetic)
     assert report.ok and report.samples == 50
     assert format_box(report.boxes[5]) == SEED_TABLE[5]
 

@@ -298,7 +298,7 @@ def test_mixed_plan_runs_the_mlp() -> None:
     assert f"{float(table[4]):.6f}" == "0.027720"
     for got, want in zip(table.values, reference.values, strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-15)
-    f32 = tlc.execute_plan(module, X0, arithmetic="f32")
+    f32 = tlc.execute_plan(module, X0, dtype="f32")
     assert f32.output.dtype == np.float32
     np.testing.assert_allclose(f32.output, reference.output, rtol=2e-5)
 
