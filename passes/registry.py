@@ -9,12 +9,12 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import fields
-
-from xdsl.passes import ModulePass
-from xdsl.utils.arg_spec import parse_pipeline
-from xdsl.utils.exceptions import ArgSpecParseError
+from typing import TYPE_CHECKING
 
 from tlc.core.diagnostics import DiagnosticError, did_you_mean
+
+if TYPE_CHECKING:  # imported by the passes themselves: `tlc-opt FILE` runs none (start-up time)
+    from xdsl.passes import ModulePass
 
 
 def _verify_structure() -> type[ModulePass]:
@@ -71,6 +71,9 @@ _COLON_VALUE = re.compile(r"=([A-Za-z0-9_.-]+:[A-Za-z0-9_.:-]*)")
 
 def build_pipeline(text: str) -> list[ModulePass]:
     """Parse a pipeline string into configured pass instances."""
+    from xdsl.utils.arg_spec import parse_pipeline
+    from xdsl.utils.exceptions import ArgSpecParseError
+
     text = text.strip()
     if text.startswith("builtin.module(") and text.endswith(")"):
         text = text[len("builtin.module(") : -1]

@@ -17,16 +17,17 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-
-from xdsl.dialects.builtin import ModuleOp
-from xdsl.passes import ModulePass
+from typing import TYPE_CHECKING
 
 from tlc.api.emit import EMITTERS
 from tlc.core.diagnostics import Diagnostic, DiagnosticError, SourceManager
 from tlc.frontends.text import context, parse_source
 from tlc.passes.registry import PASSES, build_pipeline
 from tlc.tools.common import read_input, run_tool, tool_parser, write_output
-from tlc.tools.verify_diagnostics import check_expectations
+
+if TYPE_CHECKING:  # for annotations only: start-up time (a pass pipeline imports them itself)
+    from xdsl.dialects.builtin import ModuleOp
+    from xdsl.passes import ModulePass
 
 SPLIT_MARKER = "// -----"
 
@@ -186,6 +187,8 @@ def _run(args: argparse.Namespace, text_pipeline: str) -> int:
         except DiagnosticError as exc:
             emitted = exc.diagnostics
         if args.verify_diagnostics:
+            from tlc.tools.verify_diagnostics import check_expectations
+
             failures = check_expectations(chunk.text, chunk.line_offset, name, emitted)
             for failure in failures:
                 sys.stderr.write(sources.render(failure) + "\n")
