@@ -155,10 +155,9 @@ class Library:
 
     def __getitem__(self, graph: str) -> EntryPoint:
         if graph not in self.graphs:
+            listed = ", ".join(sorted(self.graphs))
             hint = did_you_mean(graph, self.graphs)
-            raise KeyError(
-                f"{self.path} has no graph '{graph}' (graphs: {sorted(self.graphs)}){hint}"
-            )
+            raise KeyError(f"{self.path} has no graph '{graph}' (graphs: {listed}){hint}")
         return self.graphs[graph]
 
     def __call__(self, x: object, params: object = None) -> np.ndarray:
