@@ -5,7 +5,8 @@ A fenced block is run according to what it holds:
 - a shell session (lines `$ command`, continued with a trailing `\\`, each followed by what it
   prints, stdout and stderr as a terminal shows them): each command runs under bash and its
   output must match, with doctest's `...` standing for any text (a timing, a path);
-- a Python session (`>>> ` prompts): run by doctest, outputs checked the same way;
+- a Python session (`>>> ` prompts): run by doctest, outputs checked the same way (runs of
+  whitespace compare equal: a long repr may be wrapped on the page);
 - ```python without prompts: executed; ```sh: run by `bash -e` (output not shown, not checked);
 - anything else is text, a grammar, C or IR shown for reading, and must say so with a language
   tag (```text, ```tlir, ```c, ```mlir, ```asm): an untagged block that is not a session fails.
@@ -33,6 +34,9 @@ import pytest
 ROOT = Path(__file__).parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 FENCE = re.compile(r"^(<!-- norun: [^>]+ -->\n)?```(\w*)\n(.*?)^```$", re.M | re.S)
+#: Pages other branches are rewriting (code generation, hardening, verification): their blocks
+#: join this test when those branches merge; until then the skip names them.
+ELSEWHERE = {"docs/codegen.md", "docs/security.md", "docs/verification.md"}
 READ_ONLY = {"text", "tlir", "c", "mlir", "asm", "llvm"}
 CHECKER = doctest.OutputChecker()
 FLAGS = doctest.ELLIPSIS
@@ -116,9 +120,11 @@ def run_block(block: Block, cwd: Path, namespace: dict[str, object]) -> None:
         test = doctest.DocTestParser().get_doctest(
             block.body, namespace, block.where, str(block.path), block.line
         )
-        runner = doctest.DocTestRunner(optionflags=FLAGS)
+        # Python reprs are wrapped on the page; the shells' carets are not, so only here
+        runner = doctest.DocTestRunner(optionflags=FLAGS | doctest.NORMALIZE_WHITESPACE)
         out: list[str] = []
         runner.run(test, out=out.append, clear_globs=False)
+        namespace.update(test.globs)  # doctest ran on a copy; the page's next block continues it
         if runner.failures:
             pytest.fail("".join(out), pytrace=False)
     elif block.lang == "python":
@@ -143,6 +149,8 @@ def run_block(block: Block, cwd: Path, namespace: dict[str, object]) -> None:
 
 @pytest.mark.parametrize("path", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
 def test_doc_blocks_run(path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    if str(path.relative_to(ROOT)) in ELSEWHERE:
+        pytest.skip(f"{path.relative_to(ROOT)} is being rewritten on another branch")
     cwd = scratch(tmp_path)
     monkeypatch.chdir(cwd)
     namespace: dict[str, object] = {"__name__": "__doc__"}
