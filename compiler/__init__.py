@@ -22,11 +22,16 @@ if TYPE_CHECKING:
 
 def __getattr__(name: str) -> Any:
     """`tlc.__version__`, read from the installed package's metadata only when asked for
-    (importlib.metadata costs more start-up time than the rest of `import tlc`)."""
+    (importlib.metadata costs more start-up time than the rest of `import tlc`), and
+    `tlc.DiagnosticError`, the exception every entry point raises for bad input."""
     if name == "__version__":
         from importlib.metadata import version
 
         return version("tlc")
+    if name == "DiagnosticError":
+        from tlc.core.diagnostics import DiagnosticError
+
+        return DiagnosticError
     raise AttributeError(f"module 'tlc' has no attribute '{name}'")
 
 

@@ -117,6 +117,10 @@ def test_choosing_a_graph_from_python_names_the_keyword() -> None:
     assert tlc.run(source, [1.0], graph="b").output.tolist() == [1.0]
 
 
+def test_diagnostic_error_is_part_of_the_api() -> None:
+    assert tlc.DiagnosticError is DiagnosticError
+
+
 def test_version_comes_from_the_package_metadata() -> None:
     from importlib.metadata import version
 
