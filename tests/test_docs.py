@@ -82,8 +82,8 @@ def session(body: str) -> list[tuple[str, str]]:
     for line in lines:
         if line.startswith("$ "):
             command = line[2:]
-            while command.endswith("\\"):
-                command = command[:-1] + "\n" + next(lines, "")
+            while command.endswith("\\"):  # bash reads the backslash-newline as a continuation
+                command += "\n" + next(lines, "")
             pairs.append((command, []))
         elif pairs:
             pairs[-1][1].append(line)
