@@ -17,7 +17,7 @@ ROOT = Path(__file__).parent.parent
 MLP_PATH = ROOT / "examples" / "mlp.tlir"
 X0 = [0.3, -0.2, 0.1, 0.4]
 MLP_OUT = 0.027712902180357324
-TOOLS = ("tlc-opt", "tlc-run", "tlc-translate", "tlc-compile")
+TOOLS = ("tlc-opt", "tlc-run", "tlc-translate", "tlc-compile", "tlc-verify")
 
 
 @pytest.mark.parametrize("source", [str(MLP_PATH), MLP_PATH, MLP_PATH.read_text()])
