@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tlc.codegen.builder import Status
-from tlc.core.diagnostics import DiagnosticError
+from tlc.core.diagnostics import DiagnosticError, did_you_mean
 from tlc.dialect.shapes import Shape, fmt_shape, numel
 from tlc.semantics.reference import LOG_MESSAGE, EvalError
 
@@ -171,6 +171,10 @@ class Library:
         return int(func())
 
     def __getitem__(self, graph: str) -> EntryPoint:
+        if graph not in self.graphs:
+            listed = ", ".join(sorted(self.graphs))
+            hint = did_you_mean(graph, self.graphs)
+            raise KeyError(f"{self.path} has no graph '{graph}' (graphs: {listed}){hint}")
         return self.graphs[graph]
 
     def __call__(self, x: object, params: object = None) -> np.ndarray:

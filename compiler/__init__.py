@@ -1,13 +1,38 @@
-"""tlc: an MLIR-style compiler for neural-network graphs."""
+"""tlc: an MLIR-style compiler for neural-network graphs.
+
+Every entry point that takes a document accepts .tlir/.mlir text, the path of such a file (a str
+ending in .tlir/.mlir, or an `os.PathLike`), a parsed module, or the `Traced` object that
+`tlc.trace`, `tlc.from_torch` and `tlc.from_onnx` return (with its payload). `dtype` is "f64" or
+"f32" (or `numpy.float64`/`numpy.float32`) everywhere; inputs may be numbers, nested lists, numpy
+arrays or torch tensors, read as float64 and rounded to `dtype`. A `DiagnosticError` (bad input)
+prints as the tools print it: `file:line:col: error: message`, the source line and a caret.
+"""
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from xdsl.dialects.builtin import ModuleOp
 
+    from tlc.api.evaluate import Source
     from tlc.semantics.interpret import ValueTable
+
+
+def __getattr__(name: str) -> Any:
+    """`tlc.__version__`, read from the installed package's metadata only when asked for
+    (importlib.metadata costs more start-up time than the rest of `import tlc`), and
+    `tlc.DiagnosticError`, the exception every entry point raises for bad input."""
+    if name == "__version__":
+        from importlib.metadata import version
+
+        return version("tlc")
+    if name == "DiagnosticError":
+        from tlc.core.diagnostics import DiagnosticError
+
+        return DiagnosticError
+    raise AttributeError(f"module 'tlc' has no attribute '{name}'")
 
 
 def parse(source: str, filename: str = "<string>") -> ModuleOp:
@@ -18,36 +43,44 @@ def parse(source: str, filename: str = "<string>") -> ModuleOp:
 
 
 def run(
-    source_or_module: str | ModuleOp,
+    source_or_module: Source,
     x: Any,
     payload: Any = None,
-    arithmetic: str = "f64",
+    dtype: Any = "f64",
     graph: str | None = None,
+    *,
+    arithmetic: str | None = None,
 ) -> ValueTable:
-    """Evaluate a graph by its reference semantics in f64 or f32; returns the value table.
-
-    `payload`: a `tlc.core.payload.Payload`, an .npz path or `{"1.weight": array}`; default the
-    document's inline payload. See `tlc.api.evaluate.run`.
+    """Evaluate a graph by its reference semantics in f64 (default) or f32; returns the value
+    table. `payload`: a `tlc.core.payload.Payload`, an .npz path or `{"1.weight": array}`;
+    default the document's inline payload (a `Traced`'s own). `arithmetic=` is the deprecated
+    spelling of `dtype=`. See `tlc.api.evaluate.run`.
     """
+    from tlc.api.evaluate import dtype_name, scalar_type
     from tlc.api.evaluate import run as run_graph
 
-    return run_graph(source_or_module, x, payload, arithmetic, graph)
+    name = dtype_name(scalar_type(dtype, arithmetic))
+    return run_graph(source_or_module, x, payload, name, graph)
 
 
 def ibp(
-    source_or_module: str | ModuleOp,
+    source_or_module: Source,
     x: Any,
     radius: float,
     payload: Any = None,
     graph: str | None = None,
-    arithmetic: str = "f64",
+    dtype: Any = "f64",
+    *,
+    arithmetic: str | None = None,
 ) -> list[Any]:
     """Interval bound propagation: a `Box` (lo, hi) per node, or None where no sound rule
     applies, for inputs within `radius` (l-infinity) of `x`. The boxes enclose the real values
-    and the `arithmetic` (f64/f32) reference values. See docs/intervals.md."""
+    and the `dtype` (f64/f32) reference values. See docs/intervals.md."""
     from tlc.api.bounds import ibp as propagate
+    from tlc.api.evaluate import dtype_name, scalar_type
 
-    return propagate(source_or_module, x, radius, payload, graph, arithmetic)
+    name = dtype_name(scalar_type(dtype, arithmetic))
+    return propagate(source_or_module, x, radius, payload, graph, name)
 
 
 def bounds(source_or_module: Any, lo: Any = None, hi: Any = None, **options: Any) -> Any:
@@ -61,23 +94,27 @@ def bounds(source_or_module: Any, lo: Any = None, hi: Any = None, **options: Any
 
 
 def check_samples(
-    source_or_module: str | ModuleOp,
+    source_or_module: Source,
     x: Any,
     radius: float,
     samples: int = 50,
     payload: Any = None,
     graph: str | None = None,
-    arithmetic: str = "f64",
+    dtype: Any = "f64",
+    *,
+    arithmetic: str | None = None,
 ) -> Any:
     """Check `samples` deterministic inputs of the ball against every node's box; returns a
     `SampleReport` (`.ok`, `.violation` with node, input, value and box). See docs/intervals.md."""
     from tlc.api.bounds import check_samples as check
+    from tlc.api.evaluate import dtype_name, scalar_type
 
-    return check(source_or_module, x, radius, samples, payload, graph, arithmetic)
+    name = dtype_name(scalar_type(dtype, arithmetic))
+    return check(source_or_module, x, radius, samples, payload, graph, name)
 
 
 def plan(
-    source_or_module: str | ModuleOp,
+    source_or_module: Source,
     device: str = "cpu",
     provider: str = "auto",
     allow_trusted_external: bool = False,
@@ -93,21 +130,25 @@ def plan(
 
 
 def execute_plan(
-    source_or_module: str | ModuleOp,
+    source_or_module: Source,
     x: Any,
     payload: Any = None,
-    arithmetic: str = "f64",
+    dtype: Any = "f64",
     graph: str | None = None,
+    *,
+    arithmetic: str | None = None,
 ) -> ValueTable:
     """Like `tlc.run`, but every node runs on the kernel capsule its plan selected, bound to
     that capsule's handler (reference, llvm or torch); the graph must have been planned."""
+    from tlc.api.evaluate import dtype_name, scalar_type
     from tlc.api.execute import run_plan
 
-    return run_plan(source_or_module, x, payload, arithmetic, graph)
+    name = dtype_name(scalar_type(dtype, arithmetic))
+    return run_plan(source_or_module, x, payload, name, graph)
 
 
 def compile(
-    source_or_module: str | ModuleOp,
+    source_or_module: Source,
     payload: Any = None,
     dtype: Any = "f64",
     graph: str | None = None,
@@ -123,26 +164,24 @@ def compile(
     `target_features` and `target_triple` choose the code (default: this CPU); a target this
     machine cannot run is refused. See docs/codegen.md.
     """
-    import numpy as np
-
-    from tlc.api.evaluate import choose
+    from tlc.api.evaluate import choose, quoting, scalar_type
     from tlc.codegen.jit import compile_graph
     from tlc.codegen.target import resolve_target
 
+    scalar = scalar_type(dtype)
     target = resolve_target(target_cpu, target_features, target_triple)
     chosen, records = choose(source_or_module, graph, payload)
-    scalars = {"f64": np.float64, "f32": np.float32}
-    scalar = scalars.get(dtype, dtype) if isinstance(dtype, str) else dtype
-    return compile_graph(chosen, records, scalar, batch, target=target)
+    with quoting(chosen):
+        return compile_graph(chosen, records, scalar, batch, target=target)
 
 
-def load(path: str) -> Any:
+def load(path: str | os.PathLike[str]) -> Any:
     """Open a shared library written by tlc-compile as a callable on numpy arrays (one entry
     point per graph: `lib(x)` for a single graph, `lib["name"](x)` otherwise). See docs/c-abi.md.
     """
     from tlc.codegen.loader import load as load_library
 
-    return load_library(path)
+    return load_library(os.fspath(path))
 
 
 def trace(program: Any, input_shape: Any, params: Any = None, name: str | None = None) -> Any:
@@ -199,14 +238,12 @@ def from_onnx(model: Any, input_shapes: Any = None, name: str | None = None) -> 
 def to_onnx(graph: Any, payload: Any = None, dtype: Any = "f32") -> Any:
     """An `onnx.ModelProto` computing `graph` (a tl.graph op or a document) with `payload`
     (default: the document's inline payload), in float32 ("f32") or float64 ("f64")."""
-    import numpy as np
-
-    from tlc.api.evaluate import choose
+    from tlc.api.evaluate import choose, scalar_type
     from tlc.dialect.ops import GraphOp
     from tlc.frontends.export_onnx import to_onnx as export
 
+    scalar = scalar_type(dtype)
     chosen = graph
     if not isinstance(graph, GraphOp):
         chosen, payload = choose(graph, None, payload)
-    scalar = {"f32": np.float32, "f64": np.float64}.get(dtype, dtype)
     return export(chosen, payload, scalar)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import gc
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from functools import cache
 from importlib.resources import files
@@ -23,7 +23,7 @@ from lark.lexer import PatternStr
 from xdsl.dialects.builtin import DenseIntOrFPElementsAttr, ModuleOp, TensorType, f64
 from xdsl.ir import Operation, SSAValue
 
-from tlc.core.diagnostics import DiagnosticError, Location, error
+from tlc.core.diagnostics import DiagnosticError, Location, did_you_mean, error
 from tlc.dialect.metadata import MAX_INT, MetadataError, check_value
 from tlc.dialect.ops import GraphOp, NodeOp, OutputOp, PayloadOp, RecordOp
 from tlc.dialect.plan import Policy, check_policy_field, set_kernel, set_policy
@@ -220,7 +220,8 @@ class _Builder(ProgramRules, Transformer[Token, ModuleOp]):
         value, kind, operands, attrs, shape, kernel = items
         op_class = OPS_BY_TAG.get(str(kind))
         if op_class is None:
-            raise error(f"unknown op kind '{kind}'", self._tok_loc(kind))
+            hint = did_you_mean(str(kind), OPS_BY_TAG)
+            raise error(f"unknown op kind '{kind}'{hint}", self._tok_loc(kind))
         fields = self._fields(op_class, attrs or [], shape, self._tok_loc(kind))
         op = op_class(self._index(value, str(value)[1:]), [], shape, fields)
         op.location = self._loc(meta).to_attr()
@@ -253,7 +254,8 @@ class _Builder(ProgramRules, Transformer[Token, ModuleOp]):
         given: dict[str, Any] = {}
         for name, value, loc in attrs:
             if name not in known:
-                raise error(f"unknown metadata field '{name}' for op '{op_class.TAG}'", loc)
+                hint = did_you_mean(name, known) or _fields_hint(known)
+                raise error(f"unknown metadata field '{name}' for op '{op_class.TAG}'{hint}", loc)
             if name in given:
                 raise error(f"metadata field '{name}' given twice", loc)
             try:
@@ -337,6 +339,14 @@ class _Builder(ProgramRules, Transformer[Token, ModuleOp]):
 
     def __default__(self, data: str, children: list[Any], meta: Any) -> Tree[Any]:
         return Tree(data, children, meta)
+
+
+def _fields_hint(known: Mapping[str, Any]) -> str:
+    """What to say after an unknown metadata field with no close match: the op's fields (so
+    `dim` on softmax, PyTorch's name, leads to `axis`)."""
+    if not known:
+        return " (it has no metadata fields)"
+    return f" (its fields: {', '.join(known)})"
 
 
 def _all_numbers(raw: Any) -> bool:

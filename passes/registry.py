@@ -9,12 +9,12 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import fields
+from typing import TYPE_CHECKING
 
-from xdsl.passes import ModulePass
-from xdsl.utils.arg_spec import parse_pipeline
-from xdsl.utils.exceptions import ArgSpecParseError
+from tlc.core.diagnostics import DiagnosticError, did_you_mean
 
-from tlc.core.diagnostics import DiagnosticError
+if TYPE_CHECKING:  # imported by the passes themselves: `tlc-opt FILE` runs none (start-up time)
+    from xdsl.passes import ModulePass
 
 
 def _verify_structure() -> type[ModulePass]:
@@ -66,8 +66,9 @@ PASSES: dict[str, Callable[[], type[ModulePass]]] = {
 def pass_class(name: str) -> type[ModulePass]:
     factory = PASSES.get(name)
     if factory is None:
+        hint = did_you_mean(name, PASSES)
         raise DiagnosticError.simple(
-            f"'{name}' does not refer to a registered pass or pass pipeline"
+            f"'{name}' does not refer to a registered pass or pass pipeline{hint}"
         )
     return factory()
 
@@ -77,6 +78,9 @@ _COLON_VALUE = re.compile(r"=([A-Za-z0-9_.-]+:[A-Za-z0-9_.:-]*)")
 
 def build_pipeline(text: str) -> list[ModulePass]:
     """Parse a pipeline string into configured pass instances."""
+    from xdsl.utils.arg_spec import parse_pipeline
+    from xdsl.utils.exceptions import ArgSpecParseError
+
     text = text.strip()
     if text.startswith("builtin.module(") and text.endswith(")"):
         text = text[len("builtin.module(") : -1]

@@ -85,8 +85,10 @@ def test_load_refuses_misuse(tmp_path: Path) -> None:
         lib(np.zeros(4, dtype=np.float32))
     with pytest.raises(ValueError, match="expected \\[4\\]"):
         lib(np.zeros(3))
-    with pytest.raises(KeyError):
+    with pytest.raises(KeyError, match=r"libmlp.so has no graph 'nope' \(graphs: mlp\)"):
         lib["nope"]
+    with pytest.raises(KeyError, match=r"has no graph 'mpl' \(graphs: mlp\); did you mean 'mlp'\?"):
+        lib["mpl"]
     raw = ctypes.CDLL(str(tmp_path / "libmlp.so")).tlc_mlp
     assert raw(None, None) == 1  # null pointers are a status, not a crash
 

@@ -48,7 +48,7 @@ F64, F32 = np.float64, np.float32
 
 @pytest.mark.parametrize("arithmetic", ["f64", "f32"])
 def test_seed_ibp_table(arithmetic: str) -> None:
-    boxes = tlc.ibp(MLP, X0, 0.05, arithmetic=arithmetic)
+    boxes = tlc.ibp(MLP, X0, 0.05, dtype=arithmetic)
     assert [format_box(b) for b in boxes] == SEED_TABLE
 
 
@@ -69,7 +69,7 @@ def test_point_box_is_the_value_up_to_rounding() -> None:
 
 @pytest.mark.parametrize("arithmetic", ["f64", "f32"])
 def test_check_samples_passes_on_the_mlp(arithmetic: str) -> None:
-    report = tlc.check_samples(MLP, X0, 0.05, samples=50, arithmetic=arithmetic)
+    report = tlc.check_samples(MLP, X0, 0.05, samples=50, dtype=arithmetic)
     assert report.ok and report.samples == 50
     assert format_box(report.boxes[5]) == SEED_TABLE[5]
 

@@ -50,7 +50,7 @@ def test_every_op_has_a_reference_rule() -> None:
 
 @pytest.mark.parametrize("arithmetic", ["f64", "f32"])
 def test_seed_value_table(arithmetic: str) -> None:
-    table = tlc.run(MLP, X0, arithmetic=arithmetic)
+    table = tlc.run(MLP, X0, dtype=arithmetic)
     assert [_six(v) for v in table.values] == SEED_TABLE
     assert table.output_id == 5
     dtype = np.float64 if arithmetic == "f64" else np.float32
@@ -60,8 +60,8 @@ def test_seed_value_table(arithmetic: str) -> None:
 def test_f32_rounds_at_every_step() -> None:
     """sum([1e8, 1, -1e8]) is 0 in float32 arithmetic but 1 if computed in f64 and rounded."""
     source = "tl.graph @g {\n  %0 = input : [3]\n  %1 = sum(%0) : []\n  output %1\n}\n"
-    assert float(tlc.run(source, [1e8, 1, -1e8], arithmetic="f32").output) == 0.0
-    assert float(tlc.run(source, [1e8, 1, -1e8], arithmetic="f64").output) == 1.0
+    assert float(tlc.run(source, [1e8, 1, -1e8], dtype="f32").output) == 0.0
+    assert float(tlc.run(source, [1e8, 1, -1e8], dtype="f64").output) == 1.0
 
 
 def test_swapped_linear_records() -> None:
@@ -125,8 +125,8 @@ RANDOM = """tl.graph @g {
 
 @pytest.mark.parametrize("arithmetic", ["f64", "f32"])
 def test_random_sources_are_deterministic(arithmetic: str) -> None:
-    a = tlc.run(RANDOM, 0.25, arithmetic=arithmetic)
-    b = tlc.run(RANDOM, 0.25, arithmetic=arithmetic)
+    a = tlc.run(RANDOM, 0.25, dtype=arithmetic)
+    b = tlc.run(RANDOM, 0.25, dtype=arithmetic)
     uniform, mask = a.values[0], a.values[2]
     np.testing.assert_array_equal(uniform, b.values[0])
     assert ((uniform >= 0) & (uniform < 1)).all()
@@ -162,9 +162,17 @@ def test_input_shape_is_checked() -> None:
     assert _message(exc) == "IR eval: input 0: shape mismatch: given [3], declared [4]"
 
 
-def test_unknown_arithmetic_is_a_usage_error() -> None:
-    with pytest.raises(ValueError, match="arithmetic must be one of f64, f32"):
-        tlc.run(MLP, X0, arithmetic="f16")
+def test_unknown_dtype_is_a_usage_error() -> None:
+    with pytest.raises(
+        ValueError, match=r"dtype must be 'f64' or 'f32' \(or numpy.float64/float32\), got 'f16'"
+    ):
+        tlc.run(MLP, X0, dtype="f16")
+
+
+def test_arithmetic_keyword_still_works_with_a_deprecation_warning() -> None:
+    with pytest.warns(DeprecationWarning, match="arithmetic= keyword is deprecated; use dtype="):
+        table = tlc.run(MLP, X0, arithmetic="f32")
+    assert table.output.dtype == np.float32
 
 
 def test_omitted_shapes_are_inferred_before_running() -> None:

@@ -77,6 +77,7 @@ def test_bad_pipelines_and_files_are_1(
         ["--no-such-flag"],
         ["--render", "out.gif"],
         ["--render", "out.svg", "--split-input-file"],
+        ["--mlir-print-debuginfo"],
     ],
 )
 def test_usage_errors_are_2(good: str, argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:

@@ -8,37 +8,71 @@ no message.
 
 from __future__ import annotations
 
+import argparse
 import os
+import re
 import sys
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
-from tlc.core.diagnostics import DiagnosticError, Location, SourceManager, error
+from tlc.core.diagnostics import DiagnosticError, SourceManager
 
 EXIT_DIAGNOSTICS = 1
 EXIT_INTERNAL = 70
 EXIT_BROKEN_PIPE = 1  # what CPython itself exits with when stdout's pipe closes
 
 
+def tool_parser(prog: str, doc: str | None) -> argparse.ArgumentParser:
+    """The argument parser every tool starts from: its name, the first line of its docstring,
+    and `--version`."""
+    parser = argparse.ArgumentParser(prog=prog, description=(doc or "").splitlines()[0])
+    parser.add_argument("--version", action=_Version, help="print tlc's version and exit")
+    return parser
+
+
+class _Version(argparse.Action):
+    """`--version`: `tlc-opt 0.1.0`. argparse's own version action wants the string when the
+    parser is built; this reads the package metadata only when asked (it costs start-up time)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
+        from importlib.metadata import version
+
+        sys.stdout.write(f"{parser.prog} {version('tlc')}\n")
+        parser.exit()
+
+
+def glue_values(argv: Sequence[str], flags: Sequence[str]) -> list[str]:
+    """`--input -0.3,0.2` as `--input=-0.3,0.2`: argparse takes a value starting with `-` for
+    an option unless it is one plain negative number, so a value of one of `flags` that starts
+    like a negative number is attached to its flag."""
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        following = argv[i + 1] if i + 1 < len(argv) else ""
+        if argv[i] in flags and NEGATIVE.match(following):
+            out.append(f"{argv[i]}={following}")
+            i += 2
+        else:
+            out.append(argv[i])
+            i += 1
+    return out
+
+
+NEGATIVE = re.compile(r"-[0-9.]")
+
+
 def read_input(path: str) -> tuple[str, str]:
     """(name used in diagnostics, text); `-` reads stdin. Text that is not UTF-8 is an error
     located at the first bad byte."""
-    name = "<stdin>" if path == "-" else path
-    try:
-        if path == "-":
-            data = sys.stdin.buffer.read()
-        else:
-            with open(path, "rb") as f:
-                data = f.read()
-    except OSError as exc:
-        raise DiagnosticError.simple(f"cannot read '{path}': {exc.strerror}") from None
-    try:
-        return name, data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = data.count(b"\n", 0, exc.start) + 1
-        col = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
-        where = Location(name, line, col)
-        raise error(f"invalid UTF-8 (byte 0x{data[exc.start]:02x})", where) from None
+    from tlc.frontends.text import decode_source, read_document
+
+    if path == "-":
+        return "<stdin>", decode_source(sys.stdin.buffer.read(), "<stdin>")
+    return path, read_document(path)
 
 
 def write_output(path: str, text: str) -> None:

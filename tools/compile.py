@@ -29,7 +29,7 @@ from tlc.codegen.target import add_target_options, target_from_options
 from tlc.core.diagnostics import DiagnosticError, SourceManager
 from tlc.dialect.ops import GraphOp
 from tlc.frontends.text import parse_source
-from tlc.tools.common import read_input, run_tool
+from tlc.tools.common import read_input, run_tool, tool_parser
 
 DTYPES = {"f32": np.float32, "f64": np.float64}
 
@@ -45,7 +45,7 @@ def positive(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="tlc-compile", description=__doc__.splitlines()[0])
+    p = tool_parser("tlc-compile", __doc__)
     p.add_argument("input_file", metavar="FILE", help="the .tlir document, - for stdin")
     p.add_argument("-o", dest="output", required=True, metavar="libNAME.so", help="library path")
     p.add_argument("--payload", metavar="P.npz", help="payload file (default: inline tl.payload)")

@@ -1,7 +1,8 @@
 """tlc-opt: parse a .tlir/.mlir document, run a pass pipeline, print the result.
 
 MLIR's conventions: `-p`/`--pass-pipeline`, per-pass flags, `--split-input-file`,
-`--verify-diagnostics`, `--print-ir-after-all`, `--timing`. Exit codes: 0 success,
+`--verify-diagnostics`, `--print-ir-after-all`, `--timing` (also spelt `--mlir-print-ir-after-all`,
+`--mlir-timing`), `--mlir-print-debuginfo`. Exit codes: 0 success,
 1 diagnostics, 2 usage error, 70 internal error.
 """
 
@@ -16,23 +17,24 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-
-from xdsl.dialects.builtin import ModuleOp
-from xdsl.passes import ModulePass
+from typing import TYPE_CHECKING
 
 from tlc.api.emit import EMITTERS
 from tlc.codegen.target import Target, add_target_options, target_from_options
 from tlc.core.diagnostics import Diagnostic, DiagnosticError, SourceManager
 from tlc.frontends.text import context, parse_source
 from tlc.passes.registry import PASSES, build_pipeline
-from tlc.tools.common import read_input, run_tool, write_output
-from tlc.tools.verify_diagnostics import check_expectations
+from tlc.tools.common import read_input, run_tool, tool_parser, write_output
+
+if TYPE_CHECKING:  # for annotations only: start-up time (a pass pipeline imports them itself)
+    from xdsl.dialects.builtin import ModuleOp
+    from xdsl.passes import ModulePass
 
 SPLIT_MARKER = "// -----"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="tlc-opt", description=__doc__.splitlines()[0])
+    p = tool_parser("tlc-opt", __doc__)
     p.add_argument("input", nargs="?", default="-", help="input file (.tlir or .mlir), - for stdin")
     p.add_argument("-o", dest="output", default="-", help="output file (default stdout)")
     p.add_argument(
@@ -52,8 +54,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--split-input-file", action="store_true", help="split the input on '// -----'")
     p.add_argument("--verify-diagnostics", action="store_true",
                    help="check diagnostics against expected-error annotations")  # fmt: skip
-    p.add_argument("--print-ir-after-all", action="store_true", help="print IR after each pass")
-    p.add_argument("--timing", action="store_true", help="report wall time per pass")
+    # mlir-opt spells these with an `--mlir-` prefix; both spellings work.
+    p.add_argument("--print-ir-after-all", "--mlir-print-ir-after-all", action="store_true",
+                   help="print IR after each pass")  # fmt: skip
+    p.add_argument("--timing", "--mlir-timing", action="store_true",
+                   help="report wall time per pass")  # fmt: skip
+    p.add_argument("--mlir-print-debuginfo", dest="debuginfo", action="store_true",
+                   help="with --emit mlir: print each op's loc(\"file\":line:col)")  # fmt: skip
     p.add_argument("--dump-pass-pipeline", action="store_true", help="print the pipeline")
     p.add_argument("--render", metavar="FILE.{svg,png,pdf}",
                    help="also draw the graph with GraphViz's dot into FILE")  # fmt: skip
@@ -76,7 +83,7 @@ def emitter(args: argparse.Namespace) -> Callable[[ModuleOp], str]:
     if args.emit not in TARGET_EMITS:
         if target is not None:
             raise UsageError("--target-* options need --emit llvm or --emit asm")
-        return EMITTERS[args.emit]
+        return _mlir_with_locations if args.debuginfo else EMITTERS[args.emit]
     kind, dtype = TARGET_EMITS[args.emit]
 
     def emit(module: ModuleOp) -> str:
@@ -179,6 +186,8 @@ def _main(argv: list[str] | None) -> int:
 
 
 def _run(args: argparse.Namespace, text_pipeline: str) -> int:
+    if args.debuginfo and args.emit != "mlir":
+        raise UsageError("--mlir-print-debuginfo applies to --emit mlir")
     if args.render and args.split_input_file:
         raise UsageError("--render cannot be combined with --split-input-file")
     if args.render and Path(args.render).suffix.lstrip(".").lower() not in RENDER_FORMATS:
@@ -210,6 +219,8 @@ def _run(args: argparse.Namespace, text_pipeline: str) -> int:
         except DiagnosticError as exc:
             emitted = exc.diagnostics
         if args.verify_diagnostics:
+            from tlc.tools.verify_diagnostics import check_expectations
+
             failures = check_expectations(chunk.text, chunk.line_offset, name, emitted)
             for failure in failures:
                 sys.stderr.write(sources.render(failure) + "\n")
@@ -224,6 +235,12 @@ def _run(args: argparse.Namespace, text_pipeline: str) -> int:
     if status == 0 or args.verify_diagnostics or args.split_input_file:
         write_output(args.output, ("// -----\n").join(outputs))
     return status
+
+
+def _mlir_with_locations(module: ModuleOp) -> str:
+    from tlc.dialect.printer import print_mlir_op
+
+    return print_mlir_op(module, debuginfo=True)
 
 
 @contextmanager

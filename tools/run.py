@@ -21,10 +21,11 @@ Exit codes: 0 success, 1 diagnostics, 2 usage error, 70 internal error.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from xdsl.dialects.builtin import ModuleOp
@@ -35,7 +36,7 @@ from tlc.core.payload import Payload
 from tlc.dialect.ops import GraphOp, InputOp, NodeOp, node_id_of
 from tlc.dialect.shapes import fmt_shape
 from tlc.frontends.text import parse_source
-from tlc.tools.common import read_input, run_tool
+from tlc.tools.common import glue_values, read_input, run_tool, tool_parser
 from tlc.tools.formatting import format_box, format_value
 from tlc.tools.run_program import params_payload, run_program_lines, select_program
 
@@ -54,24 +55,68 @@ class Job:
     graph: GraphOp
     payload: Payload
 
-    def input_value(self) -> np.ndarray:
-        """The `--input` value shaped like the graph's (single) input node."""
-        (node,) = self.input_nodes()
-        assert node.declared_shape is not None, "infer-shapes fills in every shape"
-        if self.args.input is None:
+    def input_value(self) -> Any:
+        """The `--input` values: an array shaped like the graph's only input node, or
+        `{node id: array}` for a graph with several (each named: `--input %1=...` by node id,
+        `--input 1=...` by position among the input nodes)."""
+        nodes = self.input_nodes()
+        given: list[str] = self.args.input or []
+        graph = f"graph @{self.graph.graph_name}"
+        if not given:
+            if len(nodes) == 1:
+                raise DiagnosticError.simple(
+                    f"{graph} has an input node: give its value with --input"
+                )
             raise DiagnosticError.simple(
-                f"graph @{self.graph.graph_name} has an input node: give its value with --input"
+                f"{graph} has {len(nodes)} input nodes: give each with --input NAME=VALUES "
+                "(NAME: %ID or position)"
             )
-        return shape_input(parse_input_text(self.args.input), node.declared_shape)
+        if len(nodes) == 1 and len(given) == 1 and not NAMED_INPUT.match(given[0]):
+            return self._value(nodes[0], given[0], "--input")
+        values: dict[int, np.ndarray] = {}
+        for text in given:
+            m = NAMED_INPUT.match(text)
+            if m is None:
+                raise DiagnosticError.simple(
+                    f"--input '{text}': {graph} has {len(nodes)} input nodes; name each: "
+                    "--input %ID=VALUES (node id) or --input K=VALUES (K-th input)"
+                )
+            node = self._named(m.group(1), nodes)
+            if node.id in values:
+                raise DiagnosticError.simple(f"--input: input node %{node.id} given twice")
+            values[node.id] = self._value(node, text[m.end() :], f"--input {m.group(1)}")
+        missing = [f"%{n.id}" for n in nodes if n.id not in values]
+        if missing:
+            raise DiagnosticError.simple(
+                f"--input: no value for input node {', '.join(missing)} of {graph}"
+            )
+        return values if len(nodes) > 1 else values[nodes[0].id]
+
+    def _named(self, name: str, nodes: list[InputOp]) -> InputOp:
+        """The input node `%ID` (by node id) or `K` (the K-th input node)."""
+        ids = ", ".join(f"%{n.id}" for n in nodes)
+        if name.startswith("%"):
+            for node in nodes:
+                if node.id == int(name[1:]):
+                    return node
+            raise DiagnosticError.simple(f"--input {name}: not an input node (inputs: {ids})")
+        if int(name) < len(nodes):
+            return nodes[int(name)]
+        raise DiagnosticError.simple(
+            f"--input {name}: the graph has {len(nodes)} input nodes ({ids}), numbered from 0"
+        )
+
+    @staticmethod
+    def _value(node: InputOp, text: str, what: str) -> np.ndarray:
+        assert node.declared_shape is not None, "infer-shapes fills in every shape"
+        return shape_input(parse_input_text(text), node.declared_shape, what)
 
     def input_nodes(self) -> list[InputOp]:
-        nodes = [n for n in self.graph.nodes if isinstance(n, InputOp)]
-        if len(nodes) > 1:
-            raise DiagnosticError.simple(
-                f"graph @{self.graph.graph_name} has {len(nodes)} input nodes; tlc-run feeds "
-                "one (use tlc.run from Python for several)"
-            )
-        return nodes
+        return [n for n in self.graph.nodes if isinstance(n, InputOp)]
+
+
+#: `--input %1=0.3,0.2` or `--input 1=0.3,0.2`: a value for one input node of several.
+NAMED_INPUT = re.compile(r"^(%\d+|\d+)=")
 
 
 def _run_float(job: Job) -> list[str]:
@@ -95,6 +140,11 @@ def _run_llvm(job: Job, dtype: type) -> list[str]:
     if job.args.print_values:
         raise DiagnosticError.simple(
             "--print-values needs the reference backend: compiled code keeps only the output"
+        )
+    if len(job.input_nodes()) > 1:
+        raise DiagnosticError.simple(
+            f"--backend llvm: compiled code takes one input; graph @{job.graph.graph_name} has "
+            f"{len(job.input_nodes())} (run it with the reference backend)"
         )
     compiled = compile_graph(job.graph, job.payload, dtype)
     x = job.input_value() if job.input_nodes() else np.zeros(compiled.input_shape)
@@ -125,7 +175,10 @@ def _run_grad(job: Job) -> list[str]:
 
         dx, dp = vjp(job.graph, job.payload, x)
         pieces = {"output": interpret(job.graph, job.payload, x).output}
-        pieces |= {"input": dx} if job.input_nodes() else {}
+        if isinstance(dx, Mapping):  # several input nodes: one gradient each
+            pieces |= {f"input %{nid}": v for nid, v in dx.items()}
+        elif job.input_nodes():
+            pieces["input"] = dx
         pieces |= {f"%{nid}.{name}": v for nid, rec in dp.items() for name, v in rec.items()}
     digits = job.args.digits
     lines = [f"output: {format_value(pieces.pop('output'), digits)}"]
@@ -163,14 +216,16 @@ ARITHMETICS: dict[str, Callable[[Job], list[str]]] = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="tlc-run", description=__doc__.splitlines()[0])
+    p = tool_parser("tlc-run", __doc__)
     p.add_argument("input_file", metavar="FILE", help="the .tlir document, - for stdin")
     p.add_argument("--payload", metavar="P.npz", help="payload file (default: inline tl.payload)")
     p.add_argument("--params", metavar="P.npz",
                    help="parameters by name, for a tl.program or a graph lowered from one "
                    "(docs/programs.md)")  # fmt: skip
-    p.add_argument("--input", metavar="VALUES|X.npy",
-                   help="input values: '0.3,-0.2,0.1,0.4' (row-major) or an .npy file")  # fmt: skip
+    p.add_argument("--input", action="append", metavar="[NAME=]VALUES|X.npy",
+                   help="input values: '0.3,-0.2,0.1,0.4' (row-major) or an .npy file; for a "
+                   "graph with several inputs, once per input as %%ID=VALUES (node id) or "
+                   "K=VALUES (K-th input)")  # fmt: skip
     p.add_argument("--arithmetic", choices=list(ARITHMETICS), default="f64",
                    help="scalar context (default f64)")  # fmt: skip
     p.add_argument("--radius", type=float, metavar="R",
@@ -194,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str] | None, sources: SourceManager) -> int:
     parser = build_parser()
-    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(glue_values(sys.argv[1:] if argv is None else argv, ["--input"]))
     if args.arithmetic != "interval" and (args.radius is not None or args.samples is not None):
         parser.error("--radius and --samples need --arithmetic interval")
     if args.backend == "llvm" and args.arithmetic not in ("f64", "f32"):

@@ -66,9 +66,13 @@ def run_program_lines(args: argparse.Namespace, program: ProgramOp) -> list[str]
     if args.backend != "reference":
         raise DiagnosticError.simple("--backend llvm compiles graphs: lower the program first")
     params = load_params(args.params) if args.params is not None else {}
-    if args.input is None:
+    if not args.input:
         raise DiagnosticError.simple(f"program @{program.graph_name}: give its input with --input")
-    x = shape_input(parse_input_text(args.input), program.shape_of_arg(program.input))
+    if len(args.input) > 1:
+        raise DiagnosticError.simple(
+            f"program @{program.graph_name} has one input: give --input once"
+        )
+    x = shape_input(parse_input_text(args.input[0]), program.shape_of_arg(program.input))
     ret = program.ret
     assert ret is not None, "the parser requires a return"
     owner = ret.value.owner

@@ -27,13 +27,13 @@ from tlc.api.emit import EMITTERS
 from tlc.core.diagnostics import DiagnosticError, SourceManager
 from tlc.frontends.text import parse_source
 from tlc.semantics.program import Traced
-from tlc.tools.common import read_input, run_tool, write_output
+from tlc.tools.common import read_input, run_tool, tool_parser, write_output
 
 TEXT_FORMATS = ("tlir", "mlir", "listing", "dot")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="tlc-translate", description=__doc__.splitlines()[0])
+    p = tool_parser("tlc-translate", __doc__)
     mode = p.add_mutually_exclusive_group(required=True)
     mode.add_argument("--import-torch", metavar="FILE.py:FACTORY",
                       help="trace the module FACTORY() returns with torch.fx")  # fmt: skip

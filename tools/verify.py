@@ -23,13 +23,13 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 
 from tlc.api.verify import Network, Verdict, check_sizes, verify
 from tlc.core.diagnostics import DiagnosticError, SourceManager, error
-from tlc.tools.common import read_input, run_tool, write_output
+from tlc.tools.common import read_input, run_tool, tool_parser, write_output
 
 ARITHMETIC = {"f64": "f64", "f32": "f32"}
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="tlc-verify", description=__doc__.splitlines()[0])
+    p = tool_parser("tlc-verify", __doc__)
     p.add_argument("network", nargs="?", help="the network: .onnx, or a .tlir/.mlir document")
     p.add_argument("property", nargs="?", help="the VNN-LIB property")
     p.add_argument(

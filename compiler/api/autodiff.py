@@ -7,6 +7,7 @@ only graph, or the one named by `name`, is used); `payload` is a Payload, an .np
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -15,9 +16,11 @@ from xdsl.dialects.builtin import ModuleOp
 from tlc.api.evaluate import shape_single_input
 from tlc.core.payload import Payload
 from tlc.dialect.ops import GraphOp
+from tlc.dialect.shapes import fmt_shape
 from tlc.semantics.autodiff import modes
+from tlc.semantics.program import Traced
 
-Source = GraphOp | ModuleOp | str
+Source = GraphOp | ModuleOp | str | os.PathLike[str] | Traced
 
 
 def resolve(graph: Source, payload: Any, name: str | None = None) -> tuple[GraphOp, Payload]:
@@ -50,6 +53,14 @@ def vjp(
     graph: Source, payload: Any, x: Any, cotangent: Any = None, name: str | None = None
 ) -> modes.Cotangents:
     chosen, records = resolve(graph, payload, name)
+    if cotangent is None:
+        out = chosen.nodes[modes.output_id(chosen)]
+        if out.declared_shape != ():
+            raise ValueError(
+                f"tlc.vjp: the output (node {out.id}) of @{chosen.graph_name} has shape "
+                f"{fmt_shape(out.declared_shape)}; pass a cotangent of that shape (without one, "
+                "vjp is the gradient of a scalar output)"
+            )
     return modes.vjp(chosen, records, shape_single_input(chosen, x, "input"), cotangent)
 
 

@@ -8,7 +8,6 @@ from xdsl.dialects.builtin import ModuleOp
 
 from tlc.dialect.ops import GraphOp
 from tlc.dialect.printer import print_dot, print_listing, print_mlir_op, print_tlir
-from tlc.semantics.capsules import plan_text
 
 
 def _per_graph(render: Callable[[GraphOp], str]) -> Callable[[ModuleOp], str]:
@@ -19,6 +18,14 @@ def _per_graph(render: Callable[[GraphOp], str]) -> Callable[[ModuleOp], str]:
         return "\n".join(f"// @{g.graph_name}\n{render(g).rstrip()}\n" for g in graphs)
 
     return emit
+
+
+def _plan(graph: GraphOp) -> str:
+    """The kernel plan in the seed's form (tlc.semantics.capsules, imported only when asked
+    for: the kernel registry costs start-up time every other format does without)."""
+    from tlc.semantics.capsules import plan_text
+
+    return plan_text(graph)
 
 
 def _llvm(dtype: str) -> Callable[[ModuleOp], str]:
@@ -39,7 +46,7 @@ EMITTERS: dict[str, Callable[[ModuleOp], str]] = {
     "mlir": lambda module: print_mlir_op(module, debuginfo=False),
     "listing": _per_graph(print_listing),
     "dot": _per_graph(print_dot),
-    "plan": _per_graph(plan_text),
+    "plan": _per_graph(_plan),
     "llvm": _llvm("float64"),
     "llvm-f32": _llvm("float32"),
 }

@@ -8,55 +8,125 @@ same diagnostics.
 from __future__ import annotations
 
 import os
+import warnings
+import weakref
 import zipfile
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import numpy as np
 from xdsl.dialects.builtin import ModuleOp
+from xdsl.ir import Operation
 
-from tlc.core.diagnostics import DiagnosticError
+from tlc.core.diagnostics import DiagnosticError, SourceManager, did_you_mean
 from tlc.core.payload import Payload, load_npz
 from tlc.dialect.ops import GraphOp, InputOp
 from tlc.dialect.payload_section import payload_from_module
 from tlc.dialect.shapes import fmt_shape, numel
-from tlc.frontends.text import parse_source
+from tlc.frontends.text import parse_source, read_document
 
 if TYPE_CHECKING:
     from tlc.semantics.interpret import ValueTable
+    from tlc.semantics.program import Traced
 
 
-def as_module(source: str | ModuleOp, filename: str = "<string>") -> ModuleOp:
-    """A parsed module: `source` is a module already or .tlir text."""
+#: What the Python API accepts as a document: .tlir/.mlir text, the path of such a file (str or
+#: os.PathLike), a parsed module, or what `tlc.trace`/`tlc.from_torch`/`tlc.from_onnx` return.
+Source: TypeAlias = "str | os.PathLike[str] | ModuleOp | Traced"
+
+DOCUMENT_SUFFIXES = (".tlir", ".mlir")
+
+#: The text each module parsed here came from, so later diagnostics on it can quote it.
+_TEXTS: weakref.WeakKeyDictionary[ModuleOp, tuple[str, str]] = weakref.WeakKeyDictionary()
+
+
+def as_module(source: Source, filename: str = "<string>") -> ModuleOp:
+    """A parsed module: `source` is a module already, a `Traced`, a path, or document text.
+
+    A str is a path when it is one line ending in .tlir/.mlir (a document never is); an
+    `os.PathLike` always is. Diagnostics quote the text (see `quoting`)."""
+    from tlc.semantics.program import Traced
+
     if isinstance(source, ModuleOp):
         return source
-    return parse_source(source, filename)
+    if isinstance(source, Traced):
+        return source.module
+    if isinstance(source, os.PathLike) or _is_path(source):
+        filename = os.fspath(source)
+        text = read_document(filename)
+    elif isinstance(source, str):
+        text = source
+    else:
+        raise TypeError(
+            "expected .tlir text, a path, a parsed module or a traced graph, "
+            f"got {type(source).__name__}"
+        )
+    with _quoting_text(filename, text):
+        module = parse_source(text, filename)
+    _TEXTS[module] = (filename, text)
+    return module
 
 
-def select_graph(module: ModuleOp, name: str | None = None) -> GraphOp:
-    """The graph `@name` (the leading `@` is optional), or the only graph of the module."""
+def _is_path(source: object) -> bool:
+    return isinstance(source, str) and "\n" not in source and source.endswith(DOCUMENT_SUFFIXES)
+
+
+@contextmanager
+def quoting(op: Operation) -> Iterator[None]:
+    """Diagnostics escaping the block quote the text `op`'s module was parsed from, so
+    `str(exc)` shows file:line:col, the source line and a caret as the tools print them."""
+    top = op
+    while (parent := top.parent_op()) is not None:
+        top = parent
+    filename, text = _TEXTS.get(top, ("", "")) if isinstance(top, ModuleOp) else ("", "")
+    with _quoting_text(filename, text):
+        yield
+
+
+@contextmanager
+def _quoting_text(filename: str, text: str) -> Iterator[None]:
+    try:
+        yield
+    except DiagnosticError as exc:
+        if exc.sources is None:
+            exc.sources = SourceManager(from_disk=True)
+        if filename:
+            exc.sources.add(filename, text)
+        raise
+
+
+#: How a tool's user names a graph; the Python API says `graph='name'` instead.
+CHOOSE_FLAG = "--graph @name"
+CHOOSE_KEYWORD = "graph='name'"
+
+
+def select_graph(module: ModuleOp, name: str | None = None, how: str = CHOOSE_FLAG) -> GraphOp:
+    """The graph `@name` (the leading `@` is optional), or the only graph of the module; `how`
+    is how the caller's user chooses one, for the message when the choice is missing."""
     graphs = [op for op in module.walk() if isinstance(op, GraphOp)]
     if name is None:
         if len(graphs) != 1:
             names = ", ".join(f"@{g.graph_name}" for g in graphs) or "none"
             raise DiagnosticError.simple(
-                f"the document has {len(graphs)} graphs ({names}); choose one with --graph @name"
+                f"the document has {len(graphs)} graphs ({names}); choose one with {how}"
             )
         return graphs[0]
     wanted = name.removeprefix("@")
     for graph in graphs:
         if graph.graph_name == wanted:
             return graph
-    raise DiagnosticError.simple(f"no graph named @{wanted} in the document")
+    hint = did_you_mean(f"@{wanted}", [f"@{g.graph_name}" for g in graphs])
+    raise DiagnosticError.simple(f"no graph named @{wanted} in the document{hint}")
 
 
-def checked_graph(module: ModuleOp, name: str | None = None) -> GraphOp:
+def checked_graph(module: ModuleOp, name: str | None = None, how: str = CHOOSE_FLAG) -> GraphOp:
     """The graph to run (see `select_graph`), checked as verify-structure and infer-shapes
     would, with omitted shapes filled in. Other graphs of the document are left alone, so one
     broken graph does not stop its neighbours from running."""
     from tlc.dialect.verify import infer_graph_shapes
 
-    graph = select_graph(module, name)
+    graph = select_graph(module, name, how)
     for node, shape in zip(graph.nodes, infer_graph_shapes(graph), strict=True):
         if node.declared_shape is None:
             node.set_declared_shape(shape)
@@ -78,13 +148,49 @@ def resolve_payload(
 
 
 def choose(
-    source: str | ModuleOp, graph: str | None, payload: Payload | Mapping[str, Any] | str | None
+    source: Source, graph: str | None, payload: Payload | Mapping[str, Any] | str | None
 ) -> tuple[GraphOp, Payload]:
-    """Parse `source` if it is text, then the checked graph `graph` (see `checked_graph`) and the
-    payload to run it with (see `resolve_payload`): what every Python entry point starts with."""
+    """Parse `source` if it is text or a path (see `as_module`), then the checked graph `graph`
+    (see `checked_graph`) and the payload to run it with (see `resolve_payload`; a `Traced`
+    brings its own): what every Python entry point starts with."""
+    from tlc.semantics.program import Traced
+
     module = as_module(source)
-    chosen = checked_graph(module, graph)
-    return chosen, resolve_payload(module, chosen, payload)
+    if isinstance(source, Traced) and payload is None:
+        payload = source.payload
+    with quoting(module):
+        chosen = checked_graph(module, graph, CHOOSE_KEYWORD)
+        return chosen, resolve_payload(module, chosen, payload)
+
+
+#: The scalar types of the reference semantics and of compiled code, by their short names.
+DTYPE_NAMES: dict[str, type] = {"f64": np.float64, "f32": np.float32}
+
+
+def scalar_type(dtype: Any = "f64", arithmetic: str | None = None) -> type:
+    """The numpy float type the Python API's `dtype` names: "f64"/"f32", `np.float64`/
+    `np.float32` or their `np.dtype`. `arithmetic` is the keyword `tlc.run` and `tlc.ibp` used
+    to take; it still works, with a DeprecationWarning. A bad value is a ValueError listing the
+    choices (an argument error, not a diagnostic about the document)."""
+    if arithmetic is not None:
+        warnings.warn(
+            "the arithmetic= keyword is deprecated; use dtype= (same values)",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        dtype = arithmetic
+    try:
+        scalar = np.dtype(DTYPE_NAMES.get(dtype, dtype) if isinstance(dtype, str) else dtype).type
+    except TypeError:
+        scalar = None
+    if scalar not in DTYPE_NAMES.values():
+        raise ValueError(f"dtype must be 'f64' or 'f32' (or numpy.float64/float32), got {dtype!r}")
+    return scalar
+
+
+def dtype_name(scalar: type) -> str:
+    """ "f64" or "f32": the name of a type `scalar_type` returned."""
+    return next(name for name, t in DTYPE_NAMES.items() if t is scalar)
 
 
 def dtype_of(arithmetic: str) -> type:
@@ -95,6 +201,15 @@ def dtype_of(arithmetic: str) -> type:
     if arithmetic not in DTYPES:
         raise ValueError(f"arithmetic must be one of {', '.join(DTYPES)}, got {arithmetic!r}")
     return DTYPES[arithmetic]
+
+
+def as_array(x: Any) -> np.ndarray:
+    """The one rule by which the Python API reads an input value: anything `numpy.asarray`
+    takes (numbers, nested lists, numpy arrays of any real dtype) or a torch tensor (detached,
+    moved to the CPU), as float64; the entry point then rounds it to its own `dtype`."""
+    if hasattr(x, "detach") and hasattr(x, "cpu"):  # a torch.Tensor, without importing torch
+        x = x.detach().cpu().numpy()
+    return np.asarray(x, dtype=np.float64)
 
 
 def parse_input_text(text: str) -> np.ndarray:
@@ -146,11 +261,11 @@ def shape_single_input(graph: GraphOp, x: Any, what: str = "input") -> Any:
         return x
     declared = inputs[0].declared_shape
     assert declared is not None, "infer-shapes fills in every shape"
-    return shape_input(np.asarray(x, dtype=np.float64), declared, what)
+    return shape_input(as_array(x), declared, what)
 
 
 def prepare(
-    source: str | ModuleOp,
+    source: Source,
     x: Any,
     payload: Payload | Mapping[str, Any] | str | None,
     graph: str | None,
@@ -162,7 +277,7 @@ def prepare(
 
 
 def run(
-    source: str | ModuleOp,
+    source: Source,
     x: Any,
     payload: Payload | Mapping[str, Any] | str | None = None,
     arithmetic: str = "f64",
@@ -177,4 +292,5 @@ def run(
 
     dtype = dtype_of(arithmetic)
     chosen, records, x = prepare(source, x, payload, graph)
-    return interpret(chosen, records, x, dtype)
+    with quoting(chosen):
+        return interpret(chosen, records, x, dtype)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from xdsl.dialects.builtin import ModuleOp
@@ -31,6 +31,9 @@ from tlc.semantics.capsules import (
     find_capsule,
     rejection,
 )
+
+if TYPE_CHECKING:
+    from tlc.api.evaluate import Source
 
 Kernel = Callable[[list[np.ndarray]], np.ndarray]
 Prepare = Callable[[NodeOp, list[Shape], "dict[str, np.ndarray] | None", Any], Kernel]
@@ -243,25 +246,27 @@ def execute_plan(graph: GraphOp, payload: Payload | None, x: Any, dtype: Any = n
 
 
 def plan_module(
-    source: str | ModuleOp,
+    source: Source,
     device: str = "cpu",
     provider: str = "auto",
     allow_trusted_external: bool = False,
 ) -> ModuleOp:
     """`tlc.plan`: check the document (structure, shapes) and attach a kernel plan to each graph."""
-    from tlc.api.evaluate import as_module
+    from tlc.api.evaluate import as_module, quoting
     from tlc.frontends.text import context
     from tlc.passes.infer_shapes import InferShapesPass
     from tlc.passes.select_kernels import SelectKernelsPass
 
     module = as_module(source)
-    for pass_ in (InferShapesPass(), SelectKernelsPass(device, provider, allow_trusted_external)):
-        pass_.apply(context(), module)
+    select = SelectKernelsPass(device, provider, allow_trusted_external)
+    with quoting(module):
+        for pass_ in (InferShapesPass(), select):
+            pass_.apply(context(), module)
     return module
 
 
 def run_plan(
-    source: str | ModuleOp,
+    source: Source,
     x: Any,
     payload: Any = None,
     arithmetic: str = "f64",
@@ -269,8 +274,9 @@ def run_plan(
 ) -> Any:
     """`tlc.execute_plan`: like `tlc.run`, but each node runs on the kernel its plan selected.
     `x` must have the input node's shape (or be `{node id: value}` for several inputs)."""
-    from tlc.api.evaluate import choose, dtype_of
+    from tlc.api.evaluate import choose, dtype_of, quoting
 
     dtype = dtype_of(arithmetic)
     chosen, records = choose(source, graph, payload)
-    return execute_plan(chosen, records, x, dtype)
+    with quoting(chosen):
+        return execute_plan(chosen, records, x, dtype)

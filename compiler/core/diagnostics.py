@@ -7,6 +7,9 @@ them with a `SourceManager` and exit 1. A diagnostic knows its location (from th
 
 from __future__ import annotations
 
+import difflib
+import linecache
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cache
 
@@ -54,6 +57,15 @@ class DiagnosticError(Exception):
     def __init__(self, *diagnostics: Diagnostic):
         super().__init__("\n".join(d.message for d in diagnostics))
         self.diagnostics = list(diagnostics)
+        #: The texts the diagnostics point into, when known (the Python API sets it), so that
+        #: `str(exc)` quotes the source line with a caret as the tools print it.
+        self.sources: SourceManager | None = None
+
+    def __str__(self) -> str:
+        """The diagnostics as the tools print them: `file:line:col: error: message`, then the
+        source line and a caret where the text is known."""
+        manager = self.sources or SourceManager(from_disk=True)
+        return "\n".join(manager.render(d) if d.location else d.message for d in self.diagnostics)
 
     @classmethod
     def simple(cls, message: str) -> DiagnosticError:
@@ -67,11 +79,23 @@ def error(message: str, where: Operation | Location | None = None) -> Diagnostic
     return DiagnosticError(Diagnostic("error", message, loc))
 
 
-class SourceManager:
-    """Remembers source texts by file name so diagnostics can quote the offending line."""
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """`; did you mean 'sigmoid'?` when a known name is close to a misspelt `word` (difflib's
+    ratio >= 0.6, as the standard library's own NameError hints), else the empty string: the
+    tail every "unknown X" message appends."""
+    close = difflib.get_close_matches(word, list(choices), n=1)
+    return f"; did you mean '{close[0]}'?" if close else ""
 
-    def __init__(self) -> None:
+
+class SourceManager:
+    """Remembers source texts by file name so diagnostics can quote the offending line.
+
+    `from_disk`: quote files it was not given from disk (Python API errors, where no tool read
+    the text); the tools give it every text they read and quote nothing else."""
+
+    def __init__(self, from_disk: bool = False) -> None:
         self._lines: dict[str, list[str]] = {}
+        self._from_disk = from_disk
 
     def add(self, name: str, text: str) -> None:
         self._lines[name] = text.splitlines()
@@ -86,8 +110,14 @@ class SourceManager:
         if loc is None:
             return f"{diag.severity}: {diag.message}"
         head = f"{loc}: {diag.severity}: {diag.message}"
-        lines = self._lines.get(loc.file)
-        if lines is None or not 1 <= loc.line <= len(lines):
+        source = self._line(loc)
+        if source is None:
             return head
-        source = lines[loc.line - 1]
         return f"{head}\n{source}\n{' ' * (loc.col - 1)}^"
+
+    def _line(self, loc: Location) -> str | None:
+        lines = self._lines.get(loc.file)
+        if lines is None:
+            line = linecache.getline(loc.file, loc.line) if self._from_disk else ""
+            return line.rstrip("\n") if line else None
+        return lines[loc.line - 1] if 1 <= loc.line <= len(lines) else None

@@ -107,9 +107,30 @@ class _LocatingParser(Parser):
         return op
 
 
+def decode_source(data: bytes, name: str) -> str:
+    """The text of a document read as bytes; bytes that are not UTF-8 are an error located at
+    the first bad one."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        col = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
+        where = Location(name, line, col)
+        raise error(f"invalid UTF-8 (byte 0x{data[exc.start]:02x})", where) from None
+
+
+def read_document(path: str) -> str:
+    """The text of the document at `path`; an unreadable file is a diagnostic naming it."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as exc:
+        raise DiagnosticError.simple(f"cannot read '{path}': {exc.strerror}") from None
+    return decode_source(data, path)
+
+
 def parse_file(path: str) -> ModuleOp:
-    with open(path, encoding="utf-8") as f:
-        return parse_source(f.read(), path)
+    return parse_source(read_document(path), path)
 
 
-__all__ = ["DiagnosticError", "context", "parse_file", "parse_source"]
+__all__ = ["DiagnosticError", "context", "parse_file", "parse_source", "read_document"]

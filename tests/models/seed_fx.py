@@ -1,4 +1,4 @@
-"""The seed's FX example (class G, reference/seed-graph-ir.txt), formatted, plus a factory."""
+"""The seed's FX example (its class G, from TorchLean's import documentation), plus a factory."""
 
 import torch
 import torch.nn as nn
