@@ -213,7 +213,7 @@ def test_refusals_name_the_node_and_op_type() -> None:
     odd = make_model([helper.make_node("Relu", ["x"], ["y"], foo=1)], [("x", (3,))], "y")
     assert _refusal(odd) == (
         "ONNX import: '<onnx model>' is not a valid ONNX model: Unrecognized attribute: foo for "
-        "operator Relu"
+        "operator Relu ==> Context: Bad node spec for node. Name: OpType: Relu"
     )
     symbolic = make_model([helper.make_node("Relu", ["x"], ["y"])], [("x", ("N", 3))], "y")
     assert _refusal(symbolic) == (

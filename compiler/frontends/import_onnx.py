@@ -709,10 +709,11 @@ def from_onnx(
 ) -> Traced:
     """Import an ONNX model (a path or a `ModelProto`): a `Traced` (module, graph, payload)."""
     model, where = load_model(source)
-    model = prepare(model, where, MIN_OPSET, input_shapes)
+    prepared = prepare(model, where, MIN_OPSET, input_shapes)
+    model = prepared.model  # large initializers are stubs: their values are in `initializers`
     opset = opset_of(model)
     graph = model.graph
-    initializers = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+    initializers = prepared.initializers()
     inputs = [i for i in graph.input if i.name not in initializers]
     if input_shapes is not None and len(input_shapes) != len(inputs):
         raise import_error(

@@ -27,6 +27,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from math import prod
 
 import numpy as np
 import onnx
@@ -43,8 +45,13 @@ NOT_FOLDED = frozenset(
     {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial",
      "Bernoulli", "If", "Loop", "Scan", "SequenceMap"}
 )  # fmt: skip
+#: Initializers larger than this are held aside as arrays while the model is prepared.
+HELD_ELEMENTS = 4096
+HELD_LOCATION = "tlc-held-aside"
 #: Folding rounds (fold, re-infer shapes, fold again) before giving up on a fixed point.
 MAX_ROUNDS = 8
+#: The longest message from the checker or the converter a diagnostic quotes.
+MESSAGE_CHARS = 300
 #: How many node names a line of the unsupported-op report shows.
 NAMES_SHOWN = 5
 
@@ -54,43 +61,103 @@ def prepare(
     where: str,
     min_opset: int,
     input_shapes: Sequence[Shape] | None = None,
-) -> onnx.ModelProto:
+) -> Prepared:
     """`model` checked, converted to at least `min_opset`, with the given input shapes, shapes
     inferred and constant subgraphs folded (see the module docstring). `where` names the model
-    in diagnostics; the caller's model is never modified."""
-    check(model, where)
-    model = convert(model, where, min_opset)
+    in diagnostics; the caller's model is never modified.
+
+    The checker, the converter and shape inference each serialise the whole model, so large
+    initializers (weights) are held aside as arrays (`Held`) and stay there: the importer reads
+    them as arrays."""
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    held = Held(copy)
+    check(held.skeleton(copy), where)
+    model = convert(copy, where, min_opset)
     if input_shapes is not None:
         fix_input_shapes(model, input_shapes)
     for _ in range(MAX_ROUNDS):
         model = infer(model)
-        if not fold(model):
+        if not fold(model, held):
             break
-    return model
+    return Prepared(model, held)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A prepared model whose large initializers are stubs, with their values in `held`."""
+
+    model: onnx.ModelProto
+    held: Held
+
+    def initializers(self) -> dict[str, np.ndarray]:
+        return {t.name: self.held.value(t) for t in self.model.graph.initializer}
+
+
+class Held:
+    """Initializers of more than `HELD_ELEMENTS` elements, as arrays by name, while their
+    TensorProtos in the model are stubs (dims and type, data marked external) that the
+    converter and shape inference carry along without copying the data."""
+
+    def __init__(self, model: onnx.ModelProto):
+        self.arrays: dict[str, np.ndarray] = {}
+        for tensor in model.graph.initializer:
+            if prod(tensor.dims) > HELD_ELEMENTS:
+                self.arrays[tensor.name] = numpy_helper.to_array(tensor)
+                self.stub(tensor)
+
+    @staticmethod
+    def stub(tensor: onnx.TensorProto) -> None:
+        for data in ("raw_data", "float_data", "double_data", "int32_data", "int64_data"):
+            tensor.ClearField(data)
+        del tensor.external_data[:]
+        entry = tensor.external_data.add()
+        entry.key, entry.value = "location", HELD_LOCATION
+        tensor.data_location = onnx.TensorProto.EXTERNAL
+
+    def tensor(self, name: str, value: np.ndarray) -> onnx.TensorProto:
+        """An initializer for a (folded) value: a stub where the value is large."""
+        if value.size <= HELD_ELEMENTS:
+            return numpy_helper.from_array(value, name)
+        self.arrays[name] = value
+        tensor = onnx.TensorProto(
+            name=name, dims=value.shape, data_type=helper.np_dtype_to_tensor_dtype(value.dtype)
+        )
+        self.stub(tensor)
+        return tensor
+
+    def value(self, tensor: onnx.TensorProto) -> np.ndarray:
+        held = self.arrays.get(tensor.name)
+        return numpy_helper.to_array(tensor) if held is None else held
+
+    def skeleton(self, model: onnx.ModelProto) -> onnx.ModelProto:
+        """What the checker sees: the model with held initializers as graph inputs."""
+        skeleton = onnx.ModelProto()
+        skeleton.CopyFrom(model)
+        graph = skeleton.graph
+        listed = {i.name for i in graph.input}
+        stubs = [t for t in graph.initializer if t.name in self.arrays]
+        kept = [t for t in graph.initializer if t.name not in self.arrays]
+        del graph.initializer[:]
+        graph.initializer.extend(kept)
+        graph.input.extend(helper.make_tensor_value_info(t.name, t.data_type, t.dims)
+                           for t in stubs if t.name not in listed)  # fmt: skip
+        return skeleton
 
 
 def check(model: onnx.ModelProto, where: str) -> None:
-    """Raise the checker's first complaint as a diagnostic. Graph inputs and outputs without a
-    shape field (unknown rank, which exporters and ONNX Runtime accept although the IR spec asks
-    for one) are not complained about: the checker sees them with an empty shape, which is
-    removed again afterwards."""
-    shapeless = [
-        info.type.tensor_type
-        for info in [*model.graph.input, *model.graph.output]
-        if info.type.HasField("tensor_type") and not info.type.tensor_type.HasField("shape")
-    ]
-    for tensor in shapeless:
-        tensor.shape.SetInParent()
+    """Raise the checker's first complaint as a diagnostic (the model is ours to change).
+    Graph inputs and outputs without a shape field (unknown rank, which exporters and ONNX
+    Runtime accept although the IR spec asks for one) are not complained about: the checker
+    sees them with an empty shape."""
+    for info in [*model.graph.input, *model.graph.output]:
+        if info.type.HasField("tensor_type") and not info.type.tensor_type.HasField("shape"):
+            info.type.tensor_type.shape.SetInParent()
     try:
         onnx.checker.check_model(model)
     except onnx.checker.ValidationError as exc:
-        message = f"'{where}' is not a valid ONNX model: {_first_line(exc)}"
+        message = f"'{where}' is not a valid ONNX model: {_one_line(exc)}"
         raise import_error(PREFIX, message) from None
-    except ValueError:  # a model over protobuf's 2 GB limit cannot be checked in memory
-        pass
-    finally:
-        for tensor in shapeless:
-            tensor.ClearField("shape")
 
 
 def opset_of(model: onnx.ModelProto) -> int:
@@ -101,7 +168,7 @@ def opset_of(model: onnx.ModelProto) -> int:
 
 
 def convert(model: onnx.ModelProto, where: str, min_opset: int) -> onnx.ModelProto:
-    """The model at opset `min_opset` if it is older (a copy), else the model itself."""
+    """The model at opset `min_opset` if it is older (a converted copy), else the model."""
     opset = opset_of(model)
     if opset >= min_opset:
         return model
@@ -112,7 +179,7 @@ def convert(model: onnx.ModelProto, where: str, min_opset: int) -> onnx.ModelPro
             PREFIX,
             f"'{where}' is opset {opset}; the importer maps opset {min_opset} and later, and "
             f"onnx.version_converter could not convert it to opset {min_opset}: "
-            f"{_first_line(exc)}",
+            f"{_one_line(exc)}",
         ) from None
     return converted
 
@@ -148,22 +215,23 @@ def infer(model: onnx.ModelProto) -> onnx.ModelProto:
         return model
 
 
-def fold(model: onnx.ModelProto) -> bool:
+def fold(model: onnx.ModelProto, held: Held) -> bool:
     """Fold the model's constant subgraphs in place (see the module docstring); whether
     anything changed."""
     graph = model.graph
-    constants = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+    constants = {t.name: held.value(t) for t in graph.initializer}
     fed = {i.name for i in graph_inputs(model)}
     shapes = _static_shapes(model)
     outputs = {o.name for o in graph.output}
     opset = opset_of(model)
+    read = {name for node in graph.node for name in node.input} | outputs
     alias: dict[str, str] = {}
     kept: list[onnx.NodeProto] = []
     changed = False
     for node in graph.node:
         for i, name in enumerate(node.input):
             node.input[i] = alias.get(name, name)
-        source = _pass_through(node, constants)
+        source = _pass_through(node, constants, read)
         if source is not None and node.output[0] not in outputs:
             alias[node.output[0]] = source
             changed = True
@@ -181,9 +249,7 @@ def fold(model: onnx.ModelProto) -> bool:
     graph.node.extend(kept)
     del graph.initializer[:]
     graph.initializer.extend(
-        numpy_helper.from_array(np.asarray(value), name)
-        for name, value in constants.items()
-        if name in used
+        held.tensor(name, np.asarray(value)) for name, value in constants.items() if name in used
     )
     # Inputs that were initializers (IR < 4) and are no longer read go with them.
     kept_inputs = [i for i in graph.input if i.name in fed or i.name in used]
@@ -193,14 +259,17 @@ def fold(model: onnx.ModelProto) -> bool:
     return True
 
 
-def _pass_through(node: onnx.NodeProto, constants: Mapping[str, np.ndarray]) -> str | None:
-    """The input an Identity or inference-mode Dropout passes on unchanged, if it is one."""
+def _pass_through(
+    node: onnx.NodeProto, constants: Mapping[str, np.ndarray], read: set[str]
+) -> str | None:
+    """The input an Identity or inference-mode Dropout (whose mask nothing reads) passes on
+    unchanged, if the node is one."""
     if node.domain not in ("", "ai.onnx") or not node.input or not node.input[0]:
         return None
     if node.op_type == "Identity":
         return node.input[0]
-    if node.op_type != "Dropout" or any(o for o in node.output[1:]):
-        return None  # the mask output is read: not a plain pass-through
+    if node.op_type != "Dropout" or any(o in read for o in node.output[1:]):
+        return None
     training = node.input[2] if len(node.input) > 2 and node.input[2] else None
     if training is not None and (training not in constants or bool(constants[training])):
         return None
@@ -303,9 +372,10 @@ def _nodes(names: list[str]) -> str:
     return f"{len(names)} node{'s' if len(names) > 1 else ''} ({shown}{more})"
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+def _one_line(exc: BaseException) -> str:
+    """An exception's message on one line (the checker's span several), at most `MESSAGE_CHARS`."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= MESSAGE_CHARS else text[: MESSAGE_CHARS - 3] + "..."
 
 
-__all__ = ["UnsupportedNodes", "opset_of", "prepare", "unsupported_report"]
+__all__ = ["Prepared", "UnsupportedNodes", "opset_of", "prepare", "unsupported_report"]
