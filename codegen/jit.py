@@ -57,7 +57,11 @@ def jit_link(ir_text: str, symbols: list[str], target: Target = HOST) -> llvm.Re
             f"cannot run code for target {target.describe()} here: this CPU lacks "
             f"{', '.join(missing)} (use tlc-compile to build a library for it)"
         )
-    obj = emit_object(compile_ir(ir_text, target), target)
+    return link_object(emit_object(compile_ir(ir_text, target), target), symbols, target)
+
+
+def link_object(obj: bytes, symbols: list[str], target: Target = HOST) -> llvm.ResourceTracker:
+    """Link object code into the process-wide JIT of `target` (see `jit_link`)."""
     builder = llvm.JITLibraryBuilder().add_object_img(obj).add_current_process()
     for symbol in symbols:
         builder.export_symbol(symbol)

@@ -10,6 +10,7 @@ different order: rtol 1e-12.
 from __future__ import annotations
 
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -114,3 +115,22 @@ def test_tlc_compile_with_an_embedded_payload(
     assert "params" not in out.with_suffix(".h").read_text()
     x = np.array([0.3, -0.2, 0.1, 0.4])
     np.testing.assert_allclose(tlc.load(str(out))(x), reference(source, payload, x), rtol=1e-12)
+
+
+def test_the_docs_compile_time_commands_run() -> None:
+    """docs/codegen.md's resnet_2b command with the payload by pointer, as written (the
+    others differ only in the bake limit or the model, and vgg11's takes half a minute)."""
+    root = Path(__file__).parent.parent
+    text = (root / "docs" / "codegen.md").read_text(encoding="utf-8")
+    commands = [line.split() for line in text.splitlines()
+                if line.startswith("python bench/compile_time.py")]  # fmt: skip
+    assert len(commands) == 3
+    for command in commands:
+        if "--by-pointer" not in command:
+            continue
+        done = subprocess.run([sys.executable, *command[1:]], cwd=root, capture_output=True,
+                              text=True, check=False)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert "resnet_2b (0.23 M parameters, float64, payload " in done.stdout
+        error = float(done.stdout.split("max error relative to max |output|: ")[1])
+        assert error < 1e-12
