@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("onnx")
 
-from tlc.frontends.onnx_models import model_name, model_paths, run_model  # noqa: E402
+from tlc.frontends.onnx_models import model_name, model_paths, report, run_model  # noqa: E402
 
 #: (models, import, match f64, match f32) per collection, as measured; never lowered.
 PYTORCH_COUNTS = {"pytorch-converted": (82, 56, 56, 56), "pytorch-operator": (35, 21, 21, 16)}
@@ -36,6 +36,8 @@ def test_pytorch_sets(collection: str) -> None:
     assert sum(r.imported for r in results) >= imported
     assert sum(bool(r.match64) for r in results) >= match64
     assert sum(bool(r.match32) for r in results) >= match32
+    table = report(results).splitlines()
+    assert table[2].startswith(f"| {collection} | {models} | ")
     for r in results:
         assert r.imported or r.reasons, f"{r.name} refused without a reason"
         if r.imported:

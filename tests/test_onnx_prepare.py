@@ -120,7 +120,7 @@ def test_constants_casts_and_identities_fold() -> None:
         helper.make_node("Identity", ["k64"], ["k2"]),
         helper.make_node("Mul", ["k2", "k2"], ["sq"]),
         helper.make_node("Identity", ["x"], ["xi"]),
-        helper.make_node("Dropout", ["xi", "", "train"], ["xd"]),
+        helper.make_node("Dropout", ["xi", "", "train"], ["xd", "mask"]),  # mask unread
         helper.make_node("Add", ["xd", "sq"], ["y"]),
     ]
     m = model(nodes, [("x", (4,))], initializers=[("train", np.array(False))])
