@@ -50,6 +50,16 @@ def ibp(
     return propagate(source_or_module, x, radius, payload, graph, arithmetic)
 
 
+def bounds(source_or_module: Any, lo: Any = None, hi: Any = None, **options: Any) -> Any:
+    """Sound bounds of the output over an input box: `lo`/`hi` or `center=`/`radius=` (a number
+    or per coordinate), a batch of boxes with a leading axis; `C=` a specification matrix,
+    `method=` "ibp" | "crown" | "crown-ibp", `dtype=` "f64" | "f32". Returns `.lower`, `.upper`,
+    `.node(k)`. See docs/verification.md."""
+    from tlc.api.bounds import bounds as compute
+
+    return compute(source_or_module, lo, hi, **options)
+
+
 def check_samples(
     source_or_module: str | ModuleOp,
     x: Any,
