@@ -282,7 +282,7 @@ def build_graph_module(
 def bakes_payload(graph: GraphOp, dtype: type = np.float64) -> bool:
     """Whether `graph`'s payload fields fit in `BAKE_LIMIT` bytes of `dtype`, so a build
     bakes them into the code."""
-    slots = _param_slots(graph, infer_graph_shapes(graph))
+    slots = _param_slots(graph, graph_shapes(graph))
     return sum(numel(s.shape) for s in slots) * np.dtype(dtype).itemsize <= BAKE_LIMIT
 
 
