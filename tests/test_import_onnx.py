@@ -274,7 +274,10 @@ def test_leaky_relu_alpha_is_the_negative_slope() -> None:
     assert first.meta("negative_slope") == float(np.float32(0.2))
     assert second.meta("negative_slope") == float(np.float32(0.01))
     odd = make_model([helper.make_node("LeakyRelu", ["x"], ["y"], beta=1.0)], [("x", (3,))], "y")
-    assert _refusal(odd) == "ONNX import: node #0 (LeakyRelu): unsupported attribute 'beta'"
+    assert _refusal(odd) == (
+        "ONNX import: '<onnx model>' is not a valid ONNX model: Unrecognized attribute: beta for "
+        "operator LeakyRelu ==> Context: Bad node spec for node. Name: OpType: LeakyRelu"
+    )
 
 
 def test_unreadable_file_is_a_diagnostic(tmp_path: Path) -> None:

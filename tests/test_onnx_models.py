@@ -2,7 +2,7 @@
 (opsets 6-12): the counts docs/onnx-models.md reports, which may only grow.
 
 Tolerance: ONNX's backend-test rtol 1e-3, atol 1e-7 against the stored float32/float64 outputs
-(`tlc.frontends.onnx_models.RTOL`/`ATOL`); every model that imports must match in float64.
+(`tlc.tools.onnx_models.RTOL`/`ATOL`); every model that imports must match in float64.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("onnx")
 
-from tlc.frontends.onnx_models import model_name, model_paths, report, run_model  # noqa: E402
+from tlc.tools.onnx_models import model_name, model_paths, report, run_model  # noqa: E402
 
 #: (models, import, match f64, match f32) per collection, as measured; never lowered.
 PYTORCH_COUNTS = {"pytorch-converted": (82, 56, 56, 56), "pytorch-operator": (35, 21, 21, 16)}

@@ -9,7 +9,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from tlc.frontends.onnx_models import model_name, model_paths
+from tlc.tools.onnx_models import model_name, model_paths
 
 
 def nhwc() -> onnx.ModelProto:

@@ -15,7 +15,7 @@ stored values need not fit float32) in float32, and compared at `RTOL`/`ATOL` (O
 backend-test tolerances; NaN matches NaN). A refused model records each reason: every gap an
 unsupported-nodes report lists (`LRN`, `MaxPool attribute 'foo'`) or the diagnostic's text.
 
-    python -m tlc.frontends.onnx_models            # the markdown of docs/onnx-models.md
+    python -m tlc.tools.onnx_models            # the markdown of docs/onnx-models.md
 
 tests/test_onnx_models.py keeps the counts (they may only grow).
 """
