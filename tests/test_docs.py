@@ -12,7 +12,8 @@ A fenced block is run according to what it holds:
   tag (```text, ```tlir, ```c, ```mlir, ```asm): an untagged block that is not a session fails.
 
 A block preceded by `<!-- norun: REASON -->` is skipped; only the installation commands carry it
-(they are what `.ci/run` itself runs before this test, and the test command would recurse).
+(they are what `.ci/run` itself runs before this test, and the test command would recurse), and
+long runs whose work a named test already does (the reason names it).
 
 Blocks run in a scratch directory holding links to the repository's `examples/`, `tests/` and
 `bench/`, so `examples/mlp.tlir` resolves and files a command writes (`-o libmlp.so`) land in the
