@@ -35,9 +35,6 @@ import pytest
 ROOT = Path(__file__).parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 FENCE = re.compile(r"^(<!-- norun: [^>]+ -->\n)?```(\w*)\n(.*?)^```$", re.M | re.S)
-#: Pages merged from other branches whose blocks do not follow these conventions yet (an
-#: untagged listing, codegen.md's `$ tlc-opt FILE ...`): to be converted, the skip names them.
-ELSEWHERE = {"docs/codegen.md", "docs/verification.md"}
 READ_ONLY = {"text", "tlir", "c", "mlir", "asm", "llvm"}
 CHECKER = doctest.OutputChecker()
 FLAGS = doctest.ELLIPSIS
@@ -150,8 +147,6 @@ def run_block(block: Block, cwd: Path, namespace: dict[str, object]) -> None:
 
 @pytest.mark.parametrize("path", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
 def test_doc_blocks_run(path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    if str(path.relative_to(ROOT)) in ELSEWHERE:
-        pytest.skip(f"{path.relative_to(ROOT)}: blocks not yet converted to these conventions")
     cwd = scratch(tmp_path)
     monkeypatch.chdir(cwd)
     namespace: dict[str, object] = {"__name__": "__doc__"}
