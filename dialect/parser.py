@@ -13,7 +13,6 @@ import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import cache
-from importlib.resources import files
 from typing import Any
 
 import numpy as np
@@ -24,6 +23,7 @@ from xdsl.dialects.builtin import DenseIntOrFPElementsAttr, ModuleOp, TensorType
 from xdsl.ir import Operation, SSAValue
 
 from tlc.core.diagnostics import DiagnosticError, Location, error
+from tlc.dialect.grammar import build_parser
 from tlc.dialect.metadata import MAX_INT, MetadataError, check_value
 from tlc.dialect.ops import GraphOp, NodeOp, OutputOp, PayloadOp, RecordOp
 from tlc.dialect.plan import Policy, check_policy_field, set_kernel, set_policy
@@ -33,12 +33,7 @@ from tlc.dialect.registry import OPS_BY_TAG
 
 @cache
 def _lark() -> Lark:
-    # cache=True keeps the LALR tables in the temp dir (keyed by a hash of the grammar), which
-    # takes ~0.2 s off every tool start.
-    grammar = files("tlc.dialect").joinpath("tlir.lark").read_text()
-    return Lark(
-        grammar, parser="lalr", propagate_positions=True, maybe_placeholders=True, cache=True
-    )
+    return build_parser()
 
 
 def parse_tlir(text: str, filename: str = "<stdin>", line_offset: int = 0) -> ModuleOp:
