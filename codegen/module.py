@@ -27,6 +27,7 @@ from xdsl.dialects.builtin import ModuleOp
 from tlc.codegen.builder import I32, I64, Buf, KernelBuilder, Status, scalar_type
 from tlc.codegen.lower import LOWERINGS, UNSUPPORTED, ParamSpec, Step
 from tlc.core.diagnostics import error
+from tlc.core.limits import LimitError, check_bytes
 from tlc.core.payload import Payload, Record
 from tlc.dialect import ops
 from tlc.dialect.ops import GraphOp, NodeOp
@@ -160,6 +161,7 @@ def build_graph_module(
     """Check `graph` and its payload, and emit its module (see the module docstring)."""
     shapes = infer_graph_shapes(graph)
     check_lowerable(graph)
+    _check_addressable(graph, shapes, np.dtype(dtype).itemsize, batch)
     # A runtime-payload build needs no values, but checks any it is given.
     records = (
         {}
@@ -271,6 +273,21 @@ def _param_slots(graph: GraphOp, shapes: list[Shape]) -> list[ParamSlot]:
     return slots
 
 
+def _check_addressable(
+    graph: GraphOp, shapes: list[Shape], itemsize: int, batch: int | None
+) -> None:
+    """Every buffer the code will compute a size or offset for fits in its signed 64-bit
+    arithmetic (`tlc.core.limits.MAX_BYTES`); a [2^61] tensor of doubles would otherwise wrap
+    to malloc(0) and the call would write past it. The workspace total is checked by
+    `_Workspace`."""
+    rows = batch or 1
+    for node in graph.nodes:
+        try:
+            check_bytes(numel(shapes[node.id]) * rows, itemsize, f"codegen: node {node.id}")
+        except LimitError as exc:
+            raise error(str(exc), node) from None
+
+
 def _aligned(elements: int, itemsize: int) -> int:
     """`elements` rounded up so the next region starts on an ALIGN boundary."""
     return -(-max(elements, 1) * itemsize // ALIGN) * ALIGN // itemsize
@@ -336,6 +353,10 @@ class _Workspace:
             if extra:
                 self.scratch_offsets[node.id] = (total, extra)
                 total += _aligned(extra, itemsize)
+        try:
+            check_bytes(total, itemsize, f"codegen: graph @{graph.graph_name}: workspace")
+        except LimitError as exc:
+            raise error(str(exc), graph) from None
         self.shapes = shapes
         self.memory = Allocation(k, total)
 

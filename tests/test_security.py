@@ -126,3 +126,19 @@ def test_out_buffers_the_code_cannot_write_are_refused(tmp_path: Path) -> None:
         entry(X0, out=np.zeros(2))
     out = np.zeros(())
     assert entry(X0, out=out) is out and f"{float(out):.6f}" == MLP_AT_X0
+
+
+def test_batch_beyond_64_bits_is_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The reproducer: `--batch 100000000000000000000` wrapped at 2^64 silently. Too large for
+    the row counter is a usage error (exit 2); a batch whose buffers compiled code cannot
+    address is a diagnostic at the node (exit 1)."""
+    out = str(tmp_path / "lib.so")
+    assert compile_main([str(MLP_PATH), "-o", out, "--batch", "100000000000000000000"]) == 2
+    assert "batch size 100000000000000000000 is too large (at most 2^62)" in capsys.readouterr().err
+    assert compile_main([str(MLP_PATH), "-o", out, "--batch", str(2**61)]) == 1
+    assert (
+        "mlp.tlir:3:3: error: codegen: node 0: 73,786,976,294,838,206,464 bytes is more than "
+        "compiled code can address" in capsys.readouterr().err
+    )

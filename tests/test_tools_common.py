@@ -6,6 +6,10 @@ import os
 import subprocess
 from pathlib import Path
 
+import pytest
+
+from tlc.tools.common import run_tool
+
 MLP = Path(__file__).parent.parent / "examples" / "mlp.tlir"
 
 
@@ -25,3 +29,16 @@ def test_closed_stdout_exits_quietly() -> None:
         os.close(write_end)
     assert done.stderr == ""
     assert done.returncode == 1
+
+
+def test_out_of_memory_is_a_diagnostic(capsys: pytest.CaptureFixture[str]) -> None:
+    """Below the element budget the machine can still run out: exit 1 with a message naming
+    the budget, not a traceback."""
+
+    def body() -> int:
+        raise MemoryError
+
+    assert run_tool(body, "tlc-test") == 1
+    assert capsys.readouterr().err == (
+        "error: out of memory (lower TLC_MAX_ELEMENTS to refuse such inputs early)\n"
+    )

@@ -14,6 +14,7 @@ import traceback
 from collections.abc import Callable
 
 from tlc.core.diagnostics import DiagnosticError, Location, SourceManager, error
+from tlc.core.limits import ENV_MAX_ELEMENTS
 
 EXIT_DIAGNOSTICS = 1
 EXIT_INTERNAL = 70
@@ -65,6 +66,13 @@ def run_tool(body: Callable[[], int], prog: str, sources: SourceManager | None =
         manager = sources or SourceManager()
         for diag in exc.diagnostics:
             sys.stderr.write(manager.render(diag) + "\n")
+        return EXIT_DIAGNOSTICS
+    except MemoryError:
+        # Sizes are checked against tlc.core.limits before allocating; this is the machine
+        # running out below the budget, which is a property of the input, not a bug.
+        sys.stderr.write(
+            f"error: out of memory (lower {ENV_MAX_ELEMENTS} to refuse such inputs early)\n"
+        )
         return EXIT_DIAGNOSTICS
     except KeyboardInterrupt:
         return 130

@@ -35,7 +35,7 @@ from tlc.dialect import ops
 from tlc.dialect.ops import GraphOp, NodeOp
 from tlc.dialect.shapes import Shape, numel
 from tlc.dialect.verify import infer_graph_shapes
-from tlc.semantics.interpret import REFERENCE, bind_inputs
+from tlc.semantics.interpret import REFERENCE, bind_inputs, check_sizes
 from tlc.semantics.interval_arith import COMPOSITE_ULPS, F64, LIBM_ULPS, Box, Outward, sanitize
 from tlc.semantics.payload_check import prepare_records
 
@@ -126,6 +126,7 @@ def prepare_ibp(graph: GraphOp, payload: Payload | None, dtype: type = np.float6
     """Check `graph` and `payload` (the same checks and messages as `interpret`) and build each
     node's interval record (`interval_record`), once, for repeated propagation in `dtype`."""
     shapes = infer_graph_shapes(graph)
+    check_sizes(graph, shapes)
     records = prepare_records(graph, payload or Payload(), dtype, shapes)
     steps = [
         _Step(node, INTERVAL.get(type(node)), tuple(node.parent_ids()),

@@ -26,6 +26,7 @@ from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import Operation, SSAValue
 
 from tlc.core.diagnostics import DiagnosticError, Location, error, location_of
+from tlc.core.limits import LimitError, check_elements
 from tlc.core.payload import Payload
 from tlc.dialect.ops import GraphOp
 from tlc.dialect.program_ops import BindOp, CallOp, ParamsOp, ProgramOp
@@ -123,6 +124,11 @@ class Lowered:
 def lower_program(program: ProgramOp) -> Lowered:
     """The graph of `program` (same name), nodes in call order; parameters bound by name."""
     declared = {name: program.shape_of_arg(arg) for name, arg in program.params.items()}
+    for name, shape in [("input", program.shape_of_arg(program.input)), *declared.items()]:
+        try:
+            check_elements(shape, f"program @{program.graph_name}: {name}")
+        except LimitError as exc:
+            raise error(str(exc), program) from None
     builder = GraphBuilder(program.graph_name, program.shape_of_arg(program.input), _where(program))
     run = run_program(
         program, builder, builder.input, {n: Param(n, s) for n, s in declared.items()}
