@@ -50,15 +50,16 @@ def fmt_count(n: int) -> str:
 
 def check_elements(shape: Iterable[int], what: str) -> int:
     """The number of elements of `shape`; `LimitError` if an extent is negative or the count is
-    over the element budget. `what` names the tensor in the message ("node 3", "'1.weight'")."""
+    over the element budget. `what` names the tensor in the message ("node 3"), if not empty."""
     dims = tuple(int(d) for d in shape)
+    prefix = f"{what}: " if what else ""
     if any(d < 0 for d in dims):
-        raise LimitError(f"{what}: negative extent in shape {_fmt(dims)}")
+        raise LimitError(f"{prefix}negative extent in shape {_fmt(dims)}")
     count = prod(dims)
     budget = max_elements()
     if count > budget:
         raise LimitError(
-            f"{what}: tensor of shape {_fmt(dims)} has {fmt_count(count)} elements, over the "
+            f"{prefix}tensor of shape {_fmt(dims)} has {fmt_count(count)} elements, over the "
             f"element budget of {fmt_count(budget)} (set {ENV_MAX_ELEMENTS} to change it)"
         )
     return count

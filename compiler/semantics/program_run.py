@@ -27,6 +27,7 @@ from xdsl.ir import Operation, SSAValue
 
 from tlc.core.diagnostics import DiagnosticError, Location, error, location_of
 from tlc.core.limits import LimitError, check_elements
+from tlc.core.npyio import read_npz
 from tlc.core.payload import Payload
 from tlc.dialect.ops import GraphOp
 from tlc.dialect.program_ops import BindOp, CallOp, ParamsOp, ProgramOp
@@ -156,11 +157,7 @@ def check_program(program: ProgramOp) -> None:
 
 def load_params(path: str) -> dict[str, np.ndarray]:
     """A parameter file: an .npz whose keys are parameter names (`W1`, `b1`, ...)."""
-    try:
-        with np.load(path, allow_pickle=False) as data:
-            return {k: np.asarray(data[k], dtype=np.float64) for k in data.files}
-    except (OSError, ValueError) as exc:
-        raise DiagnosticError.simple(f"cannot read parameters '{path}': {exc}") from None
+    return {k: v.astype(np.float64, copy=False) for k, v in read_npz(path, "parameters").items()}
 
 
 def check_params(
