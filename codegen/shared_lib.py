@@ -64,8 +64,8 @@ def build_library(
     header = os.path.splitext(output)[0] + ".h"
     with tempfile.TemporaryDirectory(prefix="tlc-") as tmp:
         objects = []
-        for module in modules:
-            path = os.path.join(tmp, f"{module.symbol}.o")
+        for i, module in enumerate(modules):
+            path = os.path.join(tmp, f"graph{i}.o")  # not the symbol: names reach 255 bytes
             with open(path, "wb") as f:
                 f.write(emit_object(compile_ir(module.ir)))
             objects.append(path)

@@ -42,3 +42,16 @@ def test_out_of_memory_is_a_diagnostic(capsys: pytest.CaptureFixture[str]) -> No
     assert capsys.readouterr().err == (
         "error: out of memory (lower TLC_MAX_ELEMENTS to refuse such inputs early)\n"
     )
+
+
+@pytest.mark.parametrize("digits", ["-1", "1000000000000", "1" * 5000, "six"])
+def test_digits_out_of_range_is_a_usage_error(
+    digits: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--digits=-1` and `--digits 1000000000000` were ValueErrors from the formatter."""
+    from tlc.tools.run import main as run_main
+
+    assert run_main([str(MLP), "--input", "1,2,3,4", f"--digits={digits}"]) == 2
+    err = capsys.readouterr().err
+    assert "argument --digits: expected an integer in [0, 100], got" in err
+    assert "Traceback" not in err

@@ -8,6 +8,7 @@ no message.
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 import traceback
@@ -40,6 +41,24 @@ def read_input(path: str) -> tuple[str, str]:
         col = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
         where = Location(name, line, col)
         raise error(f"invalid UTF-8 (byte 0x{data[exc.start]:02x})", where) from None
+
+
+def int_in(low: int, high: int) -> Callable[[str], int]:
+    """An argparse type: an integer in [low, high]; anything else is a usage error (exit 2)
+    rather than a ValueError deep inside the tool (`--digits=-1`, `--digits 10**12`)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text) if len(text) <= 30 else None
+        except ValueError:
+            value = None
+        if value is None or not low <= value <= high:
+            raise argparse.ArgumentTypeError(
+                f"expected an integer in [{low}, {high}], got '{text}'"
+            )
+        return value
+
+    return parse
 
 
 def write_output(path: str, text: str) -> None:

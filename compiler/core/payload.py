@@ -62,4 +62,12 @@ def load_npz(path: str) -> Payload:
 
 
 def save_npz(payload: Payload, path: str) -> None:
-    np.savez(path, **payload.flat())
+    """Write `payload` to exactly `path` (np.savez on a name would add `.npz`, turning `DIR/`
+    into `DIR/.npz`); an unwritable path is a diagnostic naming it."""
+    try:
+        with open(path, "wb") as f:
+            np.savez(f, **payload.flat())
+    except OSError as exc:
+        raise DiagnosticError.simple(
+            f"cannot write payload '{path}': {exc.strerror or exc}"
+        ) from None
