@@ -55,14 +55,17 @@ def check_elements(shape: Iterable[int], what: str) -> int:
     prefix = f"{what}: " if what else ""
     if any(d < 0 for d in dims):
         raise LimitError(f"{prefix}negative extent in shape {_fmt(dims)}")
-    count = prod(dims)
+    # An empty tensor counts its other extents: [2^31, 0] holds nothing, but iterating or
+    # printing it still walks 2^31 rows.
+    weight = prod(max(d, 1) for d in dims)
     budget = max_elements()
-    if count > budget:
+    if weight > budget:
+        held = "elements" if 0 not in dims else "rows around its empty axis"
         raise LimitError(
-            f"{prefix}tensor of shape {_fmt(dims)} has {fmt_count(count)} elements, over the "
+            f"{prefix}tensor of shape {_fmt(dims)} has {fmt_count(weight)} {held}, over the "
             f"element budget of {fmt_count(budget)} (set {ENV_MAX_ELEMENTS} to change it)"
         )
-    return count
+    return prod(dims)
 
 
 def check_bytes(elements: int, itemsize: int, what: str) -> int:

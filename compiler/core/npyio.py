@@ -92,8 +92,12 @@ def _read_array(f: IO[bytes], stored_size: int | None) -> np.ndarray:
             shape, fortran, dtype = npy_format.read_array_header_2_0(f)
         else:
             raise _Bad(f"unsupported .npy format version {version}")
-    except ValueError as exc:  # not an .npy stream, or a header numpy cannot read
-        raise _Bad(str(exc) or "not an .npy file") from None
+    except (_Bad, zipfile.BadZipFile, zlib.error, EOFError, OSError):
+        raise  # the archive's or the file's fault, reported as such by the callers
+    except Exception as exc:  # noqa: BLE001 - numpy's header parser (ast, tokenize) raises
+        # ValueError, SyntaxError, tokenize.TokenError, TypeError... on a corrupt header
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise _Bad(f"not a valid .npy header ({reason})") from None
     if dtype.kind not in "biuf":
         raise _Bad(f"it holds {dtype} values, expected real numbers")
     try:

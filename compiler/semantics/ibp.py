@@ -560,7 +560,7 @@ def _softmax_slack(a: Box, out: Outward) -> np.ndarray:
     """Absolute error of the reference's e^(x - max) / sum and x - max - log(sum) in `d`:
     the shift's rounding grows with |x|, the sum's with n (docs/intervals.md)."""
     n = a.shape[-1]
-    m = np.max(a.magnitude(), axis=-1, keepdims=True)
+    m = np.max(a.magnitude(), axis=-1, keepdims=True, initial=0.0)  # empty axis: empty box
     return 8 * out.u * (n + 16 + 4 * m)
 
 
