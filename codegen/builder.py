@@ -18,6 +18,7 @@ from enum import IntEnum
 import numpy as np
 from llvmlite import ir
 
+from tlc.codegen.target import TargetInfo
 from tlc.dialect.shapes import Shape, numel
 
 I1 = ir.IntType(1)
@@ -37,6 +38,8 @@ class Status(IntEnum):
     NULL_POINTER = 1
     LOG_DOMAIN = 2
     OUT_OF_MEMORY = 3
+    #: The library was built for CPU features this machine lacks (nothing was executed).
+    UNSUPPORTED_CPU = 4
 
 
 def scalar_type(dtype: np.dtype | type) -> ir.Type:
@@ -66,8 +69,10 @@ def strides(shape: Sequence[int]) -> list[int]:
 class KernelBuilder:
     """An IRBuilder positioned in a function returning an i32 status, plus helpers for rules."""
 
-    def __init__(self, func: ir.Function, dtype: np.dtype | type):
+    def __init__(self, func: ir.Function, dtype: np.dtype | type, info: TargetInfo):
         self.func = func
+        #: The target's vector width and register count, which shape the matrix kernels.
+        self.info = info
         self.module: ir.Module = func.module
         self.dtype = np.dtype(dtype)
         self.T = scalar_type(dtype)

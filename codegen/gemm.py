@@ -2,13 +2,12 @@
 
 A linear layer's weight is stored transposed, [n, k] (PyTorch's [out, in]): every output is a
 dot product of two contiguous rows. `emit_dot_tiles` computes C in register tiles of MR rows of
-A by NR rows of W: MR*NR vector accumulators (16 AVX-512 registers for 4x4) run along k one
-vector at a time, each loaded vector feeding MR or NR fused multiply-adds, and are reduced
-horizontally at the end. A's rows are taken in blocks of ROW_BLOCK that stay in L2; within a
-block the tiles walk W (outer) and A's rows (inner), so NR weight rows stay in L1. The
-reduction order (vector
-lanes, then a tree) is reassociated: the llvm capsules' numerical policy is
-implementationDefined.
+A by NR rows of W: MR*NR vector accumulators run along k one vector at a time, each loaded
+vector feeding MR or NR fused multiply-adds, and are reduced horizontally at the end. A's rows
+are taken in blocks of ROW_BLOCK that stay in L2; within a block the tiles walk W (outer) and
+A's rows (inner), so NR weight rows stay in L1. The reduction order (vector lanes, then a tree)
+is reassociated: the llvm capsules' numerical policy is implementationDefined. Tile shapes and
+the vector width come from the target (`KernelBuilder.info`), never from the build machine.
 
 With B stored [k, n] (matmul, convolution's patch matrix) `emit_broadcast_tiles` is the classic
 micro-kernel instead: one element of A broadcast against vectors of a row of B.
@@ -16,25 +15,45 @@ micro-kernel instead: one element of A broadcast against vectors of a row of B.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from llvmlite import ir
 
 from tlc.codegen.builder import REASSOC, Buf, KernelBuilder
 
-#: Register tile: MR rows of A by NR rows of W (MR*NR accumulators plus MR+NR loaded vectors
-#: fit AVX-512's 32 registers).
-MR, NR = 4, 4
 #: Rows of A per cache block: the block (64 x k) stays in L2 while W's tiles pass over it.
 ROW_BLOCK = 64
-#: Broadcast tiles: MR_B rows of A by NV vectors of B's columns (12 accumulators).
-MR_B, NV = 6, 2
-VECTOR_BYTES = 64
+
+
+@dataclass(frozen=True)
+class Tiles:
+    """Register tiles for a target. Dot tiles: MR rows of A by NR rows of W, MR*NR vector
+    accumulators plus MR+NR loaded vectors. Broadcast tiles: MR_B rows of A by NV vectors of
+    B's columns, MR_B*NV accumulators plus NV loads and one broadcast."""
+
+    mr: int
+    nr: int
+    mr_b: int
+    nv: int
+
+
+#: 32 vector registers (AVX-512, NEON): 4x4 dot tiles (24 live), 6x2 broadcast tiles.
+#: 16 (SSE, AVX2): 3x3 dot tiles (15 live) so nothing spills; 6x2 broadcast (15 live).
+TILES = {32: Tiles(4, 4, 6, 2), 16: Tiles(3, 3, 6, 2)}
+
+
+def tiles_for(k: KernelBuilder) -> tuple[Tiles, ir.VectorType]:
+    """The register tiles and vector type the target of `k` calls for."""
+    lanes = max(k.info.vector_bytes // k.dtype.itemsize, 1)
+    return TILES[32 if k.info.vector_registers >= 32 else 16], ir.VectorType(k.T, lanes)
 
 
 def emit_dot_tiles(
     k: KernelBuilder, a: Buf, w: Buf, out: Buf, *, m: int, n: int, kk: int, bias: Buf | None
 ) -> None:
     """out[i, j] = sum_p a[i, p] * w[j, p] (+ bias[j]) for i < m, j < n."""
-    vec = ir.VectorType(k.T, VECTOR_BYTES // k.dtype.itemsize)
+    tiles, vec = tiles_for(k)
+    MR, NR = tiles.mr, tiles.nr
     n_main, m_main = n - n % NR, m - m % MR
     for j_lo, j_hi, nr in ((0, n_main, NR), (n_main, n, n % NR)):
         if j_hi <= j_lo:
@@ -99,7 +118,9 @@ def _tile(
 
 
 def _fma(k: KernelBuilder, vec: ir.VectorType) -> ir.Function:
-    name = f"llvm.fma.v{vec.count}{'f32' if k.dtype.itemsize == 4 else 'f64'}"
+    """Multiply-add that fuses where the target has FMA (AVX2, AVX-512, NEON) and is a multiply
+    and an add elsewhere: `llvm.fma` would become a libm call per element on x86-64-v2."""
+    name = f"llvm.fmuladd.v{vec.count}{'f32' if k.dtype.itemsize == 4 else 'f64'}"
     func = k.module.globals.get(name)
     return func or ir.Function(k.module, ir.FunctionType(vec, [vec, vec, vec]), name)
 
@@ -127,16 +148,17 @@ def emit_broadcast_tiles(
     element of A per row and loads NV vectors of B's row, feeding MR_B * NV FMAs into
     accumulators that stay in registers. Columns past the last whole tile are done one by one.
     """
-    lanes = VECTOR_BYTES // k.dtype.itemsize
-    vec = ir.VectorType(k.T, lanes)
-    width = NV * lanes
+    tiles, vec = tiles_for(k)
+    MR_B, lanes = tiles.mr_b, vec.count
+    width = tiles.nv * lanes
     n_main, m_main = n - n % width, m - m % MR_B
     if n_main:
         with k.loop(n_main, "j", step=width) as j0:
             for i_lo, i_hi, mr in ((0, m_main, MR_B), (m_main, m, m % MR_B)):
                 if i_hi > i_lo:
                     with k.loop(i_hi, "i", start=i_lo, step=mr) as i0:
-                        _broadcast_tile(k, vec, a, b_mat, out, i0, j0, mr, n, kk, row_bias)
+                        _broadcast_tile(k, vec, a, b_mat, out, i0, j0, mr, tiles.nv, n, kk,
+                                        row_bias)  # fmt: skip
     if n_main < n:
         with k.loop(m, "i") as i, k.loop(n, "j", start=n_main) as j:
             row = k.b.mul(i, k.i64(kk))
@@ -160,6 +182,7 @@ def _broadcast_tile(
     i0: ir.Value,
     j0: ir.Value,
     mr: int,
+    nv: int,
     n: int,
     kk: int,
     row_bias: Buf | None,
@@ -167,7 +190,7 @@ def _broadcast_tile(
     b = k.b
     lanes = vec.count
     zero = ir.Constant(vec, [0.0] * lanes)
-    acc = [[k.local(zero, "vacc") for _ in range(NV)] for _ in range(mr)]
+    acc = [[k.local(zero, "vacc") for _ in range(nv)] for _ in range(mr)]
     rows_a = [b.mul(b.add(i0, k.i64(r)), k.i64(kk)) for r in range(mr)]
     fma, vptr = _fma(k, vec), vec.as_pointer()
     splat_mask = ir.Constant(ir.VectorType(ir.IntType(32), lanes), [0] * lanes)
@@ -181,16 +204,16 @@ def _broadcast_tile(
         bs = [
             b.load(b.bitcast(k.at(b_mat, b.add(row_b, k.i64(v * lanes))), vptr),
                    align=k.dtype.itemsize)
-            for v in range(NV)
+            for v in range(nv)
         ]  # fmt: skip
         for r in range(mr):
             x = splat(k.load(a, b.add(rows_a[r], p)))
-            for v in range(NV):
+            for v in range(nv):
                 b.store(b.call(fma, [x, bs[v], b.load(acc[r][v])]), acc[r][v])
     for r in range(mr):
         row = b.add(b.mul(b.add(i0, k.i64(r)), k.i64(n)), j0)
         shift = splat(k.load(row_bias, b.add(i0, k.i64(r)))) if row_bias is not None else None
-        for v in range(NV):
+        for v in range(nv):
             value = b.load(acc[r][v])
             if shift is not None:
                 value = b.fadd(value, shift)

@@ -1,9 +1,11 @@
 """The JIT: compile a graph (or one node) in-process and call it on numpy arrays.
 
-Code goes through the same path as a shared library (`tlc.codegen.target`: host CPU, O3, object
-code) and is linked into one process-wide LLJIT; libm symbols (tanh, erf, log1p) resolve from
-the running process. Compiled code is cached by the graph's printed form, the payload's bytes,
-the dtype and the batch size, so compiling the same graph twice costs a hash.
+Code goes through the same path as a shared library (`tlc.codegen.target`: O3, object code),
+for the host CPU by default or for a `Target` this machine can run (AVX2 kernels on an AVX-512
+host, say), and is linked into one process-wide LLJIT per target; libm symbols (tanh, erf,
+log1p) resolve from the running process. Compiled code is cached by the graph's printed form,
+the payload's bytes, the dtype, the batch size and the target, so compiling the same graph
+twice costs a hash.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ import numpy as np
 from tlc.codegen.builder import Status
 from tlc.codegen.loader import EntryPoint, raise_for_status
 from tlc.codegen.module import GraphModule, build_graph_module, build_node_module
-from tlc.codegen.target import compile_ir, emit_object, host_target_machine
+from tlc.codegen.target import HOST, Target, compile_ir, emit_object, host_lacks, target_machine
+from tlc.core.diagnostics import DiagnosticError
 from tlc.core.payload import Payload, Record
 from tlc.dialect.ops import GraphOp, NodeOp
 from tlc.dialect.printer import print_mlir_op
@@ -35,18 +38,24 @@ _node_cache: dict[tuple, Callable[[list[np.ndarray]], np.ndarray]] = {}
 
 
 @cache
-def _lljit() -> llvm.LLJIT:
-    return llvm.create_lljit_compiler(host_target_machine())
+def _lljit(target: Target) -> llvm.LLJIT:
+    return llvm.create_lljit_compiler(target_machine(target))
 
 
-def jit_link(ir_text: str, symbols: list[str]) -> llvm.ResourceTracker:
+def jit_link(ir_text: str, symbols: list[str], target: Target = HOST) -> llvm.ResourceTracker:
     """Optimise `ir_text`, emit object code and link it; the tracker maps symbols to addresses
     and keeps the code alive."""
-    obj = emit_object(compile_ir(ir_text))
+    missing = host_lacks(target)
+    if missing:
+        raise DiagnosticError.simple(
+            f"cannot run code for target {target.describe()} here: this CPU lacks "
+            f"{', '.join(missing)} (use tlc-compile to build a library for it)"
+        )
+    obj = emit_object(compile_ir(ir_text, target), target)
     builder = llvm.JITLibraryBuilder().add_object_img(obj).add_current_process()
     for symbol in symbols:
         builder.export_symbol(symbol)
-    return builder.link(_lljit(), f"tlc{next(_names)}")
+    return builder.link(_lljit(target), f"tlc{next(_names)}")
 
 
 def _payload_key(payload: Payload | Record | None) -> str:
@@ -66,10 +75,12 @@ def compile_graph(
     dtype: type = np.float64,
     batch: int | None = None,
     runtime_payload: bool = False,
+    target: Target = HOST,
 ) -> CompiledGraph:
     """Compile `graph` with its payload baked in; the result maps an input array to the output.
 
-    Raises a located DiagnosticError for a bad graph or payload, or an op with no lowering.
+    Raises a located DiagnosticError for a bad graph or payload, an op with no lowering, or a
+    `target` this CPU cannot run.
     """
     key = (
         print_mlir_op(graph, debuginfo=False),
@@ -77,12 +88,15 @@ def compile_graph(
         np.dtype(dtype).str,
         batch,
         runtime_payload,
+        target,
     )
     hit = _graph_cache.get(key)
     if hit is not None:
         return hit
-    module = build_graph_module(graph, payload, dtype, batch=batch, runtime_payload=runtime_payload)
-    tracker = jit_link(module.ir, [module.symbol])
+    module = build_graph_module(
+        graph, payload, dtype, batch=batch, runtime_payload=runtime_payload, target=target
+    )
+    tracker = jit_link(module.ir, [module.symbol], target)
     entry = EntryPoint(
         module.symbol,
         tracker[module.symbol],

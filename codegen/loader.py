@@ -30,6 +30,7 @@ STATUS_MESSAGES = {
     Status.NULL_POINTER: "null pointer passed to a compiled entry point",
     Status.LOG_DOMAIN: LOG_MESSAGE,
     Status.OUT_OF_MEMORY: "compiled entry point could not allocate its workspace",
+    Status.UNSUPPORTED_CPU: "the library was built for CPU features this machine lacks",
 }
 
 
@@ -145,6 +146,7 @@ class Library:
 
     def _entry(self, graph: str, dtype: np.dtype, runtime: bool) -> EntryPoint:
         symbol = f"tlc_{graph}"
+        self._check_cpu(symbol)
         return EntryPoint(
             symbol,
             ctypes.cast(getattr(self.lib, symbol), ctypes.c_void_p).value,
@@ -154,6 +156,21 @@ class Library:
             self._params_size(symbol) if runtime else None,
             owner=self.lib,
         )
+
+    def _check_cpu(self, symbol: str) -> None:
+        """Refuse a library built for CPU features this machine lacks (its entry would only
+        return TLC_ERR_UNSUPPORTED_CPU); libraries older than the check have no such query."""
+        check = getattr(self.lib, f"{symbol}_cpu_check", None)
+        if check is None:
+            return
+        missing = ctypes.c_char_p()
+        if check(ctypes.byref(missing)) != Status.OK:
+            lacks = (missing.value or b"?").decode()
+            raise DiagnosticError.simple(
+                f"cannot load '{self.path}': {symbol} was built for CPU features this machine "
+                f"lacks ({lacks}); rebuild without --target-cpu/--target-features for a "
+                "library that runs on any x86-64 CPU"
+            )
 
     def _shape(self, prefix: str) -> Shape:
         rank = getattr(self.lib, f"{prefix}_rank")()

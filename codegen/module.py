@@ -26,6 +26,7 @@ from xdsl.dialects.builtin import ModuleOp
 
 from tlc.codegen.builder import I32, I64, Buf, KernelBuilder, Status, scalar_type
 from tlc.codegen.lower import LOWERINGS, UNSUPPORTED, ParamSpec, Step
+from tlc.codegen.target import HOST, Target, TargetInfo, target_info
 from tlc.core.diagnostics import error
 from tlc.core.limits import LimitError, check_bytes
 from tlc.core.payload import Payload, Record
@@ -104,6 +105,7 @@ def node_function(
     out: Buf,
     scratch: Buf | None,
     dtype: type,
+    info: TargetInfo,
 ) -> ir.Function:
     """`i32 name(args..., params..., out[, scratch])`: one node as an internal function of
     pointers, so the optimiser works on one node at a time and nodes that differ only in their
@@ -112,7 +114,7 @@ def node_function(
     buffers = [*args, *params.values(), out, *([scratch] if scratch is not None else [])]
     func = ir.Function(module, ir.FunctionType(I32, [T.as_pointer()] * len(buffers)), name)
     func.linkage = "internal"
-    k = KernelBuilder(func, dtype)
+    k = KernelBuilder(func, dtype, info)
     inner = [Buf(arg, b.shape) for arg, b in zip(func.args, buffers, strict=True)]
     n_args, n_params = len(args), len(params)
     dest = inner[n_args + n_params]
@@ -157,8 +159,14 @@ def build_graph_module(
     *,
     batch: int | None = None,
     runtime_payload: bool = False,
+    target: Target = HOST,
+    entry_name: str | None = None,
+    queries: bool = True,
 ) -> GraphModule:
-    """Check `graph` and its payload, and emit its module (see the module docstring)."""
+    """Check `graph` and its payload, and emit its module (see the module docstring) with
+    kernels shaped for `target`. `entry_name` renames the entry point and `queries=False` leaves
+    out the shape queries: a library holding one variant per CPU level calls its variants
+    through a dispatcher that owns the public names."""
     shapes = infer_graph_shapes(graph)
     check_lowerable(graph)
     _check_addressable(graph, shapes, np.dtype(dtype).itemsize, batch)
@@ -182,6 +190,8 @@ def build_graph_module(
     in_shape = shapes[inputs[0].id] if inputs else ()
     out_shape = shapes[out_node.id]
     symbol = graph_symbol(graph)
+    entry_symbol = entry_name or symbol
+    info = target_info(target)
     T = scalar_type(dtype)
     module = ir.Module(name=symbol)
     slots = _param_slots(graph, shapes) if runtime_payload else None
@@ -191,7 +201,7 @@ def build_graph_module(
     body.linkage = "internal"
     for arg in body.args:
         arg.add_attribute("noalias")
-    k = KernelBuilder(body, dtype)
+    k = KernelBuilder(body, dtype, info)
     x_ptr, out_ptr = body.args[0], body.args[1]
     workspace = _Workspace(k, graph, shapes, out_node)
     values: list[Buf] = []
@@ -230,7 +240,7 @@ def build_graph_module(
             scratch = workspace.scratch(node)
             if func is None:
                 func = node_function(module, f"{symbol}.n{node.id}", node, args, params, dest,
-                                     scratch, dtype)  # fmt: skip
+                                     scratch, dtype, info)  # fmt: skip
                 functions[key] = func
                 if separate:
                     func.attributes.add("noinline")
@@ -245,10 +255,11 @@ def build_graph_module(
 
     full_in = (batch, *in_shape) if batch is not None else in_shape
     full_out = (batch, *out_shape) if batch is not None else out_shape
-    _entry(module, symbol, body, T, batch, numel(in_shape), numel(out_shape))
-    _shape_query(module, f"{symbol}_input", full_in)
-    _shape_query(module, f"{symbol}_output", full_out)
-    if slots is not None:
+    _entry(module, entry_symbol, body, T, batch, numel(in_shape), numel(out_shape))
+    if queries:
+        _shape_query(module, f"{symbol}_input", full_in)
+        _shape_query(module, f"{symbol}_output", full_out)
+    if slots is not None and queries:
         size = ir.Function(module, ir.FunctionType(I64, []), f"{symbol}_params_size")
         ir.IRBuilder(size.append_basic_block()).ret(
             ir.Constant(I64, sum(numel(s.shape) for s in slots))
@@ -434,8 +445,9 @@ def _shape_query(module: ir.Module, prefix: str, shape: Shape) -> None:
 def build_node_module(
     node: NodeOp, parent_shapes: list[Shape], record: Record | None, dtype: type
 ) -> tuple[str, str, Shape]:
-    """IR for one node as `i32 @tlc_node(T** args, T* out)` (for mixed kernel plans): returns
-    (ir, symbol, output shape). Parameters are baked from `record`."""
+    """IR for one node as `i32 @tlc_node(T** args, T* out)` (for mixed kernel plans, run by
+    the JIT on this host): returns (ir, symbol, output shape). Parameters are baked from
+    `record`."""
     reason = UNSUPPORTED.get(type(node))
     if reason is not None:
         raise error(f"codegen: cannot compile {node.TAG} node {node.id}: {reason}", node)
@@ -450,7 +462,7 @@ def build_node_module(
     func = ir.Function(
         module, ir.FunctionType(I32, [T.as_pointer().as_pointer(), T.as_pointer()]), "tlc_node"
     )
-    k = KernelBuilder(func, dtype)
+    k = KernelBuilder(func, dtype, target_info(HOST))
     args = [
         Buf(k.b.load(k.b.gep(func.args[0], [k.i64(i)])), shape)
         for i, shape in enumerate(parent_shapes)
@@ -471,17 +483,32 @@ def build_node_module(
     return str(module), "tlc_node", out_shape
 
 
-def optimized_ir(module: ModuleOp, dtype: type = np.float64) -> str:
-    """Every graph of `module` compiled with its inline payload, as optimised LLVM IR text
-    (what `tlc-opt --emit llvm` prints)."""
+def optimized_ir(module: ModuleOp, dtype: type = np.float64, target: Target = HOST) -> str:
+    """Every graph of `module` compiled with its inline payload for `target`, as optimised
+    LLVM IR text (what `tlc-opt --emit llvm` prints)."""
+    return "\n".join(str(m) for m in _compiled_graphs(module, dtype, target))
+
+
+def target_assembly(module: ModuleOp, dtype: type = np.float64, target: Target = HOST) -> str:
+    """Every graph of `module` as `target`'s assembly (what `tlc-opt --emit asm` prints)."""
+    from tlc.codegen.target import emit_assembly
+
+    return "\n".join(emit_assembly(m, target) for m in _compiled_graphs(module, dtype, target))
+
+
+def _compiled_graphs(module: ModuleOp, dtype: type, target: Target) -> list:
     from tlc.codegen.target import compile_ir
 
-    texts = []
-    for graph in module.ops:
-        if isinstance(graph, GraphOp):
-            built = build_graph_module(graph, payload_from_module(module, graph.graph_name), dtype)
-            texts.append(str(compile_ir(built.ir)))
-    return "\n".join(texts)
+    return [
+        compile_ir(
+            build_graph_module(
+                graph, payload_from_module(module, graph.graph_name), dtype, target=target
+            ).ir,
+            target,
+        )
+        for graph in module.ops
+        if isinstance(graph, GraphOp)
+    ]
 
 
 def pack_params(graph: GraphOp, payload: Payload, dtype: type = np.float64) -> np.ndarray:

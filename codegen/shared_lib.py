@@ -1,9 +1,18 @@
 """Shared libraries: compiled graphs as `libNAME.so` plus a C header `libNAME.h`.
 
-Each graph becomes one object file (same code as the JIT: `tlc.codegen.target`), linked with
-`cc -shared ... -lm` (the generated code calls libm's tanh, erf, log1p). The header declares, per
-graph, the entry point and its shape queries, with the status codes and the array sizes as
-macros; docs/c-abi.md is the contract it implements.
+A library is safe on any CPU of its architecture by default: on x86-64 each graph is compiled
+once per micro-architecture level (x86-64-v4 = AVX-512, v3 = AVX2, v2 = SSE4.2), each variant
+with kernels shaped for its level under a name of its own (`tlc_g__x86_64_v3`), and a small C
+dispatcher owns the public entry `tlc_g`: on every call it takes the best variant this CPU
+supports (GCC's `__builtin_cpu_supports`, i.e. CPUID, read once by libgcc at load time). With
+an explicit target (`--target-cpu`, `--target-features`) there is exactly one variant, and the
+dispatcher returns TLC_ERR_UNSUPPORTED_CPU on a CPU lacking its features instead of executing
+illegal instructions; `tlc_g_cpu_check` says so up front and names the missing feature.
+
+Objects come from the same code path as the JIT (`tlc.codegen.target`) and are linked with the
+dispatcher by `cc -shared ... -lm` (the generated code calls libm's tanh, erf, log1p). The
+header declares, per graph, the entry point, its shape queries and CPU check, with the status
+codes and the array sizes as macros; docs/c-abi.md is the contract it implements.
 """
 
 from __future__ import annotations
@@ -19,8 +28,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from tlc.codegen.builder import Status
-from tlc.codegen.module import GraphModule, build_graph_module
-from tlc.codegen.target import compile_ir, emit_object
+from tlc.codegen.module import GraphModule, build_graph_module, graph_symbol
+from tlc.codegen.target import (
+    X86_LEVELS,
+    Target,
+    compile_ir,
+    emit_object,
+    required_features,
+)
 from tlc.core.diagnostics import DiagnosticError, error
 from tlc.core.payload import Payload
 from tlc.dialect.ops import GraphOp
@@ -45,8 +60,10 @@ def build_library(
     batch: int | None = None,
     runtime_payload: bool = False,
     source: str = "<input>",
+    target: Target | None = None,
 ) -> Built:
-    """Compile `graphs` (each with its payload) into `output` (.so) and the header beside it."""
+    """Compile `graphs` (each with its payload) into `output` (.so) and the header beside it:
+    for `target` alone, or (None) for every CPU level of this architecture."""
     for graph, _ in graphs:
         if not IDENTIFIER.match(graph.graph_name):
             raise error(
@@ -54,22 +71,36 @@ def build_library(
                 "name an entry point",
                 graph,
             )
-    modules = [
-        build_graph_module(g, p, dtype, batch=batch, runtime_payload=runtime_payload)
-        for g, p in graphs
-    ]
+    variants = library_variants(target)
+    if variants[0].arch != Target().arch:
+        raise DiagnosticError.simple(
+            f"tlc-compile: cannot link a {variants[0].arch} library on this {Target().arch} "
+            "machine (no cross linker); tlc-opt --emit asm or --emit llvm emit code for it"
+        )
     cc = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
     if cc is None:
         raise DiagnosticError.simple("tlc-compile: no C compiler (cc) found to link the library")
+    modules = []
     header = os.path.splitext(output)[0] + ".h"
     with tempfile.TemporaryDirectory(prefix="tlc-") as tmp:
         objects = []
-        for i, module in enumerate(modules):
-            path = os.path.join(tmp, f"graph{i}.o")  # not the symbol: names reach 255 bytes
-            with open(path, "wb") as f:
-                f.write(emit_object(compile_ir(module.ir)))
-            objects.append(path)
-        command = [cc, "-shared", "-o", output, *objects, "-lm"]
+        for g, p in graphs:
+            for i, variant in enumerate(variants):
+                module = build_graph_module(
+                    g, p, dtype, batch=batch, runtime_payload=runtime_payload, target=variant,
+                    entry_name=variant_symbol(graph_symbol(g), variant),
+                    queries=i == len(variants) - 1,
+                )  # fmt: skip
+                # Not named after the graph: a 250-character name overflows NAME_MAX.
+                path = os.path.join(tmp, f"graph{len(objects)}.o")
+                with open(path, "wb") as f:
+                    f.write(emit_object(compile_ir(module.ir, variant), variant))
+                objects.append(path)
+            modules.append(module)
+        dispatch = os.path.join(tmp, "dispatch.c")
+        with open(dispatch, "w", encoding="utf-8") as f:
+            f.write(render_dispatcher(modules, variants))
+        command = [cc, "-shared", "-fPIC", "-O2", "-o", output, dispatch, *objects, "-lm"]
         done = subprocess.run(command, capture_output=True, text=True, check=False)
         if done.returncode != 0:
             raise DiagnosticError.simple(
@@ -77,13 +108,90 @@ def build_library(
             )
     try:
         with open(header, "w", encoding="utf-8") as f:
-            f.write(render_header(modules, os.path.basename(output), source))
+            f.write(render_header(modules, os.path.basename(output), source, variants))
     except OSError as exc:
         raise DiagnosticError.simple(f"cannot write '{header}': {exc.strerror}") from None
     return Built(output, header, tuple(modules))
 
 
-def render_header(modules: Sequence[GraphModule], library: str, source: str) -> str:
+def library_variants(target: Target | None) -> list[Target]:
+    """The targets a library holds, best first: `target` alone, or every x86-64 level (the
+    baseline `generic` CPU elsewhere)."""
+    if target is not None:
+        return [target]
+    if Target().arch == "x86_64":
+        return [Target(level) for level in X86_LEVELS]
+    return [Target("generic")]
+
+
+def variant_symbol(symbol: str, variant: Target) -> str:
+    return f"{symbol}__{variant.tag()}"
+
+
+def render_dispatcher(modules: Sequence[GraphModule], variants: Sequence[Target]) -> str:
+    """C source of the public entry points: each checks the CPU (CPUID through libgcc's
+    `__builtin_cpu_supports`) and calls the best variant it can run."""
+    needs = [required_features(v) for v in variants]
+    lines = ["#include <stddef.h>", "#include <stdint.h>", ""]
+    for m in modules:
+        t = C_TYPES[m.dtype]
+        params = [f"const {t} *in", f"{t} *out"]
+        if m.params is not None:
+            params.append(f"const {t} *params")
+        names = ", ".join(p.rsplit("*", 1)[1] for p in params)
+        s = m.symbol
+        for v in variants:
+            lines.append(f"int {variant_symbol(s, v)}({', '.join(params)});")
+        lines += [
+            "",
+            f"/* The first feature variant `i` of {s} needs that this CPU lacks, or NULL. */",
+            f"static const char *{s}__lacks(int i) {{",
+        ]
+        if any(needs):
+            lines.append("    __builtin_cpu_init();")
+        for i, features in enumerate(needs):
+            for feature in features:
+                lines.append(f'    if (i == {i} && !__builtin_cpu_supports("{feature}")) '
+                             f'return "{feature}";')  # fmt: skip
+        lines += [
+            "    return NULL;",
+            "}",
+            "",
+            f"static int {s}__variant(void) {{",
+            f"    for (int i = 0; i < {len(variants)}; i++)",
+            f"        if ({s}__lacks(i) == NULL) return i;",
+            "    return -1;",
+            "}",
+            "",
+            f"int {s}_cpu_check(const char **missing) {{",
+            f"    const char *lacks = {s}__lacks({len(variants) - 1});",
+            f"    if ({s}__variant() >= 0) return {Status.OK.value};",
+            "    if (missing != NULL) *missing = lacks;",
+            f"    return {Status.UNSUPPORTED_CPU.value};",
+            "}",
+            "",
+            f"const char *{s}_cpu_variant(void) {{",
+            f"    static const char *const names[] = {{{', '.join(_c_string(v.describe()) for v in variants)}}};",  # noqa: E501
+            f"    int i = {s}__variant();",
+            "    return i < 0 ? NULL : names[i];",
+            "}",
+            "",
+            f"int {s}({', '.join(params)}) {{",
+            f"    switch ({s}__variant()) {{",
+        ]
+        for i, v in enumerate(variants):
+            lines.append(f"    case {i}: return {variant_symbol(s, v)}({names});")
+        lines += [f"    default: return {Status.UNSUPPORTED_CPU.value};", "    }", "}", ""]
+    return "\n".join(lines)
+
+
+def _c_string(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def render_header(
+    modules: Sequence[GraphModule], library: str, source: str, variants: Sequence[Target]
+) -> str:
     guard = re.sub(r"\W", "_", os.path.splitext(library)[0]).upper() + "_H"
     codes = "\n".join(f"#define {status_macro(s)} {s.value}" for s in Status)
     lines = [
@@ -104,6 +212,12 @@ def render_header(modules: Sequence[GraphModule], library: str, source: str) -> 
         "#define TLC_STATUS_CODES",
         codes,
         "#endif",
+    ]
+    built_for = ", ".join(v.describe() for v in variants)
+    lines += [
+        "",
+        f"/* Built for: {built_for}. Every entry point runs the first of these this CPU",
+        " * supports, or returns TLC_ERR_UNSUPPORTED_CPU without executing anything. */",
     ]
     for m in modules:
         lines += ["", *_declarations(m)]
@@ -143,6 +257,11 @@ def _declarations(m: GraphModule) -> list[str]:
         f"int {m.symbol}_input_shape(int64_t *dims);",
         f"int {m.symbol}_output_rank(void);",
         f"int {m.symbol}_output_shape(int64_t *dims);",
+        f"/* TLC_OK if this CPU can run {m.symbol}; else TLC_ERR_UNSUPPORTED_CPU and, if",
+        " * missing is not NULL, *missing names a CPU feature it lacks. */",
+        f"int {m.symbol}_cpu_check(const char **missing);",
+        '/* The target whose code runs on this CPU ("x86-64-v3", ...), or NULL. */',
+        f"const char *{m.symbol}_cpu_variant(void);",
     ]
     if m.params is not None:
         decls += [

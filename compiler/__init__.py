@@ -50,6 +50,16 @@ def ibp(
     return propagate(source_or_module, x, radius, payload, graph, arithmetic)
 
 
+def bounds(source_or_module: Any, lo: Any = None, hi: Any = None, **options: Any) -> Any:
+    """Sound bounds of the output over an input box: `lo`/`hi` or `center=`/`radius=` (a number
+    or per coordinate), a batch of boxes with a leading axis; `C=` a specification matrix,
+    `method=` "ibp" | "crown" | "crown-ibp", `dtype=` "f64" | "f32". Returns `.lower`, `.upper`,
+    `.node(k)`. See docs/verification.md."""
+    from tlc.api.bounds import bounds as compute
+
+    return compute(source_or_module, lo, hi, **options)
+
+
 def check_samples(
     source_or_module: str | ModuleOp,
     x: Any,
@@ -102,20 +112,28 @@ def compile(
     dtype: Any = "f64",
     graph: str | None = None,
     batch: int | None = None,
+    *,
+    target_cpu: str = "host",
+    target_features: str = "",
+    target_triple: str = "",
 ) -> Any:
     """JIT-compile a graph to native code: returns a callable `f(x) -> output` on numpy arrays
     of `dtype` ("f64"/"f32" or a numpy float type). `payload` as in `tlc.run`; it is baked into
-    the code. `batch=N` maps a single-example graph over a leading axis of N. See docs/codegen.md.
+    the code. `batch=N` maps a single-example graph over a leading axis of N. `target_cpu`,
+    `target_features` and `target_triple` choose the code (default: this CPU); a target this
+    machine cannot run is refused. See docs/codegen.md.
     """
     import numpy as np
 
     from tlc.api.evaluate import choose
     from tlc.codegen.jit import compile_graph
+    from tlc.codegen.target import resolve_target
 
+    target = resolve_target(target_cpu, target_features, target_triple)
     chosen, records = choose(source_or_module, graph, payload)
     scalars = {"f64": np.float64, "f32": np.float32}
     scalar = scalars.get(dtype, dtype) if isinstance(dtype, str) else dtype
-    return compile_graph(chosen, records, scalar, batch)
+    return compile_graph(chosen, records, scalar, batch, target=target)
 
 
 def load(path: str) -> Any:

@@ -1,14 +1,18 @@
 """tlc-compile: compile the graphs of a .tlir document into a shared library and a C header.
 
     tlc-compile FILE [--payload P.npz] [--graph @g] [--dtype f32|f64] [--batch N]
-                [--runtime-payload] -o libNAME.so
+                [--runtime-payload] [--target-cpu CPU] [--target-features +F,-G]
+                [--target-triple T] -o libNAME.so
 
 Writes libNAME.so and libNAME.h beside it (the C ABI is docs/c-abi.md): per graph
 `int tlc_<graph>(const T *in, T *out)` and its shape queries. Every graph of the document is
 compiled unless `--graph` picks one; each uses the document's inline payload unless `--payload`
 names an .npz file (then exactly one graph must be chosen). `--batch N` builds an entry that
 maps a single-example graph over a leading axis of N; `--runtime-payload` takes the parameters
-as a third argument instead of baking them in.
+as a third argument instead of baking them in. By default the library holds code for every
+x86-64 level (v2, v3/AVX2, v4/AVX-512) and picks one per CPU at call time; `--target-cpu` and
+`--target-features` build for exactly that target (the library then refuses other CPUs with
+TLC_ERR_UNSUPPORTED_CPU).
 Exit codes: 0 success, 1 diagnostics, 2 usage error, 70 internal error.
 """
 
@@ -21,6 +25,7 @@ import numpy as np
 
 from tlc.api.evaluate import checked_graph, resolve_payload
 from tlc.codegen.shared_lib import build_library
+from tlc.codegen.target import add_target_options, target_from_options
 from tlc.core.diagnostics import DiagnosticError, SourceManager
 from tlc.core.limits import MAX_BYTES
 from tlc.dialect.ops import GraphOp
@@ -60,6 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="take the parameters at call time instead of baking them in",
     )
+    add_target_options(p, "default: every x86-64 level, chosen at load time")
     return p
 
 
@@ -72,6 +78,7 @@ def _main(argv: list[str] | None, sources: SourceManager) -> int:
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
     if not args.output.endswith(".so"):
         raise DiagnosticError.simple(f"tlc-compile: output '{args.output}' must end in .so")
+    target = target_from_options(args)
     name, text = read_input(args.input_file)
     sources.add(name, text)
     module = parse_source(text, name)
@@ -99,6 +106,7 @@ def _main(argv: list[str] | None, sources: SourceManager) -> int:
         batch=args.batch,
         runtime_payload=args.runtime_payload,
         source=name,
+        target=target,
     )
     print(f"wrote {built.library} and {built.header}", file=sys.stderr)
     return 0

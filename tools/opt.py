@@ -13,7 +13,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +22,7 @@ from xdsl.dialects.builtin import ModuleOp
 from xdsl.passes import ModulePass
 
 from tlc.api.emit import EMITTERS
+from tlc.codegen.target import Target, add_target_options, target_from_options
 from tlc.core.diagnostics import Diagnostic, DiagnosticError, SourceManager
 from tlc.frontends.text import context, parse_source
 from tlc.passes.registry import PASSES, build_pipeline
@@ -46,7 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
             f"--{name}", dest=f"pass:{name}", nargs="?", const="", default=None,
             metavar="OPTIONS", help=f"run the {name} pass (options as 'k=v k2=v2')",
         )  # fmt: skip
-    p.add_argument("--emit", choices=sorted(EMITTERS), default="tlir", help="output format")
+    p.add_argument("--emit", choices=sorted([*EMITTERS, *TARGET_EMITS]), default="tlir",
+                   help="output format")  # fmt: skip
     p.add_argument("--mlir-input", action="store_true", help="read the input as MLIR generic form")
     p.add_argument("--split-input-file", action="store_true", help="split the input on '// -----'")
     p.add_argument("--verify-diagnostics", action="store_true",
@@ -56,7 +58,37 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dump-pass-pipeline", action="store_true", help="print the pipeline")
     p.add_argument("--render", metavar="FILE.{svg,png,pdf}",
                    help="also draw the graph with GraphViz's dot into FILE")  # fmt: skip
+    add_target_options(p, "default: host; for --emit llvm and asm")
     return p
+
+
+#: Emitters that compile to native code for a target: (kind, scalar type).
+TARGET_EMITS = {
+    "llvm": ("llvm", "float64"),
+    "llvm-f32": ("llvm", "float32"),
+    "asm": ("asm", "float64"),
+    "asm-f32": ("asm", "float32"),
+}
+
+
+def emitter(args: argparse.Namespace) -> Callable[[ModuleOp], str]:
+    """The output format; llvm and asm compile for the --target-* options (default host)."""
+    target = target_from_options(args)
+    if args.emit not in TARGET_EMITS:
+        if target is not None:
+            raise UsageError("--target-* options need --emit llvm or --emit asm")
+        return EMITTERS[args.emit]
+    kind, dtype = TARGET_EMITS[args.emit]
+
+    def emit(module: ModuleOp) -> str:
+        import numpy as np
+
+        from tlc.codegen.module import optimized_ir, target_assembly
+
+        render = optimized_ir if kind == "llvm" else target_assembly
+        return render(module, np.dtype(dtype).type, target or Target())
+
+    return emit
 
 
 def pipeline_text(args: argparse.Namespace, argv_order: list[str]) -> str:
@@ -157,6 +189,7 @@ def _run(args: argparse.Namespace, text_pipeline: str) -> int:
     sources = SourceManager()
     name, text = read_input(args.input)
     sources.add(name, text)
+    emit = emitter(args)
     passes = build_pipeline(text_pipeline) if text_pipeline else []
     if args.dump_pass_pipeline:
         specs = ",".join(str(p.pipeline_pass_spec(include_default=True)) for p in passes)
@@ -172,7 +205,7 @@ def _run(args: argparse.Namespace, text_pipeline: str) -> int:
                 module = parse_source(chunk.text, name, chunk.line_offset, mlir=mlir)
             run_passes(module, passes, args.print_ir_after_all, timings)
             with _timed(timings, "Output"):
-                outputs.append(EMITTERS[args.emit](module))
+                outputs.append(emit(module))
             if args.render:
                 render_dot(EMITTERS["dot"](module), args.render)
         except DiagnosticError as exc:

@@ -1,5 +1,6 @@
-"""Interval bounds of a document's graph: the glue behind `tlc.ibp`, `tlc.check_samples` and
-`tlc-run --arithmetic interval` (the rules are in `tlc.semantics.ibp`).
+"""Bounds of a document's graph: the glue behind `tlc.bounds`, `tlc.ibp`, `tlc.check_samples`
+and `tlc-run --arithmetic interval` (the rules are in `tlc.semantics.ibp` and
+`tlc.semantics.crown`).
 
 The input box is the l-infinity ball of `radius` around the input `x`: [x - radius, x + radius],
 both ends rounded outward so the ball of the float64 `x` and `radius` is inside it. A graph with
@@ -14,13 +15,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from xdsl.dialects.builtin import ModuleOp
 
-from tlc.api.evaluate import dtype_of, prepare
+from tlc.api.evaluate import choose, dtype_of, prepare
 from tlc.core.diagnostics import Diagnostic, DiagnosticError, error
 from tlc.dialect.ops import GraphOp
+from tlc.dialect.shapes import numel
+from tlc.semantics.interval_arith import Box
 
 if TYPE_CHECKING:
     from tlc.semantics.containment import SampleReport
-    from tlc.semantics.interval_arith import Box
+    from tlc.semantics.crown import Bounds, PreparedCrown
 
 
 def ball(x: Any, radius: float) -> tuple[Any, Any]:
@@ -39,6 +42,79 @@ def ball(x: Any, radius: float) -> tuple[Any, Any]:
         pairs = {nid: ends(v) for nid, v in x.items()}
         return {k: p[0] for k, p in pairs.items()}, {k: p[1] for k, p in pairs.items()}
     return ends(x)
+
+
+def input_box(lo: Any = None, hi: Any = None, center: Any = None, radius: Any = None) -> tuple:
+    """(lo, hi) from either the ends or a centre and a radius (a number or one per coordinate,
+    broadcast against the centre), the ball's ends rounded outward. Exactly one form."""
+    if (lo is None) != (hi is None):
+        raise DiagnosticError.simple("bounds: give both lo and hi, or center and radius")
+    if lo is not None:
+        if center is not None or radius is not None:
+            raise DiagnosticError.simple("bounds: give lo/hi or center/radius, not both")
+        return np.asarray(lo, dtype=np.float64), np.asarray(hi, dtype=np.float64)
+    if center is None:
+        raise DiagnosticError.simple("bounds: give the input box as lo/hi or center/radius")
+    mid = np.asarray(center, dtype=np.float64)
+    rad = np.asarray(0.0 if radius is None else radius, dtype=np.float64)
+    if not np.all(rad >= 0):
+        raise DiagnosticError.simple("bounds: radius must be >= 0 (every coordinate)")
+    mid, rad = np.broadcast_arrays(mid, rad)
+    with np.errstate(all="ignore"):
+        low = np.where(rad == 0, mid, np.nextafter(mid - rad, -np.inf))
+        high = np.where(rad == 0, mid, np.nextafter(mid + rad, np.inf))
+    return low, high
+
+
+def prepared_bounds(
+    source: Any, payload: Any = None, graph: str | None = None, dtype: str = "f64"
+) -> PreparedCrown:
+    """A document, module, tl.graph op or traced model (`tlc.from_onnx`) checked once for
+    repeated `tlc.bounds` calls in `dtype` (f64/f32)."""
+    from tlc.semantics.crown import prepare_crown
+    from tlc.semantics.program import Traced
+
+    if isinstance(source, Traced):
+        chosen, records = source.graph, payload if payload is not None else source.payload
+    elif isinstance(source, GraphOp):
+        chosen, records = source, payload
+    else:
+        chosen, records = choose(source, graph, payload)
+    return prepare_crown(chosen, records, dtype_of(dtype))
+
+
+def bounds(
+    source: Any,
+    lo: Any = None,
+    hi: Any = None,
+    center: Any = None,
+    radius: Any = None,
+    C: Any = None,
+    method: str = "crown",
+    dtype: str = "f64",
+    payload: Any = None,
+    graph: str | None = None,
+) -> Bounds:
+    """`tlc.bounds`: sound lower/upper bounds of the output (or of `C @ output`) over an input
+    box, or a batch of boxes (arrays with a leading batch axis), by `method` ("ibp", "crown",
+    "crown-ibp"); enclosing the real values and the `dtype` (f64/f32) reference values."""
+    from tlc.semantics.crown import PreparedCrown, bind_box
+
+    prepared = (
+        source
+        if isinstance(source, PreparedCrown)
+        else prepared_bounds(source, payload, graph, dtype)
+    )
+    low, high = input_box(lo, hi, center, radius)
+    shape = prepared.steps[prepared.input_id].shape
+    if low.ndim == 1 and len(shape) != 1 and low.size == numel(shape):  # a flat list
+        low, high = low.reshape(shape), high.reshape(shape)
+    low, high, batched = bind_box(prepared, low, high)
+    result = prepared(low, high, method, None if C is None else np.asarray(C, dtype=np.float64))
+    if not batched:
+        result.lower, result.upper = result.lower[0], result.upper[0]
+        result.boxes = [None if b is None else Box(b.lo[0], b.hi[0]) for b in result.boxes]
+    return result
 
 
 def ibp(

@@ -1,0 +1,825 @@
+"""crown: linear-relaxation bounds (CROWN), sound in floating point.
+
+CROWN bounds a linear function `Lambda . z_out` of a node's value from below by walking the
+graph backwards: every node `z = f(parents)` is replaced by linear functions of its parents
+that bound it (exactly for linear ops; a lower and an upper line per neuron for relu, tanh,
+sigmoid, chosen by the sign of the coefficient), until only the input node is left, whose box
+gives the minimum of a linear function in closed form. Upper bounds are lower bounds of
+`-Lambda`, so a pass bounds the rows `[C; -C]` at once. Nonlinear nodes need bounds of their
+pre-activation; `prepare_crown(...)(lo, hi, method)` gets them by a backward pass from every
+pre-activation node (`method="crown"`) or from the interval boxes (`"crown-ibp"`), and every
+node's box is intersected with its interval box, so CROWN is never looser than IBP.
+
+Soundness in floating point (docs/verification.md). The pass keeps, for every row k,
+
+    target_k >= sum over frontier nodes n of <Lambda_n[k], z_n> + c_k - e_k
+
+exactly over the reals, for every input in the box and for both the real value of every node
+and the value the reference computes in `dtype`. Coefficients Lambda are whatever floats the
+pass computes: a rounded product `fl(Lambda W)` is a different but equally valid coefficient
+once the difference `(fl(Lambda W) - Lambda W) . x` is charged to `e`, bounded by
+`gamma |Lambda| (|W| mag(x))` with mag(x) from the node's interval box. The `dtype` evaluation's
+own rounding `z_d = f(x) + delta` is charged the same way (`|Lambda| |delta|`). Constants `c`
+are summed rounding down, errors `e` rounding up; the bound is `down(c - e)`.
+
+`CROWN[OpClass]` is `rule(step, lam, boxes, out) -> Back | None`, one table keyed by op class
+(`tlc.core.rule_table.registrar`); `None` (or an op without a rule) concretises the node with its
+interval box, the IBP fallback, and the reason is recorded in `Bounds.fallbacks`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from tlc.core.diagnostics import DiagnosticError
+from tlc.core.payload import Payload, Record
+from tlc.core.rule_table import registrar
+from tlc.dialect import ops
+from tlc.dialect.ops import GraphOp, NodeOp
+from tlc.dialect.shapes import Shape, numel
+from tlc.semantics.ibp import ABS_WEIGHT, PreparedIBP, prepare_ibp, reference
+from tlc.semantics.interpret import bind_inputs
+from tlc.semantics.interval_arith import COMPOSITE_ULPS, F64, LIBM_ULPS, Box, Outward, sanitize
+
+__all__ = ["CROWN", "METHODS", "Back", "Bounds", "PreparedCrown", "prepare_crown"]
+
+#: The methods `PreparedCrown` computes: interval boxes only; CROWN with CROWN intermediate
+#: bounds; CROWN for the output with interval intermediate bounds.
+METHODS = ("ibp", "crown", "crown-ibp")
+
+#: float64 outward rounding: the pass computes in float64 whatever the denotation's dtype.
+EXACT = Outward(F64)
+_U = EXACT.u
+_TINY = EXACT.tiny
+
+
+@dataclass
+class Back:
+    """What a rule gives for a node with coefficients `lam` [B, K, *shape]: coefficients per
+    parent (by position), and per row a constant and an error bound (both [B, K]) with
+    <lam, z> >= sum <parents[i], parent_i> + const - err."""
+
+    parents: dict[int, np.ndarray]
+    const: np.ndarray | float = 0.0
+    err: np.ndarray | float = 0.0
+
+
+@dataclass(frozen=True)
+class Step:
+    """A node as a rule sees it: the node, its parents' ids, its interval record (float64,
+    with |W|) and shape, and a cache for data derived once from the node (gather maps)."""
+
+    node: NodeOp
+    parents: tuple[int, ...]
+    record: Record | None
+    shape: Shape
+    cache: dict[str, Any] = field(default_factory=dict)
+
+
+CrownRule = Callable[[Step, np.ndarray, list[Box], Box, Outward], "Back | None"]
+CROWN: dict[type[NodeOp], CrownRule] = {}
+register = registrar(CROWN, "crown")
+
+#: Nonlinear ops whose relaxation reads the bounds of their parent: in method "crown" their
+#: parents get a backward pass of their own.
+NEEDS_PARENT_BOUNDS = (ops.ReluOp, ops.TanhOp, ops.SigmoidOp)
+
+#: Ops whose interval rule acts on every leading index alike, so a batch of boxes costs one call.
+BATCHABLE = (ops.InputOp, ops.ConstOp, ops.UnaryOp, ops.BinaryOp, ops.LinearOp)
+
+
+@dataclass
+class Bounds:
+    """The result of `tlc.bounds`: `lower`/`upper` of the output (or of `C y` with a spec
+    matrix C), one row per box for a batch; `boxes[k]` every node's box (None where no interval
+    rule applies); `fallbacks` node id -> why CROWN used that node's interval box."""
+
+    lower: np.ndarray
+    upper: np.ndarray
+    boxes: list[Box | None]
+    method: str
+    fallbacks: dict[int, str]
+
+    def node(self, node_id: int) -> Box | None:
+        """The box of node `node_id` (batched boxes carry a leading batch axis)."""
+        return self.boxes[node_id]
+
+    @property
+    def width(self) -> np.ndarray:
+        return self.upper - self.lower
+
+
+# --------------------------------------------------------------------------------------------
+# Rigorous dot products
+# --------------------------------------------------------------------------------------------
+
+
+def _rows(lam: np.ndarray) -> np.ndarray:
+    """lam [B, K, *shape] as [B, K, n]."""
+    return lam.reshape(lam.shape[:2] + (-1,))
+
+
+def row_dot(lam: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """<lam[b, k], v[b]> for every row, computed in float64 (no rounding control): [B, K]."""
+    flat = np.broadcast_to(v, (lam.shape[0],) + lam.shape[2:]).reshape(lam.shape[0], -1, 1)
+    with np.errstate(all="ignore"):
+        return np.matmul(_rows(lam), flat)[..., 0]
+
+
+def dot_bound(lam: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """An upper bound of <|lam|, v> for v >= 0 (error terms): the float64 sum is within
+    gamma_n of exact; we step over it with the factor and one outward step."""
+    n = max(numel(lam.shape[2:]), 1)
+    with np.errstate(all="ignore"):
+        return EXACT.up(row_dot(np.abs(lam), v) * (1 + EXACT.gamma(n)) + n * _TINY)
+
+
+def dot_error(lam: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """The rounding error of `row_dot(lam, v)` itself: within gamma_n <|lam|, |v|>."""
+    n = max(numel(lam.shape[2:]), 1)
+    return EXACT.up(dot_bound(lam, np.abs(v)) * EXACT.gamma(n) + n * _TINY)
+
+
+def min_over_box(lam: np.ndarray, box: Box) -> np.ndarray:
+    """A lower bound of min over x in box of <lam, x> (box [B, *shape]): centre minus spread,
+    rounded down, allowing for gamma_n of both products."""
+    mid = 0.5 * box.lo + 0.5 * box.hi
+    with np.errstate(all="ignore"):
+        rad = np.nextafter(np.maximum(box.hi - mid, mid - box.lo), np.inf)
+        centre = row_dot(lam, mid)
+        spread = dot_bound(lam, rad)
+        value = EXACT.down(EXACT.down(centre - spread) - dot_error(lam, mid))
+    return np.where(np.isnan(value), -np.inf, value)
+
+
+def magnitude(box: Box) -> np.ndarray:
+    return box.magnitude()
+
+
+# --------------------------------------------------------------------------------------------
+# Linear ops
+# --------------------------------------------------------------------------------------------
+
+
+def _linear_errors(
+    lam: np.ndarray, forward_abs: np.ndarray, out: Outward, fan_in: int, fan_out: int
+) -> np.ndarray:
+    """Error of a linear step: our product Lambda W within gamma_{fan_out} |Lambda||W| (float64),
+    the denotation's W x + b within gamma_{fan_in} (|W||x| + |b|) (dtype); `forward_abs` is
+    |W| mag(x) + |b| at the node's shape."""
+    g = EXACT.gamma(fan_out) + out.gamma(fan_in)
+    return EXACT.up(g * dot_bound(lam, forward_abs))
+
+
+@register(ops.LinearOp)
+def _linear(step: Step, lam: np.ndarray, parents: list[Box], own: Box, out: Outward) -> Back:
+    record = step.record
+    assert record is not None
+    w = record["weight"]
+    (x,) = parents
+    with np.errstate(all="ignore"):
+        into = np.matmul(lam, w)
+        forward_abs = np.matmul(magnitude(x), record[ABS_WEIGHT].T)
+    const: np.ndarray | float = 0.0
+    if "bias" in record:
+        const = row_dot(lam, record["bias"])
+        forward_abs = forward_abs + np.abs(record["bias"])
+    err = _linear_errors(lam, forward_abs, out, w.shape[1] + 1, w.shape[0] + 1)
+    return Back({0: into}, const, err)
+
+
+def _conv_geometry(node: NodeOp) -> dict[str, Any]:
+    m = node.metadata()
+    m["pads"] = list(zip(m["padding"], m["padding_after"], strict=True))
+    return m
+
+
+def _scatter_taps(
+    target: np.ndarray,
+    first: int,
+    kernel: tuple[int, ...],
+    stride: tuple[int, ...],
+    dilation: tuple[int, ...],
+    out_extents: tuple[int, ...],
+    tap_values: Callable[[tuple[int, ...]], np.ndarray],
+) -> None:
+    """The adjoint of a sliding-window gather: for every kernel tap, add `tap_values(tap)`
+    (shaped like the windowed output) into the padded `target` at the positions that tap read
+    (spatial axes from `first`)."""
+    for tap in np.ndindex(*kernel):
+        index: list[slice] = [slice(None)] * first
+        for t, s, d, o in zip(tap, stride, dilation, out_extents, strict=True):
+            index.append(slice(t * d, t * d + s * (o - 1) + 1, s))
+        target[tuple(index)] += tap_values(tap)
+
+
+def _crop(padded: np.ndarray, first: int, pads: list[tuple[int, int]], sizes: Shape) -> np.ndarray:
+    index = [slice(None)] * first + [
+        slice(lo, lo + n) for (lo, _hi), n in zip(pads, sizes, strict=True)
+    ]
+    return padded[tuple(index)]
+
+
+@register(ops.ConvOp)
+def _conv(step: Step, lam: np.ndarray, parents: list[Box], own: Box, out: Outward) -> Back:
+    """The adjoint of the convolution (a transposed convolution, tap by tap)."""
+    record = step.record
+    assert record is not None
+    m = _conv_geometry(step.node)
+    (x,) = parents
+    in_shape = x.shape[1:]
+    axis, groups, kernel = m["channel_axis"], m["groups"], tuple(m["kernel"])
+    cin, cout = m["in_channels"], m["out_channels"]
+    lead = lam.shape[: 2 + axis]
+    out_sp = step.shape[axis + 1 :]
+    in_sp = in_shape[axis + 1 :]
+    g_lam = lam.reshape(lead + (groups, cout // groups) + out_sp)
+    weight = record["weight"].reshape((groups, cout // groups, cin // groups) + kernel)
+    padded_sp = tuple(n + lo + hi for n, (lo, hi) in zip(in_sp, m["pads"], strict=True))
+    target = np.zeros(lead + (groups, cin // groups) + padded_sp)
+    letters = "abcdefghijklmnop"[: len(out_sp)]
+    spec = f"...go{letters},goc->...gc{letters}"
+
+    def tap_values(tap: tuple[int, ...]) -> np.ndarray:
+        return np.einsum(spec, g_lam, weight[(Ellipsis, *tap)], optimize=True)
+
+    with np.errstate(all="ignore"):
+        _scatter_taps(target, len(lead) + 2, kernel, m["stride"], m["dilation"], out_sp, tap_values)
+    into = _crop(target, len(lead) + 2, m["pads"], in_sp).reshape(lead + (cin,) + in_sp)
+    magnitude_record = {"weight": record[ABS_WEIGHT]}
+    forward_abs = np.stack(
+        [reference(step.node, magnitude(x)[b], record=magnitude_record) for b in range(len(x.lo))]
+    )
+    const: np.ndarray | float = 0.0
+    if "bias" in record:
+        bias = record["bias"].reshape((cout,) + (1,) * len(kernel))
+        const = row_dot(lam, np.broadcast_to(bias, step.shape))
+        forward_abs = forward_abs + np.abs(bias)
+    fan_in = cin // groups * math.prod(kernel) + 1
+    fan_out = cout // groups * math.prod(kernel) + 1
+    return Back({0: into}, const, _linear_errors(lam, forward_abs, out, fan_in, fan_out))
+
+
+@register(ops.AvgPoolOp)
+def _avg_pool(step: Step, lam: np.ndarray, parents: list[Box], own: Box, out: Outward) -> Back:
+    """The adjoint of averaging with zero padding counted: each output's coefficient / k spread
+    over its window."""
+    m = step.node.metadata()
+    kernel, stride, padding = tuple(m["kernel"]), tuple(m["stride"]), m["padding"]
+    (x,) = parents
+    in_shape = x.shape[1:]
+    first = 1 + len(in_shape) - len(kernel)  # in lam's axes: B, K, leading..., spatial
+    pads = [(p, p) for p in padding]
+    sizes = in_shape[len(in_shape) - len(kernel) :]
+    padded = tuple(n + 2 * p for n, p in zip(sizes, padding, strict=True))
+    target = np.zeros(lam.shape[: first + 1] + padded)
+    k = math.prod(kernel)
+    share = lam / k
+    out_sp = step.shape[len(step.shape) - len(kernel) :]
+    _scatter_taps(target, first + 1, kernel, stride, (1,) * len(kernel), out_sp, lambda t: share)
+    into = _crop(target, first + 1, pads, sizes)
+    forward_abs = np.stack([reference(step.node, magnitude(x)[b]) for b in range(len(x.lo))])
+    err = _linear_errors(lam, forward_abs, out, k + 1, k + 1)
+    return Back({0: into}, 0.0, err)
+
+
+def _reduced_axis(node: NodeOp, parent_shape: Shape) -> tuple[int, ...]:
+    if isinstance(node, ops.SumOp):
+        return tuple(range(len(parent_shape)))
+    return (node.meta("axis"),)
+
+
+@register(ops.SumOp, ops.ReduceSumOp, ops.ReduceMeanOp)
+def _reduction(step: Step, lam: np.ndarray, parents: list[Box], own: Box, out: Outward) -> Back:
+    """The adjoint of a sum over axes: the coefficient broadcast back (divided by n for the
+    mean); the denotation's sum is within gamma_n of the sum of magnitudes."""
+    (x,) = parents
+    shape = x.shape[1:]
+    axes = _reduced_axis(step.node, shape)
+    n = math.prod(shape[a] for a in axes)
+    spread = np.expand_dims(lam, tuple(2 + a for a in axes))
+    into = np.broadcast_to(spread, lam.shape[:2] + shape)
+    if isinstance(step.node, ops.ReduceMeanOp):
+        into = into / n
+    total = np.sum(magnitude(x), axis=tuple(1 + a for a in axes))
+    err = _linear_errors(lam, total, out, n + 1, 2)
+    return Back({0: into}, 0.0, err)
+
+
+@register(ops.AddOp, ops.SubOp)
+def _add_sub(step: Step, lam: np.ndarray, parents: list[Box], own: Box, out: Outward) -> Back:
+    """Exact over the reals; the denotation's sum is within u of the result."""
+    sign = -1.0 if isinstance(step.node, ops.SubOp) else 1.0
+    err = EXACT.up(2 * out.u * dot_bound(lam, magnitude(own)))
+    return Back({0: lam, 1: sign * lam}, 0.0, err)
+
+
+@register(ops.MatmulOp)
+def _matmul(step: Step, lam: np.ndarray, parents: list[Box], own: Box, out: Outward) -> Back | None:
+    """A product with a constant factor is linear in the other; with two variable factors no
+    relaxation is written (the node's interval box is used)."""
+    a, b = parents
+    const_a, const_b = (isinstance(v.owner, ops.ConstOp) for v in step.node.parents)
+    if const_b:
+        matrix = b.lo[0]
+        into = np.matmul(lam, np.swapaxes(matrix, -1, -2))
+        forward_abs = np.matmul(magnitude(a), np.abs(matrix))
+        return Back({0: into}, 0.0, _matmul_err(lam, forward_abs, matrix, out))
+    if const_a:
+        matrix = a.lo[0]
+        into = np.matmul(np.swapaxes(matrix, -1, -2), lam)
+        forward_abs = np.matmul(np.abs(matrix), magnitude(b))
+        return Back({1: into}, 0.0, _matmul_err(lam, forward_abs, matrix, out))
+    return None
+
+
+def _matmul_err(lam: np.ndarray, forward_abs: np.ndarray, matrix: np.ndarray, out: Outward):
+    inner = matrix.shape[-2] + matrix.shape[-1] + 1
+    return _linear_errors(lam, forward_abs, out, inner, inner)
+
+
+@register(ops.BatchNormEvalOp)
+def _batch_norm(step: Step, lam: np.ndarray, parents: list[Box], own: Box, out: Outward) -> Back:
+    """y = (x - mean) s + beta with s = gamma / sqrt(var + eps) per channel, s held as an
+    interval (it encloses the exact scale and the one the dtype computes): the midpoint of s is
+    the coefficient, its radius times |x - mean| joins the error with the dtype's three
+    roundings."""
+    from tlc.semantics.ibp import _default_eps
+
+    record = step.record
+    assert record is not None
+    (x,) = parents
+    shape = x.shape[1:]
+    axis = step.node.meta("channel_axis")
+    view = [1] * len(shape)
+    view[axis] = shape[axis]
+
+    def channel(name: str) -> np.ndarray:
+        return record[name].reshape(view)
+
+    root = out.monotone(out.add(Box.point(channel("var")), _default_eps(record, out)), np.sqrt, 1)
+    scale = out.div(Box.point(channel("gamma")), root)
+    if scale is None:
+        return None  # type: ignore[return-value]
+    s_mid = 0.5 * scale.lo + 0.5 * scale.hi
+    s_rad = EXACT.up(np.maximum(scale.hi - s_mid, s_mid - scale.lo))
+    shift = channel("beta") - channel("mean") * s_mid
+    into = lam * s_mid
+    const = row_dot(lam, np.broadcast_to(shift, shape))
+    centred = magnitude(x) + np.abs(channel("mean"))
+    s_mag = np.maximum(np.abs(scale.lo), np.abs(scale.hi))
+    rounding = 4 * (out.u + _U) * (centred * s_mag + np.abs(channel("beta")))
+    err = dot_bound(lam, s_rad * centred + rounding) * (1 + 8 * _U)
+    return Back({0: into}, const, EXACT.up(err + dot_error(lam, np.broadcast_to(shift, shape))))
+
+
+# --------------------------------------------------------------------------------------------
+# Ops that move values: the adjoint of a gather
+# --------------------------------------------------------------------------------------------
+
+
+def _gather_map(step: Step, parent_shapes: list[Shape]) -> np.ndarray:
+    """out_flat[j] = concat(parents_flat)[map[j]]: the op's reference rule applied to the
+    positions 0, 1, 2, ... (exact in float64), computed once per node."""
+    if "gather" not in step.cache:
+        offsets = np.cumsum([0] + [numel(s) for s in parent_shapes])
+        positions = [
+            np.arange(offsets[i], offsets[i + 1], dtype=F64).reshape(s)
+            for i, s in enumerate(parent_shapes)
+        ]
+        moved = reference(step.node, *positions).astype(np.int64).ravel()
+        counts = np.bincount(moved, minlength=int(offsets[-1]))
+        step.cache["gather"] = (moved, offsets, int(counts.max(initial=1)))
+    return step.cache["gather"]
+
+
+@register(
+    ops.DetachOp, ops.PermuteOp, ops.TransposeOp, ops.ReshapeOp, ops.FlattenOp, ops.ConcatOp,
+    ops.BroadcastToOp,
+)  # fmt: skip
+def _moves(step: Step, lam: np.ndarray, parents: list[Box], own: Box, out: Outward) -> Back:
+    """Each output element is one parent element: its coefficient goes back to that element
+    (summed where broadcasting repeats one, the only case with rounding)."""
+    shapes = [p.shape[1:] for p in parents]
+    moved, offsets, repeats = _gather_map(step, shapes)
+    flat = _rows(lam)
+    back = np.zeros(flat.shape[:2] + (int(offsets[-1]),))
+    err: np.ndarray | float = 0.0
+    if repeats == 1:
+        back[..., moved] = flat
+    else:
+        np.add.at(back, (slice(None), slice(None), moved), flat)
+        err = EXACT.up(EXACT.gamma(repeats) * dot_bound(lam, magnitude(own)))
+    into = {
+        i: back[..., offsets[i] : offsets[i + 1]].reshape(lam.shape[:2] + shape)
+        for i, shape in enumerate(shapes)
+    }
+    return Back(into, 0.0, err)
+
+
+# --------------------------------------------------------------------------------------------
+# Elementwise nonlinear ops: a lower and an upper line per neuron
+# --------------------------------------------------------------------------------------------
+
+
+def _relaxed(
+    lam: np.ndarray,
+    lines: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+    parent: Box,
+    own: Box,
+    denotation_err: np.ndarray | None,
+) -> Back:
+    """y >= s_lo z + b_lo and y <= s_hi z + b_hi (each [B, *shape], exact as floats): rows
+    with a positive coefficient take the lower line, negative ones the upper line. Our
+    products are charged u |new coefficient| mag(z), the constant's dot product its gamma_n,
+    and `denotation_err` (>= |y_dtype - f(z)|, None when exact) times |lam|."""
+    s_lo, b_lo, s_hi, b_hi = (v[:, None] for v in lines)
+    positive = lam >= 0
+    into = np.where(positive, lam * s_lo, lam * s_hi)
+    const = row_dot(np.where(positive, lam, 0.0), b_lo[:, 0]) + row_dot(
+        np.where(positive, 0.0, lam), b_hi[:, 0]
+    )
+    n = max(numel(lam.shape[2:]), 1)
+    err = (
+        _U * dot_bound(into, magnitude(parent))
+        + EXACT.gamma(n + 1) * dot_bound(lam, np.maximum(np.abs(lines[1]), np.abs(lines[3])))
+        + (0.0 if denotation_err is None else dot_bound(lam, denotation_err))
+        + 2 * n * _TINY
+    )
+    return Back({0: into}, const, EXACT.up(err * (1 + 8 * _U)))
+
+
+def relu_lines(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, ...]:
+    """CROWN's relu relaxation on [lo, hi]: stable neurons exactly (z or 0); unstable ones the
+    chord s (z - lo) above (s = u / (u - l) rounded up, its intercept -s l rounded up: the line
+    only moves up) and the adaptive lower line: z when u >= -l, else 0."""
+    active, dead = lo >= 0, hi <= 0
+    unstable = ~(active | dead)
+    with np.errstate(all="ignore"):
+        slope = EXACT.up(hi / EXACT.down(hi - lo))
+        intercept = EXACT.up(-slope * lo)
+    s_hi = np.where(active, 1.0, np.where(unstable, slope, 0.0))
+    b_hi = np.where(unstable, intercept, 0.0)
+    s_lo = np.where(active, 1.0, np.where(unstable & (hi >= -lo), 1.0, 0.0))
+    return s_lo, np.zeros_like(lo), s_hi, b_hi
+
+
+@register(ops.ReluOp)
+def _relu(step: Step, lam: np.ndarray, parents: list[Box], own: Box, out: Outward) -> Back | None:
+    (z,) = parents
+    if not (np.all(np.isfinite(z.lo)) and np.all(np.isfinite(z.hi))):
+        return None
+    return _relaxed(lam, relu_lines(z.lo, z.hi), z, own, None)
+
+
+@dataclass(frozen=True)
+class SShape:
+    """An increasing function, convex below 0 and concave above (tanh, sigmoid): the function,
+    its derivative, the negative x with f'(x) = s (NaN if none), its range, the denotation's
+    error in ULPs."""
+
+    f: Callable[[np.ndarray], np.ndarray]
+    df: Callable[[np.ndarray], np.ndarray]
+    critical: Callable[[np.ndarray], np.ndarray]
+    bottom: float
+    top: float
+    ulps: int
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    return 0.5 * (1.0 + np.tanh(0.5 * x))
+
+
+def _sigmoid_critical(s: np.ndarray) -> np.ndarray:
+    low = 0.5 * (1.0 - np.sqrt(1.0 - 4.0 * s))
+    return np.log(low) - np.log1p(-low)
+
+
+S_SHAPES: dict[type[NodeOp], SShape] = {
+    ops.TanhOp: SShape(
+        np.tanh,
+        lambda x: 1.0 - np.tanh(x) ** 2,
+        lambda s: -np.arctanh(np.sqrt(1.0 - s)),
+        -1.0,
+        1.0,
+        LIBM_ULPS,
+    ),
+    ops.SigmoidOp: SShape(
+        _sigmoid,
+        lambda x: _sigmoid(x) * (1.0 - _sigmoid(x)),
+        _sigmoid_critical,
+        0.0,
+        1.0,
+        COMPOSITE_ULPS,
+    ),
+}
+
+
+def _extreme(shape: SShape, s: np.ndarray, lo: np.ndarray, hi: np.ndarray, lower: bool):
+    """A rigorous bound of min (lower) or max of g(x) = f(x) - s x over [lo, hi].
+
+    f is convex on x <= 0 and concave on x >= 0. On the convex part a minimum of g is bounded
+    by the tangent of g at any point t of that part (g >= g(t) + g'(t)(x - t)), at the
+    part's ends; on the concave part the minimum is at an end. The maximum is the mirror
+    image. t is the critical point f'(t) = s clipped into the part (any t gives a valid
+    bound; the critical point gives the tight one). Evaluation errors of f, f' and the few
+    products are far below 1e-12 (1 + (1 + |s|) M) with M the larger end magnitude."""
+    sign = 1.0 if lower else -1.0
+    with np.errstate(all="ignore"):
+
+        def g(x: np.ndarray) -> np.ndarray:
+            return shape.f(x) - s * x
+
+        # the part where g has curvature of the helpful sign: convex part for a minimum
+        if lower:
+            a, b = lo, np.minimum(hi, 0.0)
+        else:
+            a, b = np.maximum(lo, 0.0), hi
+        has = a <= b
+        t = sign * shape.critical(s)
+        t = np.where(np.isnan(t), 0.5 * (a + b), np.clip(t, a, b))
+        slope = shape.df(t) - s
+        tangent_a = g(t) + slope * (a - t)
+        tangent_b = g(t) + slope * (b - t)
+        pick = np.minimum if lower else np.maximum
+        curved = np.where(has, pick(tangent_a, tangent_b), np.nan)
+        ends = pick(g(lo), g(hi))
+        zero = np.where((lo <= 0) & (hi >= 0), g(np.zeros_like(lo)), np.nan)
+        best = pick(pick(ends, np.where(np.isnan(curved), ends, curved)),
+                    np.where(np.isnan(zero), ends, zero))  # fmt: skip
+        m = np.maximum(np.abs(lo), np.abs(hi))
+        slack = 1e-12 * (1.0 + (1.0 + np.abs(s)) * m)
+        return EXACT.down(best - slack) if lower else EXACT.up(best + slack)
+
+
+def s_shape_lines(shape: SShape, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Tangent/secant lines: below 0 (convex) the chord above and the tangent at the midpoint
+    below; above 0 the mirror image; across 0 both with slope min(f'(l), f'(u)). Each line's
+    intercept is the rigorous extreme of f(x) - s x over the box (`_extreme`), so any slope
+    gives a sound line; the slope only decides tightness. Unbounded boxes use the range."""
+    with np.errstate(all="ignore"):
+        width = hi - lo
+        chord = np.where(width > 0, (shape.f(hi) - shape.f(lo)) / width, shape.df(lo))
+        tangent = shape.df(0.5 * lo + 0.5 * hi)
+        across = np.minimum(shape.df(lo), shape.df(hi))
+        s_lo = np.where(hi <= 0, tangent, np.where(lo >= 0, chord, across))
+        s_hi = np.where(hi <= 0, chord, np.where(lo >= 0, tangent, across))
+        finite = np.isfinite(lo) & np.isfinite(hi)
+        s_lo = np.where(finite & np.isfinite(s_lo), s_lo, 0.0)
+        s_hi = np.where(finite & np.isfinite(s_hi), s_hi, 0.0)
+        b_lo = _extreme(shape, s_lo, lo, hi, lower=True)
+        b_hi = _extreme(shape, s_hi, lo, hi, lower=False)
+    b_lo = np.where(finite & np.isfinite(b_lo), b_lo, shape.bottom)
+    b_hi = np.where(finite & np.isfinite(b_hi), b_hi, shape.top)
+    return s_lo, b_lo, s_hi, b_hi
+
+
+def _s_shaped(step: Step, lam: np.ndarray, parents: list[Box], own: Box, out: Outward) -> Back:
+    shape = S_SHAPES[type(step.node)]
+    (z,) = parents
+    lines = s_shape_lines(shape, z.lo, z.hi)
+    # the denotation: f_dtype(z) within `ulps` ULPs (of dtype) of f(z); one ULP is at most
+    # 2 u |f(z)| and |f(z)| <= mag(own) (1 + small): 4 ulps u mag(own) with room
+    denotation = 4 * shape.ulps * out.u * magnitude(own) + shape.ulps * out.tiny
+    return _relaxed(lam, lines, z, own, denotation)
+
+
+register(ops.TanhOp, ops.SigmoidOp)(_s_shaped)
+
+
+@register(ops.ConstOp)
+def _const(step: Step, lam: np.ndarray, parents: list[Box], own: Box, out: Outward) -> Back:
+    """A point: its contribution is a number."""
+    value = own.lo
+    return Back({}, row_dot(lam, value), dot_error(lam, value))
+
+
+# --------------------------------------------------------------------------------------------
+# The pass
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class PreparedCrown:
+    """A checked graph with its records, for bounds of many boxes: `(lo, hi, method, C)`."""
+
+    ibp: PreparedIBP
+    steps: list[Step]
+    input_id: int
+    output_id: int
+
+    def __call__(
+        self, lo: np.ndarray, hi: np.ndarray, method: str = "crown", spec: np.ndarray | None = None
+    ) -> Bounds:
+        """Bounds for the boxes [lo, hi] ([B, *input shape], one box per row) of the output, or
+        of spec @ output (spec [K, numel(output)]), by `method` (see `METHODS`)."""
+        if method not in METHODS:
+            raise ValueError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
+        fallbacks: dict[int, str] = {}
+        boxes = self._interval_boxes(lo, hi)
+        if method != "ibp" and boxes[self.output_id] is not None:
+            self._tighten(boxes, method, fallbacks)
+        out_box = boxes[self.output_id]
+        if out_box is None:
+            raise DiagnosticError.simple(
+                f"bounds: the output node {self.output_id} has no interval box (a parent leaves "
+                "an op's domain); no bound can be given"
+            )
+        matrix = self._spec(spec)
+        batch = out_box.lo.shape[0]
+        rows = np.broadcast_to(matrix, (batch,) + matrix.shape)
+        rows = rows.reshape((batch, matrix.shape[0]) + out_box.shape[1:])
+        if spec is None:  # the box itself (C = I adds nothing but rounding)
+            lower, upper = out_box.lo.reshape(batch, -1), out_box.hi.reshape(batch, -1)
+        else:
+            lower, upper = min_over_box(rows, out_box), -min_over_box(-rows, out_box)
+        if method != "ibp":
+            both = self._backward(self.output_id, np.concatenate([rows, -rows], axis=1), boxes,
+                                  fallbacks)  # fmt: skip
+            k = matrix.shape[0]
+            lower, upper = np.maximum(lower, both[:, :k]), np.minimum(upper, -both[:, k:])
+        if spec is None:
+            lower, upper = lower.reshape(out_box.lo.shape), upper.reshape(out_box.lo.shape)
+        return Bounds(lower, upper, boxes, method, fallbacks)
+
+    def _spec(self, spec: np.ndarray | None) -> np.ndarray:
+        n = numel(self.steps[self.output_id].shape)
+        if spec is None:
+            return np.eye(max(n, 1))
+        matrix = np.asarray(spec, dtype=F64)
+        if matrix.ndim == 1:
+            matrix = matrix[None, :]
+        if matrix.ndim != 2 or matrix.shape[1] != max(n, 1):
+            raise DiagnosticError.simple(
+                f"bounds: C must be a matrix with {max(n, 1)} columns (the output's elements), "
+                f"got shape {list(matrix.shape)}"
+            )
+        return matrix
+
+    def _interval_boxes(self, lo: np.ndarray, hi: np.ndarray) -> list[Box | None]:
+        """The interval boxes of every node for a batch of input boxes, on a leading batch axis:
+        one pass over the batch where every rule allows it (`_batched`), else box by box."""
+        if lo.shape[0] == 1 or not self._batchable or not np.all(lo <= hi):
+            per_box = [self.ibp(lo[b], hi[b]) for b in range(lo.shape[0])]
+            return [
+                None if any(boxes[i] is None for boxes in per_box)
+                else Box(np.stack([boxes[i].lo for boxes in per_box]),
+                         np.stack([boxes[i].hi for boxes in per_box]))
+                for i in range(len(self.steps))
+            ]  # fmt: skip
+        boxes: list[Box | None] = []
+        for step in self.steps:
+            if step.node.id == self.input_id:
+                boxes.append(self.ibp.outward.to_grid(Box(lo, hi)))
+            else:
+                boxes.append(self._batched(step, [boxes[p] for p in step.parents], lo.shape[0]))
+        return boxes
+
+    @property
+    def _batchable(self) -> bool:
+        return all(isinstance(s.node, BATCHABLE) for s in self.steps)
+
+    def _batched(self, step: Step, parents: list[Box | None], batch: int) -> Box | None:
+        """The interval rule on batched boxes: for `BATCHABLE` ops, which act on leading axes
+        alike (elementwise ops; linear maps every leading index)."""
+        ibp_step = self.ibp.steps[step.node.id]
+        if ibp_step.rule is None or any(p is None for p in parents):
+            return None
+        box = ibp_step.rule(step.node, parents, ibp_step.record, self.ibp.outward)  # type: ignore[arg-type]
+        if box is None:
+            return None
+        shape = (batch,) + step.shape
+        return sanitize(Box(np.broadcast_to(box.lo, shape), np.broadcast_to(box.hi, shape)))
+
+    def _tighten(self, boxes: list[Box | None], method: str, fallbacks: dict[int, str]) -> None:
+        """Forward over the nodes: each box from its rule on the tightened parents, intersected
+        with its interval box; pre-activation nodes (method crown) also with their CROWN
+        bounds."""
+        needs = set()
+        if method == "crown":
+            for step in self.steps:
+                if isinstance(step.node, NEEDS_PARENT_BOUNDS):
+                    needs.update(step.parents)
+        for step in self.steps:
+            i = step.node.id
+            if boxes[i] is None or isinstance(step.node, ops.InputOp | ops.ConstOp):
+                continue
+            parents = [boxes[p] for p in step.parents]
+            if any(p is None for p in parents):
+                continue
+            box = self._reapply(step, parents, boxes[i])
+            if i in needs:
+                n = max(numel(step.shape), 1)
+                eye = np.eye(n).reshape((n,) + step.shape)
+                rows = np.broadcast_to(np.concatenate([eye, -eye]), (box.lo.shape[0], 2 * n)
+                                       + step.shape)  # fmt: skip
+                both = self._backward(i, rows, boxes, fallbacks)
+                low = both[:, :n].reshape(box.lo.shape)
+                high = -both[:, n:].reshape(box.lo.shape)
+                box = Box(np.maximum(box.lo, low), np.minimum(box.hi, high))
+            boxes[i] = box
+
+    def _reapply(self, step: Step, parents: list[Box], current: Box) -> Box:
+        """The interval rule on tightened parent boxes, intersected with the current box."""
+        ibp_step = self.ibp.steps[step.node.id]
+        batch = current.lo.shape[0]
+        if batch > 1 and isinstance(step.node, BATCHABLE):
+            one_pass = self._batched(step, parents, batch)
+            if one_pass is None:
+                return current
+            return Box(np.maximum(current.lo, one_pass.lo), np.minimum(current.hi, one_pass.hi))
+        fresh = []
+        for b in range(batch):
+            one = self.ibp._apply(ibp_step, [Box(p.lo[b], p.hi[b]) for p in parents])
+            if one is None:
+                return current
+            fresh.append(one)
+        lo = np.maximum(current.lo, np.stack([f.lo for f in fresh]))
+        hi = np.minimum(current.hi, np.stack([f.hi for f in fresh]))
+        return Box(lo, hi)
+
+    def _backward(
+        self, start: int, rows: np.ndarray, boxes: list[Box | None], fallbacks: dict[int, str]
+    ) -> np.ndarray:
+        """A rigorous lower bound of <rows[b, k], z_start> over box b: [B, K]."""
+        lams: dict[int, np.ndarray] = {start: np.array(rows, dtype=F64)}
+        const = np.zeros(rows.shape[:2])
+        err = np.zeros(rows.shape[:2])
+        with np.errstate(all="ignore"):
+            for step in reversed(self.steps[: start + 1]):
+                i = step.node.id
+                if i not in lams:
+                    continue
+                lam = lams.pop(i)
+                own = boxes[i]
+                assert own is not None
+                back = None
+                if i == self.input_id:
+                    const = EXACT.down(const + min_over_box(lam, own))
+                    continue
+                rule = CROWN.get(type(step.node))
+                parents = [boxes[p] for p in step.parents]
+                if rule is not None and all(p is not None for p in parents):
+                    back = rule(step, lam, parents, own, self.ibp.outward)  # type: ignore[arg-type]
+                if back is None:
+                    fallbacks.setdefault(i, _fallback_reason(step))
+                    const = EXACT.down(const + min_over_box(lam, own))
+                    continue
+                const = EXACT.down(const + back.const)
+                err = EXACT.up(err + back.err)
+                for position, coefficient in back.parents.items():
+                    pid = step.parents[position]
+                    if pid in lams:
+                        total = lams[pid] + coefficient
+                        # the sum's rounding: within u |total| per coefficient
+                        err = EXACT.up(err + _U * dot_bound(total, boxes[pid].magnitude()))
+                        lams[pid] = total
+                    else:
+                        lams[pid] = np.array(coefficient, dtype=F64)
+            bound = EXACT.down(const - err)
+        return np.where(np.isnan(bound), -np.inf, bound)
+
+
+def _fallback_reason(step: Step) -> str:
+    node = step.node
+    if type(node) not in CROWN:
+        return f"{node.TAG}: no linear relaxation written; its interval box is used"
+    if isinstance(node, ops.MatmulOp):
+        return "matmul of two variable factors: its interval box is used"
+    return f"{node.TAG}: unbounded parent box; its interval box is used"
+
+
+def prepare_crown(
+    graph: GraphOp, payload: Payload | None, dtype: type = np.float64
+) -> PreparedCrown:
+    """Check the graph and payload once (as `prepare_ibp`) for repeated bounds in `dtype`.
+    CROWN needs one input node."""
+    prepared = prepare_ibp(graph, payload, dtype)
+    inputs = [n.id for n in graph.nodes if isinstance(n, ops.InputOp)]
+    if len(inputs) != 1:
+        raise DiagnosticError.simple(
+            f"bounds: graph @{graph.graph_name} has {len(inputs)} input nodes; linear bounds "
+            "take one input node"
+        )
+    steps = [Step(s.node, s.parents, s.record, s.shape) for s in prepared.steps]
+    output = graph.output
+    assert output is not None and isinstance(output.value.owner, NodeOp)
+    return PreparedCrown(prepared, steps, inputs[0], output.value.owner.id)
+
+
+def bind_box(prepared: PreparedCrown, lo: Any, hi: Any) -> tuple[np.ndarray, np.ndarray, bool]:
+    """(lo, hi) as [B, *input shape] float64 arrays and whether the caller gave a batch."""
+    shape = prepared.steps[prepared.input_id].shape
+    lo_a, hi_a = np.asarray(lo, dtype=F64), np.asarray(hi, dtype=F64)
+    lo_a, hi_a = np.broadcast_arrays(lo_a, hi_a)
+    batched = lo_a.shape != shape and lo_a.shape[1:] == shape
+    if not batched:
+        one = bind_inputs(prepared.ibp.graph, prepared.ibp.shapes, lo_a, F64)
+        two = bind_inputs(prepared.ibp.graph, prepared.ibp.shapes, hi_a, F64)
+        lo_a, hi_a = one[prepared.input_id][None], two[prepared.input_id][None]
+    return lo_a, hi_a, batched

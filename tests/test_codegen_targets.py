@@ -1,0 +1,251 @@
+"""Targets: kernels shaped by the target CPU, the --target-* options, multi-level libraries,
+refusal on a CPU lacking the features, and aarch64 code.
+
+IR and assembly checks pin a CPU (one AVX2, one AVX-512) so they hold on any build machine;
+checks that execute code run only for targets this machine supports and skip otherwise, with
+the reason.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import llvmlite.binding as llvm
+import numpy as np
+import pytest
+
+import tlc
+from tlc.api.evaluate import checked_graph
+from tlc.codegen.shared_lib import library_variants
+from tlc.codegen.target import X86_LEVELS, Target, host_lacks, resolve_target, target_info
+from tlc.core.diagnostics import DiagnosticError
+from tlc.dialect.payload_section import payload_from_module
+from tlc.semantics.interpret import interpret
+from tlc.tools.compile import main as compile_main
+
+ROOT = Path(__file__).parent.parent
+MLP_PATH = ROOT / "examples" / "mlp.tlir"
+X86 = Target().arch == "x86_64"
+needs_x86 = pytest.mark.skipif(not X86, reason="x86-64 levels need an x86-64 build machine")
+needs_cc = pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler")
+
+MATRICES = """
+tl.graph @lin {
+  %0 = input : [70, 33]
+  %1 = linear(%0) : [70, 19]
+  output %1
+}
+tl.graph @mm {
+  %0 = input : [7, 9]
+  %1 = const {shape = [9, 70]} : [9, 70]
+  %2 = matmul(%0, %1) : [7, 70]
+  output %2
+}
+"""
+
+
+def runnable(cpu: str, features: str = "") -> Target:
+    """`Target(cpu, features)`, or skip the test when this machine cannot run its code."""
+    target = Target(cpu, features)
+    missing = host_lacks(target)
+    if missing:
+        pytest.skip(f"this CPU lacks {', '.join(missing)} for {target.describe()}")
+    return target
+
+
+@pytest.mark.parametrize(
+    ("cpu", "vector_bytes", "registers", "level"),
+    [
+        ("x86-64-v2", 16, 16, "x86-64-v2"),
+        ("haswell", 32, 16, "x86-64-v3"),
+        ("znver3", 32, 16, "x86-64-v3"),
+        ("znver4", 64, 32, "x86-64-v4"),
+        ("skylake-avx512", 64, 32, "x86-64-v4"),
+    ],
+)
+def test_target_info_comes_from_the_target(
+    cpu: str, vector_bytes: int, registers: int, level: str
+) -> None:
+    info = target_info(Target(cpu, triple="x86_64-unknown-linux-gnu"))
+    got = (info.vector_bytes, info.vector_registers, info.level)
+    assert got == (vector_bytes, registers, level)
+
+
+@pytest.mark.parametrize("cpu", ["x86-64-v2", "haswell", "znver4"])
+@pytest.mark.parametrize("dtype", ["f64", "f32"])
+@pytest.mark.parametrize("name", ["lin", "mm"])
+def test_each_levels_kernels_compute_the_reference(cpu: str, dtype: str, name: str) -> None:
+    """The tile shapes of every level (3x3 dot tiles on 16 registers, 4x4 on 32; 2, 4 or 8
+    lanes) at their edges, run through the JIT when this CPU can."""
+    if not X86:
+        pytest.skip("x86-64 targets")
+    runnable(cpu)
+    module = tlc.parse(MATRICES)
+    graph = checked_graph(module, name)
+    rng = np.random.default_rng(4)
+    records = {"lin": {1: {"weight": rng.normal(size=(19, 33)), "bias": rng.normal(size=19)}},
+               "mm": {1: {"value": rng.normal(size=9 * 70)}}}  # fmt: skip
+    payload = tlc.core.payload.Payload(records[name])
+    scalar = np.float64 if dtype == "f64" else np.float32
+    x = rng.normal(size=graph.nodes[0].declared_shape).astype(scalar)
+    expected = interpret(graph, payload, x, scalar).output
+    tol = {"rtol": 1e-11, "atol": 1e-12} if dtype == "f64" else {"rtol": 2e-5, "atol": 2e-5}
+    f = tlc.compile(module, payload, dtype, graph=name, target_cpu=cpu)
+    np.testing.assert_allclose(f(x), expected, **tol)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"target_cpu": "nonsense"}, "'nonsense' is not a recognized processor"),
+        ({"target_features": "+bogus"}, "'+bogus' is not a recognized feature"),
+        ({"target_features": "avx2"}, "bad target feature 'avx2': write +name"),
+        ({"target_triple": "bogus-x"}, "unknown target triple 'bogus-x'"),
+    ],
+)
+def test_bad_targets_are_diagnosed(options: dict[str, str], message: str) -> None:
+    with pytest.raises(DiagnosticError, match=re.escape(message)):
+        tlc.compile(MLP_PATH.read_text(), **options)
+
+
+def test_jit_refuses_a_target_this_cpu_cannot_run() -> None:
+    if "amx-tile" not in {f for f, on in llvm.get_host_cpu_features().items() if on}:
+        with pytest.raises(DiagnosticError, match="this CPU lacks amx-tile"):
+            tlc.compile(MLP_PATH.read_text(), target_features="+amx-tile")
+    else:
+        pytest.skip("this CPU has AMX")
+
+
+def build(tmp_path: Path, *options: str, name: str = "libmlp.so") -> Path:
+    out = tmp_path / name
+    assert compile_main([str(MLP_PATH), "-o", str(out), *options]) == 0
+    return out
+
+
+def raw_library(path: Path) -> ctypes.CDLL:
+    lib = ctypes.CDLL(str(path))
+    lib.tlc_mlp_cpu_variant.restype = ctypes.c_char_p
+    return lib
+
+
+@needs_x86
+@needs_cc
+def test_default_library_holds_every_level_and_picks_the_best(tmp_path: Path) -> None:
+    path = build(tmp_path)
+    header = (tmp_path / "libmlp.h").read_text()
+    assert "Built for: x86-64-v4, x86-64-v3, x86-64-v2." in header
+    assert "int tlc_mlp_cpu_check(const char **missing);" in header
+    assert "#define TLC_ERR_UNSUPPORTED_CPU 4" in header
+    best = next(v for v in library_variants(None) if not host_lacks(v))
+    raw = raw_library(path)
+    assert raw.tlc_mlp_cpu_variant() == best.cpu.encode()
+    assert raw.tlc_mlp_cpu_check(None) == 0
+    out = tlc.load(str(path))(np.array([0.3, -0.2, 0.1, 0.4]))
+    assert f"{float(out):.6f}" == "0.027713"
+
+
+@needs_x86
+@needs_cc
+@pytest.mark.parametrize("cpu", X86_LEVELS)
+def test_single_target_libraries_agree(tmp_path: Path, cpu: str) -> None:
+    """Each level built alone (--target-cpu) computes the same values, where this CPU runs it."""
+    runnable(cpu)
+    path = build(tmp_path, "--target-cpu", cpu, "--batch", "5", "--dtype", "f32")
+    module = tlc.parse(MLP_PATH.read_text())
+    graph = checked_graph(module)
+    payload = payload_from_module(module, "mlp")
+    xs = np.random.default_rng(0).normal(size=(5, 4)).astype(np.float32)
+    expected = [interpret(graph, payload, x, np.float32).output for x in xs]
+    np.testing.assert_allclose(tlc.load(str(path))(xs), expected, rtol=2e-5, atol=1e-6)
+    assert raw_library(path).tlc_mlp_cpu_variant() == cpu.encode()
+
+
+@needs_x86
+@needs_cc
+def test_library_for_missing_features_refuses_instead_of_crashing(tmp_path: Path) -> None:
+    """A library built for a feature this CPU lacks (AMX tiles, absent from AMD CPUs and from
+    most Intel ones) is refused by tlc.load, its check names the feature, and its entry returns
+    TLC_ERR_UNSUPPORTED_CPU without executing anything."""
+    target = Target("x86-64-v4", "+amx-tile")
+    if not host_lacks(target):
+        pytest.skip("this CPU has AMX and AVX-512: no feature to miss")
+    path = build(tmp_path, "--target-cpu", "x86-64-v4", "--target-features", "+amx-tile")
+    assert "Built for: x86-64-v4 +amx-tile." in (tmp_path / "libmlp.h").read_text()
+    with pytest.raises(DiagnosticError, match=r"built for CPU features this machine lacks \("):
+        tlc.load(str(path))
+    raw = raw_library(path)
+    missing = ctypes.c_char_p()
+    assert raw.tlc_mlp_cpu_check(ctypes.byref(missing)) == 4
+    assert missing.value in (b"amx-tile", b"x86-64-v4")
+    assert raw.tlc_mlp_cpu_variant() is None
+    x, y = np.zeros(4), np.zeros(1)
+    assert raw.tlc_mlp(x.ctypes.data_as(ctypes.c_void_p), y.ctypes.data_as(ctypes.c_void_p)) == 4
+
+
+def tool(name: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run a console script (tlc-opt, tlc-compile) of this environment."""
+    script = str(Path(sys.executable).parent / name)
+    return subprocess.run([script, *args], capture_output=True, text=True, check=False)
+
+
+def aarch64() -> Target:
+    try:
+        return resolve_target("generic", None, "aarch64-linux-gnu")
+    except DiagnosticError as exc:
+        pytest.skip(f"llvmlite has no AArch64 target: {exc}")
+
+
+def test_aarch64_assembly_and_ir() -> None:
+    """NEON code through --target-triple: 128-bit vectors (4 floats), 32 registers."""
+    target = aarch64()
+    assert target_info(target).vector_bytes == 16
+    asm = tool("tlc-opt", str(MLP_PATH), "--emit", "asm-f32",
+               "--target-triple", "aarch64-linux-gnu", "--target-cpu", "neoverse-n1")  # fmt: skip
+    assert asm.returncode == 0, asm.stderr
+    assert re.search(r"^tlc_mlp:", asm.stdout, re.M) and "fmla" in asm.stdout
+    ir = tool("tlc-opt", str(MLP_PATH), "--emit", "llvm",
+              "--target-triple", "aarch64-linux-gnu", "--target-cpu", "generic")  # fmt: skip
+    assert ir.returncode == 0, ir.stderr
+    assert 'target triple = "aarch64' in ir.stdout
+
+
+def test_aarch64_library_is_refused_without_a_cross_linker(tmp_path: Path) -> None:
+    aarch64()
+    if not X86:
+        pytest.skip("this machine is not x86-64")
+    done = tool("tlc-compile", str(MLP_PATH), "-o", str(tmp_path / "lib.so"),
+                "--target-triple", "aarch64-linux-gnu", "--target-cpu", "generic")  # fmt: skip
+    assert done.returncode == 1
+    assert "cannot link a aarch64 library on this x86_64 machine" in done.stderr
+
+
+def test_target_options_need_a_native_emitter() -> None:
+    done = tool("tlc-opt", str(MLP_PATH), "--target-cpu", "znver3")
+    assert done.returncode == 2
+    assert "--target-* options need --emit llvm or --emit asm" in done.stderr
+
+
+def test_the_docs_target_commands_run(tmp_path: Path) -> None:
+    """Every command of docs/codegen.md's Targets section, as written (outputs into tmp)."""
+    text = (ROOT / "docs" / "codegen.md").read_text(encoding="utf-8")
+    section = text[text.index("## Targets") :]
+    commands = [
+        line.split("#")[0].split()
+        for line in section.splitlines()
+        if line.startswith(("tlc-opt ", "tlc-compile "))
+    ]
+    assert len(commands) == 4
+    for name, *args in commands:
+        if name == "tlc-compile" and not X86:
+            continue
+        args = [str(tmp_path / a) if a.endswith(".so") else a for a in args]
+        done = subprocess.run(
+            [str(Path(sys.executable).parent / name), *args],
+            cwd=ROOT, capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, (name, args, done.stderr)
