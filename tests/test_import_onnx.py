@@ -291,6 +291,9 @@ def test_malformed_models_are_diagnostics() -> None:
     )
     negative = make_model([helper.make_node("Relu", ["x"], ["y"])], [("x", (-1, 4))], "y")
     assert _refusal(negative) == "ONNX import: input 'x': negative extent in shape [-1, 4]"
+    odd_type = make_model([helper.make_node("Relu", ["x"], ["y"])], [("x", (4,))], "y")
+    odd_type.graph.input[0].type.tensor_type.elem_type = 109
+    assert _refusal(odd_type).startswith("ONNX import: input 'x' has element type #109 (unknown)")
     relu = make_model([helper.make_node("Relu", ["x"], ["y"])], [("x", ("N", 4))], "y")
     with pytest.raises(DiagnosticError, match=r"input 'x': tensor of shape \[4611686018427387904"):
         tlc.from_onnx(relu, [(2**62, 4)])

@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import pickle
+import re
 import subprocess
 import sys
 import tempfile
@@ -142,3 +143,12 @@ def test_batch_beyond_64_bits_is_a_usage_error(
         "mlp.tlir:3:3: error: codegen: node 0: 73,786,976,294,838,206,464 bytes is more than "
         "compiled code can address" in capsys.readouterr().err
     )
+
+
+def test_no_parser_uses_lark_temp_cache() -> None:
+    """Every Lark parser in the package (the .tlir tables above, VNN-LIB's) is built without
+    `cache=True`, which un-pickles from the shared temp directory."""
+    for package in ("compiler", "dialect", "passes", "codegen", "tools"):
+        for source in (ROOT / package).rglob("*.py"):
+            code = source.read_text(encoding="utf-8")
+            assert not re.search(r"Lark\([^)]*cache\s*=\s*True", code, re.S), source

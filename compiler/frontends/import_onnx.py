@@ -686,7 +686,8 @@ def _input_shape(info: onnx.ValueInfoProto, given: Shape | None) -> Shape:
     if not info.type.HasField("tensor_type"):
         raise import_error(PREFIX, f"input '{info.name}' is not a tensor")
     if t.elem_type not in REAL_TYPES:
-        kind = TensorProto.DataType.Name(t.elem_type)
+        known = t.elem_type in TensorProto.DataType.values()
+        kind = TensorProto.DataType.Name(t.elem_type) if known else f"#{t.elem_type} (unknown)"
         raise import_error(
             PREFIX,
             f"input '{info.name}' has element type {kind} (tl graph inputs are FLOAT/DOUBLE; "

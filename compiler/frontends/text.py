@@ -83,13 +83,19 @@ def _check_string_literals(source: str, filename: str) -> None:
 #: eagerly (`i99999999999` exhausted memory, `i2147483647` took seconds and a gigabyte).
 MAX_INT_WIDTH = 64
 _STRING = re.compile(r'"(?:[^"\\\n]|\\.)*"')
+_LONG_INT = re.compile(r"[0-9]{4001,}")
 _INT_TYPE = re.compile(r"(?<![\w.$#%@!^-])[su]?i([0-9]+)\b")
 
 
 def _check_integer_types(source: str, filename: str) -> None:
-    """Reject an integer type wider than MAX_INT_WIDTH (outside string literals) before xDSL
-    parses it."""
+    """Reject an integer type wider than MAX_INT_WIDTH, and an integer literal too long to
+    convert (outside string literals), before xDSL parses them."""
     blanked = _STRING.sub(lambda m: " " * len(m.group()), source)
+    for match in _LONG_INT.finditer(blanked):  # Python's int() refuses over 4,300 digits
+        raise error(
+            f"integer literal of {len(match.group())} digits is too long",
+            _location(source, match.start(), filename),
+        )
     for match in _INT_TYPE.finditer(blanked):
         digits = match.group(1)
         if len(digits) > 3 or int(digits) > MAX_INT_WIDTH:
