@@ -291,6 +291,11 @@ def test_malformed_models_are_diagnostics() -> None:
     )
     negative = make_model([helper.make_node("Relu", ["x"], ["y"])], [("x", (-1, 4))], "y")
     assert _refusal(negative) == "ONNX import: input 'x': negative extent in shape [-1, 4]"
+    clash = make_model([helper.make_node("Add", ["x", "w"], ["y"], name="a")], [("x", (5,))], "y",
+                       [("w", np.ones(3))])  # fmt: skip
+    assert _refusal(clash) == (
+        "ONNX import: node 'a' (Add): shapes [5], [3] do not broadcast together"
+    )
     odd_type = make_model([helper.make_node("Relu", ["x"], ["y"])], [("x", (4,))], "y")
     odd_type.graph.input[0].type.tensor_type.elem_type = 109
     assert _refusal(odd_type).startswith("ONNX import: input 'x' has element type #109 (unknown)")

@@ -57,7 +57,9 @@ def read_npz(path: str, what: str) -> dict[str, np.ndarray]:
         with zipfile.ZipFile(path) as archive:
             arrays = {}
             for info in archive.infolist():
-                if info.is_dir():
+                if not info.filename:
+                    raise _Bad("a member has an empty name")
+                if info.filename.endswith("/"):  # a directory entry
                     continue
                 name = info.filename.removesuffix(".npy")
                 try:

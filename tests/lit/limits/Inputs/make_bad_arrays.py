@@ -37,6 +37,12 @@ with zipfile.ZipFile(out / "bomb.npz", "w", zipfile.ZIP_DEFLATED) as z:
 # A member whose header declares more data than the member holds.
 with zipfile.ZipFile(out / "short.npz", "w") as z:
     z.writestr("1.weight.npy", header((2, 4)) + bytes(8))
+# A member with an empty name (zipfile's is_dir() fails on it, so patch it out while writing).
+is_dir = zipfile.ZipInfo.is_dir
+zipfile.ZipInfo.is_dir = lambda self: False  # type: ignore[method-assign]
+with zipfile.ZipFile(out / "noname.npz", "w") as z:
+    z.writestr(zipfile.ZipInfo(""), header((2, 4)) + bytes(64))
+zipfile.ZipInfo.is_dir = is_dir  # type: ignore[method-assign]
 # A deflated member with its compressed bytes overwritten.
 with zipfile.ZipFile(out / "deflate.npz", "w", zipfile.ZIP_DEFLATED) as z:
     z.writestr("1.weight.npy", header((2, 4)) + np.arange(8.0).tobytes())
