@@ -12,7 +12,6 @@ opens a library written by `tlc-compile`, reads each graph's interface from the 
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
 import re
 import shutil
@@ -80,6 +79,18 @@ class EntryPoint:
             )
         return array if array.flags.c_contiguous else np.ascontiguousarray(array)
 
+    def check_out(self, out: object) -> None:
+        """The compiled code writes `out` through a raw pointer, so anything it cannot safely
+        write is refused here: not an array (bytes, lists), read-only (a buffer over `bytes`,
+        a read-only memmap), strided, or of the wrong dtype or size."""
+        if not isinstance(out, np.ndarray):
+            raise TypeError(f"{self.symbol}: out must be a numpy array, not {type(out).__name__}")
+        if not out.flags.writeable:
+            raise ValueError(f"{self.symbol}: out is read-only")
+        if not out.flags.c_contiguous:
+            raise ValueError(f"{self.symbol}: out must be a C-contiguous array")
+        self.check(out, self.output_shape, "out")
+
     def __call__(
         self, x: object, params: object = None, out: np.ndarray | None = None
     ) -> np.ndarray:
@@ -88,10 +99,8 @@ class EntryPoint:
         x = self.check(x, self.input_shape, "input")
         if out is None:
             out = np.empty(self.output_shape, dtype=self.dtype)
-        elif not (isinstance(out, np.ndarray) and out.flags.c_contiguous):
-            raise ValueError(f"{self.symbol}: out must be a C-contiguous array")
         else:
-            self.check(out, self.output_shape, "out")
+            self.check_out(out)
         args = [_address(x), _address(out)]
         if self.bound is not None:
             if params is not None:
@@ -127,10 +136,14 @@ class Library:
         self.path = os.path.abspath(path)
         header = os.path.splitext(self.path)[0] + ".h"
         try:
-            self.lib = ctypes.CDLL(_fresh_copy(self.path))
             with open(header, encoding="utf-8") as f:
                 text = f.read()
-        except OSError as exc:
+            copy, directory = _private_copy(self.path)
+            try:
+                self.lib = ctypes.CDLL(copy)
+            finally:
+                shutil.rmtree(directory, ignore_errors=True)  # the mapping outlives the file
+        except (OSError, UnicodeDecodeError) as exc:
             raise DiagnosticError.simple(f"cannot load '{path}': {exc}") from None
         self.graphs: dict[str, EntryPoint] = {}
         for graph, ctype, runtime in _entries(text):
@@ -193,18 +206,23 @@ class Library:
         return next(iter(self.graphs.values()))(x, params)
 
 
-def _fresh_copy(path: str) -> str:
-    """The library under a name derived from its contents: the dynamic loader returns an
-    already loaded library for a path it has seen, so a rebuilt library at the same path would
-    otherwise be the stale one."""
-    with open(path, "rb") as f:
-        digest = hashlib.sha256(f.read()).hexdigest()[:16]
-    directory = os.path.join(tempfile.gettempdir(), f"tlc-load-{digest}")
-    os.makedirs(directory, exist_ok=True)
+def _private_copy(path: str) -> tuple[str, str]:
+    """A copy of the library in a new private directory (mkdtemp: mode 0700, a name nobody
+    could predict), as (copy, directory).
+
+    The copy gives every load a path the dynamic loader has not seen, so a library rebuilt at
+    the same path is not answered with the stale one already loaded; the private directory
+    means the file loaded is the one just written, never a library someone planted in the
+    shared temp directory under a predictable name.
+    """
+    directory = tempfile.mkdtemp(prefix="tlc-load-")
     copy = os.path.join(directory, os.path.basename(path))
-    if not os.path.exists(copy):
+    try:
         shutil.copyfile(path, copy)
-    return copy
+    except OSError:
+        shutil.rmtree(directory, ignore_errors=True)
+        raise
+    return copy, directory
 
 
 def _entries(header: str) -> list[tuple[str, str, bool]]:

@@ -29,6 +29,7 @@ from tlc.codegen.builder import I32, I64, Buf, KernelBuilder, Status, scalar_typ
 from tlc.codegen.lower import LOWERINGS, ParamSpec, Step
 from tlc.codegen.target import HOST, Target, TargetInfo, target_info
 from tlc.core.diagnostics import error
+from tlc.core.limits import LimitError, check_bytes
 from tlc.core.payload import Payload, Record
 from tlc.dialect import ops
 from tlc.dialect.ops import GraphOp, NodeOp
@@ -175,6 +176,7 @@ def build_graph_module(
     through a dispatcher that owns the public names."""
     shapes = graph_shapes(graph)
     check_lowerable(graph)
+    _check_addressable(graph, shapes, np.dtype(dtype).itemsize, batch)
     # A runtime-payload build needs no values, but checks any it is given.
     records = (
         {}
@@ -296,6 +298,21 @@ def _param_slots(graph: GraphOp, shapes: list[Shape]) -> list[ParamSlot]:
     return slots
 
 
+def _check_addressable(
+    graph: GraphOp, shapes: list[Shape], itemsize: int, batch: int | None
+) -> None:
+    """Every buffer the code will compute a size or offset for fits in its signed 64-bit
+    arithmetic (`tlc.core.limits.MAX_BYTES`); a [2^61] tensor of doubles would otherwise wrap
+    to malloc(0) and the call would write past it. The workspace total is checked by
+    `_Workspace`."""
+    rows = batch or 1
+    for node in graph.nodes:
+        try:
+            check_bytes(numel(shapes[node.id]) * rows, itemsize, f"codegen: node {node.id}")
+        except LimitError as exc:
+            raise error(str(exc), node) from None
+
+
 def _aligned(elements: int, itemsize: int) -> int:
     """`elements` rounded up so the next region starts on an ALIGN boundary."""
     return -(-max(elements, 1) * itemsize // ALIGN) * ALIGN // itemsize
@@ -361,6 +378,10 @@ class _Workspace:
             if extra:
                 self.scratch_offsets[node.id] = (total, extra)
                 total += _aligned(extra, itemsize)
+        try:
+            check_bytes(total, itemsize, f"codegen: graph @{graph.graph_name}: workspace")
+        except LimitError as exc:
+            raise error(str(exc), graph) from None
         self.shapes = shapes
         self.memory = Allocation(k, total)
 

@@ -101,7 +101,8 @@ def build_library(
                     target=variant, entry_name=variant_symbol(graph_symbol(g), variant),
                     queries=i == len(variants) - 1,
                 )  # fmt: skip
-                path = os.path.join(tmp, f"{module.symbol}.{i}.o")
+                # Not named after the graph: a 250-character name overflows NAME_MAX.
+                path = os.path.join(tmp, f"graph{len(objects)}.o")
                 with open(path, "wb") as f:
                     f.write(emit_object(compile_ir(module.ir, variant), variant))
                 objects.append(path)

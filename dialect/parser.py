@@ -13,7 +13,6 @@ import re
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from functools import cache
-from importlib.resources import files
 from typing import Any
 
 import numpy as np
@@ -24,21 +23,20 @@ from xdsl.dialects.builtin import DenseIntOrFPElementsAttr, ModuleOp, TensorType
 from xdsl.ir import Operation, SSAValue
 
 from tlc.core.diagnostics import DiagnosticError, Location, did_you_mean, error
+from tlc.dialect.grammar import build_parser
 from tlc.dialect.metadata import MAX_INT, MetadataError, check_value
 from tlc.dialect.ops import GraphOp, NodeOp, OutputOp, PayloadOp, RecordOp
 from tlc.dialect.plan import Policy, check_policy_field, set_kernel, set_policy
 from tlc.dialect.program_parser import ProgramRules
 from tlc.dialect.registry import OPS_BY_TAG
 
+#: Longest integer literal read: Python's int() refuses more than 4,300 digits.
+MAX_LITERAL_DIGITS = 4000
+
 
 @cache
 def _lark() -> Lark:
-    # cache=True keeps the LALR tables in the temp dir (keyed by a hash of the grammar), which
-    # takes ~0.2 s off every tool start.
-    grammar = files("tlc.dialect").joinpath("tlir.lark").read_text()
-    return Lark(
-        grammar, parser="lalr", propagate_positions=True, maybe_placeholders=True, cache=True
-    )
+    return build_parser()
 
 
 def parse_tlir(text: str, filename: str = "<stdin>", line_offset: int = 0) -> ModuleOp:
@@ -171,7 +169,13 @@ class _Builder(ProgramRules, Transformer[Token, ModuleOp]):
 
     def number(self, items: list[Token]) -> int | float:
         text = str(items[0])
-        return float(text) if any(c in text for c in ".eEin") else int(text)
+        if any(c in text for c in ".eEin"):
+            return float(text)
+        if len(text) > MAX_LITERAL_DIGITS:  # Python refuses to convert it (and it is no i64)
+            raise error(
+                f"integer literal of {len(text)} digits is too long", self._tok_loc(items[0])
+            )
+        return int(text)
 
     def string(self, items: list[Token]) -> str:
         try:
@@ -183,9 +187,10 @@ class _Builder(ProgramRules, Transformer[Token, ModuleOp]):
 
     def _index(self, tok: Token, digits: str) -> int:
         """A node id or shape extent: a non-negative integer that fits MLIR's i64."""
-        value = int(digits)
+        value = int(digits) if len(digits) <= MAX_LITERAL_DIGITS else MAX_INT + 1
         if value > MAX_INT:
-            raise error(f"integer {value} is too large (at most {MAX_INT})", self._tok_loc(tok))
+            shown = digits if len(digits) <= 40 else f"{digits[:20]}...({len(digits)} digits)"
+            raise error(f"integer {shown} is too large (at most {MAX_INT})", self._tok_loc(tok))
         return value
 
     def true(self, _items: list[Any]) -> bool:

@@ -35,12 +35,24 @@ class TensorType(ParametrizedAttribute, TypeAttribute):
     @classmethod
     def parse_parameters(cls, parser: AttrParser) -> Sequence[Attribute]:
         parser.parse_punctuation("<")
-        dims = parser.parse_comma_separated_list(parser.Delimiter.SQUARE, parser.parse_integer)
+        dims = parser.parse_comma_separated_list(
+            parser.Delimiter.SQUARE, lambda: _parse_extent(parser)
+        )
         parser.parse_punctuation(">")
         return (ArrayAttr([IntAttr(d) for d in dims]),)
 
     def print_parameters(self, printer: Printer) -> None:
         printer.print_string(f"<{fmt_shape(self.shape)}>")
+
+
+def _parse_extent(parser: AttrParser) -> int:
+    """An extent: 0 <= d < 2^63, as the .tlir grammar allows (a negative extent used to pass
+    verification and reach C headers as a negative size)."""
+    start = parser.pos
+    value = parser.parse_integer()
+    if not 0 <= value < 2**63:
+        parser.raise_error(f"tensor extent must be in [0, 2^63), got {value}", start, parser.pos)
+    return value
 
 
 @irdl_attr_definition

@@ -286,3 +286,58 @@ def test_unreadable_file_is_a_diagnostic(tmp_path: Path) -> None:
     with pytest.raises(DiagnosticError) as info:
         tlc.from_onnx(str(bad))
     assert str(info.value).startswith(f"cannot read ONNX model '{bad}'")
+
+
+def test_malformed_models_are_diagnostics() -> None:
+    """Issue 14's reproducers: undefined inputs and cycles were KeyErrors; initializers whose
+    data does not match their dims or whose type is unknown, Expand to [2^31, 2^31, 2], a dim
+    of -1 and a huge input shape were accepted or crashed."""
+    undefined = make_model(
+        [helper.make_node("Relu", ["nope"], ["y"], name="r")], [("x", (3,))], "y"
+    )
+    assert _refusal(undefined) == (
+        "ONNX import: node 'r' (Relu): input 'nope' is not defined by a graph input, an "
+        "initializer or an earlier node"
+    )
+    cycle = make_model(
+        [helper.make_node("Relu", ["b"], ["a"], name="first"),
+         helper.make_node("Relu", ["a"], ["b"], name="second")],
+        [("x", (3,))], "b",
+    )  # fmt: skip
+    assert _refusal(cycle).startswith("ONNX import: node 'first' (Relu): input 'b' is not defined")
+    short = make_model([helper.make_node("Add", ["x", "w"], ["y"])], [("x", (3,))], "y")
+    short.graph.initializer.append(
+        onnx.TensorProto(name="w", data_type=TensorProto.DOUBLE, dims=[3], double_data=[1.0])
+    )
+    assert _refusal(short).startswith("ONNX import: initializer 'w': not valid ONNX:")
+    unknown = make_model([helper.make_node("Add", ["x", "w"], ["y"])], [("x", (3,))], "y")
+    unknown.graph.initializer.append(onnx.TensorProto(name="w", data_type=999, dims=[3]))
+    assert _refusal(unknown).startswith("ONNX import: initializer 'w': not valid ONNX:")
+    huge_init = make_model([helper.make_node("Add", ["x", "w"], ["y"])], [("x", (3,))], "y")
+    huge_init.graph.initializer.append(
+        onnx.TensorProto(name="w", data_type=TensorProto.DOUBLE, dims=[2**31, 2**31])
+    )
+    assert _refusal(huge_init).startswith(
+        "ONNX import: initializer 'w': tensor of shape [2147483648, 2147483648] has "
+    )
+    expand = make_model(
+        [helper.make_node("Expand", ["x", "s"], ["y"], name="e")], [("x", (1,))], "y"
+    )
+    expand.graph.initializer.append(int_init("s", [2**31, 2**31, 2]))
+    assert _refusal(expand).startswith(
+        "ONNX import: node 'e' (Expand): output 'y': tensor of shape [2147483648, 2147483648, 2] "
+        "has 9,223,372,036,854,775,808 elements, over the element budget"
+    )
+    negative = make_model([helper.make_node("Relu", ["x"], ["y"])], [("x", (-1, 4))], "y")
+    assert _refusal(negative) == "ONNX import: input 'x': negative extent in shape [-1, 4]"
+    clash = make_model([helper.make_node("Add", ["x", "w"], ["y"], name="a")], [("x", (5,))], "y",
+                       [("w", np.ones(3))])  # fmt: skip
+    assert _refusal(clash) == (
+        "ONNX import: node 'a' (Add): shapes [5], [3] do not broadcast together"
+    )
+    odd_type = make_model([helper.make_node("Relu", ["x"], ["y"])], [("x", (4,))], "y")
+    odd_type.graph.input[0].type.tensor_type.elem_type = 109
+    assert _refusal(odd_type).startswith("ONNX import: input 'x' has element type #109 (unknown)")
+    relu = make_model([helper.make_node("Relu", ["x"], ["y"])], [("x", ("N", 4))], "y")
+    with pytest.raises(DiagnosticError, match=r"input 'x': tensor of shape \[4611686018427387904"):
+        tlc.from_onnx(relu, [(2**62, 4)])

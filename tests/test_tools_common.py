@@ -6,6 +6,10 @@ import os
 import subprocess
 from pathlib import Path
 
+import pytest
+
+from tlc.tools.common import run_tool
+
 MLP = Path(__file__).parent.parent / "examples" / "mlp.tlir"
 
 
@@ -25,3 +29,29 @@ def test_closed_stdout_exits_quietly() -> None:
         os.close(write_end)
     assert done.stderr == ""
     assert done.returncode == 1
+
+
+def test_out_of_memory_is_a_diagnostic(capsys: pytest.CaptureFixture[str]) -> None:
+    """Below the element budget the machine can still run out: exit 1 with a message naming
+    the budget, not a traceback."""
+
+    def body() -> int:
+        raise MemoryError
+
+    assert run_tool(body, "tlc-test") == 1
+    assert capsys.readouterr().err == (
+        "error: out of memory (lower TLC_MAX_ELEMENTS to refuse such inputs early)\n"
+    )
+
+
+@pytest.mark.parametrize("digits", ["-1", "1000000000000", "1" * 5000, "six"])
+def test_digits_out_of_range_is_a_usage_error(
+    digits: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--digits=-1` and `--digits 1000000000000` were ValueErrors from the formatter."""
+    from tlc.tools.run import main as run_main
+
+    assert run_main([str(MLP), "--input", "1,2,3,4", f"--digits={digits}"]) == 2
+    err = capsys.readouterr().err
+    assert "argument --digits: expected an integer in [0, 100], got" in err
+    assert "Traceback" not in err

@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from tlc.core.diagnostics import DiagnosticError, SourceManager
+from tlc.core.limits import ENV_MAX_ELEMENTS
 
 EXIT_DIAGNOSTICS = 1
 EXIT_INTERNAL = 70
@@ -75,6 +76,24 @@ def read_input(path: str) -> tuple[str, str]:
     return path, read_document(path)
 
 
+def int_in(low: int, high: int) -> Callable[[str], int]:
+    """An argparse type: an integer in [low, high]; anything else is a usage error (exit 2)
+    rather than a ValueError deep inside the tool (`--digits=-1`, `--digits 10**12`)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text) if len(text) <= 30 else None
+        except ValueError:
+            value = None
+        if value is None or not low <= value <= high:
+            raise argparse.ArgumentTypeError(
+                f"expected an integer in [{low}, {high}], got '{text}'"
+            )
+        return value
+
+    return parse
+
+
 def write_output(path: str, text: str) -> None:
     if path == "-":
         sys.stdout.write(text)
@@ -99,6 +118,13 @@ def run_tool(body: Callable[[], int], prog: str, sources: SourceManager | None =
         manager = sources or SourceManager()
         for diag in exc.diagnostics:
             sys.stderr.write(manager.render(diag) + "\n")
+        return EXIT_DIAGNOSTICS
+    except MemoryError:
+        # Sizes are checked against tlc.core.limits before allocating; this is the machine
+        # running out below the budget, which is a property of the input, not a bug.
+        sys.stderr.write(
+            f"error: out of memory (lower {ENV_MAX_ELEMENTS} to refuse such inputs early)\n"
+        )
         return EXIT_DIAGNOSTICS
     except KeyboardInterrupt:
         return 130

@@ -27,6 +27,7 @@ from tlc.api.evaluate import checked_graph, resolve_payload
 from tlc.codegen.shared_lib import build_library
 from tlc.codegen.target import add_target_options, target_from_options
 from tlc.core.diagnostics import DiagnosticError, SourceManager
+from tlc.core.limits import MAX_BYTES
 from tlc.dialect.ops import GraphOp
 from tlc.frontends.text import parse_source
 from tlc.tools.common import read_input, run_tool, tool_parser
@@ -41,6 +42,8 @@ def positive(text: str) -> int:
         raise argparse.ArgumentTypeError(f"'{text}' is not an integer") from None
     if value <= 0:
         raise argparse.ArgumentTypeError(f"batch size must be positive, got {value}")
+    if value > MAX_BYTES:  # the entry's row counter is a signed 64-bit integer
+        raise argparse.ArgumentTypeError(f"batch size {value} is too large (at most 2^62)")
     return value
 
 

@@ -9,6 +9,7 @@ MLIR's conventions: `-p`/`--pass-pipeline`, per-pass flags, `--split-input-file`
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import subprocess
 import sys
@@ -231,8 +232,16 @@ def _run(args: argparse.Namespace, text_pipeline: str) -> int:
             status = 1
     if timings is not None:
         print_timing(timings)
-    # Like mlir-opt: with --split-input-file the chunks that succeeded are still printed.
-    if status == 0 or args.verify_diagnostics or args.split_input_file:
+    # Like mlir-opt: with --split-input-file the chunks that succeeded are still printed, but
+    # never over the input itself (`-o INPUT` would replace the source by the chunks that
+    # passed, losing the failing ones).
+    partial = status != 0 and not args.verify_diagnostics
+    if partial and _same_file(args.output, args.input):
+        sys.stderr.write(
+            f"error: not writing the output of the chunks that passed over the input "
+            f"'{args.input}'\n"
+        )
+    elif status == 0 or args.verify_diagnostics or args.split_input_file:
         write_output(args.output, ("// -----\n").join(outputs))
     return status
 
@@ -241,6 +250,13 @@ def _mlir_with_locations(module: ModuleOp) -> str:
     from tlc.dialect.printer import print_mlir_op
 
     return print_mlir_op(module, debuginfo=True)
+
+
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return a != "-" and b != "-" and os.path.samefile(a, b)
+    except OSError:
+        return False
 
 
 @contextmanager

@@ -36,7 +36,7 @@ from tlc.core.payload import Payload
 from tlc.dialect.ops import GraphOp, InputOp, NodeOp, node_id_of
 from tlc.dialect.shapes import fmt_shape
 from tlc.frontends.text import parse_source
-from tlc.tools.common import glue_values, read_input, run_tool, tool_parser
+from tlc.tools.common import glue_values, int_in, read_input, run_tool, tool_parser
 from tlc.tools.formatting import format_box, format_value
 from tlc.tools.run_program import params_payload, run_program_lines, select_program
 
@@ -117,6 +117,10 @@ class Job:
 
 #: `--input %1=0.3,0.2` or `--input 1=0.3,0.2`: a value for one input node of several.
 NAMED_INPUT = re.compile(r"^(%\d+|\d+)=")
+
+
+#: Most decimals --digits prints (float64 has 17 significant digits; 100 is plenty).
+MAX_DIGITS = 100
 
 
 def _run_float(job: Job) -> list[str]:
@@ -235,7 +239,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--print-values", action="store_true", help="print every node's value")
     p.add_argument("--graph", metavar="@NAME", help="graph to run (needed if there are several)")
     p.add_argument("--backend", choices=BACKENDS, default="reference", help="evaluator")
-    p.add_argument("--digits", type=int, default=6, help="decimals printed (default 6)")
+    p.add_argument("--digits", type=int_in(0, MAX_DIGITS), default=6,
+                   help=f"decimals printed (default 6, at most {MAX_DIGITS})")  # fmt: skip
     p.add_argument("--grad", action="store_true",
                    help="print the gradient of the scalar output w.r.t. the input and every "
                    "parameter (f64; docs/autodiff.md)")  # fmt: skip

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import warnings
 import weakref
-import zipfile
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeAlias
@@ -20,6 +19,7 @@ from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import Operation
 
 from tlc.core.diagnostics import DiagnosticError, SourceManager, did_you_mean
+from tlc.core.npyio import read_npy
 from tlc.core.payload import Payload, load_npz
 from tlc.dialect.ops import GraphOp, InputOp
 from tlc.dialect.payload_section import payload_from_module
@@ -215,22 +215,7 @@ def as_array(x: Any) -> np.ndarray:
 def parse_input_text(text: str) -> np.ndarray:
     """`--input` values: a comma-separated list of numbers, or the path of a `.npy` file."""
     if text.endswith(".npy"):
-        try:
-            value = np.load(text, allow_pickle=False)
-        except OSError as exc:
-            raise DiagnosticError.simple(f"cannot read input '{text}': {exc.strerror}") from None
-        except (ValueError, zipfile.BadZipFile) as exc:
-            raise DiagnosticError.simple(f"cannot read input '{text}': {exc}") from None
-        if not isinstance(value, np.ndarray):  # np.load opens an .npz archive whatever its name
-            value.close()
-            raise DiagnosticError.simple(
-                f"cannot read input '{text}': an .npz archive, expected a single .npy array"
-            )
-        if not np.issubdtype(value.dtype, np.number) or np.iscomplexobj(value):
-            raise DiagnosticError.simple(
-                f"input '{text}' holds {value.dtype} values, expected real numbers"
-            )
-        return value.astype(np.float64)
+        return read_npy(text, "input").astype(np.float64)
     items = [item.strip() for item in text.split(",")]
     values = []
     for i, item in enumerate(items):

@@ -9,13 +9,13 @@ messages (`IR eval: missing linear payload for node 1`).
 
 from __future__ import annotations
 
-import zipfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from tlc.core.diagnostics import DiagnosticError
+from tlc.core.npyio import read_npz
 
 Record = dict[str, np.ndarray]
 
@@ -58,15 +58,16 @@ class Payload(Mapping[int, Record]):
 def load_npz(path: str) -> Payload:
     """The payload in the .npz file `path`; a file that is missing or not an .npz archive is a
     diagnostic naming the file and the reason (`No such file or directory`, not `[Errno 2] ...`)."""
-    try:
-        with np.load(path, allow_pickle=False) as data:
-            return Payload.from_flat({k: data[k] for k in data.files}, path)
-    except OSError as exc:
-        reason = exc.strerror or str(exc)
-    except (ValueError, zipfile.BadZipFile) as exc:
-        reason = str(exc)
-    raise DiagnosticError.simple(f"cannot read payload '{path}': {reason}")
+    return Payload.from_flat(read_npz(path, "payload"), path)
 
 
 def save_npz(payload: Payload, path: str) -> None:
-    np.savez(path, **payload.flat())
+    """Write `payload` to exactly `path` (np.savez on a name would add `.npz`, turning `DIR/`
+    into `DIR/.npz`); an unwritable path is a diagnostic naming it."""
+    try:
+        with open(path, "wb") as f:
+            np.savez(f, **payload.flat())
+    except OSError as exc:
+        raise DiagnosticError.simple(
+            f"cannot write payload '{path}': {exc.strerror or exc}"
+        ) from None

@@ -19,7 +19,7 @@ from xdsl.ir import SSAValue
 
 from tlc.core.diagnostics import DiagnosticError, Location
 from tlc.dialect import ops as tl
-from tlc.dialect.shapes import Shape
+from tlc.dialect.shapes import Shape, fmt_shape
 from tlc.semantics.program import GraphBuilder, Traced
 
 
@@ -84,7 +84,13 @@ def broadcast_to(builder: GraphBuilder, value: Any, target: Shape) -> SSAValue:
 def broadcast_all(builder: GraphBuilder, values: Sequence[Any]) -> list[SSAValue]:
     """NumPy/PyTorch/ONNX multidirectional broadcasting, as explicit `broadcast_to` nodes."""
     lifted = [lift(builder, v) for v in values]
-    target = np.broadcast_shapes(*(builder.shape_of(v) for v in lifted))
+    shapes = [builder.shape_of(v) for v in lifted]
+    try:
+        target = np.broadcast_shapes(*shapes)
+    except ValueError:
+        raise DiagnosticError.simple(
+            f"shapes {', '.join(fmt_shape(s) for s in shapes)} do not broadcast together"
+        ) from None
     return [broadcast_to(builder, v, target) for v in lifted]
 
 

@@ -40,6 +40,7 @@ from onnx import TensorProto, helper, numpy_helper
 from xdsl.ir import SSAValue
 
 from tlc.core.diagnostics import DiagnosticError, Location
+from tlc.core.limits import LimitError, check_elements
 from tlc.dialect import ops as tl
 from tlc.dialect.families import BinaryOp, OnnxSpelling
 from tlc.dialect.metadata import Kind
@@ -481,7 +482,12 @@ def _reshape(call: NodeCall) -> SSAValue:
 def _expand(call: NodeCall) -> SSAValue:
     """Bidirectional broadcasting against a constant shape."""
     x = call.tensor(0)
-    target = np.broadcast_shapes(call.shape(x), tuple(ints(call.const(1, "shape").reshape(-1))))
+    shape = tuple(ints(call.const(1, "shape").reshape(-1)))
+    try:  # numpy cannot even broadcast shapes past 2^63 elements
+        check_elements(shape, f"output '{call.node.output[0]}'")
+        target = np.broadcast_shapes(call.shape(x), shape)
+    except (LimitError, ValueError) as exc:
+        raise call.refuse(str(exc)) from None
     return broadcast_to(call.ops, x, target)
 
 
@@ -634,6 +640,12 @@ class OnnxImporter:
         for attribute in node.attribute:
             if attribute.name not in entry.attributes:
                 raise call.refuse(f"unsupported attribute '{attribute.name}'")
+        for name in node.input:
+            if name and name not in self.env:
+                raise call.refuse(
+                    f"input '{name}' is not defined by a graph input, an initializer or an "
+                    "earlier node"
+                )
         for extra in node.output[entry.outputs :]:
             if extra and self.uses[extra]:
                 raise call.refuse(f"output '{extra}' is used (only the first is supported)")
@@ -647,16 +659,23 @@ class OnnxImporter:
         for name, value in zip(node.output, values, strict=False):
             if name and value is not None:
                 self._check(call, name, value)
+                try:
+                    check_elements(self._shape(value), f"output '{name}'")
+                except LimitError as exc:
+                    raise call.refuse(str(exc)) from None
                 self.env[name] = value
 
     def _check(self, call: NodeCall, name: str, value: Value) -> None:
         expected = self.inferred.get(name)
-        ours = value.shape if isinstance(value, np.ndarray) else self.builder.shape_of(value)
+        ours = self._shape(value)
         if expected is not None and tuple(ours) != expected:
             raise call.refuse(
                 f"tl shape {fmt_shape(ours)} differs from ONNX's inferred shape "
                 f"{fmt_shape(expected)}"
             )
+
+    def _shape(self, value: Value) -> Shape:
+        return value.shape if isinstance(value, np.ndarray) else self.builder.shape_of(value)
 
 
 def _inferred_shapes(model: onnx.ModelProto) -> dict[str, Shape]:
@@ -685,15 +704,14 @@ def _input_shape(info: onnx.ValueInfoProto, given: Shape | None) -> Shape:
     if not info.type.HasField("tensor_type"):
         raise import_error(PREFIX, f"input '{info.name}' is not a tensor")
     if t.elem_type not in REAL_TYPES:
-        kind = TensorProto.DataType.Name(t.elem_type)
+        known = t.elem_type in TensorProto.DataType.values()
+        kind = TensorProto.DataType.Name(t.elem_type) if known else f"#{t.elem_type} (unknown)"
         raise import_error(
             PREFIX,
             f"input '{info.name}' has element type {kind} (tl graph inputs are FLOAT/DOUBLE; "
             "shapes and axes must be initializers)",
         )
-    if given is not None:
-        return tuple(given)
-    shape = _static_shape(info)
+    shape = tuple(given) if given is not None else _static_shape(info)
     if shape is None:
         raise import_error(
             PREFIX,
@@ -701,6 +719,10 @@ def _input_shape(info: onnx.ValueInfoProto, given: Shape | None) -> Shape:
             f"{_dims(info)}; give its static shape (tlc-translate --input-shape, "
             "tlc.from_onnx(..., input_shapes=[...]))",
         )
+    try:
+        check_elements(shape, f"input '{info.name}'")
+    except LimitError as exc:
+        raise import_error(PREFIX, str(exc)) from None
     return shape
 
 
@@ -716,6 +738,40 @@ def _dims(info: onnx.ValueInfoProto) -> str:
 def _graph_name(model: onnx.ModelProto) -> str:
     name = re.sub(r"[^A-Za-z0-9_]", "_", model.graph.name or "main")
     return name if re.match(r"[A-Za-z_]", name) else f"g_{name}"
+
+
+def _check_model(model: onnx.ModelProto) -> None:
+    """ONNX's own checker on every initializer first: data not matching its dims and unknown
+    data types are its diagnostics rather than exceptions in numpy_helper. (Not `check_model`:
+    it also demands declared output types that exporters often leave out and the rules do not
+    need. Nodes are checked by their rules, which name the node and op type; undefined inputs
+    and cycles by `OnnxImporter.translate`, which sees each node's inputs in order.)"""
+    ctx = onnx.checker.C.CheckerContext()
+    ctx.ir_version = model.ir_version
+    ctx.opset_imports = {o.domain: o.version for o in model.opset_import}
+    for t in model.graph.initializer:
+        try:
+            check_elements(t.dims, f"initializer '{t.name}'")  # before the checker reads data
+        except LimitError as exc:
+            raise import_error(PREFIX, str(exc)) from None
+        try:
+            onnx.checker.check_tensor(t, ctx)
+        except Exception as exc:  # ValidationError, and the checker's other failures
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise import_error(
+                PREFIX, f"initializer '{t.name}': not valid ONNX: {reason}"
+            ) from None
+
+
+def _real(name: str, value: np.ndarray) -> np.ndarray:
+    """An initializer's value (checked by `_check_model`), which must hold real numbers."""
+    if value.dtype.kind not in "biuf":
+        raise import_error(
+            PREFIX,
+            f"initializer '{name}' holds {value.dtype} data of shape {fmt_shape(value.shape)}, "
+            "expected real numbers",
+        )
+    return value
 
 
 def load_model(source: str | bytes | onnx.ModelProto) -> tuple[onnx.ModelProto, str]:
@@ -735,11 +791,12 @@ def from_onnx(
 ) -> Traced:
     """Import an ONNX model (a path or a `ModelProto`): a `Traced` (module, graph, payload)."""
     model, where = load_model(source)
+    _check_model(model)  # initializers valid and within the budget before anything reads them
     prepared = prepare(model, where, MIN_OPSET, input_shapes)
     model = prepared.model  # large initializers are stubs: their values are in `initializers`
     opset = opset_of(model)
     graph = model.graph
-    initializers = prepared.initializers()
+    initializers = {name: _real(name, v) for name, v in prepared.initializers().items()}
     inputs = [i for i in graph.input if i.name not in initializers]
     if input_shapes is not None and len(input_shapes) != len(inputs):
         raise import_error(
@@ -760,7 +817,9 @@ def from_onnx(
     importer.env.update(zip((i.name for i in inputs), values, strict=True))
     for index, node in enumerate(graph.node):
         importer.translate(node, index)
-    result = importer.env[graph.output[0].name]
+    result = importer.env.get(graph.output[0].name)
+    if result is None:
+        raise import_error(PREFIX, f"the graph output '{graph.output[0].name}' is not defined")
     return finish(builder, lift(builder, result))
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from functools import cache
 
 from xdsl.context import Context
@@ -53,10 +54,15 @@ def _parse_mlir(text: str, filename: str, line_offset: int) -> ModuleOp:
     checked."""
     source = "\n" * line_offset + text
     _check_string_literals(source, filename)
+    _check_integer_types(source, filename)
+    parser = _LocatingParser(context(), source, filename)
     try:
-        module = _LocatingParser(context(), source, filename).parse_module()
+        module = parser.parse_module()
     except ParseError as exc:
         raise error(exc.msg, _location(source, exc.span.start, filename)) from None
+    except VerifyException as exc:  # an attribute built while parsing, e.g. `7 : i2`
+        where = _location(source, parser.pos, filename)
+        raise error(str(exc), where) from None
     for op in module.walk():
         try:
             op.verify_()
@@ -87,6 +93,32 @@ def _check_string_literals(source: str, filename: str) -> None:
         i += 1
     if start is not None:
         raise error("unterminated string literal", _location(source, start, filename))
+
+
+#: The widest integer type read: tlc's attributes are i64, and xDSL builds a width's range
+#: eagerly (`i99999999999` exhausted memory, `i2147483647` took seconds and a gigabyte).
+MAX_INT_WIDTH = 64
+_STRING = re.compile(r'"(?:[^"\\\n]|\\.)*"')
+_LONG_INT = re.compile(r"[0-9]{4001,}")
+_INT_TYPE = re.compile(r"(?<![\w.$#%@!^-])[su]?i([0-9]+)\b")
+
+
+def _check_integer_types(source: str, filename: str) -> None:
+    """Reject an integer type wider than MAX_INT_WIDTH, and an integer literal too long to
+    convert (outside string literals), before xDSL parses them."""
+    blanked = _STRING.sub(lambda m: " " * len(m.group()), source)
+    for match in _LONG_INT.finditer(blanked):  # Python's int() refuses over 4,300 digits
+        raise error(
+            f"integer literal of {len(match.group())} digits is too long",
+            _location(source, match.start(), filename),
+        )
+    for match in _INT_TYPE.finditer(blanked):
+        digits = match.group(1)
+        if len(digits) > 3 or int(digits) > MAX_INT_WIDTH:
+            raise error(
+                f"integer type '{match.group()}' is wider than {MAX_INT_WIDTH} bits",
+                _location(source, match.start(), filename),
+            )
 
 
 def _location(source: str, offset: int, filename: str) -> Location:

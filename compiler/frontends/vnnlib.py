@@ -93,7 +93,9 @@ def _quotient(a: float, b: float, up: bool) -> float:
 @cache
 def _lark() -> Lark:
     grammar = files("tlc.frontends").joinpath("vnnlib.lark").read_text()
-    return Lark(grammar, parser="lalr", propagate_positions=True, cache=True)
+    # No cache=True: Lark would un-pickle its tables from the shared temp directory
+    # (docs/security.md); this grammar is small enough to build at each use.
+    return Lark(grammar, parser="lalr", propagate_positions=True)
 
 
 def parse_vnnlib(text: str, filename: str = "<string>") -> Property:

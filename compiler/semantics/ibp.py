@@ -44,7 +44,7 @@ from tlc.dialect.registry import NODE_OPS
 from tlc.dialect.shapes import Shape, numel
 from tlc.dialect.verify import infer_graph_shapes
 from tlc.semantics.emitter import IntervalEmitter, NoBox
-from tlc.semantics.interpret import REFERENCE, bind_inputs
+from tlc.semantics.interpret import REFERENCE, bind_inputs, check_sizes
 from tlc.semantics.interval_arith import COMPOSITE_ULPS, F64, LIBM_ULPS, Box, Outward, sanitize
 from tlc.semantics.payload_check import prepare_records
 from tlc.semantics.reference import payload_field
@@ -129,6 +129,7 @@ def prepare_ibp(graph: GraphOp, payload: Payload | None, dtype: type = np.float6
     """Check `graph` and `payload` (the same checks and messages as `interpret`) and build each
     node's interval record (`interval_record`), once, for repeated propagation in `dtype`."""
     shapes = infer_graph_shapes(graph)
+    check_sizes(graph, shapes)
     records = prepare_records(graph, payload or Payload(), dtype, shapes)
     steps = [
         _Step(node, INTERVAL.get(type(node)), tuple(node.parent_ids()),
@@ -534,7 +535,7 @@ def _softmax_slack(a: Box, out: Outward) -> np.ndarray:
     """Absolute error of the reference's e^(x - max) / sum and x - max - log(sum) in `d`:
     the shift's rounding grows with |x|, the sum's with n (docs/intervals.md)."""
     n = a.shape[-1]
-    m = np.max(a.magnitude(), axis=-1, keepdims=True)
+    m = np.max(a.magnitude(), axis=-1, keepdims=True, initial=0.0)  # empty axis: empty box
     return 8 * out.u * (n + 16 + 4 * m)
 
 

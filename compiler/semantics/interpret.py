@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from tlc.core.limits import LimitError, check_elements
 from tlc.core.payload import Payload
 from tlc.dialect import ops
 from tlc.dialect.ops import GraphOp, NodeOp
@@ -122,6 +123,7 @@ class Prepared:
 def prepare(graph: GraphOp, payload: Payload | None, dtype: type = np.float64) -> Prepared:
     """Check `graph` (structure, shapes) and `payload` against it, once, for repeated runs."""
     shapes = infer_graph_shapes(graph)
+    check_sizes(graph, shapes)
     records = prepare_records(graph, payload or Payload(), dtype, shapes)
     steps = [
         _Step(node, REFERENCE[type(node)], tuple(node.parent_ids()), records.get(node.id),
@@ -133,6 +135,17 @@ def prepare(graph: GraphOp, payload: Payload | None, dtype: type = np.float64) -
     owner = output.value.owner
     assert isinstance(owner, NodeOp)
     return Prepared(graph, dtype, shapes, steps, owner.id)
+
+
+def check_sizes(graph: GraphOp, shapes: list[Shape]) -> None:
+    """Refuse, before allocating anything, a graph with a node over the element budget
+    (`tlc.core.limits`): a node that broadcasts to [2^62, 4] would otherwise fail deep in numpy
+    with a MemoryError or "iterator is too large"."""
+    for node in graph.nodes:
+        try:
+            check_elements(shapes[node.id], f"IR eval: node {node.id}")
+        except LimitError as exc:
+            raise eval_error(str(exc), node) from None
 
 
 def check_produced(node: NodeOp, value: np.ndarray, declared: Shape) -> None:

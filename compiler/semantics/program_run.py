@@ -27,6 +27,8 @@ from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import Operation, SSAValue
 
 from tlc.core.diagnostics import DiagnosticError, Location, error, location_of
+from tlc.core.limits import LimitError, check_elements
+from tlc.core.npyio import read_npz
 from tlc.core.payload import Payload
 from tlc.dialect.ops import GraphOp
 from tlc.dialect.program_ops import BindOp, CallOp, ParamsOp, ProgramOp
@@ -124,6 +126,11 @@ class Lowered:
 def lower_program(program: ProgramOp) -> Lowered:
     """The graph of `program` (same name), nodes in call order; parameters bound by name."""
     declared = {name: program.shape_of_arg(arg) for name, arg in program.params.items()}
+    for name, shape in [("input", program.shape_of_arg(program.input)), *declared.items()]:
+        try:
+            check_elements(shape, f"program @{program.graph_name}: {name}")
+        except LimitError as exc:
+            raise error(str(exc), program) from None
     builder = GraphBuilder(program.graph_name, program.shape_of_arg(program.input), _where(program))
     run = run_program(
         program, builder, builder.input, {n: Param(n, s) for n, s in declared.items()}
@@ -151,11 +158,7 @@ def check_program(program: ProgramOp) -> None:
 
 def load_params(path: str) -> dict[str, np.ndarray]:
     """A parameter file: an .npz whose keys are parameter names (`W1`, `b1`, ...)."""
-    try:
-        with np.load(path, allow_pickle=False) as data:
-            return {k: np.asarray(data[k], dtype=np.float64) for k in data.files}
-    except (OSError, ValueError) as exc:
-        raise DiagnosticError.simple(f"cannot read parameters '{path}': {exc}") from None
+    return {k: v.astype(np.float64, copy=False) for k, v in read_npz(path, "parameters").items()}
 
 
 def check_params(

@@ -205,14 +205,15 @@ def _mse(node: NodeOp, args: list[np.ndarray], record: Any, dtype: Any) -> np.nd
 @register(ops.SoftmaxOp)
 def _softmax(node: NodeOp, args: list[np.ndarray], record: Any, dtype: Any) -> np.ndarray:
     axis = node.meta("axis")
-    e = np.exp(args[0] - np.max(args[0], axis=axis, keepdims=True))
+    # initial=-inf: over an empty axis the result is empty (docs/semantics.md), not an error
+    e = np.exp(args[0] - np.max(args[0], axis=axis, keepdims=True, initial=-np.inf))
     return e / np.sum(e, axis=axis, keepdims=True)
 
 
 @register(ops.LogSoftmaxOp)
 def _log_softmax(node: NodeOp, args: list[np.ndarray], record: Any, dtype: Any) -> np.ndarray:
     axis = node.meta("axis")
-    shifted = args[0] - np.max(args[0], axis=axis, keepdims=True)
+    shifted = args[0] - np.max(args[0], axis=axis, keepdims=True, initial=-np.inf)
     return shifted - np.log(np.sum(np.exp(shifted), axis=axis, keepdims=True))
 
 
@@ -220,7 +221,7 @@ def _log_softmax(node: NodeOp, args: list[np.ndarray], record: Any, dtype: Any) 
 def _hard_masked(node: NodeOp, args: list[np.ndarray], record: Any, dtype: Any) -> np.ndarray:
     (x,) = args
     allowed = np.array(node.meta("allowed"), dtype=bool).reshape(x.shape)
-    top = np.max(np.where(allowed, x, -np.inf), axis=-1, keepdims=True)
+    top = np.max(np.where(allowed, x, -np.inf), axis=-1, keepdims=True, initial=-np.inf)
     top = np.where(np.isfinite(top), top, 0).astype(dtype)
     e = np.where(allowed, np.exp(x - top), dtype(0))
     total = np.sum(e, axis=-1, keepdims=True)
