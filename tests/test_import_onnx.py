@@ -296,15 +296,18 @@ def test_malformed_models_are_diagnostics() -> None:
         [helper.make_node("Relu", ["nope"], ["y"], name="r")], [("x", (3,))], "y"
     )
     assert _refusal(undefined) == (
-        "ONNX import: node 'r' (Relu): input 'nope' is not defined by a graph input, an "
-        "initializer or an earlier node"
+        "ONNX import: '<onnx model>' is not a valid ONNX model: Nodes in a graph must be "
+        "topologically sorted, however input 'nope' of node: name: r OpType: Relu is not output "
+        "of any previous nodes."
     )
     cycle = make_model(
         [helper.make_node("Relu", ["b"], ["a"], name="first"),
          helper.make_node("Relu", ["a"], ["b"], name="second")],
         [("x", (3,))], "b",
     )  # fmt: skip
-    assert _refusal(cycle).startswith("ONNX import: node 'first' (Relu): input 'b' is not defined")
+    assert _refusal(cycle).endswith(
+        "input 'b' of node: name: first OpType: Relu is not output of any previous nodes."
+    )
     short = make_model([helper.make_node("Add", ["x", "w"], ["y"])], [("x", (3,))], "y")
     short.graph.initializer.append(
         onnx.TensorProto(name="w", data_type=TensorProto.DOUBLE, dims=[3], double_data=[1.0])
