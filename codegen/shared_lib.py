@@ -261,10 +261,15 @@ def render_header(
         "#endif",
     ]
     built_for = ", ".join(v.describe() for v in variants)
+    runs = (
+        "Every entry point runs the first of these this CPU supports"
+        if len(variants) > 1
+        else "Every entry point runs it on a CPU that supports it"
+    )
     lines += [
         "",
-        f"/* Built for: {built_for}. Every entry point runs the first of these this CPU",
-        " * supports, or returns TLC_ERR_UNSUPPORTED_CPU without executing anything. */",
+        f"/* Built for: {built_for}. {runs},",
+        " * or returns TLC_ERR_UNSUPPORTED_CPU without executing anything. */",
     ]
     for m in modules:
         lines += ["", *_declarations(m)]

@@ -49,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
             f"--{name}", dest=f"pass:{name}", nargs="?", const="", default=None,
             metavar="OPTIONS", help=f"run the {name} pass (options as 'k=v k2=v2')",
         )  # fmt: skip
-    p.add_argument("--emit", choices=sorted([*EMITTERS, *TARGET_EMITS]), default="tlir",
+    p.add_argument("--emit", choices=sorted({*EMITTERS, *TARGET_EMITS}), default="tlir",
                    help="output format")  # fmt: skip
     p.add_argument("--mlir-input", action="store_true", help="read the input as MLIR generic form")
     p.add_argument("--split-input-file", action="store_true", help="split the input on '// -----'")
