@@ -422,7 +422,8 @@ class GraphBuilder(Ops):
 
     def finish(self, result: Any, at: Location) -> GraphOp:
         """The graph whose output is `result`, selected `at` the program's return (checked by
-        verify-structure and infer-shapes)."""
+        verify-structure and infer-shapes, so its declared shapes are trusted from here on:
+        `graph_shapes`)."""
         from tlc.dialect.verify import infer_graph_shapes
 
         self.at = at
@@ -457,6 +458,7 @@ def trace(
     Parameter arrays become payload records keyed by node id, never graph data. A failure is a
     `ProgramError` located at the program line that made the bad node.
     """
+    from tlc.dialect.verify import graph_shapes
     from tlc.semantics.payload_check import check_payload
 
     code = program.__code__
@@ -464,7 +466,7 @@ def trace(
     try:
         builder = GraphBuilder(name or program.__name__, tuple(input_shape), at)
         graph = builder.finish(program(builder, builder.input, params), at)
-        check_payload(graph, builder.payload)
+        check_payload(graph, builder.payload, graph_shapes(graph))
     except DiagnosticError as exc:
         raise ProgramError(*exc.diagnostics) from None
     return Traced(ModuleOp([graph]), graph, builder.payload)
