@@ -21,7 +21,13 @@ import numpy as np
 
 from tlc.codegen.builder import Status
 from tlc.codegen.loader import EntryPoint, raise_for_status
-from tlc.codegen.module import GraphModule, build_graph_module, build_node_module
+from tlc.codegen.module import (
+    GraphModule,
+    bakes_payload,
+    build_graph_module,
+    build_node_module,
+    pack_params,
+)
 from tlc.codegen.target import HOST, Target, compile_ir, emit_object, host_lacks, target_machine
 from tlc.core.diagnostics import DiagnosticError
 from tlc.core.payload import Payload, Record
@@ -51,7 +57,11 @@ def jit_link(ir_text: str, symbols: list[str], target: Target = HOST) -> llvm.Re
             f"cannot run code for target {target.describe()} here: this CPU lacks "
             f"{', '.join(missing)} (use tlc-compile to build a library for it)"
         )
-    obj = emit_object(compile_ir(ir_text, target), target)
+    return link_object(emit_object(compile_ir(ir_text, target), target), symbols, target)
+
+
+def link_object(obj: bytes, symbols: list[str], target: Target = HOST) -> llvm.ResourceTracker:
+    """Link object code into the process-wide JIT of `target` (see `jit_link`)."""
     builder = llvm.JITLibraryBuilder().add_object_img(obj).add_current_process()
     for symbol in symbols:
         builder.export_symbol(symbol)
@@ -77,7 +87,8 @@ def compile_graph(
     runtime_payload: bool = False,
     target: Target = HOST,
 ) -> CompiledGraph:
-    """Compile `graph` with its payload baked in; the result maps an input array to the output.
+    """Compile `graph` with its payload baked in (held by the entry point and passed by pointer
+    where it exceeds `BAKE_LIMIT`); the result maps an input array to the output.
 
     Raises a located DiagnosticError for a bad graph or payload, an op with no lowering, or a
     `target` this CPU cannot run.
@@ -93,9 +104,12 @@ def compile_graph(
     hit = _graph_cache.get(key)
     if hit is not None:
         return hit
+    # A payload over the bake limit is passed by pointer: the entry point holds it packed.
+    bound = not runtime_payload and not bakes_payload(graph, dtype)
     module = build_graph_module(
-        graph, payload, dtype, batch=batch, runtime_payload=runtime_payload, target=target
-    )
+        graph, payload, dtype, batch=batch, runtime_payload=runtime_payload or bound,
+        target=target,
+    )  # fmt: skip
     tracker = jit_link(module.ir, [module.symbol], target)
     entry = EntryPoint(
         module.symbol,
@@ -106,6 +120,7 @@ def compile_graph(
         module.params_size if module.params is not None else None,
         owner=tracker,
         explain=_explainer(graph, payload, module),
+        bound=pack_params(graph, payload or Payload(), dtype) if bound else None,
     )
     _graph_cache[key] = entry
     return entry

@@ -58,6 +58,9 @@ class EntryPoint:
     owner: object = None
     #: Called on a log-domain failure to raise the precise, located reference error.
     explain: Callable[[np.ndarray], None] | None = None
+    #: The params array every call passes, for a build that takes its payload at run time
+    #: but whose caller gave it at compile time (a JIT build over the bake limit).
+    bound: np.ndarray | None = None
     _func: Callable = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -90,7 +93,11 @@ class EntryPoint:
         else:
             self.check(out, self.output_shape, "out")
         args = [_address(x), _address(out)]
-        if self.params_size is not None:
+        if self.bound is not None:
+            if params is not None:
+                raise ValueError(f"{self.symbol}: parameters are compiled in; params must be None")
+            args.append(_address(self.bound))
+        elif self.params_size is not None:
             if params is None:
                 raise ValueError(f"{self.symbol}: this build takes its parameters at call time")
             flat = self.check(params, (self.params_size,), "params")

@@ -13,7 +13,8 @@ a slice of one workspace, kept on the stack when small and malloc'ed otherwise (
 exit), so the code holds no global mutable state and is re-entrant. The output node writes
 straight into `out`. With `batch=N` the single-example body is called for each of N rows.
 Payload fields are private constants by default; with `runtime_payload` they are slices of the
-caller's `params` array, laid out by `ParamSlot`s.
+caller's `params` array, laid out by `ParamSlot`s (what the JIT and libraries use for payloads
+over `BAKE_LIMIT`, supplying the array themselves).
 """
 
 from __future__ import annotations
@@ -40,6 +41,12 @@ from tlc.semantics.payload_check import prepare_records
 STACK_LIMIT = 128 * 1024
 #: Workspace slices start on 64-byte boundaries (one AVX-512 vector).
 ALIGN = 64
+#: Payloads larger than this many bytes (in the compiled dtype) are never baked into the code:
+#: x86-64 code reaches its constants through 32-bit PC-relative relocations, which a
+#: gigabyte-sized constant section overflows (an LLVM abort when the JIT links it), and the IR
+#: text of baked weights costs compile time linear in their size for no speed at run time.
+#: Such graphs are built with a runtime payload, and the JIT or the library supplies it.
+BAKE_LIMIT = 16 * 1024 * 1024
 #: Graphs with more nodes keep every node in its own (not inlined) function: O3 on one huge
 #: function is superlinear, and small graphs gain from inlining (constants fold across nodes).
 INLINE_NODES = 64
@@ -270,6 +277,13 @@ def build_graph_module(
         np.dtype(dtype),
         tuple(slots) if slots is not None else None,
     )
+
+
+def bakes_payload(graph: GraphOp, dtype: type = np.float64) -> bool:
+    """Whether `graph`'s payload fields fit in `BAKE_LIMIT` bytes of `dtype`, so a build
+    bakes them into the code."""
+    slots = _param_slots(graph, graph_shapes(graph))
+    return sum(numel(s.shape) for s in slots) * np.dtype(dtype).itemsize <= BAKE_LIMIT
 
 
 def _param_slots(graph: GraphOp, shapes: list[Shape]) -> list[ParamSlot]:

@@ -23,12 +23,19 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Set as AbstractSet
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from tlc.codegen.builder import Status
-from tlc.codegen.module import GraphModule, build_graph_module, graph_symbol
+from tlc.codegen.module import (
+    GraphModule,
+    bakes_payload,
+    build_graph_module,
+    graph_symbol,
+    pack_params,
+)
 from tlc.codegen.target import (
     X86_LEVELS,
     Target,
@@ -84,21 +91,31 @@ def build_library(
     header = os.path.splitext(output)[0] + ".h"
     with tempfile.TemporaryDirectory(prefix="tlc-") as tmp:
         objects = []
+        bound: set[str] = set()
         for g, p in graphs:
+            # A payload over the bake limit goes in a data section of its own, passed by pointer.
+            embed = not runtime_payload and not bakes_payload(g, dtype)
             for i, variant in enumerate(variants):
                 module = build_graph_module(
-                    g, p, dtype, batch=batch, runtime_payload=runtime_payload, target=variant,
-                    entry_name=variant_symbol(graph_symbol(g), variant),
+                    g, p, dtype, batch=batch, runtime_payload=runtime_payload or embed,
+                    target=variant, entry_name=variant_symbol(graph_symbol(g), variant),
                     queries=i == len(variants) - 1,
                 )  # fmt: skip
                 path = os.path.join(tmp, f"{module.symbol}.{i}.o")
                 with open(path, "wb") as f:
                     f.write(emit_object(compile_ir(module.ir, variant), variant))
                 objects.append(path)
+            if embed:
+                objects.append(
+                    _weights_object(tmp, module.symbol, pack_params(g, p or Payload(), dtype))
+                )
+                bound.add(module.symbol)
             modules.append(module)
         dispatch = os.path.join(tmp, "dispatch.c")
         with open(dispatch, "w", encoding="utf-8") as f:
-            f.write(render_dispatcher(modules, variants))
+            f.write(render_dispatcher(modules, variants, bound))
+        # The public interface of an embedded-payload graph takes no params.
+        modules = [replace(m, params=None) if m.symbol in bound else m for m in modules]
         command = [cc, "-shared", "-fPIC", "-O2", "-o", output, dispatch, *objects, "-lm"]
         done = subprocess.run(command, capture_output=True, text=True, check=False)
         if done.returncode != 0:
@@ -111,6 +128,25 @@ def build_library(
     except OSError as exc:
         raise DiagnosticError.simple(f"cannot write '{header}': {exc.strerror}") from None
     return Built(output, header, tuple(modules))
+
+
+def _weights_object(tmp: str, symbol: str, params: np.ndarray) -> str:
+    """An assembly file holding `params` as the symbol `<symbol>__weights`, in a large data
+    section (x86-64's `.lrodata`, placed after everything else) that the dispatcher reaches
+    through the GOT: no 32-bit offset spans the weights, however large."""
+    data = os.path.join(tmp, f"{symbol}.weights")
+    params.tofile(data)
+    large = ',"al"' if Target().arch == "x86_64" else ',"a"'
+    section = ".lrodata" if Target().arch == "x86_64" else ".rodata"
+    path = os.path.join(tmp, f"{symbol}.weights.s")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(
+            f".section {section}.{symbol}{large},@progbits\n.p2align 6\n"
+            f".globl {symbol}__weights\n.type {symbol}__weights, @object\n"
+            f'{symbol}__weights:\n.incbin "{data}"\n.size {symbol}__weights, {params.nbytes}\n'
+            '.section .note.GNU-stack,"",@progbits\n'
+        )
+    return path
 
 
 def library_variants(target: Target | None) -> list[Target]:
@@ -127,20 +163,31 @@ def variant_symbol(symbol: str, variant: Target) -> str:
     return f"{symbol}__{variant.tag()}"
 
 
-def render_dispatcher(modules: Sequence[GraphModule], variants: Sequence[Target]) -> str:
+def render_dispatcher(
+    modules: Sequence[GraphModule],
+    variants: Sequence[Target],
+    bound: AbstractSet[str] = frozenset(),
+) -> str:
     """C source of the public entry points: each checks the CPU (CPUID through libgcc's
-    `__builtin_cpu_supports`) and calls the best variant it can run."""
+    `__builtin_cpu_supports`) and calls the best variant it can run. A graph of `bound` takes
+    no params: its variants get the library's own copy (`<symbol>__weights`)."""
     needs = [required_features(v) for v in variants]
     lines = ["#include <stddef.h>", "#include <stdint.h>", ""]
     for m in modules:
         t = C_TYPES[m.dtype]
-        params = [f"const {t} *in", f"{t} *out"]
-        if m.params is not None:
-            params.append(f"const {t} *params")
-        names = ", ".join(p.rsplit("*", 1)[1] for p in params)
         s = m.symbol
+        params = [f"const {t} *in", f"{t} *out"]
+        variant_params = params
+        if m.params is not None:
+            variant_params = [*params, f"const {t} *params"]
+            if s not in bound:
+                params = variant_params
+        names = ", ".join(p.rsplit("*", 1)[1] for p in params)
+        if s in bound:
+            lines.append(f"extern const {t} {s}__weights[];")
+            names += f", {s}__weights"
         for v in variants:
-            lines.append(f"int {variant_symbol(s, v)}({', '.join(params)});")
+            lines.append(f"int {variant_symbol(s, v)}({', '.join(variant_params)});")
         lines += [
             "",
             f"/* The first feature variant `i` of {s} needs that this CPU lacks, or NULL. */",

@@ -212,14 +212,18 @@ def _refusal(model) -> str:
 
 def test_refusals_name_the_node_and_op_type() -> None:
     elu = make_model([helper.make_node("Elu", ["x"], ["y"], name="act")], [("x", (3,))], "y")
-    assert _refusal(elu) == "ONNX import: node 'act' (Elu): unsupported op type"
+    assert _refusal(elu) == (
+        "ONNX import: '<onnx model>' uses 1 unsupported op type:\n  Elu: 1 node ('act')"
+    )
     odd = make_model([helper.make_node("Relu", ["x"], ["y"], foo=1)], [("x", (3,))], "y")
-    assert _refusal(odd) == "ONNX import: node #0 (Relu): unsupported attribute 'foo'"
-    old = make_model([helper.make_node("Relu", ["x"], ["y"])], [("x", (3,))], "y", opset=12)
-    assert _refusal(old) == "ONNX import: opset 12 is not supported (13 or later)"
+    assert _refusal(odd) == (
+        "ONNX import: '<onnx model>' is not a valid ONNX model: Unrecognized attribute: foo for "
+        "operator Relu ==> Context: Bad node spec for node. Name: OpType: Relu"
+    )
     symbolic = make_model([helper.make_node("Relu", ["x"], ["y"])], [("x", ("N", 3))], "y")
     assert _refusal(symbolic) == (
-        "ONNX import: input 'x' has a symbolic or unknown shape; give input_shapes"
+        "ONNX import: input 'x' has a symbolic or unknown shape [N, 3]; give its static shape "
+        "(tlc-translate --input-shape, tlc.from_onnx(..., input_shapes=[...]))"
     )
     assert tlc.from_onnx(symbolic, [(2, 3)]).graph.nodes[0].declared_shape == (2, 3)
     pool = make_model(

@@ -61,6 +61,7 @@ from tlc.frontends.import_common import (
     reduce,
     reshape,
 )
+from tlc.frontends.onnx_prepare import opset_of, prepare, unsupported_report
 from tlc.semantics.program import GraphBuilder, Traced
 
 PREFIX = "ONNX import"
@@ -679,15 +680,6 @@ def _static_shape(info: onnx.ValueInfoProto) -> Shape | None:
     return tuple(d.dim_value for d in t.shape.dim)
 
 
-def _opset(model: onnx.ModelProto) -> int:
-    versions = [o.version for o in model.opset_import if o.domain in ("", "ai.onnx")]
-    if not versions:
-        raise import_error(PREFIX, "the model imports no ai.onnx opset")
-    if versions[0] < MIN_OPSET:
-        raise import_error(PREFIX, f"opset {versions[0]} is not supported (13 or later)")
-    return versions[0]
-
-
 def _input_shape(info: onnx.ValueInfoProto, given: Shape | None) -> Shape:
     t = info.type.tensor_type
     if not info.type.HasField("tensor_type"):
@@ -704,9 +696,21 @@ def _input_shape(info: onnx.ValueInfoProto, given: Shape | None) -> Shape:
     shape = _static_shape(info)
     if shape is None:
         raise import_error(
-            PREFIX, f"input '{info.name}' has a symbolic or unknown shape; give input_shapes"
+            PREFIX,
+            f"input '{info.name}' has a symbolic or unknown shape "
+            f"{_dims(info)}; give its static shape (tlc-translate --input-shape, "
+            "tlc.from_onnx(..., input_shapes=[...]))",
         )
     return shape
+
+
+def _dims(info: onnx.ValueInfoProto) -> str:
+    t = info.type.tensor_type
+    if not t.HasField("shape"):
+        return "(none stored)"
+    dims = [str(d.dim_value) if d.HasField("dim_value") else d.dim_param or "?"
+            for d in t.shape.dim]  # fmt: skip
+    return f"[{', '.join(dims)}]"
 
 
 def _graph_name(model: onnx.ModelProto) -> str:
@@ -731,9 +735,11 @@ def from_onnx(
 ) -> Traced:
     """Import an ONNX model (a path or a `ModelProto`): a `Traced` (module, graph, payload)."""
     model, where = load_model(source)
-    opset = _opset(model)
+    prepared = prepare(model, where, MIN_OPSET, input_shapes)
+    model = prepared.model  # large initializers are stubs: their values are in `initializers`
+    opset = opset_of(model)
     graph = model.graph
-    initializers = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+    initializers = prepared.initializers()
     inputs = [i for i in graph.input if i.name not in initializers]
     if input_shapes is not None and len(input_shapes) != len(inputs):
         raise import_error(
@@ -743,6 +749,9 @@ def from_onnx(
         _input_shape(info, None if input_shapes is None else input_shapes[i])
         for i, info in enumerate(inputs)
     ]
+    gap = unsupported_report(model, {op: e.attributes for op, e in RULES.items()}, where)
+    if gap is not None:
+        raise gap
     if len(graph.output) != 1:
         raise import_error(PREFIX, f"the graph has {len(graph.output)} outputs; tl graphs have one")
     builder, values = new_builder(name or _graph_name(model), shapes, Location(where, 1, 1))

@@ -1,0 +1,165 @@
+"""Compile time of real-sized networks, phase by phase, through the JIT's own steps.
+
+    python bench/compile_time.py [--model resnet_2b|vgg11|all] [--dtype f64|f32] [--run]
+                                 [--by-pointer]
+
+Models (random weights, unbatched [C, H, W] input):
+- `resnet_2b`: the size of the VNN-COMP cifar2020 ResNet (3x32x32 input; conv 3->16 stride 2,
+  two residual blocks of two 3x3 convs at 16 and 32 channels, linear 2048 -> 100 -> 10);
+- `vgg11`: torchvision's VGG-11 layer shapes (133 M parameters; 3x224x224 input, eight 3x3
+  convs, five max pools, linear 25088 -> 4096 -> 4096 -> 1000).
+
+Phases: `build` (tlc emits LLVM IR text, Python), `parse+opt` (LLVM parses, verifies and
+optimises at O3), `codegen` (LLVM emits object code), `link` (the JIT links the object), and
+`pack` (the payload packed into the array passed by pointer, for payloads over the bake limit).
+`--run` also runs the compiled model once and checks it against the reference interpreter;
+`--by-pointer` passes even a small payload by pointer (the bake limit set to 0), to see what
+baking costs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+
+from tlc.api.evaluate import checked_graph
+from tlc.codegen import module as codegen_module
+from tlc.codegen.jit import link_object
+from tlc.codegen.loader import EntryPoint
+from tlc.codegen.module import bakes_payload, build_graph_module, pack_params
+from tlc.codegen.target import HOST, compile_ir, emit_object, target_machine
+from tlc.core.payload import Payload
+from tlc.frontends.text import parse_source
+
+
+class Net:
+    """A .tlir graph and its random payload, built layer by layer."""
+
+    def __init__(self, name: str, shape: tuple[int, ...]):
+        self.lines = [f"tl.graph @{name} {{", f"  %0 = input : {list(shape)}"]
+        self.fields: dict[str, np.ndarray] = {}
+        self.last = 0
+        self.rng = np.random.default_rng(0)
+
+    def add(
+        self, op: str, parents: list[int], attrs: str = "", out: str = "", **fields: tuple[int, ...]
+    ) -> int:
+        """Node `op` of `parents`; `out` declares its shape where the op cannot infer it."""
+        self.last += 1
+        args = ", ".join(f"%{p}" for p in parents)
+        self.lines.append(f"  %{self.last} = {op}({args})" + (f" {{{attrs}}}" if attrs else "")
+                          + (f" : {out}" if out else ""))  # fmt: skip
+        for name, shape in fields.items():
+            fan_in = int(np.prod(shape[1:])) if len(shape) > 1 else 1
+            self.fields[f"{self.last}.{name}"] = self.rng.standard_normal(shape) / np.sqrt(fan_in)
+        return self.last
+
+    def conv(self, x: int, cin: int, cout: int, stride: int = 1) -> int:
+        attrs = (f"kernel = [3, 3], stride = [{stride}, {stride}], padding = [1, 1], "
+                 f"in_channels = {cin}, out_channels = {cout}")  # fmt: skip
+        return self.add("conv", [x], attrs, weight=(cout, cin, 3, 3), bias=(cout,))
+
+    def linear(self, x: int, n_in: int, n_out: int) -> int:
+        return self.add("linear", [x], out=f"[{n_out}]", weight=(n_out, n_in), bias=(n_out,))
+
+    def relu(self, x: int) -> int:
+        return self.add("relu", [x])
+
+    def finish(self) -> tuple[str, Payload]:
+        return "\n".join([*self.lines, f"  output %{self.last}", "}"]), Payload.from_flat(
+            self.fields
+        )
+
+
+def resnet_2b() -> tuple[str, Payload]:
+    net = Net("resnet_2b", (3, 32, 32))
+    x = net.relu(net.conv(0, 3, 16, stride=2))
+    for cin, cout, stride in ((16, 16, 1), (16, 32, 2)):
+        y = net.relu(net.conv(x, cin, cout, stride))
+        y = net.conv(y, cout, cout)
+        skip = x if stride == 1 else net.conv(x, cin, cout, stride)
+        x = net.relu(net.add("add", [y, skip]))
+    x = net.add("flatten", [x], "shape = [32, 8, 8]")
+    x = net.relu(net.linear(x, 32 * 8 * 8, 100))
+    net.linear(x, 100, 10)
+    return net.finish()
+
+
+def vgg11() -> tuple[str, Payload]:
+    net = Net("vgg11", (3, 224, 224))
+    x, channels = 0, 3
+    for width in (64, "M", 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M"):
+        if width == "M":
+            x = net.add("max_pool", [x], "kernel = [2, 2], stride = [2, 2]")
+        else:
+            x = net.relu(net.conv(x, channels, int(width)))
+            channels = int(width)
+    x = net.add("flatten", [x], "shape = [512, 7, 7]")
+    x = net.relu(net.linear(x, 512 * 7 * 7, 4096))
+    x = net.relu(net.linear(x, 4096, 4096))
+    net.linear(x, 4096, 1000)
+    return net.finish()
+
+
+MODELS = {"resnet_2b": resnet_2b, "vgg11": vgg11}
+
+
+def measure(name: str, dtype: type, run: bool) -> dict[str, float]:
+    source, payload = MODELS[name]()
+    graph = checked_graph(parse_source(source, f"{name}.tlir"), None)
+    times: dict[str, float] = {}
+
+    def timed(phase: str, fn, *args, **kwargs):
+        start = time.perf_counter()
+        result = fn(*args, **kwargs)
+        times[phase] = time.perf_counter() - start
+        return result
+
+    target_machine(HOST)  # LLVM's initialisation is not the model's
+    bound = not bakes_payload(graph, dtype)
+    module = timed("build", build_graph_module, graph, payload, dtype, runtime_payload=bound)
+    llvm_module = timed("parse+opt", compile_ir, module.ir, HOST)
+    obj = timed("codegen", emit_object, llvm_module, HOST)
+    del llvm_module
+    tracker = timed("link", link_object, obj, [module.symbol])
+    params = timed("pack", pack_params, graph, payload, dtype) if bound else None
+    times["total"] = sum(times.values())
+    parameters = sum(v.size for v in payload.flat().values())
+    print(f"{name} ({parameters / 1e6:.2f} M parameters, {np.dtype(dtype).name}, payload "
+          f"{'by pointer' if bound else 'baked'}, IR {len(module.ir) / 1e6:.1f} MB): "
+          + ", ".join(f"{k} {v:.2f} s" for k, v in times.items()))  # fmt: skip
+    if run:
+        entry = EntryPoint(module.symbol, tracker[module.symbol], module.input_shape,
+                           module.output_shape, module.dtype,
+                           module.params_size if bound else None, owner=tracker,
+                           bound=params)  # fmt: skip
+        from tlc.semantics.interpret import interpret
+
+        x = np.random.default_rng(1).standard_normal(module.input_shape).astype(dtype)
+        start = time.perf_counter()
+        got = entry(x)
+        elapsed = time.perf_counter() - start
+        want = np.asarray(interpret(graph, payload, x.astype(np.float64)).output)
+        error = np.max(np.abs(got - want)) / max(np.max(np.abs(want)), 1e-300)
+        print(f"  run {elapsed:.2f} s, max error relative to max |output|: {error:.1e}")
+    return times
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", choices=[*MODELS, "all"], default="all")
+    p.add_argument("--dtype", choices=("f64", "f32"), default="f64")
+    p.add_argument("--run", action="store_true", help="run once and check against the reference")
+    p.add_argument("--by-pointer", action="store_true", help="never bake the payload")
+    args = p.parse_args()
+    if args.by_pointer:
+        codegen_module.BAKE_LIMIT = 0
+    dtype = np.float64 if args.dtype == "f64" else np.float32
+    for name in MODELS if args.model == "all" else [args.model]:
+        measure(name, dtype, args.run)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,43 @@
+"""Writes ONNX models for the import tests: `zoo NAME OUT` copies a zoo "light" model shipped in
+the onnx wheel (opset 9), `nhwc OUT` builds an NHWC model with a symbolic batch whose reshape
+target is computed by Shape -> Gather -> Unsqueeze -> Concat."""
+
+import shutil
+import sys
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from tlc.frontends.onnx_models import model_name, model_paths
+
+
+def nhwc() -> onnx.ModelProto:
+    weight = np.random.default_rng(0).normal(size=(4, 3, 3, 3))
+    inits = {"w": weight, "zero": np.array(0), "axes": np.array([0]), "rest": np.array([-1])}
+    nodes = [
+        helper.make_node("Transpose", ["x"], ["t"], perm=[0, 3, 1, 2]),
+        helper.make_node("Conv", ["t", "w"], ["c"]),
+        helper.make_node("Transpose", ["c"], ["u"], perm=[0, 2, 3, 1]),
+        helper.make_node("Shape", ["u"], ["s"]),
+        helper.make_node("Gather", ["s", "zero"], ["n"]),
+        helper.make_node("Unsqueeze", ["n", "axes"], ["n1"]),
+        helper.make_node("Concat", ["n1", "rest"], ["target"], axis=0),
+        helper.make_node("Reshape", ["u", "target"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "nhwc",
+        [helper.make_tensor_value_info("x", TensorProto.DOUBLE, ["N", 6, 6, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.DOUBLE, ["N", 64])],
+        [numpy_helper.from_array(v, k) for k, v in inits.items()],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "zoo":
+        (path,) = [p for p in model_paths("light") if model_name(p) == sys.argv[2]]
+        shutil.copy(path, sys.argv[3])
+    else:
+        onnx.save(nhwc(), sys.argv[2])

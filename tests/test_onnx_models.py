@@ -1,0 +1,60 @@
+"""Real models of the collections inside the onnx wheel through the ONNX import, as shipped
+(opsets 6-12): the counts docs/onnx-models.md reports, which may only grow.
+
+Tolerance: ONNX's backend-test rtol 1e-3, atol 1e-7 against the stored float32/float64 outputs
+(`tlc.frontends.onnx_models.RTOL`/`ATOL`); every model that imports must match in float64.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("onnx")
+
+from tlc.frontends.onnx_models import model_name, model_paths, report, run_model  # noqa: E402
+
+#: (models, import, match f64, match f32) per collection, as measured; never lowered.
+PYTORCH_COUNTS = {"pytorch-converted": (82, 56, 56, 56), "pytorch-operator": (35, 21, 21, 16)}
+LIGHT_IMPORTED = {"inception_v2", "vgg19"}
+#: The zoo models refused, with every reason (all their unsupported op types at once).
+LIGHT_REFUSED = {
+    "bvlc_alexnet": ["unsupported LRN"],
+    "densenet121": ["unsupported GlobalAveragePool"],
+    "inception_v1": ["unsupported LRN"],
+    "resnet50": ["unsupported Sum"],
+    "shufflenet": ["unsupported Sum"],
+    "squeezenet": ["unsupported GlobalAveragePool"],
+    "zfnet512": ["unsupported LRN"],
+}
+
+
+@pytest.mark.parametrize("collection", sorted(PYTORCH_COUNTS))
+def test_pytorch_sets(collection: str) -> None:
+    results = [run_model(collection, path) for path in model_paths(collection)]
+    models, imported, match64, match32 = PYTORCH_COUNTS[collection]
+    assert len(results) == models
+    assert sum(r.imported for r in results) >= imported
+    assert sum(bool(r.match64) for r in results) >= match64
+    assert sum(bool(r.match32) for r in results) >= match32
+    table = report(results).splitlines()
+    assert table[2].startswith(f"| {collection} | {models} | ")
+    for r in results:
+        assert r.imported or r.reasons, f"{r.name} refused without a reason"
+        if r.imported:
+            assert r.match64, f"{r.name} imports but differs from its stored output"
+            assert r.match32 or r.double, f"{r.name} differs in float32"
+
+
+def test_light_zoo_models_import_or_list_every_gap() -> None:
+    """Imports only (evaluating vgg19 takes minutes); inception_v2's values are checked below."""
+    results = {model_name(p): run_model("light", p, evaluate=False) for p in model_paths("light")}
+    assert {name for name, r in results.items() if r.imported} >= LIGHT_IMPORTED
+    for name, reasons in LIGHT_REFUSED.items():
+        assert results[name].imported or results[name].reasons == reasons
+
+
+def test_light_inception_v2_matches_onnxruntime() -> None:
+    pytest.importorskip("onnxruntime")
+    (path,) = [p for p in model_paths("light") if model_name(p) == "inception_v2"]
+    result = run_model("light", path)
+    assert result.match64 and result.match32, result
