@@ -50,11 +50,12 @@ def new_builder(
 def finish(builder: GraphBuilder, result: SSAValue) -> Traced:
     from xdsl.dialects.builtin import ModuleOp
 
+    from tlc.dialect.verify import graph_shapes
     from tlc.semantics.payload_check import check_payload
 
     assert builder.at is not None, "new_builder sets the location"
     graph = builder.finish(result, builder.at)
-    check_payload(graph, builder.payload)
+    check_payload(graph, builder.payload, graph_shapes(graph))
     return Traced(ModuleOp([graph]), graph, builder.payload)
 
 

@@ -32,10 +32,56 @@ from tlc.core.payload import Payload, Record
 from tlc.dialect import ops
 from tlc.dialect.backward_ops import SignOp
 from tlc.dialect.ops import NodeOp
-from tlc.dialect.shapes import Shape, numel
+from tlc.dialect.shapes import Shape, ShapeError, fmt_shape, numel
 from tlc.semantics.interval_arith import Box, Outward, sanitize
 
 V = TypeVar("V")
+
+
+def fill_defaults(
+    cls: type[NodeOp], given: Mapping[str, Any], shape: Shape | None
+) -> dict[str, Any]:
+    """The op's metadata: the `given` fields, and each omitted one that has a default from its
+    default (which may read the fields before it and the declared `shape`)."""
+    fields = dict(given)
+    for f in cls.FIELDS:
+        if f.name not in fields and f.default is not None:
+            fields[f.name] = f.default_value(fields, shape)
+    return fields
+
+
+def make_node(
+    cls: type[NodeOp],
+    id: int,
+    operand_shapes: list[Shape],
+    fields: Mapping[str, Any],
+    shape: Shape | None,
+) -> NodeOp:
+    """Node `id` of op `cls` (no operands yet) with its declared shape: the one its shape rule
+    infers from `operand_shapes`, which must equal `shape` where the op declares one. Raises
+    ShapeError, so every way of building tl ops (emitters, programs, importers) checks alike."""
+    node = cls(id, [], shape, dict(fields))
+    out = node.infer(operand_shapes)
+    if shape is None:
+        node.set_declared_shape(out)
+    elif out != tuple(shape):
+        raise ShapeError(
+            f"{cls.TAG}: declared shape {fmt_shape(tuple(shape))} does not match the inferred "
+            f"{fmt_shape(out)}"
+        )
+    return node
+
+
+def cast_record(node: NodeOp, record: Mapping[str, Any] | None, dtype: type) -> Record | None:
+    """`record` as an interpretation in `dtype` reads it: arrays of `dtype`, the op's scalar
+    payload fields (eps, ...) as 0-d arrays whatever shape the caller gave them."""
+    if record is None:
+        return None
+    scalar = {p.name for p in type(node).PAYLOAD if p.scalar}
+    return {
+        k: np.asarray(v, dtype).reshape(() if k in scalar else np.shape(v))
+        for k, v in record.items()
+    }
 
 
 class Emitter(ABC, Generic[V]):
@@ -63,17 +109,8 @@ class Emitter(ABC, Generic[V]):
     ) -> NodeOp:
         """The op's node (not yet in any graph) with its declared shape, checked by the op's
         shape rule against the operands' shapes (raises ShapeError)."""
-        fields = dict(attributes or {})
-        for f in cls.FIELDS:
-            if f.name not in fields and f.default is not None:
-                fields[f.name] = f.default_value(fields, shape)
-        node = cls(self.next_id(), [], shape, fields)
-        out = node.infer([self.shape(v) for v in operands])
-        if shape is None:
-            node.set_declared_shape(out)
-        else:
-            assert out == tuple(shape), f"{cls.TAG}: shape {out} vs declared {shape}"
-        return node
+        fields = fill_defaults(cls, attributes or {}, shape)
+        return make_node(cls, self.next_id(), [self.shape(v) for v in operands], fields, shape)
 
     def next_id(self) -> int:
         """The id a new node gets (meaningful only where nodes join a graph)."""
@@ -225,7 +262,7 @@ class NumpyEmitter(Emitter[np.ndarray]):
     def evaluate(
         self, node: NodeOp, operands: list[np.ndarray], record: Record | None
     ) -> np.ndarray:
-        cast = None if record is None else {k: np.asarray(v, self.dtype) for k, v in record.items()}
+        cast = cast_record(node, record, self.dtype)
         value = np.asarray(self.rules[type(node)](node, operands, cast, self.dtype))
         expected = node.declared_shape
         assert value.shape == expected, f"{node.TAG}: produced {value.shape}, expected {expected}"
@@ -255,10 +292,9 @@ class IntervalEmitter(Emitter[Box]):
 
     def evaluate(self, node: NodeOp, operands: list[Box], record: Record | None) -> Box:
         rule = self.rules.get(type(node))
-        cast = None
-        if record is not None:
-            dtype = self.outward.dtype
-            cast = {k: np.asarray(v, dtype).astype(np.float64) for k, v in record.items()}
+        cast = cast_record(node, record, self.outward.dtype)
+        if cast is not None:
+            cast = {k: v.astype(np.float64) for k, v in cast.items()}
         box = None if rule is None else rule(node, operands, cast, self.outward)
         if box is None:
             raise NoBox(node.TAG)

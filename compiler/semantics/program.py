@@ -41,8 +41,9 @@ from tlc.dialect import ops as tl
 from tlc.dialect.metadata import MetadataError, check_value
 from tlc.dialect.ops import GraphOp, NodeOp, OutputOp
 from tlc.dialect.registry import NODE_OPS
-from tlc.dialect.shapes import Shape, ShapeError, fmt_shape
+from tlc.dialect.shapes import Shape, ShapeError
 from tlc.dialect.types import shape_of_type
+from tlc.semantics.emitter import IntervalEmitter, NoBox, NumpyEmitter, fill_defaults, make_node
 
 #: Ops that are not methods of the interface, and why. A plain reason map, not a rule table:
 #: the interface is a vocabulary (every op kind's method is generated and reduces to `apply`),
@@ -96,21 +97,21 @@ def _caller_location() -> Location:
     return Location(frame.f_code.co_filename, line, (positions[2] or 0) + 1)
 
 
-def _with_defaults(
+def _checked_fields(
     op: type[NodeOp], given: Mapping[str, Any], declared: Shape | None, where: Location
 ) -> dict[str, Any]:
-    """The op's metadata: given fields checked by kind, the others from the field defaults."""
+    """The op's metadata (defaults filled as every emitter fills them), each field checked by
+    kind: a program's arguments are user input, unlike a rule's."""
     known = {f.name for f in op.FIELDS}
     for name in given:
         if name not in known:
             raise error(f"{op.TAG}: unknown metadata field '{name}'", where)
+    filled = fill_defaults(op, {k: v for k, v in given.items() if v is not None}, declared)
     fields: dict[str, Any] = {}
     for f in op.FIELDS:
-        value = given.get(f.name)
-        if value is None and f.default is not None:
-            value = f.default_value(fields, declared)
-        if value is None:
+        if f.name not in filled:
             raise error(f"{op.TAG}: missing metadata field '{f.name}'", where)
+        value = filled[f.name]
         try:
             fields[f.name] = check_value(f, list(value) if isinstance(value, tuple) else value)
         except MetadataError as exc:
@@ -174,21 +175,15 @@ class Ops(ABC):
             plural = "" if count == "1" else "s"
             raise error(f"{op.TAG}: takes {count} value{plural}, got {len(values)}", where)
         record = {k: p for k, p in (params or {}).items() if p is not None}
-        node = op(self.next_id, [], shape, _with_defaults(op, fields or {}, shape, where))
-        node.location = where.to_attr()
         parents = [self.shape_of(v) for v in values]
+        fields = _checked_fields(op, fields or {}, shape, where)
         try:
-            out = node.infer(parents)
+            node = make_node(op, self.next_id, parents, fields, shape)
         except ShapeError as exc:
             raise error(str(exc), where) from None
-        if shape is None:
-            node.set_declared_shape(out)
-        elif out != shape:
-            raise error(
-                f"{op.TAG}: declared shape {fmt_shape(shape)} does not match the inferred "
-                f"{fmt_shape(out)}",
-                where,
-            )
+        node.location = where.to_attr()
+        out = node.declared_shape
+        assert out is not None, "make_node declares the node's shape"
         check = _payload_checks().get(op)
         if check is not None:
             check(node, parents, out, _shape_arrays(record) or None)
@@ -320,27 +315,24 @@ def _payload_checks() -> Mapping[type[NodeOp], Any]:
 
 
 class Eager(Ops):
-    """Numpy values in float64 or float32, each op by its reference rule."""
+    """Numpy values in float64 or float32: the `NumpyEmitter` over the reference rules, fed
+    the program's checked nodes."""
 
     def __init__(self, dtype: type = np.float64) -> None:
+        from tlc.semantics.interpret import REFERENCE
+
         super().__init__()
         self.dtype = dtype
+        self.emitter = NumpyEmitter(REFERENCE, dtype)
 
     def lift(self, value: Any) -> np.ndarray:
         return np.asarray(value, dtype=self.dtype)
 
     def shape_of(self, value: Any) -> Shape:
-        return tuple(np.shape(value))
+        return self.emitter.shape(value)
 
     def evaluate(self, node: NodeOp, args: list[Any], record: dict[str, Any]) -> np.ndarray:
-        from tlc.semantics.interpret import REFERENCE
-        from tlc.semantics.payload_check import SCALAR_FIELDS
-
-        cast = {
-            k: np.asarray(v, dtype=self.dtype).reshape(() if k in SCALAR_FIELDS else np.shape(v))
-            for k, v in record.items()
-        }
-        return np.asarray(REFERENCE[type(node)](node, args, cast or None, self.dtype))
+        return self.emitter.evaluate(node, args, record or None)
 
 
 @dataclass(frozen=True)
@@ -352,15 +344,19 @@ class Interval:
 
 
 class IntervalOps(Ops):
-    """Boxes, each op by its interval rule (`tlc.semantics.ibp.INTERVAL`), rounded outward for
-    `dtype`; a parameter-like argument becomes a point box through a `const`."""
+    """Boxes: the `IntervalEmitter` over the interval rules (`tlc.semantics.ibp.INTERVAL`),
+    rounded outward for `dtype`. Unlike the emitter, a program goes on where an op has no box
+    (its value keeps its shape, box None), so a partial result still reports every later
+    diagnostic; a parameter-like argument becomes a point box through a `const`."""
 
     def __init__(self, dtype: type = np.float64) -> None:
+        from tlc.semantics.ibp import INTERVAL
         from tlc.semantics.interval_arith import Outward
 
         super().__init__()
         self.dtype = dtype
         self.outward = Outward(dtype)
+        self.emitter = IntervalEmitter(INTERVAL, self.outward)
 
     def box(self, lo: Any, hi: Any) -> Interval:
         """The input box [lo, hi], on the `dtype` grid."""
@@ -376,24 +372,16 @@ class IntervalOps(Ops):
         return value.shape
 
     def evaluate(self, node: NodeOp, args: list[Any], record: dict[str, Any]) -> Interval:
-        from tlc.semantics.ibp import INTERVAL
-        from tlc.semantics.interval_arith import Box, sanitize
-        from tlc.semantics.payload_check import SCALAR_FIELDS
-
         shape = node.declared_shape
         assert shape is not None, "apply declares every node's shape"
-        if type(node) in INTERVAL.unsupported or any(a.box is None for a in args):
+        if any(a.box is None for a in args):
             return Interval(shape, None)
-        cast = {
-            k: np.asarray(v, self.dtype)
-            .astype(np.float64)
-            .reshape(() if k in SCALAR_FIELDS else np.shape(v))
-            for k, v in record.items()
-        }
-        box = INTERVAL[type(node)](node, [a.box for a in args], cast or None, self.outward)
-        if box is None:
+        try:
+            return Interval(
+                shape, self.emitter.evaluate(node, [a.box for a in args], record or None)
+            )
+        except NoBox:
             return Interval(shape, None)
-        return Interval(shape, sanitize(Box(*np.broadcast_arrays(box.lo, box.hi))))
 
 
 class GraphBuilder(Ops):
@@ -434,7 +422,8 @@ class GraphBuilder(Ops):
 
     def finish(self, result: Any, at: Location) -> GraphOp:
         """The graph whose output is `result`, selected `at` the program's return (checked by
-        verify-structure and infer-shapes)."""
+        verify-structure and infer-shapes, so its declared shapes are trusted from here on:
+        `graph_shapes`)."""
         from tlc.dialect.verify import infer_graph_shapes
 
         self.at = at
@@ -469,6 +458,7 @@ def trace(
     Parameter arrays become payload records keyed by node id, never graph data. A failure is a
     `ProgramError` located at the program line that made the bad node.
     """
+    from tlc.dialect.verify import graph_shapes
     from tlc.semantics.payload_check import check_payload
 
     code = program.__code__
@@ -476,7 +466,7 @@ def trace(
     try:
         builder = GraphBuilder(name or program.__name__, tuple(input_shape), at)
         graph = builder.finish(program(builder, builder.input, params), at)
-        check_payload(graph, builder.payload)
+        check_payload(graph, builder.payload, graph_shapes(graph))
     except DiagnosticError as exc:
         raise ProgramError(*exc.diagnostics) from None
     return Traced(ModuleOp([graph]), graph, builder.payload)
