@@ -205,24 +205,3 @@ def test_instances_csv_errors(tmp_path: Path) -> None:
 def _blocks(text: str) -> list[str]:
     parts = text.split("```")
     return [parts[i] for i in range(1, len(parts), 2)]
-
-
-def test_docs_commands_run(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every `$ ` command of docs/verification.md prints what the doc shows; the Python session
-    runs as a doctest."""
-    import doctest
-    import shlex
-
-    monkeypatch.chdir(ROOT)
-    blocks = _blocks((ROOT / "docs" / "verification.md").read_text())
-    session = next(b for b in blocks if b.startswith("python"))
-    test = doctest.DocTestParser().get_doctest(session[len("python") :], {}, "doc", None, 0)
-    assert doctest.DocTestRunner().run(test).failed == 0
-    commands = 0
-    for block in blocks:
-        for chunk in block.split("\n$ ")[1:]:
-            command, *expected = chunk.rstrip("\n").split("\n")
-            done = subprocess.run(shlex.split(command), capture_output=True, text=True)
-            assert done.stdout.splitlines() == expected, command
-            commands += 1
-    assert commands == 2
