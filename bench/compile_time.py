@@ -6,6 +6,8 @@
 Models (random weights, unbatched [C, H, W] input):
 - `resnet_2b`: the size of the VNN-COMP cifar2020 ResNet (3x32x32 input; conv 3->16 stride 2,
   two residual blocks of two 3x3 convs at 16 and 32 channels, linear 2048 -> 100 -> 10);
+- `lenet5`: LeNet-5 (1x32x32 input; two 5x5 convs with 2x2 max pools, linear 400 -> 120 ->
+  84 -> 10); `conv5`: its second convolution alone, Conv2d(6, 16, 5) on 6x14x14;
 - `vgg11`: torchvision's VGG-11 layer shapes (133 M parameters; 3x224x224 input, eight 3x3
   convs, five max pools, linear 25088 -> 4096 -> 4096 -> 1000).
 
@@ -56,10 +58,16 @@ class Net:
             self.fields[f"{self.last}.{name}"] = self.rng.standard_normal(shape) / np.sqrt(fan_in)
         return self.last
 
-    def conv(self, x: int, cin: int, cout: int, stride: int = 1) -> int:
-        attrs = (f"kernel = [3, 3], stride = [{stride}, {stride}], padding = [1, 1], "
-                 f"in_channels = {cin}, out_channels = {cout}")  # fmt: skip
-        return self.add("conv", [x], attrs, weight=(cout, cin, 3, 3), bias=(cout,))
+    def conv(
+        self, x: int, cin: int, cout: int, stride: int = 1, kernel: int = 3, padding: int = 1
+    ) -> int:
+        attrs = (f"kernel = [{kernel}, {kernel}], stride = [{stride}, {stride}], "
+                 f"padding = [{padding}, {padding}], in_channels = {cin}, "
+                 f"out_channels = {cout}")  # fmt: skip
+        return self.add("conv", [x], attrs, weight=(cout, cin, kernel, kernel), bias=(cout,))
+
+    def pool(self, x: int, op: str = "max_pool") -> int:
+        return self.add(op, [x], "kernel = [2, 2], stride = [2, 2]")
 
     def linear(self, x: int, n_in: int, n_out: int) -> int:
         return self.add("linear", [x], out=f"[{n_out}]", weight=(n_out, n_in), bias=(n_out,))
@@ -103,7 +111,25 @@ def vgg11() -> tuple[str, Payload]:
     return net.finish()
 
 
-MODELS = {"resnet_2b": resnet_2b, "vgg11": vgg11}
+def lenet5() -> tuple[str, Payload]:
+    net = Net("lenet5", (1, 32, 32))
+    x = net.pool(net.relu(net.conv(0, 1, 6, kernel=5, padding=0)))
+    x = net.pool(net.relu(net.conv(x, 6, 16, kernel=5, padding=0)))
+    x = net.add("flatten", [x], "shape = [16, 5, 5]")
+    x = net.relu(net.linear(x, 16 * 5 * 5, 120))
+    x = net.relu(net.linear(x, 120, 84))
+    net.linear(x, 84, 10)
+    return net.finish()
+
+
+def conv5() -> tuple[str, Payload]:
+    """LeNet-5's second convolution alone: Conv2d(6, 16, 5) on 6x14x14."""
+    net = Net("conv5", (6, 14, 14))
+    net.conv(0, 6, 16, kernel=5, padding=0)
+    return net.finish()
+
+
+MODELS = {"resnet_2b": resnet_2b, "vgg11": vgg11, "lenet5": lenet5, "conv5": conv5}
 
 
 def measure(name: str, dtype: type, run: bool) -> dict[str, float]:
