@@ -28,7 +28,7 @@ import numpy as np
 from llvmlite import ir
 from xdsl.ir import Block
 
-from tlc.codegen.builder import I1, I8, Buf, KernelBuilder, Status, strides
+from tlc.codegen.builder import I1, I8, I32, Buf, KernelBuilder, Status, strides
 from tlc.codegen.gemm import emit_broadcast_tiles, emit_dot_tiles
 from tlc.core.diagnostics import error
 from tlc.core.payload import Payload
@@ -606,13 +606,6 @@ class Window:
         p = l * stride + r is phase r's element l."""
         return tuple(-(-e // st) for e, st in zip(self.padded, self.stride, strict=True))
 
-    def phase_split(self) -> Window:
-        """The window that splits the zero-padded input into its stride phases: its taps are
-        the phases r (kernel = stride), its outputs the phase elements l, read from input
-        position l * stride + r - padding."""
-        ones = (1,) * len(self.kernel)
-        return Window(self.in_sp, self.phases, self.stride, ones, self.padding, self.stride)
-
 
 @dataclass(frozen=True)
 class Axis:
@@ -809,6 +802,62 @@ class ConvFrame:
         w = self.window
         return numel(w.stride) * numel(w.phases) if self.staged else 0
 
+    def stage(self, k: KernelBuilder, x_block: Buf, staged: Buf) -> None:
+        """Copy the input planes into their zeroed staged copies: input position i goes to
+        padded position p = i + padding, phase p % stride, element p // stride. Leading axes
+        loop over input rows; along the last axis the elements whose every phase is inside
+        the input are a loop of constant bounds reading `stride` consecutive inputs per step
+        (a contiguous copy, or a de-interleave LLVM vectorises with shuffles), the few at the
+        edges are emitted one by one."""
+        w, b = self.window, k.b
+        phase_block = [step * numel(w.phases) for step in strides(w.stride)]
+        element_steps = strides(w.phases)
+        size, st, pad, length = w.in_sp[-1], w.stride[-1], w.padding[-1], w.phases[-1]
+        with k.loop(self.cin_g, "ic") as ic, k.nest(w.in_sp[:-1], "row") as rows:
+            dst = b.mul(ic, k.i64(self.staged_plane), flags=NSW)
+            for i, pad_d, st_d, block, step in zip(rows, w.padding, w.stride, phase_block,
+                                                   element_steps, strict=False):  # fmt: skip
+                p = b.add(i, k.i64(pad_d), flags=NSW)
+                dst = b.add(dst, b.mul(b.urem(p, k.i64(st_d)), k.i64(block)), flags=NSW)
+                dst = b.add(dst, b.mul(b.udiv(p, k.i64(st_d)), k.i64(step)), flags=NSW)
+            src = b.add(b.mul(ic, k.i64(self.in_plane), flags=NSW),
+                        k.linear_index(rows, strides(w.in_sp)[:-1]), flags=NSW)  # fmt: skip
+            # Element e of every phase r reads input e * st + r - pad: all inside for e in
+            # [first, end).
+            first = -(-pad // st)
+            end = max(first, min(length, (size - st + pad) // st + 1))
+            if st == 1 and end > first:
+                k.copy_run(staged, b.add(dst, k.i64(first)), x_block,
+                           b.add(src, k.i64(first - pad)), end - first)  # fmt: skip
+            elif end > first:
+                # A vector of lanes * st consecutive inputs per step, de-interleaved into one
+                # vector per phase by shuffles (LLVM leaves the strided scalar loop scalar).
+                lanes = max(k.info.vector_bytes // k.dtype.itemsize, 1)
+                wide, vec = ir.VectorType(k.T, lanes * st), ir.VectorType(k.T, lanes)
+                whole = first + (end - first) // lanes * lanes
+                with k.loop(whole, "e", start=first, step=lanes) as e:
+                    at = b.add(src, b.sub(b.mul(e, k.i64(st), flags=NSW), k.i64(pad)), flags=NSW)
+                    ptr = b.bitcast(k.at(x_block, at), wide.as_pointer())
+                    inputs = b.load(ptr, align=k.dtype.itemsize)
+                    for r in range(st):
+                        mask = ir.Constant(ir.VectorType(I32, lanes),
+                                           [r + st * j for j in range(lanes)])  # fmt: skip
+                        phase = b.shuffle_vector(inputs, ir.Constant(wide, ir.Undefined), mask)
+                        to = b.add(b.add(dst, k.i64(r * phase_block[-1]), flags=NSW), e)
+                        b.store(phase, b.bitcast(k.at(staged, to), vec.as_pointer()),
+                                align=k.dtype.itemsize)  # fmt: skip
+                with k.loop(end, "e", start=whole) as e:
+                    at = b.add(src, b.sub(b.mul(e, k.i64(st), flags=NSW), k.i64(pad)), flags=NSW)
+                    for r in range(st):
+                        to = b.add(dst, k.i64(r * phase_block[-1]), flags=NSW)
+                        value = k.load(x_block, b.add(at, k.i64(r), flags=NSW))
+                        k.store(value, staged, b.add(to, e, flags=NSW))
+            for edge in [*range(min(first, length)), *range(end, length)]:
+                for r in range(st):
+                    if 0 <= edge * st + r - pad < size:
+                        value = k.load(x_block, b.add(src, k.i64(edge * st + r - pad)))
+                        k.store(value, staged, b.add(dst, k.i64(r * phase_block[-1] + edge)))
+
     def im2col(self, k: KernelBuilder, x_block: Buf, patches: Buf, staging: ir.Value) -> None:
         """Gather the shifted input planes into the patch matrix.
 
@@ -823,16 +872,7 @@ class ConvFrame:
         if self.staged:
             source, plane = Buf(staging, (self.cin_g, self.staged_plane)), self.staged_plane
             zero(k, source)
-            phase_size = numel(w.phases)
-            with k.loop(self.cin_g, "ic") as ic:
-
-                def split(phase: ir.Value, geometry: list[Axis]) -> None:
-                    at = b.mul(ic, k.i64(plane), flags=NSW)
-                    at = b.add(at, b.mul(phase, k.i64(phase_size), flags=NSW), flags=NSW)
-                    x_base = b.mul(ic, k.i64(self.in_plane), flags=NSW)
-                    window_taps(k, x_block, x_base, source, at, geometry, lambda acc, v: v)
-
-                each_tap(k, w.phase_split(), split)
+            self.stage(k, x_block, source)
         extents = w.phases if self.staged else w.in_sp
         in_steps, out_steps = strides(extents), strides(w.out_sp)
         with k.loop(self.cin_g, "ic") as ic, k.nest(w.kernel, "tap") as position:

@@ -370,3 +370,34 @@ def test_window_code_does_not_grow_with_the_kernel(op: str) -> None:
 
     small, large = ir_lines(3), ir_lines(7)
     assert large <= small * 1.15, f"{op}: {small} IR lines for a 3x3 window, {large} for 7x7"
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f64", "f32"])
+@pytest.mark.parametrize(
+    "attrs",
+    [
+        "kernel = [5, 5], stride = [2, 2], padding = [2, 2]",
+        "kernel = [3, 4], stride = [3, 2], padding = [1, 2], dilation = [2, 1]",
+        "kernel = [5, 3], stride = [1, 3], padding = [0, 1], groups = 2",
+        "kernel = [7, 7]",
+    ],
+)
+def test_convolution_staging_paths(dtype: type, attrs: str) -> None:
+    """im2col's staging (zero padding, stride phases split by whole vectors of lanes * stride
+    inputs, a scalar remainder and the edge elements) and the direct path agree with the
+    reference on widths that leave every remainder."""
+    text = f"""tl.graph @c {{
+  %0 = input : [2, 4, 23, 37]
+  %1 = conv(%0) {{{attrs}, channel_axis = 1, in_channels = 4, out_channels = 6}}
+  output %1
+}}"""
+    graph, _ = graph_of(text)
+    node = graph.nodes[1]
+    groups = node.meta("groups")
+    rng = np.random.default_rng(5)
+    weight = rng.normal(size=(6, 4 // groups, *node.meta("kernel")))
+    payload = tlc.core.payload.Payload({1: {"weight": weight, "bias": rng.normal(size=6)}})
+    x = rng.normal(size=(2, 4, 23, 37)).astype(dtype)
+    expected = interpret(graph, payload, x, dtype).output
+    tol = {"rtol": 1e-11, "atol": 1e-12} if dtype == np.float64 else {"rtol": 2e-5, "atol": 2e-5}
+    np.testing.assert_allclose(compile_graph(graph, payload, dtype)(x), expected, **tol)
