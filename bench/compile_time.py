@@ -1,11 +1,13 @@
 """Compile time of real-sized networks, phase by phase, through the JIT's own steps.
 
-    python bench/compile_time.py [--model resnet_2b|vgg11|all] [--dtype f64|f32] [--run]
-                                 [--by-pointer]
+    python bench/compile_time.py [--model resnet_2b|vgg11|lenet5|conv5|all] [--dtype f64|f32]
+                                 [--run] [--by-pointer] [--layers]
 
 Models (random weights, unbatched [C, H, W] input):
 - `resnet_2b`: the size of the VNN-COMP cifar2020 ResNet (3x32x32 input; conv 3->16 stride 2,
   two residual blocks of two 3x3 convs at 16 and 32 channels, linear 2048 -> 100 -> 10);
+- `lenet5`: LeNet-5 (1x32x32 input; two 5x5 convs with 2x2 max pools, linear 400 -> 120 ->
+  84 -> 10); `conv5`: its second convolution alone, Conv2d(6, 16, 5) on 6x14x14;
 - `vgg11`: torchvision's VGG-11 layer shapes (133 M parameters; 3x224x224 input, eight 3x3
   convs, five max pools, linear 25088 -> 4096 -> 4096 -> 1000).
 
@@ -14,7 +16,8 @@ optimises at O3), `codegen` (LLVM emits object code), `link` (the JIT links the 
 `pack` (the payload packed into the array passed by pointer, for payloads over the bake limit).
 `--run` also runs the compiled model once and checks it against the reference interpreter;
 `--by-pointer` passes even a small payload by pointer (the bake limit set to 0), to see what
-baking costs.
+baking costs; `--layers` compiles every layer alone and reports the slowest (compile time
+should not depend on a layer's kernel shape).
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ from tlc.codegen.loader import EntryPoint
 from tlc.codegen.module import bakes_payload, build_graph_module, pack_params
 from tlc.codegen.target import HOST, compile_ir, emit_object, target_machine
 from tlc.core.payload import Payload
+from tlc.dialect.ops import GraphOp
+from tlc.dialect.verify import graph_shapes
 from tlc.frontends.text import parse_source
 
 
@@ -42,12 +47,15 @@ class Net:
         self.fields: dict[str, np.ndarray] = {}
         self.last = 0
         self.rng = np.random.default_rng(0)
+        #: Per node: its id, op, parents, attributes and declared shape, to compile it alone.
+        self.nodes: list[tuple[int, str, list[int], str, str]] = []
 
     def add(
         self, op: str, parents: list[int], attrs: str = "", out: str = "", **fields: tuple[int, ...]
     ) -> int:
         """Node `op` of `parents`; `out` declares its shape where the op cannot infer it."""
         self.last += 1
+        self.nodes.append((self.last, op, parents, attrs, out))
         args = ", ".join(f"%{p}" for p in parents)
         self.lines.append(f"  %{self.last} = {op}({args})" + (f" {{{attrs}}}" if attrs else "")
                           + (f" : {out}" if out else ""))  # fmt: skip
@@ -56,10 +64,16 @@ class Net:
             self.fields[f"{self.last}.{name}"] = self.rng.standard_normal(shape) / np.sqrt(fan_in)
         return self.last
 
-    def conv(self, x: int, cin: int, cout: int, stride: int = 1) -> int:
-        attrs = (f"kernel = [3, 3], stride = [{stride}, {stride}], padding = [1, 1], "
-                 f"in_channels = {cin}, out_channels = {cout}")  # fmt: skip
-        return self.add("conv", [x], attrs, weight=(cout, cin, 3, 3), bias=(cout,))
+    def conv(
+        self, x: int, cin: int, cout: int, stride: int = 1, kernel: int = 3, padding: int = 1
+    ) -> int:
+        attrs = (f"kernel = [{kernel}, {kernel}], stride = [{stride}, {stride}], "
+                 f"padding = [{padding}, {padding}], in_channels = {cin}, "
+                 f"out_channels = {cout}")  # fmt: skip
+        return self.add("conv", [x], attrs, weight=(cout, cin, kernel, kernel), bias=(cout,))
+
+    def pool(self, x: int, op: str = "max_pool") -> int:
+        return self.add(op, [x], "kernel = [2, 2], stride = [2, 2]")
 
     def linear(self, x: int, n_in: int, n_out: int) -> int:
         return self.add("linear", [x], out=f"[{n_out}]", weight=(n_out, n_in), bias=(n_out,))
@@ -67,13 +81,29 @@ class Net:
     def relu(self, x: int) -> int:
         return self.add("relu", [x])
 
+    def layers(self, shapes: list[tuple[int, ...]]) -> list[tuple[str, str, Payload]]:
+        """Every single-parent node as a graph of its own, its input shaped as its parent
+        (from `shapes`, the whole graph's): (label, source, payload)."""
+        layers = []
+        for node, op, parents, attrs, out in self.nodes:
+            if len(parents) != 1:
+                continue
+            label = f"%{node} {op}" + (f" {{{attrs}}}" if attrs else "")
+            source = "\n".join(["tl.graph @layer {", f"  %0 = input : {list(shapes[parents[0]])}",
+                                f"  %1 = {op}(%0)" + (f" {{{attrs}}}" if attrs else "")
+                                + (f" : {out}" if out else ""), "  output %1", "}"])  # fmt: skip
+            fields = {f"1.{key.split('.', 1)[1]}": value for key, value in self.fields.items()
+                      if key.split(".", 1)[0] == str(node)}  # fmt: skip
+            layers.append((label, source, Payload.from_flat(fields)))
+        return layers
+
     def finish(self) -> tuple[str, Payload]:
         return "\n".join([*self.lines, f"  output %{self.last}", "}"]), Payload.from_flat(
             self.fields
         )
 
 
-def resnet_2b() -> tuple[str, Payload]:
+def resnet_2b() -> Net:
     net = Net("resnet_2b", (3, 32, 32))
     x = net.relu(net.conv(0, 3, 16, stride=2))
     for cin, cout, stride in ((16, 16, 1), (16, 32, 2)):
@@ -84,10 +114,10 @@ def resnet_2b() -> tuple[str, Payload]:
     x = net.add("flatten", [x], "shape = [32, 8, 8]")
     x = net.relu(net.linear(x, 32 * 8 * 8, 100))
     net.linear(x, 100, 10)
-    return net.finish()
+    return net
 
 
-def vgg11() -> tuple[str, Payload]:
+def vgg11() -> Net:
     net = Net("vgg11", (3, 224, 224))
     x, channels = 0, 3
     for width in (64, "M", 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M"):
@@ -100,14 +130,49 @@ def vgg11() -> tuple[str, Payload]:
     x = net.relu(net.linear(x, 512 * 7 * 7, 4096))
     x = net.relu(net.linear(x, 4096, 4096))
     net.linear(x, 4096, 1000)
-    return net.finish()
+    return net
 
 
-MODELS = {"resnet_2b": resnet_2b, "vgg11": vgg11}
+def lenet5() -> Net:
+    net = Net("lenet5", (1, 32, 32))
+    x = net.pool(net.relu(net.conv(0, 1, 6, kernel=5, padding=0)))
+    x = net.pool(net.relu(net.conv(x, 6, 16, kernel=5, padding=0)))
+    x = net.add("flatten", [x], "shape = [16, 5, 5]")
+    x = net.relu(net.linear(x, 16 * 5 * 5, 120))
+    x = net.relu(net.linear(x, 120, 84))
+    net.linear(x, 84, 10)
+    return net
 
 
-def measure(name: str, dtype: type, run: bool) -> dict[str, float]:
-    source, payload = MODELS[name]()
+def conv5() -> Net:
+    """LeNet-5's second convolution alone: Conv2d(6, 16, 5) on 6x14x14."""
+    net = Net("conv5", (6, 14, 14))
+    net.conv(0, 6, 16, kernel=5, padding=0)
+    return net
+
+
+MODELS = {"resnet_2b": resnet_2b, "vgg11": vgg11, "lenet5": lenet5, "conv5": conv5}
+
+
+def slowest_layer(net: Net, graph: GraphOp, dtype: type) -> None:
+    """Compile every layer alone (build, optimise, emit object) and report the slowest."""
+    timings = []
+    for label, source, payload in net.layers(graph_shapes(graph)):
+        layer = checked_graph(parse_source(source, "layer.tlir"), None)
+        start = time.perf_counter()
+        module = build_graph_module(layer, payload, dtype)
+        emit_object(compile_ir(module.ir, HOST), HOST)
+        timings.append((time.perf_counter() - start, label))
+    worst, label = max(timings)
+    print(
+        f"  slowest layer alone: {label}: {worst:.2f} s "
+        f"({len(timings)} layers, {sum(t for t, _ in timings):.2f} s in all)"
+    )
+
+
+def measure(name: str, dtype: type, run: bool, layers: bool = False) -> dict[str, float]:
+    net = MODELS[name]()
+    source, payload = net.finish()
     graph = checked_graph(parse_source(source, f"{name}.tlir"), None)
     times: dict[str, float] = {}
 
@@ -130,6 +195,8 @@ def measure(name: str, dtype: type, run: bool) -> dict[str, float]:
     print(f"{name} ({parameters / 1e6:.2f} M parameters, {np.dtype(dtype).name}, payload "
           f"{'by pointer' if bound else 'baked'}, IR {len(module.ir) / 1e6:.1f} MB): "
           + ", ".join(f"{k} {v:.2f} s" for k, v in times.items()))  # fmt: skip
+    if layers:
+        slowest_layer(net, graph, dtype)
     if run:
         entry = EntryPoint(module.symbol, tracker[module.symbol], module.input_shape,
                            module.output_shape, module.dtype,
@@ -153,12 +220,13 @@ def main() -> None:
     p.add_argument("--dtype", choices=("f64", "f32"), default="f64")
     p.add_argument("--run", action="store_true", help="run once and check against the reference")
     p.add_argument("--by-pointer", action="store_true", help="never bake the payload")
+    p.add_argument("--layers", action="store_true", help="also report the slowest layer alone")
     args = p.parse_args()
     if args.by_pointer:
         codegen_module.BAKE_LIMIT = 0
     dtype = np.float64 if args.dtype == "f64" else np.float32
     for name in MODELS if args.model == "all" else [args.model]:
-        measure(name, dtype, args.run)
+        measure(name, dtype, args.run, args.layers)
 
 
 if __name__ == "__main__":

@@ -128,6 +128,20 @@ class KernelBuilder:
         gv.initializer = ir.Constant(array_type, bytearray(data))
         return self.b.bitcast(gv, elem.as_pointer())
 
+    def copy_run(self, dst: Buf, dst_at: ir.Value, src: Buf, src_at: ir.Value, count: int) -> None:
+        """dst[dst_at:dst_at + count] = src[src_at:src_at + count] (not overlapping) as one
+        `llvm.memcpy` of constant length, which LLVM lowers to a few vector moves: a loop
+        of `count` copies could be unrolled and then vectorised across the outer loop."""
+        i8p = I8.as_pointer()
+        name = "llvm.memcpy.p0i8.p0i8.i64"
+        func = self.module.globals.get(name) or ir.Function(
+            self.module, ir.FunctionType(ir.VoidType(), [i8p, i8p, I64, I1]), name
+        )
+        to = self.b.bitcast(self.at(dst, dst_at), i8p)
+        source = self.b.bitcast(self.at(src, src_at), i8p)
+        size = self.i64(count * self.dtype.itemsize)
+        self.b.call(func, [to, source, size, ir.Constant(I1, 0)])
+
     def copy(self, dst: Buf, src: Buf) -> None:
         with self.loop(src.size) as i:
             self.store(self.load(src, i), dst, i)

@@ -13,8 +13,9 @@ never a fallback.
 Semantics follow the reference rules (`tlc.semantics.reference`) operation for operation.
 Reductions (sum, mean, dot products, softmax denominators) are reassociated so they vectorise:
 the llvm capsules' numerical policy is "implementationDefined". Elementwise maps run over the
-flat buffer; layout ops compute a source offset per output index; convolution and pooling unroll
-the kernel window at compile time so every inner loop has constant bounds and no padding tests.
+flat buffer; layout ops compute a source offset per output index; convolution and pooling loop
+over the kernel's taps (never unrolled by the lowering, so the code's size does not depend on
+the kernel's extent), each tap's loop over output positions bounded so padding needs no test.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import numpy as np
 from llvmlite import ir
 from xdsl.ir import Block
 
-from tlc.codegen.builder import I1, I8, Buf, KernelBuilder, Status, strides
+from tlc.codegen.builder import I1, I8, I32, Buf, KernelBuilder, Status, strides
 from tlc.codegen.gemm import emit_broadcast_tiles, emit_dot_tiles
 from tlc.core.diagnostics import error
 from tlc.core.payload import Payload
@@ -563,15 +564,90 @@ def _matmul(k: KernelBuilder, s: Step) -> None:
         emit_broadcast_tiles(k, part(a, m, n), part(b, n, p), part(out, m, p), m=m, n=p, kk=n)
 
 
-def window_range(size: int, out: int, stride: int, offset: int) -> tuple[int, int]:
-    """The output positions o in [0, out) whose tap o*stride + offset lies inside [0, size)."""
-    lo = max(0, -(offset // stride))  # ceil(-offset / stride)
-    hi = min(out, (size - 1 - offset) // stride + 1) if size - 1 - offset >= 0 else 0
-    return lo, max(lo, hi)
+#: Integer flags of index arithmetic that cannot overflow (offsets into static buffers).
+NSW = ("nsw",)
 
 
-#: One spatial axis of a window: (input extent, output extent, stride, tap offset).
-Axis = tuple[int, int, int, int]
+@dataclass(frozen=True)
+class Window:
+    """A sliding window's static geometry over the spatial axes, per axis: the input and
+    output extents, stride, dilation, padding and kernel extent."""
+
+    in_sp: Shape
+    out_sp: Shape
+    stride: tuple[int, ...]
+    dilation: tuple[int, ...]
+    padding: tuple[int, ...]
+    kernel: tuple[int, ...]
+
+    @property
+    def taps(self) -> int:
+        return math.prod(self.kernel)
+
+    @property
+    def padded(self) -> Shape:
+        """The input extents with the padding on both sides: every tap of every output
+        position lies inside."""
+        return tuple(
+            max(size + 2 * pad, (out - 1) * st + (kernel - 1) * dil + 1)
+            for size, out, st, dil, pad, kernel in zip(self.in_sp, self.out_sp, self.stride,
+                                                       self.dilation, self.padding, self.kernel,
+                                                       strict=True)
+        )  # fmt: skip
+
+    @property
+    def inside(self) -> bool:
+        """Whether every tap of every output position lies inside the (unpadded) input."""
+        return not any(self.padding) and self.padded == tuple(self.in_sp)
+
+    @property
+    def phases(self) -> Shape:
+        """Per axis, the length of one stride phase of the padded input: padded position
+        p = l * stride + r is phase r's element l."""
+        return tuple(-(-e // st) for e, st in zip(self.padded, self.stride, strict=True))
+
+
+@dataclass(frozen=True)
+class Axis:
+    """One spatial axis of one tap: the input and output extents, the stride, the tap's
+    offset (position * dilation - padding) and the output positions [lo, hi) whose tap lies
+    inside the input (i64 values of the tap loop)."""
+
+    size: int
+    out: int
+    stride: int
+    offset: ir.Value
+    lo: ir.Value
+    hi: ir.Value
+
+
+def each_tap(
+    k: KernelBuilder, window: Window, visit: Callable[[ir.Value, list[Axis]], None]
+) -> None:
+    """visit(tap number, geometry of every spatial axis) for every kernel tap in row-major
+    order. The taps are a real loop nest, never unrolled here: the code (and LLVM's work on
+    it) does not grow with the kernel's extent. Where the whole window lies inside the input
+    the position bounds are the constants [0, out), which LLVM vectorises best."""
+    b = k.b
+    with k.nest(window.kernel, "tap") as position:
+        geometry = []
+        for size, out, st, dil, pad, pos in zip(window.in_sp, window.out_sp, window.stride,
+                                                window.dilation, window.padding, position,
+                                                strict=True):  # fmt: skip
+            off = b.sub(b.mul(pos, k.i64(dil), flags=NSW), k.i64(pad), flags=NSW)
+            if window.inside:
+                lo, hi = k.i64(0), k.i64(out)
+            else:
+                # lo = ceil(-offset / stride) for a negative offset, else 0; hi = min(out,
+                # (size - 1 - offset) // stride + 1), or 0 when the tap is past the end.
+                before = b.icmp_signed("<", off, k.i64(0))
+                lo = b.select(before, b.udiv(b.sub(k.i64(st - 1), off), k.i64(st)), k.i64(0))
+                room = b.sub(k.i64(size - 1), off)
+                last = b.add(b.udiv(room, k.i64(st)), k.i64(1))
+                hi = b.select(b.icmp_signed("<", last, k.i64(out)), last, k.i64(out))
+                hi = b.select(b.icmp_signed("<", room, k.i64(0)), k.i64(0), hi)
+            geometry.append(Axis(size, out, st, off, lo, hi))
+        visit(k.linear_index(position, strides(window.kernel)), geometry)
 
 
 def tap_positions(
@@ -582,26 +658,23 @@ def tap_positions(
     body: Callable[[ir.Value, ir.Value], None],
 ) -> None:
     """For one kernel tap: `body(input offset, output offset)` for every output position o
-    whose tap o*stride + offset lies inside the input; the bounds are compile-time constants,
-    so padding needs no test."""
-    in_steps = strides([g[0] for g in geometry])
-    out_steps = strides([g[1] for g in geometry])
-    ranges = [window_range(*g) for g in geometry]
-    if any(lo >= hi for lo, hi in ranges):
-        return
+    whose tap o*stride + offset lies inside the input (so padding needs no test)."""
+    b = k.b
+    in_steps = strides([axis.size for axis in geometry])
+    out_steps = strides([axis.out for axis in geometry])
 
-    def nest(axis: int, src: ir.Value, dst: ir.Value) -> None:
-        if axis == len(geometry):
+    def nest(d: int, src: ir.Value, dst: ir.Value) -> None:
+        if d == len(geometry):
             body(src, dst)
             return
-        _, _, st, off = geometry[axis]
-        lo, hi = ranges[axis]
-        with k.loop(hi, f"o{axis}", start=lo) as o:
-            pos = k.b.add(k.b.mul(o, k.i64(st)), k.i64(off))
+        axis = geometry[d]
+        with k.loop(axis.hi, f"o{d}", start=axis.lo) as o:
+            # No index wraps (nsw): LLVM then sees affine addresses and vectorises.
+            pos = b.add(b.mul(o, k.i64(axis.stride), flags=NSW), axis.offset, flags=NSW)
             nest(
-                axis + 1,
-                k.b.add(src, k.b.mul(pos, k.i64(in_steps[axis]))),
-                k.b.add(dst, k.b.mul(o, k.i64(out_steps[axis]))),
+                d + 1,
+                b.add(src, b.mul(pos, k.i64(in_steps[d]), flags=NSW), flags=NSW),
+                b.add(dst, b.mul(o, k.i64(out_steps[d]), flags=NSW), flags=NSW),
             )
 
     nest(0, in_base, out_base)
@@ -645,10 +718,6 @@ def scatter_taps(
     tap_positions(k, geometry, dx_base, src_base, body)
 
 
-def kernel_positions(kernel: tuple[int, ...]) -> list[tuple[int, ...]]:
-    return [tuple(int(v) for v in pos) for pos in np.ndindex(*kernel)]
-
-
 def zero(k: KernelBuilder, buf: Buf) -> None:
     with k.loop(buf.size, "z") as z:
         k.store(k.const(0), buf, z)
@@ -671,21 +740,18 @@ class ConvFrame:
     cout: int
     in_plane: int
     positions: int
-    #: Per kernel tap (row-major), the geometry of every spatial axis.
-    taps: tuple[list[Axis], ...]
+    window: Window
 
     @staticmethod
     def of(node: NodeOp, x: Shape, y: Shape) -> ConvFrame:
         """`x` the convolution's input shape, `y` its output's."""
         m = node.metadata()
-        axis, dil, st, pad = m["channel_axis"], m["dilation"], m["stride"], m["padding"]
+        axis = m["channel_axis"]
         in_sp, out_sp = x[axis + 1 :], y[axis + 1 :]
-        taps = tuple(
-            [(in_sp[d], out_sp[d], st[d], pos[d] * dil[d] - pad[d]) for d in range(len(pos))]
-            for pos in kernel_positions(tuple(m["kernel"]))
-        )
+        window = Window(in_sp, out_sp, tuple(m["stride"]), tuple(m["dilation"]),
+                        tuple(m["padding"]), tuple(m["kernel"]))  # fmt: skip
         return ConvFrame(numel(x[:axis]), m["groups"], m["in_channels"], m["out_channels"],
-                         numel(in_sp), numel(out_sp), taps)  # fmt: skip
+                         numel(in_sp), numel(out_sp), window)  # fmt: skip
 
     @property
     def cin_g(self) -> int:
@@ -697,7 +763,7 @@ class ConvFrame:
 
     @property
     def depth(self) -> int:
-        return self.cin_g * len(self.taps)
+        return self.cin_g * self.window.taps
 
     def input_block(self, k: KernelBuilder, x: Buf, lead: ir.Value, g: ir.Value) -> Buf:
         """Group g's input planes [cin/groups, in_plane] at one leading index."""
@@ -716,20 +782,117 @@ class ConvFrame:
         input channel of a group and every kernel tap (rows are channel-major, as in W)."""
         with k.loop(self.cin_g, "ic") as ic:
             plane = k.b.mul(ic, k.i64(self.in_plane))
-            for t, geometry in enumerate(self.taps):
-                row = k.b.add(k.b.mul(ic, k.i64(len(self.taps))), k.i64(t))
-                visit(plane, k.b.mul(row, k.i64(self.positions)), geometry)
 
-    def im2col(self, k: KernelBuilder, x_block: Buf, patches: Buf) -> None:
-        """Gather the shifted input planes into the patch matrix (zero where a tap falls in
-        the padding)."""
-        zero(k, patches)
-        self.patch_taps(
-            k,
-            lambda plane, row, geometry: window_taps(
-                k, x_block, plane, patches, row, geometry, lambda acc, v: v
-            ),
-        )
+            def tap_row(t: ir.Value, geometry: list[Axis]) -> None:
+                row = k.b.add(k.b.mul(ic, k.i64(self.window.taps), flags=NSW), t, flags=NSW)
+                visit(plane, k.b.mul(row, k.i64(self.positions), flags=NSW), geometry)
+
+            each_tap(k, self.window, tap_row)
+
+    @property
+    def staged(self) -> bool:
+        """Whether im2col reads a staged copy of the input (with padding or a stride) rather
+        than the input itself."""
+        return not self.window.inside or any(st > 1 for st in self.window.stride)
+
+    @property
+    def staged_plane(self) -> int:
+        """Elements of one input plane's staged copy: the zero-padded plane split into its
+        stride phases (as many elements as the padded plane, rounded up to whole strides)."""
+        w = self.window
+        return numel(w.stride) * numel(w.phases) if self.staged else 0
+
+    def stage(self, k: KernelBuilder, x_block: Buf, staged: Buf) -> None:
+        """Copy the input planes into their zeroed staged copies: input position i goes to
+        padded position p = i + padding, phase p % stride, element p // stride. Leading axes
+        loop over input rows; along the last axis the elements whose every phase is inside
+        the input are a loop of constant bounds reading `stride` consecutive inputs per step
+        (a contiguous copy, or a de-interleave LLVM vectorises with shuffles), the few at the
+        edges are emitted one by one."""
+        w, b = self.window, k.b
+        phase_block = [step * numel(w.phases) for step in strides(w.stride)]
+        element_steps = strides(w.phases)
+        size, st, pad, length = w.in_sp[-1], w.stride[-1], w.padding[-1], w.phases[-1]
+        with k.loop(self.cin_g, "ic") as ic, k.nest(w.in_sp[:-1], "row") as rows:
+            dst = b.mul(ic, k.i64(self.staged_plane), flags=NSW)
+            for i, pad_d, st_d, block, step in zip(rows, w.padding, w.stride, phase_block,
+                                                   element_steps, strict=False):  # fmt: skip
+                p = b.add(i, k.i64(pad_d), flags=NSW)
+                dst = b.add(dst, b.mul(b.urem(p, k.i64(st_d)), k.i64(block)), flags=NSW)
+                dst = b.add(dst, b.mul(b.udiv(p, k.i64(st_d)), k.i64(step)), flags=NSW)
+            src = b.add(b.mul(ic, k.i64(self.in_plane), flags=NSW),
+                        k.linear_index(rows, strides(w.in_sp)[:-1]), flags=NSW)  # fmt: skip
+            # Element e of every phase r reads input e * st + r - pad: all inside for e in
+            # [first, end).
+            first = -(-pad // st)
+            end = max(first, min(length, (size - st + pad) // st + 1))
+            if st == 1 and end > first:
+                k.copy_run(staged, b.add(dst, k.i64(first)), x_block,
+                           b.add(src, k.i64(first - pad)), end - first)  # fmt: skip
+            elif end > first:
+                # A vector of lanes * st consecutive inputs per step, de-interleaved into one
+                # vector per phase by shuffles (LLVM leaves the strided scalar loop scalar).
+                lanes = max(k.info.vector_bytes // k.dtype.itemsize, 1)
+                wide, vec = ir.VectorType(k.T, lanes * st), ir.VectorType(k.T, lanes)
+                whole = first + (end - first) // lanes * lanes
+                with k.loop(whole, "e", start=first, step=lanes) as e:
+                    at = b.add(src, b.sub(b.mul(e, k.i64(st), flags=NSW), k.i64(pad)), flags=NSW)
+                    ptr = b.bitcast(k.at(x_block, at), wide.as_pointer())
+                    inputs = b.load(ptr, align=k.dtype.itemsize)
+                    for r in range(st):
+                        mask = ir.Constant(ir.VectorType(I32, lanes),
+                                           [r + st * j for j in range(lanes)])  # fmt: skip
+                        phase = b.shuffle_vector(inputs, ir.Constant(wide, ir.Undefined), mask)
+                        to = b.add(b.add(dst, k.i64(r * phase_block[-1]), flags=NSW), e)
+                        b.store(phase, b.bitcast(k.at(staged, to), vec.as_pointer()),
+                                align=k.dtype.itemsize)  # fmt: skip
+                with k.loop(end, "e", start=whole) as e:
+                    at = b.add(src, b.sub(b.mul(e, k.i64(st), flags=NSW), k.i64(pad)), flags=NSW)
+                    for r in range(st):
+                        to = b.add(dst, k.i64(r * phase_block[-1]), flags=NSW)
+                        value = k.load(x_block, b.add(at, k.i64(r), flags=NSW))
+                        k.store(value, staged, b.add(to, e, flags=NSW))
+            for edge in [*range(min(first, length)), *range(end, length)]:
+                for r in range(st):
+                    if 0 <= edge * st + r - pad < size:
+                        value = k.load(x_block, b.add(src, k.i64(edge * st + r - pad)))
+                        k.store(value, staged, b.add(dst, k.i64(r * phase_block[-1] + edge)))
+
+    def im2col(self, k: KernelBuilder, x_block: Buf, patches: Buf, staging: ir.Value) -> None:
+        """Gather the shifted input planes into the patch matrix.
+
+        With padding or a stride, the input planes are first staged at `staging` ([cin/groups,
+        staged_plane]): zero-padded and split into stride phases, so that each tap reads one
+        phase contiguously: padded position o * stride + offset is phase (offset % stride)'s
+        element o + offset // stride. Every tap's loops then have constant bounds, no test,
+        and unit stride, which LLVM vectorises; the strided reads happen once per input
+        element instead of once per tap."""
+        w, b = self.window, k.b
+        source, plane = x_block, self.in_plane
+        if self.staged:
+            source, plane = Buf(staging, (self.cin_g, self.staged_plane)), self.staged_plane
+            zero(k, source)
+            self.stage(k, x_block, source)
+        extents = w.phases if self.staged else w.in_sp
+        in_steps, out_steps = strides(extents), strides(w.out_sp)
+        with k.loop(self.cin_g, "ic") as ic, k.nest(w.kernel, "tap") as position:
+            src = b.mul(ic, k.i64(plane), flags=NSW)
+            phase = []
+            for pos, st, dil, step in zip(position, w.stride, w.dilation, in_steps, strict=True):
+                off = b.mul(pos, k.i64(dil), flags=NSW)
+                phase.append(b.urem(off, k.i64(st)))
+                src = b.add(src, b.mul(b.udiv(off, k.i64(st)), k.i64(step)), flags=NSW)
+            at = b.mul(k.linear_index(phase, strides(w.stride)), k.i64(numel(extents)))
+            src = b.add(src, at, flags=NSW)
+            tap = k.linear_index(position, strides(w.kernel))
+            row = b.add(b.mul(ic, k.i64(w.taps), flags=NSW), tap, flags=NSW)
+            dst = b.mul(row, k.i64(self.positions), flags=NSW)
+            # Output position o reads element o + offset // stride: rows of the last axis
+            # are runs of contiguous elements on both sides.
+            with k.nest(w.out_sp[:-1], "o") as lead:
+                to = b.add(dst, k.linear_index(lead, out_steps[:-1]))
+                start = b.add(src, k.linear_index(lead, in_steps[:-1]))
+                k.copy_run(patches, to, source, start, w.out_sp[-1])
 
     def col2im(self, k: KernelBuilder, cols: Buf, dx_block: Buf) -> None:
         """The adjoint of im2col: add every patch entry back onto the input position it was
@@ -750,9 +913,9 @@ def _conv_params(node: NodeOp, parents: list[Shape], out: Shape) -> dict[str, Pa
 
 
 def _conv_scratch(node: NodeOp, parents: list[Shape], out: Shape) -> int:
-    """The patch matrix of one group."""
+    """The patch matrix of one group and, with padding or a stride, its staged input planes."""
     f = ConvFrame.of(node, parents[0], out)
-    return f.depth * f.positions
+    return f.depth * f.positions + f.cin_g * f.staged_plane
 
 
 @register(ops.ConvOp, params=_conv_params, scratch=_conv_scratch)
@@ -764,8 +927,9 @@ def _conv(k: KernelBuilder, s: Step) -> None:
     assert s.scratch is not None
     f = ConvFrame.of(s.node, x.shape, out.shape)
     patches = Buf(s.scratch.ptr, (f.depth, f.positions))
+    staging = k.at(s.scratch, f.depth * f.positions)
     with k.loop(f.lead, "lead") as lead, k.loop(f.groups, "g") as g:
-        f.im2col(k, f.input_block(k, x, lead, g), patches)
+        f.im2col(k, f.input_block(k, x, lead, g), patches, staging)
         w_g = Buf(k.at(w, k.b.mul(g, k.i64(f.cout_g * f.depth))), (f.cout_g, f.depth))
         bias_g = Buf(k.at(bias, k.b.mul(g, k.i64(f.cout_g))), (f.cout_g,))
         emit_broadcast_tiles(k, w_g, patches, f.output_block(k, out, lead, g),
@@ -799,9 +963,10 @@ def _conv_input_grad(k: KernelBuilder, s: Step) -> None:
 
 
 def _conv_weight_grad_scratch(node: NodeOp, parents: list[Shape], out: Shape) -> int:
-    """One group's patch matrix and its [cout/groups, depth] share of the kernel cotangent."""
+    """One group's patch matrix, its [cout/groups, depth] share of the kernel cotangent and,
+    with padding or a stride, the group's staged input planes."""
     f = ConvFrame.of(node, parents[0], parents[1])
-    return f.depth * f.positions + f.cout_g * f.depth
+    return f.depth * f.positions + f.cout_g * f.depth + f.cin_g * f.staged_plane
 
 
 @register(bw.ConvWeightGradOp, scratch=_conv_weight_grad_scratch)
@@ -815,9 +980,10 @@ def _conv_weight_grad(k: KernelBuilder, s: Step) -> None:
     f = ConvFrame.of(s.node, x.shape, g_buf.shape)
     patches = Buf(s.scratch.ptr, (f.depth, f.positions))
     part = Buf(k.at(s.scratch, f.depth * f.positions), (f.cout_g, f.depth))
+    staging = k.at(s.scratch, f.depth * f.positions + f.cout_g * f.depth)
     zero(k, s.out)
     with k.loop(f.lead, "lead") as lead, k.loop(f.groups, "g") as g:
-        f.im2col(k, f.input_block(k, x, lead, g), patches)
+        f.im2col(k, f.input_block(k, x, lead, g), patches, staging)
         emit_dot_tiles(k, f.output_block(k, g_buf, lead, g), patches, part,
                        m=f.cout_g, n=f.depth, kk=f.positions, bias=None)  # fmt: skip
         dw = Buf(k.at(s.out, k.b.mul(g, k.i64(f.cout_g * f.depth))), part.shape)
@@ -832,13 +998,13 @@ def _conv_weight_grad(k: KernelBuilder, s: Step) -> None:
 
 @dataclass(frozen=True)
 class PoolFrame:
-    """A pooling's static geometry: `lead` planes of `in_plane` inputs and `out_plane` windows;
-    per kernel tap (row-major), the geometry of every spatial axis."""
+    """A pooling's static geometry: `lead` planes of `in_plane` inputs and `out_plane` windows
+    over the spatial suffix."""
 
     lead: int
     in_plane: int
     out_plane: int
-    taps: tuple[list[Axis], ...]
+    window: Window
 
     @staticmethod
     def of(node: NodeOp, x: Shape, y: Shape) -> PoolFrame:
@@ -846,11 +1012,9 @@ class PoolFrame:
         kernel, stride, padding = node.meta("kernel"), node.meta("stride"), node.meta("padding")
         rank = len(x) - len(kernel)
         in_sp, out_sp = x[rank:], y[rank:]
-        taps = tuple(
-            [(in_sp[d], out_sp[d], stride[d], pos[d] - padding[d]) for d in range(len(pos))]
-            for pos in kernel_positions(tuple(kernel))
-        )
-        return PoolFrame(numel(x[:rank]), numel(in_sp), numel(out_sp), taps)
+        window = Window(in_sp, out_sp, tuple(stride), (1,) * len(kernel), tuple(padding),
+                        tuple(kernel))  # fmt: skip
+        return PoolFrame(numel(x[:rank]), numel(in_sp), numel(out_sp), window)
 
     def planes(self, k: KernelBuilder, lead: ir.Value) -> tuple[ir.Value, ir.Value]:
         """The offsets of one leading index's input and output planes."""
@@ -866,8 +1030,11 @@ def _pool(k: KernelBuilder, s: Step, init: float, combine: Combine, scale: float
         x_base, out_base = f.planes(k, lead)
         with k.loop(f.out_plane, "o") as o:
             k.store(k.const(init), out, k.b.add(out_base, o))
-        for geometry in f.taps:
+
+        def fold(_: ir.Value, geometry: list[Axis]) -> None:
             window_taps(k, x, x_base, out, out_base, geometry, combine)
+
+        each_tap(k, f.window, fold)
         if scale != 1:
             with k.loop(f.out_plane, "o") as o:
                 at = k.b.add(out_base, o)
@@ -908,23 +1075,30 @@ def _max_pool_grad(k: KernelBuilder, s: Step) -> None:
         with k.loop(f.out_plane, "o") as o:
             k.store(k.const(-math.inf), best, o)
             k.store(k.const(0), winner, o)
-        for j, geometry in enumerate(f.taps):
 
-            def keep(at_x: ir.Value, o: ir.Value, j: int = j) -> None:
+        def keep(tap: ir.Value, geometry: list[Axis]) -> None:
+            j = k.b.uitofp(tap, k.T)
+
+            def body(at_x: ir.Value, o: ir.Value) -> None:
                 v, top = k.load(x, at_x), k.load(best, o)
                 better = k.b.fcmp_ordered(">", v, top)
                 k.store(k.b.select(better, v, top), best, o)
-                k.store(k.b.select(better, k.const(j), k.load(winner, o)), winner, o)
+                k.store(k.b.select(better, j, k.load(winner, o)), winner, o)
 
-            tap_positions(k, geometry, x_base, origin, keep)
-        for j, geometry in enumerate(f.taps):
+            tap_positions(k, geometry, x_base, origin, body)
 
-            def route(at_x: ir.Value, o: ir.Value, j: int = j) -> None:
-                won = k.b.fcmp_ordered("==", k.load(winner, o), k.const(j))
+        def route(tap: ir.Value, geometry: list[Axis]) -> None:
+            j = k.b.uitofp(tap, k.T)
+
+            def body(at_x: ir.Value, o: ir.Value) -> None:
+                won = k.b.fcmp_ordered("==", k.load(winner, o), j)
                 share = k.b.select(won, k.load(g, k.b.add(g_base, o)), k.const(0))
                 k.store(k.b.fadd(k.load(s.out, at_x), share), s.out, at_x)
 
-            tap_positions(k, geometry, x_base, origin, route)
+            tap_positions(k, geometry, x_base, origin, body)
+
+        each_tap(k, f.window, keep)
+        each_tap(k, f.window, route)
 
 
 @register(bw.AvgPoolGradOp)
@@ -937,9 +1111,12 @@ def _avg_pool_grad(k: KernelBuilder, s: Step) -> None:
     zero(k, out)
     with k.loop(f.lead, "lead") as lead:
         x_base, g_base = f.planes(k, lead)
-        for geometry in f.taps:
+
+        def spread(_: ir.Value, geometry: list[Axis]) -> None:
             scatter_taps(k, g, g_base, out, x_base, geometry,
                          lambda acc, v: k.b.fadd(acc, k.b.fdiv(v, size)))  # fmt: skip
+
+        each_tap(k, f.window, spread)
 
 
 # --------------------------------------------------------------------------------------------

@@ -327,3 +327,77 @@ def test_a_decomposition_into_an_unsupported_op_is_refused() -> None:
             build_graph_module(graph, payload)
     finally:
         del LOWERINGS.unsupported[ops.MaxElemOp]
+
+
+#: One node of every window kind, as a function of its kernel extent k (a k x k window on
+#: 3x16x16 planes); gradients take their other operands from constants.
+WINDOWS = {
+    "conv": "conv(%0) {{kernel = [{k}, {k}], stride = [2, 2], padding = [1, 1], "
+    "in_channels = 3, out_channels = 4}}",
+    "conv_valid": "conv(%0) {{kernel = [{k}, {k}], in_channels = 3, out_channels = 4}}",
+    "max_pool": "max_pool(%0) {{kernel = [{k}, {k}], padding = [1, 1]}}",
+    "avg_pool": "avg_pool(%0) {{kernel = [{k}, {k}], stride = [2, 2]}}",
+    "conv_input_grad": "conv_input_grad(%1, %2) {{kernel = [{k}, {k}], padding = [{p}, {p}], "
+    "in_channels = 3, out_channels = 4}} : [3, 16, 16]",
+    "conv_weight_grad": "conv_weight_grad(%0, %1) {{kernel = [{k}, {k}], padding = [{p}, {p}], "
+    "in_channels = 3, out_channels = 4}}",
+    "max_pool_grad": "max_pool_grad(%0, %3) {{kernel = [{k}, {k}], padding = [{p}, {p}], "
+    "stride = [1, 1]}}",
+    "avg_pool_grad": "avg_pool_grad(%3) {{kernel = [{k}, {k}], padding = [{p}, {p}], "
+    "stride = [1, 1]}} : [3, 16, 16]",
+}
+
+
+@pytest.mark.parametrize("op", sorted(WINDOWS))
+def test_window_code_does_not_grow_with_the_kernel(op: str) -> None:
+    """Kernel taps are loops, never unrolled by the lowering: a 7x7 window's IR is the size of
+    a 3x3 one's (unrolled taps made it 3-5x larger, and one 5x5 convolution took LLVM over a
+    minute to optimise). Output extents differ, so the matrix kernels' remainder paths may
+    add a little."""
+
+    def ir_lines(k: int) -> int:
+        text = f"""tl.graph @w {{
+  %0 = input : [3, 16, 16]
+  %1 = const {{shape = [4, 16, 16]}} : [4, 16, 16]
+  %2 = const {{shape = [4, 3, {k}, {k}]}} : [4, 3, {k}, {k}]
+  %3 = const {{shape = [3, 16, 16]}} : [3, 16, 16]
+  %4 = {WINDOWS[op].format(k=k, p=k // 2)}
+  output %4
+}}"""
+        graph = checked_graph(tlc.parse(text), None)
+        built = build_graph_module(graph, None, np.float64, runtime_payload=True)
+        return built.ir.count("\n")
+
+    small, large = ir_lines(3), ir_lines(7)
+    assert large <= small * 1.15, f"{op}: {small} IR lines for a 3x3 window, {large} for 7x7"
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f64", "f32"])
+@pytest.mark.parametrize(
+    "attrs",
+    [
+        "kernel = [5, 5], stride = [2, 2], padding = [2, 2]",
+        "kernel = [3, 4], stride = [3, 2], padding = [1, 2], dilation = [2, 1]",
+        "kernel = [5, 3], stride = [1, 3], padding = [0, 1], groups = 2",
+        "kernel = [7, 7]",
+    ],
+)
+def test_convolution_staging_paths(dtype: type, attrs: str) -> None:
+    """im2col's staging (zero padding, stride phases split by whole vectors of lanes * stride
+    inputs, a scalar remainder and the edge elements) and the direct path agree with the
+    reference on widths that leave every remainder."""
+    text = f"""tl.graph @c {{
+  %0 = input : [2, 4, 23, 37]
+  %1 = conv(%0) {{{attrs}, channel_axis = 1, in_channels = 4, out_channels = 6}}
+  output %1
+}}"""
+    graph, _ = graph_of(text)
+    node = graph.nodes[1]
+    groups = node.meta("groups")
+    rng = np.random.default_rng(5)
+    weight = rng.normal(size=(6, 4 // groups, *node.meta("kernel")))
+    payload = tlc.core.payload.Payload({1: {"weight": weight, "bias": rng.normal(size=6)}})
+    x = rng.normal(size=(2, 4, 23, 37)).astype(dtype)
+    expected = interpret(graph, payload, x, dtype).output
+    tol = {"rtol": 1e-11, "atol": 1e-12} if dtype == np.float64 else {"rtol": 2e-5, "atol": 2e-5}
+    np.testing.assert_allclose(compile_graph(graph, payload, dtype)(x), expected, **tol)
