@@ -264,6 +264,24 @@ class SqrtOp(UnaryOp):
 
 
 @irdl_op_definition
+class NegOp(UnaryOp):
+    """`%1 = neg(%0)` — -x."""
+
+    name = "tl.neg"
+    ONNX = OnnxSpelling("Neg")
+    TORCH = TorchSpelling(functions=("torch.neg", "operator.neg"), methods=("neg",))
+    numpy = staticmethod(np.negative)
+    MONOTONE = Monotone.DECREASING
+
+    def derivative(self, em: Any, x: Any, y: Any) -> Any:
+        return em.full_like(x, -1.0)
+
+    def decompose(self, em: Any, x: Any) -> Any:
+        """(-1) x: the same value bit for bit (the sign of a zero flips too)."""
+        return em.scale(x, -1.0)
+
+
+@irdl_op_definition
 class ReluOp(UnaryOp):
     """`%1 = relu(%0)` — max(x, 0)."""
 
@@ -977,8 +995,9 @@ class PayloadOp(IRDLOperation):
 FORWARD_OPS: tuple[type[NodeOp], ...] = (
     InputOp, ConstOp, PermuteOp, TransposeOp, DetachOp, RandUniformOp, BernoulliMaskOp,
     AddOp, SubOp, MulElemOp, MaxElemOp, MinElemOp,
-    AbsOp, SqrtOp, ReluOp, LeakyReluOp, TanhOp, SigmoidOp, SoftplusOp, ExpOp, LogOp, InvOp, SinOp,
-    CosOp, GeluOp, MaxPoolOp, AvgPoolOp, BroadcastToOp, ReduceSumOp, ReduceMeanOp, SumOp, MatmulOp,
+    AbsOp, SqrtOp, NegOp, ReluOp, LeakyReluOp, TanhOp, SigmoidOp, SoftplusOp, ExpOp, LogOp, InvOp,
+    SinOp, CosOp, GeluOp,
+    MaxPoolOp, AvgPoolOp, BroadcastToOp, ReduceSumOp, ReduceMeanOp, SumOp, MatmulOp,
     LinearOp, ConvOp, BatchNormEvalOp, SafeLogOp, SoftmaxOp, LogSoftmaxOp, HardMaskedSoftmaxOp,
     LayernormOp, ReshapeOp, FlattenOp, ConcatOp, MseLossOp,
 )  # fmt: skip

@@ -245,6 +245,7 @@ RECORDS: tuple[OpRecord, ...] = (
     # elementwise unary
     _unary_record(ops.AbsOp, "abs", away_from_zero),
     _unary_record(ops.SqrtOp, "sqrt", positive),
+    _unary_record(ops.NegOp, "neg"),
     _unary_record(ops.ReluOp, "relu", away_from_zero),
     _unary_record(ops.TanhOp, "tanh"),
     _unary_record(ops.SigmoidOp, "sigmoid"),

@@ -177,6 +177,7 @@ CASES = {
          helper.make_node("LeakyRelu", ["a"], ["y"])],
         [("x", (2, 3))], [], "leaky_relu",
     ),
+    "neg": ([helper.make_node("Neg", ["x"], ["y"])], [("x", (2, 3))], [], "neg"),
     "layernorm_mean_output": (
         [helper.make_node("LayerNormalization", ["x", "s"], ["l", "mean", "inv"], axis=1),
          helper.make_node("Mul", ["mean", "inv"], ["y"])],

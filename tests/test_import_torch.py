@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -205,6 +206,32 @@ def test_leaky_relu_forms_match_pytorch() -> None:
     alone = tlc.from_torch(nn.Sequential(nn.LeakyReLU(0.2)), x)
     ours = interpret(alone.graph, alone.payload, x.numpy()).output
     np.testing.assert_allclose(ours, F.leaky_relu(x, 0.2).numpy(), rtol=0, atol=1e-12)
+
+
+class Applied(nn.Module):
+    """A model that is one function of its input (the forms of an op kind, summed)."""
+
+    def __init__(self, function: Any) -> None:
+        super().__init__()
+        self.function = function
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.function(x)
+
+
+#: Each op kind's PyTorch forms (functions, methods, modules, operators), with the tags the import
+#: must produce; values are compared with PyTorch in float64.
+FORMS = {
+    "neg": (lambda x: -x + torch.neg(x) * x.neg(), ["neg", "neg", "neg"]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FORMS))
+def test_op_kind_forms_match_pytorch(name: str) -> None:
+    function, tags = FORMS[name]
+    x = torch.randn(3, 5, dtype=torch.float64) * 3
+    traced = check_against_torch(Applied(function), x)
+    assert [n.TAG for n in traced.graph.nodes if n.TAG in set(tags)] == tags
 
 
 class MaxAlongDim(nn.Module):

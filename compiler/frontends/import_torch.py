@@ -218,11 +218,6 @@ def _elementwise(call: Call, op: type[tl.BinaryOp]) -> Any:
     return elementwise(call.ops, op, [call.value(a), call.value(b)])
 
 
-@on(operator.neg, torch.neg, "neg")
-def _neg(call: Call) -> SSAValue:
-    return elementwise(call.ops, tl.MulElemOp, [call.tensor(0), -1.0])
-
-
 # --------------------------------------------------------------------------------------------
 # Parameterised layers
 # --------------------------------------------------------------------------------------------
