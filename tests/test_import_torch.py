@@ -130,9 +130,9 @@ def test_several_inputs_become_several_input_nodes() -> None:
     assert [n.TAG for n in traced.graph.nodes[:2]] == ["input", "input"]
 
 
-class Elu(nn.Module):
+class Mish(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.elu(x)
+        return F.mish(x)
 
 
 class Pair(nn.Module):
@@ -153,9 +153,9 @@ def _refusal(model: nn.Module, *examples: torch.Tensor) -> str:
 
 def test_refusals_name_the_node_and_target() -> None:
     x = torch.randn(2, 4)
-    assert _refusal(Elu(), x) == (
-        "PyTorch graph import: unsupported target torch.nn.functional.elu "
-        "(FX node 'elu', call_function)"
+    assert _refusal(Mish(), x) == (
+        "PyTorch graph import: unsupported target torch.nn.functional.mish "
+        "(FX node 'mish', call_function)"
     )
     assert _refusal(Pair(), x) == (
         "PyTorch graph import: the model returns 2 values; tl graphs have one output"
@@ -209,28 +209,51 @@ def test_leaky_relu_forms_match_pytorch() -> None:
 
 
 class Applied(nn.Module):
-    """A model that is one function of its input (the forms of an op kind, summed)."""
+    """A model that is one function of its input and submodules (the forms of an op kind)."""
 
-    def __init__(self, function: Any) -> None:
+    def __init__(self, function: Any, modules: dict[str, nn.Module]) -> None:
         super().__init__()
         self.function = function
+        self.layers = nn.ModuleDict(modules)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.function(x)
+        return self.function(x, self.layers)
 
 
 #: Each op kind's PyTorch forms (functions, methods, modules, operators), with the tags the import
 #: must produce; values are compared with PyTorch in float64.
-FORMS = {
-    "neg": (lambda x: -x + torch.neg(x) * x.neg(), ["neg", "neg", "neg"]),
+FORMS: dict[str, tuple[Any, dict[str, nn.Module], list[str]]] = {
+    "neg": (lambda x, m: -x + torch.neg(x) * x.neg(), {}, ["neg"] * 3),
+    "erf": (lambda x, m: torch.erf(x) + x.erf() + torch.special.erf(x), {}, ["erf"] * 3),
+    "elu": (
+        lambda x, m: F.elu(x) + F.elu(x, 0.5) * F.elu(x, alpha=2.0) + m["elu"](x),
+        {"elu": nn.ELU(0.3)},
+        ["elu"] * 4,
+    ),
+    "selu": (
+        lambda x, m: F.selu(x) + torch.selu(x) + m["selu"](x),
+        {"selu": nn.SELU()},
+        ["selu"] * 3,
+    ),
+    "hardsigmoid": (
+        lambda x, m: F.hardsigmoid(x) + m["h"](x),
+        {"h": nn.Hardsigmoid()},
+        ["hardsigmoid"] * 2,
+    ),
+    "hardswish": (
+        lambda x, m: F.hardswish(x) + m["h"](x),
+        {"h": nn.Hardswish()},
+        ["hardswish"] * 2,
+    ),
+    "silu": (lambda x, m: F.silu(x) + m["silu"](x), {"silu": nn.SiLU()}, ["silu"] * 2),
 }
 
 
 @pytest.mark.parametrize("name", sorted(FORMS))
 def test_op_kind_forms_match_pytorch(name: str) -> None:
-    function, tags = FORMS[name]
+    function, modules, tags = FORMS[name]
     x = torch.randn(3, 5, dtype=torch.float64) * 3
-    traced = check_against_torch(Applied(function), x)
+    traced = check_against_torch(Applied(function, modules), x)
     assert [n.TAG for n in traced.graph.nodes if n.TAG in set(tags)] == tags
 
 

@@ -176,6 +176,17 @@ def _identity(call: NodeCall) -> Value:
     return value
 
 
+@on("Selu", attributes=["alpha", "gamma"])
+def _selu(call: NodeCall) -> SSAValue:
+    """tl's selu has SELU's constants; ONNX states them as attributes whose defaults are their
+    float32 roundings (and PyTorch's exporter writes those values out)."""
+    for name, constant in (("alpha", tl.SELU_ALPHA), ("gamma", tl.SELU_SCALE)):
+        value = call.attr(name, None)
+        if value is not None and np.float32(value) != np.float32(constant):
+            raise call.refuse(f"{name}={value:g} (tl's selu has SELU's {name}, {constant:.7g})")
+    return call.ops.apply(tl.SeluOp, [call.tensor(0)], {})
+
+
 def _to_real(call: NodeCall, value: Value | None, target: int) -> Value:
     """Casts between real types leave a tl value alone (graphs are dtype-free; the scalar type
     is chosen at run time); integer constants become reals exactly."""

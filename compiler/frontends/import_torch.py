@@ -189,6 +189,13 @@ def _softplus(call: Call) -> SSAValue:
     return _softplus_of(call, call.arg(1, "beta", 1), call.arg(2, "threshold", 20))
 
 
+@on(F.hardsigmoid, nn.Hardsigmoid)
+def _hardsigmoid(call: Call) -> SSAValue:
+    """PyTorch's hardsigmoid is relu6(x + 3) / 6: tl's with alpha = 1/6, beta = 1/2."""
+    _check_arguments(call, 1, ())
+    return call.ops.apply(tl.HardSigmoidOp, [call.tensor(0)], {"alpha": 1 / 6, "beta": 0.5})
+
+
 @on(torch.add, "add", op=tl.AddOp)
 @on(torch.sub, "sub", op=tl.SubOp)
 def _with_alpha(call: Call, op: type[tl.BinaryOp]) -> Any:
