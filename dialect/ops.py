@@ -692,6 +692,34 @@ class SiluOp(UnaryOp):
 
 
 @irdl_op_definition
+class ClipOp(UnaryOp):
+    """`%1 = clip(%0) {min = 0.0, max = 6.0}` — min(max(x, min), max) (ONNX's `Clip`, whose
+    bounds are constant inputs, PyTorch's `clamp`, `hardtanh`, `relu6`); an absent bound is
+    infinite."""
+
+    name = "tl.clip"
+    FIELDS = (Field("min", Kind.FLOAT, -math.inf), Field("max", Kind.FLOAT, math.inf))
+    TORCH = TorchSpelling(functions=("torch.clamp",), arguments=("min", "max"))
+    MONOTONE = Monotone.INCREASING
+
+    def numpy(self, x: np.ndarray) -> np.ndarray:
+        dtype = x.dtype.type
+        return np.minimum(np.maximum(x, dtype(self.meta("min"))), dtype(self.meta("max")))
+
+    def derivative(self, em: Any, x: Any, y: Any) -> Any:
+        """1 on [min, max] (bounds included, as PyTorch's clamp), else 0:
+        1 - relu(sign(x - max)) - relu(sign(min - x))."""
+        above = em.unary(ReluOp, em.sign(em.sub(x, em.full_like(x, self.meta("max")))))
+        below = em.unary(ReluOp, em.sign(em.sub(em.full_like(x, self.meta("min")), x)))
+        return em.sub(em.one_minus(above), below)
+
+    def decompose(self, em: Any, x: Any) -> Any:
+        """min(max(x, min), max)."""
+        low = em.bind(MaxElemOp, [x, em.full_like(x, self.meta("min"))])
+        return em.bind(MinElemOp, [low, em.full_like(x, self.meta("max"))])
+
+
+@irdl_op_definition
 class MaxPoolOp(PoolOp):
     """`%1 = max_pool(%0) {kernel = [2, 2], stride = [2, 2], padding = [0, 0]}`."""
 
@@ -1187,7 +1215,7 @@ FORWARD_OPS: tuple[type[NodeOp], ...] = (
     InputOp, ConstOp, PermuteOp, TransposeOp, DetachOp, RandUniformOp, BernoulliMaskOp,
     AddOp, SubOp, MulElemOp, MaxElemOp, MinElemOp,
     AbsOp, SqrtOp, NegOp, ReluOp, LeakyReluOp, TanhOp, SigmoidOp, SoftplusOp, ExpOp, LogOp, InvOp,
-    SinOp, CosOp, GeluOp, ErfOp, EluOp, SeluOp, HardSigmoidOp, HardSwishOp, SiluOp,
+    SinOp, CosOp, GeluOp, ErfOp, EluOp, SeluOp, HardSigmoidOp, HardSwishOp, SiluOp, ClipOp,
     MaxPoolOp, AvgPoolOp, BroadcastToOp, ReduceSumOp, ReduceMeanOp, SumOp, MatmulOp,
     LinearOp, ConvOp, BatchNormEvalOp, SafeLogOp, SoftmaxOp, LogSoftmaxOp, HardMaskedSoftmaxOp,
     LayernormOp, ReshapeOp, FlattenOp, ConcatOp, MseLossOp,

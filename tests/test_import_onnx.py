@@ -195,6 +195,13 @@ CASES = {
          helper.make_node("HardSigmoid", ["a"], ["y"])],
         [("x", (2, 3))], [], "hardsigmoid",
     ),
+    "clip_constant_bounds": (
+        [helper.make_node("Clip", ["x", "lo", "hi"], ["a"]),
+         helper.make_node("Clip", ["a", "", "hi2"], ["b"]),
+         helper.make_node("Clip", ["b", "lo2"], ["c"]),
+         helper.make_node("Clip", ["c"], ["y"])],
+        [("x", (2, 3))], [("lo", -0.5), ("hi", 1.0), ("hi2", 0.75), ("lo2", -0.25)], "clip",
+    ),
     "hardswish": ([helper.make_node("HardSwish", ["x"], ["y"])], [("x", (2, 3))], [],
                   "hardswish"),
     "layernorm_mean_output": (

@@ -246,6 +246,18 @@ FORMS: dict[str, tuple[Any, dict[str, nn.Module], list[str]]] = {
         ["hardswish"] * 2,
     ),
     "silu": (lambda x, m: F.silu(x) + m["silu"](x), {"silu": nn.SiLU()}, ["silu"] * 2),
+    "clip": (
+        lambda x, m: (
+            torch.clamp(x, -1, 2)
+            + x.clamp(min=0.5) * torch.clip(x, None, 1.5)
+            + F.hardtanh(x)
+            + F.relu6(x)
+            + m["h"](x)
+            + m["r"](x)
+        ),
+        {"h": nn.Hardtanh(-2.0, 0.5), "r": nn.ReLU6()},
+        ["clip"] * 7,
+    ),
 }
 
 
@@ -272,6 +284,11 @@ class AddAlpha(nn.Module):
         return torch.add(x, x, alpha=2)
 
 
+class ClampByTensor(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.clamp(x, min=x.relu())
+
+
 def test_spelled_targets_refuse_what_the_spelling_does_not_name() -> None:
     """A derived rule knows the tensors and the spelling's `arguments`; anything else, or a call
     that is not the op (torch.max along a dim returns values and indices), is refused."""
@@ -284,6 +301,10 @@ def test_spelled_targets_refuse_what_the_spelling_does_not_name() -> None:
     )
     assert _refusal(AddAlpha(), x) == (
         "PyTorch graph import: FX node 'add' (torch.add): alpha != 1"
+    )
+    assert _refusal(ClampByTensor(), x) == (
+        "PyTorch graph import: FX node 'clamp' (torch.clamp): a tensor min bound (tl's clip "
+        "bounds are numbers)"
     )
 
 

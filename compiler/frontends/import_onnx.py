@@ -176,6 +176,18 @@ def _identity(call: NodeCall) -> Value:
     return value
 
 
+@on("Clip")
+def _clip(call: NodeCall) -> SSAValue:
+    """Clip's bounds are inputs from opset 11 (older models are converted first); tl's are
+    fields, so a given bound must be a constant. An absent bound is infinite."""
+    fields = {}
+    for i, name in ((1, "min"), (2, "max")):
+        bound = call.const(i, name, None)
+        if bound is not None:
+            fields[name] = float(np.asarray(bound).reshape(()))
+    return call.ops.apply(tl.ClipOp, [call.tensor(0)], fields)
+
+
 @on("Selu", attributes=["alpha", "gamma"])
 def _selu(call: NodeCall) -> SSAValue:
     """tl's selu has SELU's constants; ONNX states them as attributes whose defaults are their

@@ -196,6 +196,40 @@ def _hardsigmoid(call: Call) -> SSAValue:
     return call.ops.apply(tl.HardSigmoidOp, [call.tensor(0)], {"alpha": 1 / 6, "beta": 0.5})
 
 
+def _clip_of(call: Call, low: Any, high: Any) -> SSAValue:
+    """tl's clip with constant bounds; None (no bound) is infinite."""
+    fields = {}
+    for name, bound in (("min", low), ("max", high)):
+        if isinstance(bound, SSAValue | Constant):
+            raise call.refuse(f"a tensor {name} bound (tl's clip bounds are numbers)")
+        if bound is not None:
+            fields[name] = float(bound)
+    return call.ops.apply(tl.ClipOp, [call.tensor(0)], fields)
+
+
+@on(torch.clamp, torch.clip, "clamp", "clip")
+def _clamp(call: Call) -> SSAValue:
+    _check_arguments(call, 1, ("min", "max"))
+    return _clip_of(call, call.arg(1, "min", None), call.arg(2, "max", None))
+
+
+@on(F.hardtanh)
+def _hardtanh(call: Call) -> SSAValue:
+    _check_arguments(call, 1, ("min_val", "max_val"))
+    return _clip_of(call, call.arg(1, "min_val", -1.0), call.arg(2, "max_val", 1.0))
+
+
+@on(F.relu6)
+def _relu6(call: Call) -> SSAValue:
+    _check_arguments(call, 1, ())
+    return _clip_of(call, 0.0, 6.0)
+
+
+@on(nn.Hardtanh, nn.ReLU6)
+def _hardtanh_module(call: Call) -> SSAValue:
+    return _clip_of(call, call.module.min_val, call.module.max_val)
+
+
 @on(torch.add, "add", op=tl.AddOp)
 @on(torch.sub, "sub", op=tl.SubOp)
 def _with_alpha(call: Call, op: type[tl.BinaryOp]) -> Any:
