@@ -202,6 +202,17 @@ CASES = {
          helper.make_node("Clip", ["c"], ["y"])],
         [("x", (2, 3))], [("lo", -0.5), ("hi", 1.0), ("hi2", 0.75), ("lo2", -0.25)], "clip",
     ),
+    "global_pools": (
+        [helper.make_node("GlobalAveragePool", ["x"], ["a"]),
+         helper.make_node("GlobalMaxPool", ["x"], ["b"]),
+         helper.make_node("Mul", ["a", "b"], ["y"])],
+        [("x", (2, 3, 4, 5))], [], "avg_pool",
+    ),
+    "sum_variadic_broadcast": (
+        [helper.make_node("Sum", ["x", "c", "x", "d"], ["y"])],
+        [("x", (2, 3))], [("c", RNG.standard_normal(3)), ("d", RNG.standard_normal((2, 1)))],
+        "add",
+    ),
     "hardswish": ([helper.make_node("HardSwish", ["x"], ["y"])], [("x", (2, 3))], [],
                   "hardswish"),
     "layernorm_mean_output": (

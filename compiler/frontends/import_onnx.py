@@ -400,6 +400,26 @@ def _conv(call: NodeCall) -> SSAValue:
 POOL_ATTRIBUTES = ["auto_pad", "ceil_mode", "dilations", "kernel_shape", "pads", "strides"]
 
 
+@on("GlobalAveragePool", op=tl.AvgPoolOp)
+@on("GlobalMaxPool", op=tl.MaxPoolOp)
+def _global_pool(call: NodeCall, op: type[tl.PoolOp]) -> SSAValue:
+    """One window over every axis after the channel axis ([N, C, d1, ...] to [N, C, 1, ...]):
+    a pool whose kernel is the spatial extents."""
+    x = call.tensor(0)
+    spatial = list(call.shape(x)[2:])
+    if not spatial:
+        return x
+    return call.ops.apply(
+        op, [x], {"kernel": spatial, "stride": spatial, "padding": [0] * len(spatial)}
+    )
+
+
+@on("Sum")
+def _sum(call: NodeCall) -> Value:
+    """Variadic Sum: its inputs broadcast and added left to right (ONNX's order)."""
+    return _elementwise(call, tl.AddOp)
+
+
 @on("MaxPool", attributes=[*POOL_ATTRIBUTES, "storage_order"], op=tl.MaxPoolOp)
 @on("AveragePool", attributes=[*POOL_ATTRIBUTES, "count_include_pad"], op=tl.AvgPoolOp)
 def _pool(call: NodeCall, op: type[tl.PoolOp]) -> SSAValue:
