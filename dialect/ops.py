@@ -264,6 +264,25 @@ class SqrtOp(UnaryOp):
 
 
 @irdl_op_definition
+class NegOp(UnaryOp):
+    """`%1 = neg(%0)` — -x."""
+
+    name = "tl.neg"
+    ONNX = OnnxSpelling("Neg")
+    TORCH = TorchSpelling(functions=("torch.neg", "operator.neg"), methods=("neg",))
+    numpy = staticmethod(np.negative)
+    MONOTONE = Monotone.DECREASING
+
+    def derivative(self, em: Any, x: Any, y: Any) -> Any:
+        """-1."""
+        return em.full_like(x, -1.0)
+
+    def decompose(self, em: Any, x: Any) -> Any:
+        """(-1) x: the same value bit for bit (the sign of a zero flips too)."""
+        return em.scale(x, -1.0)
+
+
+@irdl_op_definition
 class ReluOp(UnaryOp):
     """`%1 = relu(%0)` — max(x, 0)."""
 
@@ -337,6 +356,12 @@ class TanhOp(UnaryOp):
         return em.one_minus(em.mul(y, y))
 
 
+def sigmoid(x: np.ndarray) -> np.ndarray:
+    """Without overflow: 1 / (1 + e^-x) for x >= 0, e^x / (1 + e^x) below."""
+    e = np.exp(-np.abs(x))
+    return np.where(x >= 0, 1 / (1 + e), e / (1 + e))
+
+
 @irdl_op_definition
 class SigmoidOp(UnaryOp):
     """`%1 = sigmoid(%0)` — 1 / (1 + e^-x)."""
@@ -351,10 +376,7 @@ class SigmoidOp(UnaryOp):
     MONOTONE = Monotone.INCREASING
     ULPS = COMPOSITE_ULPS
 
-    def numpy(self, x: np.ndarray) -> np.ndarray:
-        """Without overflow: 1 / (1 + e^-x) for x >= 0, e^x / (1 + e^x) below."""
-        e = np.exp(-np.abs(x))
-        return np.where(x >= 0, 1 / (1 + e), e / (1 + e))
+    numpy = staticmethod(sigmoid)
 
     def derivative(self, em: Any, x: Any, y: Any) -> Any:
         return em.mul(y, em.one_minus(y))
@@ -480,6 +502,221 @@ class GeluOp(UnaryOp):
             inner = k * (x + dtype(0.044715) * x * x * x)
             return half * x * (1 + np.tanh(inner))
         return half * x * (1 + _erf(x * dtype(1 / math.sqrt(2))).astype(dtype))
+
+
+@irdl_op_definition
+class ErfOp(UnaryOp):
+    """`%1 = erf(%0)` — the error function (2/sqrt(pi)) ∫_0^x e^(-t²) dt."""
+
+    name = "tl.erf"
+    ONNX = OnnxSpelling("Erf")
+    TORCH = TorchSpelling(functions=("torch.erf", "torch.special.erf"), methods=("erf",))
+    MONOTONE = Monotone.INCREASING
+    ULPS = LIBM_ULPS
+
+    def numpy(self, x: np.ndarray) -> np.ndarray:
+        """Per element in float64 (numpy has no erf), rounded to x's dtype."""
+        return _erf(x).astype(x.dtype)
+
+    def derivative(self, em: Any, x: Any, y: Any) -> Any:
+        """(2/sqrt(pi)) e^(-x²)."""
+        return em.scale(em.unary(ExpOp, em.neg(em.mul(x, x))), 2 / math.sqrt(math.pi))
+
+
+def _elu(x: np.ndarray, alpha: float) -> np.ndarray:
+    """max(x, 0) + alpha (e^min(x, 0) - 1) in x's dtype: x above 0 exactly; below, e^x - 1
+    rather than PyTorch's expm1 (an absolute difference of about an ULP of 1, relatively more
+    for x near 0), so that the decomposition is this function bit for bit."""
+    dtype = x.dtype.type
+    below = np.exp(np.minimum(x, 0)) - dtype(1)
+    return np.maximum(x, 0) + below * dtype(alpha)
+
+
+def _elu_derivative(em: Any, x: Any, alpha: float) -> Any:
+    """1 where x > 0, else alpha e^x (PyTorch's value at 0): p + (1 - p) alpha e^min(x, 0) with
+    p = relu(sign(x))."""
+    positive = em.unary(ReluOp, em.sign(x))
+    below = em.scale(em.unary(ExpOp, em.bind(MinElemOp, [x, em.full_like(x, 0.0)])), alpha)
+    return em.add(positive, em.mul(em.one_minus(positive), below))
+
+
+def _elu_decomposition(em: Any, x: Any, alpha: float) -> Any:
+    """max(x, 0) + alpha (e^min(x, 0) - 1), the operations `_elu` does."""
+    zero = em.full_like(x, 0.0)
+    below = em.sub(em.unary(ExpOp, em.bind(MinElemOp, [x, zero])), em.full_like(x, 1.0))
+    return em.add(em.bind(MaxElemOp, [x, zero]), em.scale(below, alpha))
+
+
+@irdl_op_definition
+class EluOp(UnaryOp):
+    """`%1 = elu(%0) {alpha = 1.0}` — x where x > 0, else alpha (e^x - 1) (PyTorch's `F.elu`,
+    ONNX's `Elu`; alpha defaults to 1 in both).
+
+    Intervals go through the decomposition (two parts increasing together for alpha >= 0, so
+    the box is tight): e^x - 1 cancels near 0, so no ULP bound relative to the result holds for
+    the endpoint rule."""
+
+    name = "tl.elu"
+    FIELDS = (Field("alpha", Kind.FLOAT, 1.0),)
+    ONNX = OnnxSpelling("Elu", {"alpha": "alpha"})
+    TORCH = TorchSpelling(
+        functions=("torch.nn.functional.elu",), modules=("torch.nn.ELU",), arguments=("alpha",)
+    )
+
+    def numpy(self, x: np.ndarray) -> np.ndarray:
+        return _elu(x, self.meta("alpha"))
+
+    def derivative(self, em: Any, x: Any, y: Any) -> Any:
+        """1 where x > 0, else alpha e^x."""
+        return _elu_derivative(em, x, self.meta("alpha"))
+
+    def decompose(self, em: Any, x: Any) -> Any:
+        """max(x, 0) + alpha (e^min(x, 0) - 1)."""
+        return _elu_decomposition(em, x, self.meta("alpha"))
+
+
+#: SELU's constants (Klambauer et al. 2017), as PyTorch holds them in float64; ONNX's attribute
+#: defaults are their float32 roundings.
+SELU_ALPHA = 1.6732632423543772848170429916717
+SELU_SCALE = 1.0507009873554804934193349852946
+
+
+@irdl_op_definition
+class SeluOp(UnaryOp):
+    """`%1 = selu(%0)` — scale · elu(x, alpha) with SELU's fixed constants (PyTorch's `F.selu`,
+    ONNX's `Selu` at its default alpha and gamma)."""
+
+    name = "tl.selu"
+    TORCH = TorchSpelling(
+        functions=("torch.selu", "torch.nn.functional.selu"), modules=("torch.nn.SELU",)
+    )
+
+    def numpy(self, x: np.ndarray) -> np.ndarray:
+        return _elu(x, SELU_ALPHA) * x.dtype.type(SELU_SCALE)
+
+    def derivative(self, em: Any, x: Any, y: Any) -> Any:
+        """scale where x > 0, else scale · alpha e^x."""
+        return em.scale(_elu_derivative(em, x, SELU_ALPHA), SELU_SCALE)
+
+    def decompose(self, em: Any, x: Any) -> Any:
+        """scale (max(x, 0) + alpha (e^min(x, 0) - 1))."""
+        return em.scale(_elu_decomposition(em, x, SELU_ALPHA), SELU_SCALE)
+
+
+def hardsigmoid(x: np.ndarray, alpha: float, beta: float) -> np.ndarray:
+    """min(max(alpha x + beta, 0), 1) in x's dtype."""
+    dtype = x.dtype.type
+    return np.minimum(np.maximum(x * dtype(alpha) + dtype(beta), 0), 1)
+
+
+@irdl_op_definition
+class HardSigmoidOp(UnaryOp):
+    """`%1 = hardsigmoid(%0) {alpha = 0.2, beta = 0.5}` — max(0, min(1, alpha x + beta)) (ONNX's
+    `HardSigmoid` and its defaults; PyTorch's `F.hardsigmoid` is alpha = 1/6, beta = 1/2).
+
+    Intervals go through the decomposition: alpha x + beta can cancel, so no ULP bound relative
+    to the result holds for the endpoint rule."""
+
+    name = "tl.hardsigmoid"
+    FIELDS = (Field("alpha", Kind.FLOAT, 0.2), Field("beta", Kind.FLOAT, 0.5))
+    ONNX = OnnxSpelling("HardSigmoid", {"alpha": "alpha", "beta": "beta"})
+
+    def numpy(self, x: np.ndarray) -> np.ndarray:
+        return hardsigmoid(x, self.meta("alpha"), self.meta("beta"))
+
+    def derivative(self, em: Any, x: Any, y: Any) -> Any:
+        """alpha strictly inside (0 < alpha x + beta < 1), else 0 (PyTorch's value at the
+        corners): alpha relu(sign(t)) relu(sign(1 - t))."""
+        t = em.add(em.scale(x, self.meta("alpha")), em.full_like(x, self.meta("beta")))
+        above = em.unary(ReluOp, em.sign(t))
+        below = em.unary(ReluOp, em.sign(em.one_minus(t)))
+        return em.scale(em.mul(above, below), self.meta("alpha"))
+
+    def decompose(self, em: Any, x: Any) -> Any:
+        """min(max(alpha x + beta, 0), 1): the operations `numpy` does, in its order."""
+        t = em.add(em.scale(x, self.meta("alpha")), em.full_like(x, self.meta("beta")))
+        return em.bind(
+            MinElemOp, [em.bind(MaxElemOp, [t, em.full_like(x, 0.0)]), em.full_like(x, 1.0)]
+        )
+
+
+@irdl_op_definition
+class HardSwishOp(UnaryOp):
+    """`%1 = hardswish(%0)` — x · hardsigmoid(x) with alpha = 1/6, beta = 1/2 (ONNX's
+    `HardSwish`, PyTorch's `F.hardswish`)."""
+
+    name = "tl.hardswish"
+    ONNX = OnnxSpelling("HardSwish")
+    TORCH = TorchSpelling(
+        functions=("torch.nn.functional.hardswish",), modules=("torch.nn.Hardswish",)
+    )
+
+    def numpy(self, x: np.ndarray) -> np.ndarray:
+        return x * hardsigmoid(x, 1 / 6, 0.5)
+
+    def derivative(self, em: Any, x: Any, y: Any) -> Any:
+        """0 below -3, x/3 + 1/2 on [-3, 3] (corners included, as PyTorch), 1 above:
+        inside (x/3 + 1/2) + above, with above = relu(sign(x - 3)), below = relu(sign(-3 - x))
+        and inside = 1 - above - below."""
+        above = em.unary(ReluOp, em.sign(em.sub(x, em.full_like(x, 3.0))))
+        below = em.unary(ReluOp, em.sign(em.sub(em.full_like(x, -3.0), x)))
+        inside = em.sub(em.one_minus(above), below)
+        ramp = em.add(em.scale(x, 1 / 3), em.full_like(x, 0.5))
+        return em.add(em.mul(inside, ramp), above)
+
+    def decompose(self, em: Any, x: Any) -> Any:
+        """x · hardsigmoid(x) {alpha = 1/6, beta = 1/2}."""
+        return em.mul(x, em.bind(HardSigmoidOp, [x], {"alpha": 1 / 6, "beta": 0.5}))
+
+
+@irdl_op_definition
+class SiluOp(UnaryOp):
+    """`%1 = silu(%0)` — x · sigmoid(x) (PyTorch's `F.silu`, `nn.SiLU`; ONNX has no op, its
+    exporters write Sigmoid and Mul)."""
+
+    name = "tl.silu"
+    TORCH = TorchSpelling(functions=("torch.nn.functional.silu",), modules=("torch.nn.SiLU",))
+    ULPS = COMPOSITE_ULPS
+
+    def numpy(self, x: np.ndarray) -> np.ndarray:
+        return x * sigmoid(x)
+
+    def derivative(self, em: Any, x: Any, y: Any) -> Any:
+        """s (1 + x (1 - s)) with s = sigmoid(x)."""
+        s = em.unary(SigmoidOp, x)
+        return em.mul(s, em.add(em.full_like(x, 1.0), em.mul(x, em.one_minus(s))))
+
+    def decompose(self, em: Any, x: Any) -> Any:
+        """x · sigmoid(x)."""
+        return em.mul(x, em.unary(SigmoidOp, x))
+
+
+@irdl_op_definition
+class ClipOp(UnaryOp):
+    """`%1 = clip(%0) {min = 0.0, max = 6.0}` — min(max(x, min), max) (ONNX's `Clip`, whose
+    bounds are constant inputs, PyTorch's `clamp`, `hardtanh`, `relu6`); an absent bound is
+    infinite."""
+
+    name = "tl.clip"
+    FIELDS = (Field("min", Kind.FLOAT, -math.inf), Field("max", Kind.FLOAT, math.inf))
+    TORCH = TorchSpelling(functions=("torch.clamp",), arguments=("min", "max"))
+    MONOTONE = Monotone.INCREASING
+
+    def numpy(self, x: np.ndarray) -> np.ndarray:
+        dtype = x.dtype.type
+        return np.minimum(np.maximum(x, dtype(self.meta("min"))), dtype(self.meta("max")))
+
+    def derivative(self, em: Any, x: Any, y: Any) -> Any:
+        """1 on [min, max] (bounds included, as PyTorch's clamp), else 0:
+        1 - relu(sign(x - max)) - relu(sign(min - x))."""
+        above = em.unary(ReluOp, em.sign(em.sub(x, em.full_like(x, self.meta("max")))))
+        below = em.unary(ReluOp, em.sign(em.sub(em.full_like(x, self.meta("min")), x)))
+        return em.sub(em.one_minus(above), below)
+
+    def decompose(self, em: Any, x: Any) -> Any:
+        """min(max(x, min), max)."""
+        low = em.bind(MaxElemOp, [x, em.full_like(x, self.meta("min"))])
+        return em.bind(MinElemOp, [low, em.full_like(x, self.meta("max"))])
 
 
 @irdl_op_definition
@@ -977,8 +1214,9 @@ class PayloadOp(IRDLOperation):
 FORWARD_OPS: tuple[type[NodeOp], ...] = (
     InputOp, ConstOp, PermuteOp, TransposeOp, DetachOp, RandUniformOp, BernoulliMaskOp,
     AddOp, SubOp, MulElemOp, MaxElemOp, MinElemOp,
-    AbsOp, SqrtOp, ReluOp, LeakyReluOp, TanhOp, SigmoidOp, SoftplusOp, ExpOp, LogOp, InvOp, SinOp,
-    CosOp, GeluOp, MaxPoolOp, AvgPoolOp, BroadcastToOp, ReduceSumOp, ReduceMeanOp, SumOp, MatmulOp,
+    AbsOp, SqrtOp, NegOp, ReluOp, LeakyReluOp, TanhOp, SigmoidOp, SoftplusOp, ExpOp, LogOp, InvOp,
+    SinOp, CosOp, GeluOp, ErfOp, EluOp, SeluOp, HardSigmoidOp, HardSwishOp, SiluOp, ClipOp,
+    MaxPoolOp, AvgPoolOp, BroadcastToOp, ReduceSumOp, ReduceMeanOp, SumOp, MatmulOp,
     LinearOp, ConvOp, BatchNormEvalOp, SafeLogOp, SoftmaxOp, LogSoftmaxOp, HardMaskedSoftmaxOp,
     LayernormOp, ReshapeOp, FlattenOp, ConcatOp, MseLossOp,
 )  # fmt: skip

@@ -177,6 +177,44 @@ CASES = {
          helper.make_node("LeakyRelu", ["a"], ["y"])],
         [("x", (2, 3))], [], "leaky_relu",
     ),
+    "neg": ([helper.make_node("Neg", ["x"], ["y"])], [("x", (2, 3))], [], "neg"),
+    "erf": ([helper.make_node("Erf", ["x"], ["y"])], [("x", (2, 3))], [], "erf"),
+    "elu_alpha_and_default": (
+        [helper.make_node("Elu", ["x"], ["a"], alpha=0.5),
+         helper.make_node("Elu", ["a"], ["y"])],
+        [("x", (2, 3))], [], "elu",
+    ),
+    "selu_default_attributes": (
+        [helper.make_node("Selu", ["x"], ["a"]),
+         helper.make_node("Selu", ["a"], ["y"], alpha=1.67326319217681884765625,
+                          gamma=1.05070102214813232421875)],
+        [("x", (2, 3))], [], "selu",
+    ),
+    "hardsigmoid_fields_and_defaults": (
+        [helper.make_node("HardSigmoid", ["x"], ["a"], alpha=0.25, beta=0.25),
+         helper.make_node("HardSigmoid", ["a"], ["y"])],
+        [("x", (2, 3))], [], "hardsigmoid",
+    ),
+    "clip_constant_bounds": (
+        [helper.make_node("Clip", ["x", "lo", "hi"], ["a"]),
+         helper.make_node("Clip", ["a", "", "hi2"], ["b"]),
+         helper.make_node("Clip", ["b", "lo2"], ["c"]),
+         helper.make_node("Clip", ["c"], ["y"])],
+        [("x", (2, 3))], [("lo", -0.5), ("hi", 1.0), ("hi2", 0.75), ("lo2", -0.25)], "clip",
+    ),
+    "global_pools": (
+        [helper.make_node("GlobalAveragePool", ["x"], ["a"]),
+         helper.make_node("GlobalMaxPool", ["x"], ["b"]),
+         helper.make_node("Mul", ["a", "b"], ["y"])],
+        [("x", (2, 3, 4, 5))], [], "avg_pool",
+    ),
+    "sum_variadic_broadcast": (
+        [helper.make_node("Sum", ["x", "c", "x", "d"], ["y"])],
+        [("x", (2, 3))], [("c", RNG.standard_normal(3)), ("d", RNG.standard_normal((2, 1)))],
+        "add",
+    ),
+    "hardswish": ([helper.make_node("HardSwish", ["x"], ["y"])], [("x", (2, 3))], [],
+                  "hardswish"),
     "layernorm_mean_output": (
         [helper.make_node("LayerNormalization", ["x", "s"], ["l", "mean", "inv"], axis=1),
          helper.make_node("Mul", ["mean", "inv"], ["y"])],
@@ -187,6 +225,11 @@ INT_INITIALIZERS = {
     "reshape_transpose_reduce": [int_init("shape", [4, 0, -1]), int_init("axes", [1, -1])],
     "reduce_sum_opset13": [int_init("axes", [0, 2])],
 }
+
+
+#: Cases whose ONNX reference computes in float32 even on doubles (so agree to float32's
+#: precision only): Erf's evaluator rounds to float32, HardSwish and Selu use float32 constants.
+FLOAT32_REFERENCE = {"erf", "hardswish", "selu_default_attributes"}
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -201,7 +244,8 @@ def test_hand_built_graphs_match_onnx_reference(name: str) -> None:
     traced = tlc.from_onnx(model)
     assert expected_tag in [n.TAG for n in traced.graph.nodes]
     got = interpret(traced.graph, traced.payload, xs if len(xs) > 1 else xs[0]).output
-    np.testing.assert_allclose(got, expected, rtol=1e-8 if "chain" in name else 1e-10, atol=1e-12)
+    rtol = 1e-6 if name in FLOAT32_REFERENCE else 1e-8 if "chain" in name else 1e-10
+    np.testing.assert_allclose(got, expected, rtol=rtol, atol=1e-12)
 
 
 def _refusal(model) -> str:
@@ -211,9 +255,9 @@ def _refusal(model) -> str:
 
 
 def test_refusals_name_the_node_and_op_type() -> None:
-    elu = make_model([helper.make_node("Elu", ["x"], ["y"], name="act")], [("x", (3,))], "y")
-    assert _refusal(elu) == (
-        "ONNX import: '<onnx model>' uses 1 unsupported op type:\n  Elu: 1 node ('act')"
+    mish = make_model([helper.make_node("Mish", ["x"], ["y"], name="act")], [("x", (3,))], "y")
+    assert _refusal(mish) == (
+        "ONNX import: '<onnx model>' uses 1 unsupported op type:\n  Mish: 1 node ('act')"
     )
     odd = make_model([helper.make_node("Relu", ["x"], ["y"], foo=1)], [("x", (3,))], "y")
     assert _refusal(odd) == (
@@ -260,6 +304,13 @@ def test_every_onnx_spelling_is_imported_from_its_op_kind() -> None:
     assert set(spelled) <= set(RULES)
     assert {"LeakyRelu", "Relu", "Sign", "Gelu", "Max"} <= DERIVED <= set(spelled)
     assert RULES["LeakyRelu"].attributes == {"alpha"}
+
+
+def test_selu_is_refused_away_from_its_default_constants() -> None:
+    odd = make_model([helper.make_node("Selu", ["x"], ["y"], alpha=2.0)], [("x", (3,))], "y")
+    assert _refusal(odd) == (
+        "ONNX import: node #0 (Selu): alpha=2 (tl's selu has SELU's alpha, 1.673263)"
+    )
 
 
 def test_leaky_relu_alpha_is_the_negative_slope() -> None:

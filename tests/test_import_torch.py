@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -129,9 +130,9 @@ def test_several_inputs_become_several_input_nodes() -> None:
     assert [n.TAG for n in traced.graph.nodes[:2]] == ["input", "input"]
 
 
-class Elu(nn.Module):
+class Mish(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.elu(x)
+        return F.mish(x)
 
 
 class Pair(nn.Module):
@@ -152,9 +153,9 @@ def _refusal(model: nn.Module, *examples: torch.Tensor) -> str:
 
 def test_refusals_name_the_node_and_target() -> None:
     x = torch.randn(2, 4)
-    assert _refusal(Elu(), x) == (
-        "PyTorch graph import: unsupported target torch.nn.functional.elu "
-        "(FX node 'elu', call_function)"
+    assert _refusal(Mish(), x) == (
+        "PyTorch graph import: unsupported target torch.nn.functional.mish "
+        "(FX node 'mish', call_function)"
     )
     assert _refusal(Pair(), x) == (
         "PyTorch graph import: the model returns 2 values; tl graphs have one output"
@@ -207,6 +208,67 @@ def test_leaky_relu_forms_match_pytorch() -> None:
     np.testing.assert_allclose(ours, F.leaky_relu(x, 0.2).numpy(), rtol=0, atol=1e-12)
 
 
+class Applied(nn.Module):
+    """A model that is one function of its input and submodules (the forms of an op kind)."""
+
+    def __init__(self, function: Any, modules: dict[str, nn.Module]) -> None:
+        super().__init__()
+        self.function = function
+        self.layers = nn.ModuleDict(modules)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.function(x, self.layers)
+
+
+#: Each op kind's PyTorch forms (functions, methods, modules, operators), with the tags the import
+#: must produce; values are compared with PyTorch in float64.
+FORMS: dict[str, tuple[Any, dict[str, nn.Module], list[str]]] = {
+    "neg": (lambda x, m: -x + torch.neg(x) * x.neg(), {}, ["neg"] * 3),
+    "erf": (lambda x, m: torch.erf(x) + x.erf() + torch.special.erf(x), {}, ["erf"] * 3),
+    "elu": (
+        lambda x, m: F.elu(x) + F.elu(x, 0.5) * F.elu(x, alpha=2.0) + m["elu"](x),
+        {"elu": nn.ELU(0.3)},
+        ["elu"] * 4,
+    ),
+    "selu": (
+        lambda x, m: F.selu(x) + torch.selu(x) + m["selu"](x),
+        {"selu": nn.SELU()},
+        ["selu"] * 3,
+    ),
+    "hardsigmoid": (
+        lambda x, m: F.hardsigmoid(x) + m["h"](x),
+        {"h": nn.Hardsigmoid()},
+        ["hardsigmoid"] * 2,
+    ),
+    "hardswish": (
+        lambda x, m: F.hardswish(x) + m["h"](x),
+        {"h": nn.Hardswish()},
+        ["hardswish"] * 2,
+    ),
+    "silu": (lambda x, m: F.silu(x) + m["silu"](x), {"silu": nn.SiLU()}, ["silu"] * 2),
+    "clip": (
+        lambda x, m: (
+            torch.clamp(x, -1, 2)
+            + x.clamp(min=0.5) * torch.clip(x, None, 1.5)
+            + F.hardtanh(x)
+            + F.relu6(x)
+            + m["h"](x)
+            + m["r"](x)
+        ),
+        {"h": nn.Hardtanh(-2.0, 0.5), "r": nn.ReLU6()},
+        ["clip"] * 7,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FORMS))
+def test_op_kind_forms_match_pytorch(name: str) -> None:
+    function, modules, tags = FORMS[name]
+    x = torch.randn(3, 5, dtype=torch.float64) * 3
+    traced = check_against_torch(Applied(function, modules), x)
+    assert [n.TAG for n in traced.graph.nodes if n.TAG in set(tags)] == tags
+
+
 class MaxAlongDim(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.max(x, 1)[0]
@@ -222,6 +284,11 @@ class AddAlpha(nn.Module):
         return torch.add(x, x, alpha=2)
 
 
+class ClampByTensor(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.clamp(x, min=x.relu())
+
+
 def test_spelled_targets_refuse_what_the_spelling_does_not_name() -> None:
     """A derived rule knows the tensors and the spelling's `arguments`; anything else, or a call
     that is not the op (torch.max along a dim returns values and indices), is refused."""
@@ -234,6 +301,10 @@ def test_spelled_targets_refuse_what_the_spelling_does_not_name() -> None:
     )
     assert _refusal(AddAlpha(), x) == (
         "PyTorch graph import: FX node 'add' (torch.add): alpha != 1"
+    )
+    assert _refusal(ClampByTensor(), x) == (
+        "PyTorch graph import: FX node 'clamp' (torch.clamp): a tensor min bound (tl's clip "
+        "bounds are numbers)"
     )
 
 

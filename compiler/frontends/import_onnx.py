@@ -177,6 +177,29 @@ def _identity(call: NodeCall) -> Value:
     return value
 
 
+@on("Clip")
+def _clip(call: NodeCall) -> SSAValue:
+    """Clip's bounds are inputs from opset 11 (older models are converted first); tl's are
+    fields, so a given bound must be a constant. An absent bound is infinite."""
+    fields = {}
+    for i, name in ((1, "min"), (2, "max")):
+        bound = call.const(i, name, None)
+        if bound is not None:
+            fields[name] = float(np.asarray(bound).reshape(()))
+    return call.ops.apply(tl.ClipOp, [call.tensor(0)], fields)
+
+
+@on("Selu", attributes=["alpha", "gamma"])
+def _selu(call: NodeCall) -> SSAValue:
+    """tl's selu has SELU's constants; ONNX states them as attributes whose defaults are their
+    float32 roundings (and PyTorch's exporter writes those values out)."""
+    for name, constant in (("alpha", tl.SELU_ALPHA), ("gamma", tl.SELU_SCALE)):
+        value = call.attr(name, None)
+        if value is not None and np.float32(value) != np.float32(constant):
+            raise call.refuse(f"{name}={value:g} (tl's selu has SELU's {name}, {constant:.7g})")
+    return call.ops.apply(tl.SeluOp, [call.tensor(0)], {})
+
+
 def _to_real(call: NodeCall, value: Value | None, target: int) -> Value:
     """Casts between real types leave a tl value alone (graphs are dtype-free; the scalar type
     is chosen at run time); integer constants become reals exactly."""
@@ -376,6 +399,26 @@ def _conv(call: NodeCall) -> SSAValue:
 
 
 POOL_ATTRIBUTES = ["auto_pad", "ceil_mode", "dilations", "kernel_shape", "pads", "strides"]
+
+
+@on("GlobalAveragePool", op=tl.AvgPoolOp)
+@on("GlobalMaxPool", op=tl.MaxPoolOp)
+def _global_pool(call: NodeCall, op: type[tl.PoolOp]) -> SSAValue:
+    """One window over every axis after the channel axis ([N, C, d1, ...] to [N, C, 1, ...]):
+    a pool whose kernel is the spatial extents."""
+    x = call.tensor(0)
+    spatial = list(call.shape(x)[2:])
+    if not spatial:
+        return x
+    return call.ops.apply(
+        op, [x], {"kernel": spatial, "stride": spatial, "padding": [0] * len(spatial)}
+    )
+
+
+@on("Sum")
+def _sum(call: NodeCall) -> Value:
+    """Variadic Sum: its inputs broadcast and added left to right (ONNX's order)."""
+    return _elementwise(call, tl.AddOp)
 
 
 @on("MaxPool", attributes=[*POOL_ATTRIBUTES, "storage_order"], op=tl.MaxPoolOp)

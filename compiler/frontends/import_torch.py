@@ -189,6 +189,47 @@ def _softplus(call: Call) -> SSAValue:
     return _softplus_of(call, call.arg(1, "beta", 1), call.arg(2, "threshold", 20))
 
 
+@on(F.hardsigmoid, nn.Hardsigmoid)
+def _hardsigmoid(call: Call) -> SSAValue:
+    """PyTorch's hardsigmoid is relu6(x + 3) / 6: tl's with alpha = 1/6, beta = 1/2."""
+    _check_arguments(call, 1, ())
+    return call.ops.apply(tl.HardSigmoidOp, [call.tensor(0)], {"alpha": 1 / 6, "beta": 0.5})
+
+
+def _clip_of(call: Call, low: Any, high: Any) -> SSAValue:
+    """tl's clip with constant bounds; None (no bound) is infinite."""
+    fields = {}
+    for name, bound in (("min", low), ("max", high)):
+        if isinstance(bound, SSAValue | Constant):
+            raise call.refuse(f"a tensor {name} bound (tl's clip bounds are numbers)")
+        if bound is not None:
+            fields[name] = float(bound)
+    return call.ops.apply(tl.ClipOp, [call.tensor(0)], fields)
+
+
+@on(torch.clamp, torch.clip, "clamp", "clip")
+def _clamp(call: Call) -> SSAValue:
+    _check_arguments(call, 1, ("min", "max"))
+    return _clip_of(call, call.arg(1, "min", None), call.arg(2, "max", None))
+
+
+@on(F.hardtanh)
+def _hardtanh(call: Call) -> SSAValue:
+    _check_arguments(call, 1, ("min_val", "max_val"))
+    return _clip_of(call, call.arg(1, "min_val", -1.0), call.arg(2, "max_val", 1.0))
+
+
+@on(F.relu6)
+def _relu6(call: Call) -> SSAValue:
+    _check_arguments(call, 1, ())
+    return _clip_of(call, 0.0, 6.0)
+
+
+@on(nn.Hardtanh, nn.ReLU6)
+def _hardtanh_module(call: Call) -> SSAValue:
+    return _clip_of(call, call.module.min_val, call.module.max_val)
+
+
 @on(torch.add, "add", op=tl.AddOp)
 @on(torch.sub, "sub", op=tl.SubOp)
 def _with_alpha(call: Call, op: type[tl.BinaryOp]) -> Any:
@@ -216,11 +257,6 @@ def _elementwise(call: Call, op: type[tl.BinaryOp]) -> Any:
             raise call.refuse(f"expected a tensor, got {type(a).__name__}")
         return call.node.target(a, b)
     return elementwise(call.ops, op, [call.value(a), call.value(b)])
-
-
-@on(operator.neg, torch.neg, "neg")
-def _neg(call: Call) -> SSAValue:
-    return elementwise(call.ops, tl.MulElemOp, [call.tensor(0), -1.0])
 
 
 # --------------------------------------------------------------------------------------------

@@ -53,6 +53,7 @@ PARAMETER_INPUTS: dict[str, tuple[int, ...]] = {
     "Expand": (1,),
     "ReduceSum": (1,),
     "ReduceMean": (1,),
+    "Clip": (1, 2),
 }
 
 

@@ -90,6 +90,14 @@ register(ops.SoftplusOp)(lambda t, node, args, record: t.logaddexp(args[0], t.ze
 register(ops.SafeLogOp)(
     lambda t, node, args, record: t.log(t.logaddexp(args[0], t.zeros_like(args[0])) + args[1])
 )
+
+
+@register(ops.HardSigmoidOp)
+def _hardsigmoid(t: Any, node: NodeOp, args: list[Any], record: Any) -> Any:
+    """F.hardsigmoid has PyTorch's fixed alpha = 1/6; tl's alpha and beta are ONNX's fields."""
+    return t.clamp(args[0] * node.meta("alpha") + node.meta("beta"), 0, 1)
+
+
 register(ops.SumOp)(lambda t, node, args, record: t.sum(args[0]))
 register(ops.MatmulOp)(lambda t, node, args, record: t.matmul(*args))
 register(ops.FlattenOp)(lambda t, node, args, record: args[0].reshape(-1))
