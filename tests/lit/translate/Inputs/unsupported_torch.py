@@ -1,13 +1,13 @@
-"""A model using a target the PyTorch importer does not support (F.elu)."""
+"""A model using a target the PyTorch importer does not support (F.mish)."""
 
 import torch.nn.functional as F
 from torch import nn
 
 
-class Elu(nn.Module):
+class Mish(nn.Module):
     def forward(self, x):
-        return F.elu(x) + 1.0
+        return F.mish(x) + 1.0
 
 
 def make() -> nn.Module:
-    return Elu()
+    return Mish()
