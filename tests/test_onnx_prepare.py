@@ -193,3 +193,17 @@ def test_failed_conversion_says_what_was_tried() -> None:
         "onnx.version_converter could not convert it to opset 13: "
     )
     assert "Gemm input A must have exactly 2 dimensions" in message
+
+
+def test_a_string_that_is_not_utf8_is_a_diagnostic(tmp_path) -> None:
+    """Found by fuzzing: onnx.checker raised UnicodeDecodeError when its complaint quoted a
+    name that is not UTF-8 (here an undefined input; protobuf strings must be UTF-8)."""
+    data = model([helper.make_node("Relu", ["QQQQ"], ["y"], name="r")], [("x", (3,))])
+    path = tmp_path / "bad.onnx"
+    path.write_bytes(data.SerializeToString().replace(b"QQQQ", b"Q\xcfQQ"))
+    with pytest.raises(DiagnosticError) as info:
+        tlc.from_onnx(str(path))
+    assert info.value.diagnostics[0].message == (
+        f"ONNX import: '{path}' is not a valid ONNX model: a string is not UTF-8 "
+        "(invalid continuation byte)"
+    )

@@ -158,6 +158,9 @@ def check(model: onnx.ModelProto, where: str) -> None:
     except onnx.checker.ValidationError as exc:
         message = f"'{where}' is not a valid ONNX model: {_one_line(exc)}"
         raise import_error(PREFIX, message) from None
+    except UnicodeDecodeError as exc:  # protobuf strings (names, attributes) must be UTF-8
+        message = f"'{where}' is not a valid ONNX model: a string is not UTF-8 ({exc.reason})"
+        raise import_error(PREFIX, message) from None
 
 
 def opset_of(model: onnx.ModelProto) -> int:
