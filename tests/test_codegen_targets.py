@@ -18,6 +18,7 @@ from pathlib import Path
 import llvmlite.binding as llvm
 import numpy as np
 import pytest
+from test_codegen import MATRICES  # the tile-edge graphs, one definition
 
 import tlc
 from tlc.api.evaluate import checked_graph
@@ -33,20 +34,6 @@ MLP_PATH = ROOT / "examples" / "mlp.tlir"
 X86 = Target().arch == "x86_64"
 needs_x86 = pytest.mark.skipif(not X86, reason="x86-64 levels need an x86-64 build machine")
 needs_cc = pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler")
-
-MATRICES = """
-tl.graph @lin {
-  %0 = input : [70, 33]
-  %1 = linear(%0) : [70, 19]
-  output %1
-}
-tl.graph @mm {
-  %0 = input : [7, 9]
-  %1 = const {shape = [9, 70]} : [9, 70]
-  %2 = matmul(%0, %1) : [7, 70]
-  output %2
-}
-"""
 
 
 def runnable(cpu: str, features: str = "") -> Target:
