@@ -1106,6 +1106,28 @@ class ConcatOp(NodeOp):
 
 
 @irdl_op_definition
+class GatherOp(NodeOp):
+    """`%1 = gather(%0) {axis = 1, indices = [2, 0, 0]}` — out[..., j, ...] = x[..., indices[j],
+    ...] along `axis` (PyTorch's `index_select`, ONNX's `Gather` with constant 1-D indices).
+    Slices, splits, integer indexing and nearest-neighbour resizing are gathers."""
+
+    name = "tl.gather"
+    FIELDS: ClassVar[tuple[Field, ...]] = (Field("axis", Kind.INT), Field("indices", Kind.INTS))
+
+    def infer(self, parents: list[Shape]) -> Shape:
+        """`axis < rank`, every index `< s[axis]`; the axis extent becomes `len(indices)`."""
+        (s,) = parents
+        axis, indices = self.meta("axis"), self.meta("indices")
+        check_axis(axis, s)
+        for index in indices:
+            if index >= s[axis]:
+                raise ShapeError(
+                    f"gather: index {index} out of range for axis {axis} of shape {fmt_shape(s)}"
+                )
+        return s[:axis] + (len(indices),) + s[axis + 1 :]
+
+
+@irdl_op_definition
 class MseLossOp(NodeOp):
     """`%2 = mse_loss(%0, %1) : []` — mean of (yhat - target)^2."""
 
@@ -1218,5 +1240,5 @@ FORWARD_OPS: tuple[type[NodeOp], ...] = (
     SinOp, CosOp, GeluOp, ErfOp, EluOp, SeluOp, HardSigmoidOp, HardSwishOp, SiluOp, ClipOp,
     MaxPoolOp, AvgPoolOp, BroadcastToOp, ReduceSumOp, ReduceMeanOp, SumOp, MatmulOp,
     LinearOp, ConvOp, BatchNormEvalOp, SafeLogOp, SoftmaxOp, LogSoftmaxOp, HardMaskedSoftmaxOp,
-    LayernormOp, ReshapeOp, FlattenOp, ConcatOp, MseLossOp,
+    LayernormOp, ReshapeOp, FlattenOp, ConcatOp, MseLossOp, GatherOp,
 )  # fmt: skip

@@ -140,9 +140,18 @@ class Pair(nn.Module):
         return x.relu(), x.tanh()
 
 
-class Slice(nn.Module):
+class Masked(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("keep", torch.tensor([True, False, True, False]))
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x[1:]
+        return x[:, self.keep]
+
+
+class Branch(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.relu() if x.sum() > 0 else x
 
 
 def _refusal(model: nn.Module, *examples: torch.Tensor) -> str:
@@ -160,8 +169,13 @@ def test_refusals_name_the_node_and_target() -> None:
     assert _refusal(Pair(), x) == (
         "PyTorch graph import: the model returns 2 values; tl graphs have one output"
     )
-    assert _refusal(Slice(), x) == (
-        "PyTorch graph import: FX node 'getitem' (_operator.getitem): indexing or slicing a tensor"
+    assert _refusal(Masked(), x) == (
+        "PyTorch graph import: FX node 'getitem' (_operator.getitem): indexing with a boolean "
+        "mask (the result's shape depends on data)"
+    )
+    assert _refusal(Branch(), x) == (
+        "PyTorch graph import: torch.fx cannot trace Branch: Python control flow on the tensor "
+        "values of 'gt' (the graph would hold only the example's branch)"
     )
     assert _refusal(nn.Sequential(nn.BatchNorm1d(4)), x) == (
         "PyTorch graph import: FX node '_0' (torch.nn.modules.batchnorm.BatchNorm1d): "
