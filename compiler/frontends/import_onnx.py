@@ -659,18 +659,20 @@ RESIZE_ATTRIBUTES = [
 
 
 def source_coordinates(mode: str, out: int, n: int, scale: float) -> np.ndarray:
-    """ONNX Resize's coordinate_transformation_mode: the input coordinate of each output index
-    (`scale` is the given scale, or out / n where sizes are given)."""
+    """ONNX Resize's coordinate_transformation_mode: the input coordinate of each output index.
+    `scale` is the given scale, or out / n where sizes are given; the resized length the
+    formulas use is `scale * n`, which differs from `out` where the scale does not divide
+    (as ONNX's reference implementation computes it, in float64)."""
     x = np.arange(out, dtype=np.float64)
+    width = scale * n
     if mode == "half_pixel":
         return (x + 0.5) / scale - 0.5
     if mode == "pytorch_half_pixel":
-        return (x + 0.5) / scale - 0.5 if out > 1 else np.zeros(out)
+        return (x + 0.5) / scale - 0.5 if width != 1 else np.full(out, -0.5)
     if mode == "half_pixel_symmetric":
-        adjustment = out / (scale * n)
-        return n / 2 * (1 - adjustment) + (x + 0.5) / scale - 0.5
+        return n / 2 * (1 - out / width) + (x + 0.5) / scale - 0.5
     if mode == "align_corners":
-        return x * (n - 1) / (out - 1) if out > 1 else np.zeros(out)
+        return x * (n - 1) / (width - 1) if width != 1 else np.zeros(out)
     return x / scale  # asymmetric
 
 

@@ -1,9 +1,11 @@
 """PyTorch import: a module traced by torch.fx becomes a tl graph plus its payload.
 
-`from_torch(module, example_input)` runs `torch.fx.symbolic_trace`, propagates the example's
-shapes through the trace (`ShapeProp`), then maps every FX node through `RULES`, one table keyed
-by the node's target: the submodule's class for `call_module` (`nn.Linear`), the function for
-`call_function` (`torch.relu`, `operator.add`), the method name for `call_method` (`"sum"`).
+`from_torch(module, example_input)` traces the module with `ConcreteTracer` (torch.fx's tracer
+whose proxies also carry their value on the example, so code branching on shapes runs as on the
+example), records each node's shape on the example, then maps every FX node through `RULES`, one
+table keyed by the node's target: the submodule's class for `call_module` (`nn.Linear`), the
+function for `call_function` (`torch.relu`, `operator.add`), the method name for `call_method`
+(`"sum"`).
 Parameters go to the payload keyed by node id, in PyTorch's layouts (`[out, in]`).
 
 The table is keyed by the source's vocabulary (several targets make one tl op, some make none,
@@ -43,7 +45,7 @@ import torch
 import torch.fx as fx
 import torch.nn.functional as F
 from torch import nn
-from torch.fx.passes.shape_prop import ShapeProp
+from torch.fx.passes.shape_prop import _extract_tensor_metadata
 from xdsl.ir import SSAValue
 
 from tlc.core.diagnostics import DiagnosticError, Location
@@ -1153,12 +1155,15 @@ class ConcreteTracer(fx.Tracer):
         if node.op == "get_attr":
             return _attribute(self.root, str(node.target))
         args, kwargs = fx.node.map_arg((node.args, node.kwargs), self._example)
-        with torch.no_grad(), _modules_unpatched():
-            if node.op == "call_module":
-                return self.root.get_submodule(str(node.target))(*args, **kwargs)
-            if node.op == "call_method":
-                return getattr(args[0], str(node.target))(*args[1:], **kwargs)
-            return node.target(*args, **kwargs)
+        try:
+            with torch.no_grad(), _modules_unpatched():
+                if node.op == "call_module":
+                    return self.root.get_submodule(str(node.target))(*args, **kwargs)
+                if node.op == "call_method":
+                    return getattr(args[0], str(node.target))(*args[1:], **kwargs)
+                return node.target(*args, **kwargs)
+        except Exception as exc:  # whatever the model's code raises on the example
+            raise ExampleFailure(str(exc)) from None
 
     def _example(self, node: fx.Node) -> Any:
         if "example" not in node.meta:  # a tensor constant FX made an attribute itself
@@ -1212,6 +1217,10 @@ def _static(value: Any) -> bool:
     if isinstance(value, list | tuple):
         return all(_static(v) for v in value)
     return value is None or isinstance(value, int | float | bool | str | torch.dtype | torch.device)
+
+
+class ExampleFailure(Exception):
+    """The model's own code failed on the example inputs while being traced."""
 
 
 class ExampleProxy(fx.Proxy):
@@ -1270,8 +1279,10 @@ def trace(module: nn.Module, examples: Sequence[Any]) -> fx.GraphModule:
                 PREFIX, f"the model's argument '{node.target}' is used but not given"
             )
         graph.erase_node(node)
-    for node in graph.nodes:
-        node.meta.pop("example", None)
+    for node in graph.nodes:  # the shapes the importer checks every node against
+        example = node.meta.pop("example", None)
+        if isinstance(example, torch.Tensor):
+            node.meta["tensor_meta"] = _extract_tensor_metadata(example)
     gm.recompile()
     return gm
 
@@ -1299,6 +1310,10 @@ def from_torch(module: nn.Module, example_input: Any, name: str | None = None) -
         gm = trace(module, examples)
     except ImportFailure:
         raise
+    except ExampleFailure as exc:  # the model's own error on the example (shapes, dtypes, ...)
+        raise import_error(
+            PREFIX, f"running the model on the example failed: {str(exc).splitlines()[0]}"
+        ) from None
     except Exception as exc:  # FX raises many kinds (TraceError, TypeError, ...)
         raise import_error(
             PREFIX, f"torch.fx cannot trace {type(module).__name__}: {exc}"
@@ -1313,13 +1328,6 @@ def from_torch(module: nn.Module, example_input: Any, name: str | None = None) -
     for node, example in zip(placeholders, examples, strict=True):
         if not isinstance(example, torch.Tensor) or not example.dtype.is_floating_point:
             raise import_error(PREFIX, f"input '{node.name}': expected a floating-point tensor")
-    try:
-        with torch.no_grad():
-            ShapeProp(gm).propagate(*examples)
-    except Exception as exc:  # the model's own error on the example (shapes, dtypes, ...)
-        raise import_error(
-            PREFIX, f"running the model on the example failed: {str(exc).splitlines()[0]}"
-        ) from None
     at = _location(module)
     builder, inputs = new_builder(
         name or _graph_name(module), [tuple(e.shape) for e in examples], at
