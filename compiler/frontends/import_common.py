@@ -20,6 +20,7 @@ from xdsl.ir import SSAValue
 
 from tlc.core.diagnostics import DiagnosticError, Location
 from tlc.dialect import ops as tl
+from tlc.dialect.program_ops import BindOp, ParamsOp
 from tlc.dialect.shapes import Shape, fmt_shape
 from tlc.semantics.program import GraphBuilder, Traced
 
@@ -57,7 +58,22 @@ def finish(builder: GraphBuilder, result: SSAValue) -> Traced:
     assert builder.at is not None, "new_builder sets the location"
     graph = builder.finish(result, builder.at)
     check_payload(graph, builder.payload, graph_shapes(graph))
-    return Traced(ModuleOp([graph]), graph, builder.payload)
+    binding = source_binding(builder)
+    return Traced(ModuleOp([graph, *binding]), graph, builder.payload)
+
+
+def source_binding(builder: GraphBuilder) -> list[ParamsOp]:
+    """The `tl.params` binding of the payload fields that are source parameters, by their
+    source names (`%fc1.weight`), so `tlc-run --params` takes the source model's own parameter
+    file; none where no field is one."""
+    declared: dict[str, Shape] = {}
+    binds = []
+    for node_id, fields in sorted(builder.sources.items()):
+        record = builder.payload.records[node_id]
+        for field, name in fields.items():
+            declared.setdefault(name, record[field].shape)
+        binds.append(BindOp(node_id, builder.payload.kinds[node_id], fields))
+    return [ParamsOp(builder.name, list(declared.items()), binds)] if binds else []
 
 
 def ints(values: Any) -> list[int]:
@@ -306,6 +322,7 @@ __all__ = [
     "norm_axis",
     "reduce",
     "reshape",
+    "source_binding",
     "take",
     "tile",
     "window_bounds",

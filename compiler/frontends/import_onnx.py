@@ -41,6 +41,7 @@ from xdsl.ir import SSAValue
 
 from tlc.core.diagnostics import DiagnosticError, Location
 from tlc.core.limits import LimitError, check_elements
+from tlc.core.payload import named
 from tlc.dialect import ops as tl
 from tlc.dialect.families import BinaryOp, OnnxSpelling
 from tlc.dialect.metadata import Kind
@@ -996,6 +997,20 @@ def _real(name: str, value: np.ndarray) -> np.ndarray:
     return value
 
 
+def _named(initializers: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Each initializer marked with its name, so a payload field that is one is bound by it
+    (`tl.params`); characters a .tlir parameter name cannot hold become `_`, and a name that
+    collides after that stays unbound."""
+    taken: set[str] = set()
+    out = {}
+    for name, value in initializers.items():
+        spelled = re.sub(r"[^A-Za-z0-9_.]", "_", name)
+        spelled = spelled if re.match(r"[A-Za-z_]", spelled) else f"_{spelled}"
+        out[name] = value if spelled in taken else named(value, spelled)
+        taken.add(spelled)
+    return out
+
+
 def load_model(source: str | bytes | onnx.ModelProto) -> tuple[onnx.ModelProto, str]:
     """The model and the name diagnostics use for it."""
     if isinstance(source, onnx.ModelProto):
@@ -1035,7 +1050,7 @@ def from_onnx(
         raise import_error(PREFIX, f"the graph has {len(graph.output)} outputs; tl graphs have one")
     builder, values = new_builder(name or _graph_name(model), shapes, Location(where, 1, 1))
     importer = OnnxImporter(model, builder, opset)
-    importer.env.update(initializers)
+    importer.env.update(_named(initializers))
     importer.env.update(zip((i.name for i in inputs), values, strict=True))
     for index, node in enumerate(graph.node):
         importer.translate(node, index)

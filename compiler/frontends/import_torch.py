@@ -49,6 +49,7 @@ from torch.fx.passes.shape_prop import _extract_tensor_metadata
 from xdsl.ir import SSAValue
 
 from tlc.core.diagnostics import DiagnosticError, Location
+from tlc.core.payload import named
 from tlc.dialect import ops as tl
 from tlc.dialect.families import BinaryOp
 from tlc.dialect.registry import NODE_OPS
@@ -87,6 +88,8 @@ class Constant:
 
     value: np.ndarray
     dtype: torch.dtype = torch.float64
+    #: Its name in the module (`layers.0.self_attn.in_proj_weight`).
+    name: str = ""
 
 
 @dataclass
@@ -143,7 +146,14 @@ class Call:
             return None
         if not isinstance(raw, Constant):
             raise self.refuse(f"argument '{name}' must be a parameter or buffer of the module")
-        return raw.value
+        return named(raw.value, raw.name)
+
+    def param(self, attribute: str) -> np.ndarray | None:
+        """The called module's parameter or buffer `attribute` (None where it has none), named
+        as in the model's state_dict (`fc1.weight`)."""
+        assert self.module is not None
+        value = _param(getattr(self.module, attribute))
+        return None if value is None else named(value, f"{self.node.target}.{attribute}")
 
     def refuse(self, message: str) -> ImportFailure:
         return import_error(
@@ -278,8 +288,7 @@ def _elementwise(call: Call, op: type[tl.BinaryOp]) -> Any:
 
 @on(nn.Linear)
 def _linear_module(call: Call) -> SSAValue:
-    m = call.module
-    return call.ops.linear(call.tensor(0), _param(m.weight), _param(m.bias))
+    return call.ops.linear(call.tensor(0), call.param("weight"), call.param("bias"))
 
 
 @on(F.linear)
@@ -314,7 +323,7 @@ def _conv_module(call: Call) -> SSAValue:
     if m.padding_mode != "zeros":
         raise call.refuse(f"padding_mode='{m.padding_mode}' (only 'zeros')")
     return _conv_of(
-        call, _param(m.weight), _param(m.bias), m.stride, m.padding, m.dilation, m.groups
+        call, call.param("weight"), call.param("bias"), m.stride, m.padding, m.dilation, m.groups
     )
 
 
@@ -344,8 +353,8 @@ def _batch_norm_module(call: Call) -> SSAValue:
     if m.training:
         raise call.refuse("batch norm in training mode (call .eval() first)")
     return _batch_norm_of(
-        call, _param(m.running_mean), _param(m.running_var), _param(m.weight), _param(m.bias),
-        m.eps,
+        call, call.param("running_mean"), call.param("running_var"), call.param("weight"),
+        call.param("bias"), m.eps,
     )  # fmt: skip
 
 
@@ -371,7 +380,7 @@ def _layernorm_of(
 @on(nn.LayerNorm)
 def _layernorm_module(call: Call) -> SSAValue:
     m = call.module
-    return _layernorm_of(call, m.normalized_shape, _param(m.weight), _param(m.bias), m.eps)
+    return _layernorm_of(call, m.normalized_shape, call.param("weight"), call.param("bias"), m.eps)
 
 
 @on(F.layer_norm)
@@ -1084,7 +1093,7 @@ class TorchImporter:
             for part in str(node.target).split("."):
                 value = getattr(value, part)
             if isinstance(value, torch.Tensor):
-                return Constant(_param(value), value.dtype)
+                return Constant(_param(value), value.dtype, str(node.target))
             return value
         rule, module = self.rule_for(node)
         call = Call(self, node, module)

@@ -36,7 +36,7 @@ from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import SSAValue
 
 from tlc.core.diagnostics import DiagnosticError, Location, error
-from tlc.core.payload import Payload
+from tlc.core.payload import Payload, source_name
 from tlc.dialect import ops as tl
 from tlc.dialect.metadata import MetadataError, check_value
 from tlc.dialect.ops import GraphOp, NodeOp, OutputOp
@@ -396,6 +396,9 @@ class GraphBuilder(Ops):
         self.payload = Payload()
         #: node id -> (op tag, {payload field: parameter name}) for `Param` arguments.
         self.bound: dict[int, tuple[str, dict[str, str]]] = {}
+        #: node id -> {payload field: source name} for values that are a source model's
+        #: parameters (`tlc.core.payload.named`), which importers bind by that name.
+        self.sources: dict[int, dict[str, str]] = {}
 
     @property
     def input(self) -> SSAValue:
@@ -418,6 +421,8 @@ class GraphBuilder(Ops):
             else:
                 self.payload.records.setdefault(node.id, {})[name] = np.array(p, np.float64)
                 self.payload.kinds[node.id] = node.TAG
+                if source_name(p) is not None:
+                    self.sources.setdefault(node.id, {})[name] = source_name(p)
         return node.result
 
     def finish(self, result: Any, at: Location) -> GraphOp:
