@@ -170,8 +170,8 @@ def test_refusals_name_the_node_and_target() -> None:
         "PyTorch graph import: the model returns 2 values; tl graphs have one output"
     )
     assert _refusal(Masked(), x) == (
-        "PyTorch graph import: FX node 'getitem' (_operator.getitem): indexing with a boolean "
-        "mask (the result's shape depends on data)"
+        "PyTorch graph import: FX node 'getitem': its shape or value depends on the tensor "
+        "values (the graph would hold only the example's)"
     )
     assert _refusal(Branch(), x) == (
         "PyTorch graph import: torch.fx cannot trace Branch: Python control flow on the tensor "

@@ -45,6 +45,11 @@ import torch
 import torch.fx as fx
 import torch.nn.functional as F
 from torch import nn
+from torch._subclasses.fake_tensor import (
+    DataDependentOutputException,
+    DynamicOutputShapeException,
+    FakeTensorMode,
+)
 from torch.fx.passes.shape_prop import _extract_tensor_metadata
 from xdsl.ir import SSAValue
 
@@ -614,9 +619,7 @@ def _tuple_none(value: Any, rank: int) -> list[Any]:
 
 def _indices(call: Call, raw: Any) -> np.ndarray:
     """Constant integer indices: a Python int or list, or an integer buffer of the module."""
-    if isinstance(raw, Constant):
-        if raw.dtype == torch.bool:
-            raise call.refuse("indexing with a boolean mask (the result's shape depends on data)")
+    if isinstance(raw, Constant):  # (a boolean mask never gets here: its shape is data's)
         if raw.dtype.is_floating_point:
             raise call.refuse(f"indices of type {raw.dtype}")
         return raw.value.astype(np.int64)
@@ -1120,7 +1123,9 @@ class TorchImporter:
 
 
 class ConcreteTracer(fx.Tracer):
-    """torch.fx's tracer, with every proxy also carrying its value on the example inputs.
+    """torch.fx's tracer, with every proxy also carrying its value on the example inputs, as a
+    fake tensor (`FakeTensorMode`: shapes, dtypes and flags, no values computed, so tracing
+    costs no forward pass).
 
     Python code that inspects shapes or flags (`if x.dim() == 3`, `tgt_len, bsz, e =
     x.shape`, `len(x.shape)`) then runs as it would on the example, which is what a graph of
@@ -1136,7 +1141,10 @@ class ConcreteTracer(fx.Tracer):
 
     def __init__(self, examples: Sequence[Any]) -> None:
         super().__init__()
-        self.examples = [e.clone() if isinstance(e, torch.Tensor) else e for e in examples]
+        self.fake = FakeTensorMode(allow_non_fake_inputs=True)
+        self.examples = [
+            self.fake.from_tensor(e) if isinstance(e, torch.Tensor) else e for e in examples
+        ]
         self.placeholders = 0
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
@@ -1165,12 +1173,18 @@ class ConcreteTracer(fx.Tracer):
             return _attribute(self.root, str(node.target))
         args, kwargs = fx.node.map_arg((node.args, node.kwargs), self._example)
         try:
-            with torch.no_grad(), _modules_unpatched():
+            with torch.no_grad(), _modules_unpatched(), self.fake:
                 if node.op == "call_module":
                     return self.root.get_submodule(str(node.target))(*args, **kwargs)
                 if node.op == "call_method":
                     return getattr(args[0], str(node.target))(*args[1:], **kwargs)
                 return node.target(*args, **kwargs)
+        except (DataDependentOutputException, DynamicOutputShapeException):
+            raise import_error(
+                PREFIX,
+                f"FX node '{node.name}': its shape or value depends on the tensor values "
+                "(the graph would hold only the example's)",
+            ) from None
         except Exception as exc:  # whatever the model's code raises on the example
             raise ExampleFailure(str(exc)) from None
 
