@@ -27,24 +27,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("onnx")
-from torch import nn  # noqa: E402
-from torchvision_models import model  # noqa: E402
+from torchvision_models import NETWORKS, network  # noqa: E402
 
 import tlc  # noqa: E402
 from tlc.semantics.interpret import interpret  # noqa: E402
 
-MODELS = ["resnet18", "mobilenet_v2", "mobilenet_v3_small", "squeezenet1_0", "vgg11",
-          "efficientnet_b0", "shufflenet_v2_x1_0", "transformer"]  # fmt: skip
-
-
-def network(name: str, size: int = 32) -> tuple[nn.Module, torch.Tensor]:
-    torch.manual_seed(0)
-    if name == "transformer":
-        layer = nn.TransformerEncoderLayer(32, 4, 64, batch_first=True)
-        return nn.TransformerEncoder(layer, 2, enable_nested_tensor=False).eval(), torch.randn(
-            2, 10, 32
-        )
-    return model(name), torch.randn(1, 3, size, size)
+MODELS = NETWORKS
 
 
 def relative_error(got: np.ndarray, expected: np.ndarray) -> float:
