@@ -158,11 +158,46 @@ def test_onnx_old_opset_forms_are_converted() -> None:
     np.testing.assert_array_equal(interpret(traced.graph, traced.payload, x).output, expected)
 
 
+@pytest.mark.parametrize("opset", [7, 9, 10])
+@pytest.mark.parametrize("mode", ["nearest", "linear"])
+def test_onnx_old_resize_keeps_its_asymmetric_coordinates(opset: int, mode: str) -> None:
+    """Upsample-7/9 and Resize-10 map coordinates as x / scale (nearest rounds down when
+    upsampling, up when downsampling); onnx.version_converter's Resize-13 drops that (its
+    default is half_pixel), so the importer states it. Checked against ONNX Runtime running
+    the old operator itself (float32: rtol 1e-6)."""
+    ort = pytest.importorskip("onnxruntime")
+    scales = [1.0, 1.0, 0.5, 0.6] if opset == 10 and mode == "nearest" else [1.0, 1.0, 3.0, 2.5]
+    inits = {} if opset == 7 else {"s": np.asarray(scales, np.float32)}
+    op_type = "Resize" if opset == 10 else "Upsample"
+    inputs = ["x"] if opset == 7 else ["x", "s"]
+    attrs = {"scales": scales} if opset == 7 else {}
+    node = helper.make_node(op_type, inputs, ["y"], mode=mode, **attrs)
+    model = onnx_model([node], (1, 1, 4, 5), inits, opset=opset)
+    model.graph.input[0].type.tensor_type.elem_type = TensorProto.FLOAT
+    model.graph.output[0].type.tensor_type.elem_type = TensorProto.FLOAT
+    x = RNG.standard_normal((1, 1, 4, 5)).astype(np.float32)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    (expected,) = session.run(None, {"x": x})
+    traced = tlc.from_onnx(model)
+    got = interpret(traced.graph, traced.payload, x.astype(np.float64)).output
+    np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-6)
+
+
 def test_onnx_refusals_name_the_reason() -> None:
     cubic = resize((1, 1, 2, 2), "scales", [1, 1, 2, 2], mode="cubic")
     with pytest.raises(DiagnosticError) as info:
         tlc.from_onnx(cubic)
     assert str(info.value).endswith("(Resize): mode 'cubic' (nearest and linear only)")
+    mixed = onnx_model(
+        [helper.make_node("Resize", ["x", "s"], ["y"], name="up_and_down")], (1, 1, 4, 4),
+        {"s": np.asarray([1, 1, 2, 0.5], np.float32)}, opset=10,
+    )  # fmt: skip
+    with pytest.raises(DiagnosticError) as info:
+        tlc.from_onnx(mixed)
+    assert str(info.value) == (
+        "ONNX import: '<onnx model>': Resize-10 node 'up_and_down': nearest resizing that both "
+        "up- and downsamples (its rounding differs per axis)"
+    )
     gather = onnx_model([helper.make_node("Gather", ["x", "i"], ["y"])], (3,), {"i": i64(3)})
     with pytest.raises(DiagnosticError) as info:
         tlc.from_onnx(gather)

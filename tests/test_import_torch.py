@@ -338,3 +338,23 @@ def test_every_torch_spelling_is_imported() -> None:
 def _named(target: object, dotted: str) -> bool:
     module, _, name = dotted.rpartition(".")
     return target is getattr(__import__(module, fromlist=[name]), name)
+
+
+def test_parameters_keep_their_state_dict_names() -> None:
+    """Payload fields that are the module's parameters or buffers are bound by their
+    state_dict names in a `tl.params` section; the payload built from the state_dict by those
+    names is the imported payload."""
+    from tlc.dialect.program_ops import ParamsOp
+    from tlc.semantics.program_run import payload_from_params
+
+    model = nn.Sequential(nn.Linear(4, 5), nn.BatchNorm1d(5), nn.ReLU(), nn.Linear(5, 2)).eval()
+    traced = tlc.from_torch(model, torch.randn(3, 4))
+    (binding,) = [op for op in traced.module.ops if isinstance(op, ParamsOp)]
+    state = {k: v.double().numpy() for k, v in model.state_dict().items()}
+    state.pop("1.num_batches_tracked")
+    assert sorted(binding.declared) == sorted(state)
+    by_name = payload_from_params(traced.module, traced.graph.graph_name, state)
+    for node_id, record in traced.payload.records.items():
+        for field, value in record.items():
+            if field != "eps":
+                np.testing.assert_array_equal(by_name.records[node_id][field], value)
