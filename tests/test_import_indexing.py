@@ -321,6 +321,35 @@ def test_multihead_attention_is_traced_through(batch_first: bool) -> None:
     assert "softmax" in [n.TAG for n in traced.graph.nodes]
 
 
+def test_multihead_attention_weights_and_other_key_dims() -> None:
+    """The attention weights (need_weights, averaged over heads), and separate key/value
+    projections (kdim, vdim: the packed bias is split by `chunk`, folded as a constant)."""
+    attention = nn.MultiheadAttention(8, 2, batch_first=True)
+
+    def both_outputs(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        output, weights = m.layers["mha"](x, x, x)
+        return output.sum(-1) + weights.sum(-1)
+
+    both = Fn(both_outputs, mha=attention)
+    check_torch(both, torch.randn(2, 4, 8, dtype=torch.float64))
+
+    class KeyValue(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.mha = nn.MultiheadAttention(8, 2, kdim=6, vdim=5)
+
+        def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            return self.mha(q, k, v, need_weights=False)[0]
+
+    model = KeyValue().double().eval()
+    q, k, v = (torch.randn(*s, dtype=torch.float64) for s in ((3, 2, 8), (4, 2, 6), (4, 2, 5)))
+    traced = tlc.from_torch(model, (q, k, v))
+    with torch.no_grad():
+        expected = model(q, k, v).numpy()
+    got = interpret(traced.graph, traced.payload, [q.numpy(), k.numpy(), v.numpy()]).output
+    np.testing.assert_allclose(got, expected, rtol=1e-10, atol=1e-12)
+
+
 def test_transformer_encoder_stack_is_traced_through() -> None:
     layer = nn.TransformerEncoderLayer(16, 4, 32, dropout=0.1, batch_first=True)
     model = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)

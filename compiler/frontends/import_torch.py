@@ -1061,6 +1061,39 @@ class TorchImporter:
             self.consts[key] = self.builder.const(constant.value)
         return self.consts[key]
 
+    def fold(self, node: fx.Node) -> Any:
+        """A call on the module's tensors alone (`in_proj_bias.chunk(3)`), computed by PyTorch
+        in float64 once: constants, like the parameters themselves (None: not such a call)."""
+        inputs = [self.env[n] for n in node.all_input_nodes]
+        if node.op not in ("call_function", "call_method") or not inputs:
+            return None
+        if not all(isinstance(v, Constant) for v in inputs) or str(node.target).endswith("_"):
+            return None
+
+        def tensor(raw: Any) -> Any:
+            if isinstance(raw, fx.Node):
+                constant = self.env[raw]
+                return torch.from_numpy(constant.value).to(
+                    torch.float64 if constant.dtype.is_floating_point else constant.dtype
+                )
+            return raw
+
+        args, kwargs = fx.node.map_aggregate((node.args, node.kwargs), tensor)
+        with torch.no_grad():
+            if node.op == "call_method":
+                result = getattr(args[0], str(node.target))(*args[1:], **kwargs)
+            else:
+                result = node.target(*args, **kwargs)
+
+        def constant(value: Any) -> Any:
+            if isinstance(value, torch.Tensor):
+                return Constant(_param(value), value.dtype)
+            if isinstance(value, list | tuple):
+                return type(value)(constant(v) for v in value)
+            return value
+
+        return constant(result)
+
     def traced_shape(self, node: fx.Node) -> Shape:
         meta = node.meta.get("tensor_meta")
         if meta is None or not hasattr(meta, "shape"):
@@ -1098,6 +1131,9 @@ class TorchImporter:
             if isinstance(value, torch.Tensor):
                 return Constant(_param(value), value.dtype, str(node.target))
             return value
+        folded = self.fold(node)
+        if folded is not None:
+            return folded
         rule, module = self.rule_for(node)
         call = Call(self, node, module)
         try:
