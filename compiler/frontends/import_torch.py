@@ -1192,11 +1192,10 @@ class ConcreteTracer(fx.Tracer):
     def create_proxy(self, kind: str, target: Any, args: Any, kwargs: Any, *rest: Any, **kw: Any):  # type: ignore[no-untyped-def]
         proxy = super().create_proxy(kind, target, args, kwargs, *rest, **kw)
         node = proxy.node
-        inputs = node.all_input_nodes
-        node.meta["data"] = target in DATA_DEPENDENT or any(n.meta.get("data") for n in inputs)
         node.meta["example"] = value = self._run(node)
+        # a size, shape or flag (fake tensors hold no data, so none comes from tensor values)
         static = value is not None and _static(value) and target is not builtins.getattr
-        if kind in ("call_function", "call_method") and not node.meta["data"] and static:
+        if kind in ("call_function", "call_method") and static:
             self.graph.erase_node(node)
             return value
         return proxy
@@ -1231,7 +1230,7 @@ class ConcreteTracer(fx.Tracer):
 
     def to_bool(self, obj: fx.Proxy) -> bool:
         value = obj.node.meta["example"]
-        if isinstance(value, torch.Tensor) or obj.node.meta["data"]:
+        if isinstance(value, torch.Tensor):
             raise fx.proxy.TraceError(
                 f"Python control flow on the tensor values of '{obj.node.name}' (the graph "
                 "would hold only the example's branch)"
@@ -1265,10 +1264,6 @@ def _attribute(root: nn.Module, path: str) -> Any:
         else:
             value = getattr(value, part)
     return value
-
-
-#: Results that are tensor data, not shapes: control flow on them is refused.
-DATA_DEPENDENT = frozenset({"item", "tolist", "numpy", "__bool__", "any", "all"})
 
 
 def _static(value: Any) -> bool:
