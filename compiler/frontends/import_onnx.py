@@ -692,7 +692,9 @@ def nearest_indices(rounding: str, position: np.ndarray, n: int) -> np.ndarray:
 
 @on("Resize", attributes=RESIZE_ATTRIBUTES)
 def _resize(call: NodeCall) -> SSAValue:
-    """Nearest and linear modes, every coordinate transformation but tf_crop_and_resize; each
+    """Nearest and linear modes, every coordinate transformation but tf_crop_and_resize, every
+    keep_aspect_ratio_policy (with sizes: not_larger / not_smaller take the smallest / largest
+    scale for every axis and round the extents half up, as ONNX's reference does); each
     resized axis alone (linear interpolation is separable): nearest is a `gather`, linear two
     gathers weighted by constants."""
     x = call.tensor(0)
@@ -705,14 +707,17 @@ def _resize(call: NodeCall) -> SSAValue:
         raise call.refuse("coordinate_transformation_mode 'tf_crop_and_resize'")
     if call.attr("antialias", 0):
         raise call.refuse("antialias=1")
-    if call.attr("keep_aspect_ratio_policy", "stretch") != "stretch":
-        raise call.refuse("keep_aspect_ratio_policy other than 'stretch'")
     axes = call.attr("axes", None)
     axes = list(range(len(shape))) if axes is None else [norm_axis(a, len(shape)) for a in axes]
     scales, sizes = call.const(2, "scales", None), call.const(3, "sizes", None)
     if sizes is not None and sizes.size:
         out = ints(sizes.reshape(-1))
         factors = [o / shape[a] for a, o in zip(axes, out, strict=True)]
+        policy = call.attr("keep_aspect_ratio_policy", "stretch")
+        if policy != "stretch":  # one scale for every axis, the output rounded half up
+            scale = min(factors) if policy == "not_larger" else max(factors)
+            factors = [scale] * len(axes)
+            out = [int(scale * shape[a] + 0.5) for a in axes]
     elif scales is not None and scales.size:
         factors = [float(f) for f in scales.reshape(-1)]
         out = [int(np.floor(shape[a] * f)) for a, f in zip(axes, factors, strict=True)]
