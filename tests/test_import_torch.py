@@ -431,3 +431,24 @@ def test_parameters_keep_their_state_dict_names() -> None:
         for field, value in record.items():
             if field != "eps":
                 np.testing.assert_array_equal(by_name.records[node_id][field], value)
+
+
+def test_params_file_fills_the_named_fields_over_the_inline_record(tmp_path: Path) -> None:
+    """A batch norm without affine parameters: mean and var are buffers (named), gamma and
+    beta the importer's ones and zeros (unnamed); `--params` replaces only the named fields."""
+    from xdsl.dialects.builtin import ModuleOp
+
+    from tlc.dialect.payload_section import payload_op
+    from tlc.tools.run_program import params_payload
+
+    model = nn.Sequential(nn.BatchNorm1d(3, affine=False)).eval()
+    traced = tlc.from_torch(model, torch.randn(2, 3))
+    bindings = [op.clone() for op in traced.module.ops if op is not traced.graph]
+    graph = traced.graph.clone()
+    module = ModuleOp([graph, payload_op(graph.graph_name, traced.payload), *bindings])
+    path = tmp_path / "p.npz"
+    np.savez(path, **{"0.running_mean": np.arange(3.0), "0.running_var": np.full(3, 2.0)})
+    (record,) = params_payload(module, graph, str(path)).records.values()
+    np.testing.assert_array_equal(record["mean"], np.arange(3.0))
+    np.testing.assert_array_equal(record["var"], np.full(3, 2.0))
+    np.testing.assert_array_equal(record["gamma"], np.ones(3))
