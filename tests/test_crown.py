@@ -181,3 +181,37 @@ def test_api_errors() -> None:
         tlc.bounds(SEED_MLP, center=X, radius=0.1, C=np.eye(2))
     with pytest.raises(ValueError, match="method must be one of ibp, crown, crown-ibp"):
         tlc.bounds(SEED_MLP, center=X, radius=0.1, method="deeppoly")
+
+
+def _printed_ends(line: str) -> tuple[np.ndarray, np.ndarray]:
+    lo, hi = line.split(": ", 1)[1].split(" .. ")
+    return (np.array([float(v) for v in end.strip("[]").split(",")]) for end in (lo, hi))
+
+
+@pytest.mark.parametrize("method", ["ibp", "crown", "crown-ibp"])
+@pytest.mark.parametrize("digits", [0, 3, 6, 17])
+def test_tlc_run_prints_every_method_rounded_outward(
+    method: str, digits: int, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    from tlc.core.payload import save_npz
+    from tlc.dialect.printer import print_tlir
+    from tlc.tools.run import main
+
+    layers = random_layers([3, 12, 12, 2], seed=9)
+    traced = mlp(layers)
+    doc = tmp_path / "net.tlir"
+    doc.write_text(print_tlir(traced.module))
+    save_npz(traced.payload, str(tmp_path / "p.npz"))
+    spec = np.array([[1.0, -1.0], [0.5, 3.0]])
+    np.save(tmp_path / "spec.npy", spec)
+    lo, hi = np.array([-0.3, 0.1, 0.2]), np.array([0.1, 0.45, 0.2])
+    box = ["--lo", "-0.3,0.1,0.2", "--hi", "0.1,0.45,0.2", "--digits", str(digits)]
+    for extra, C in (([], None), (["--spec", str(tmp_path / "spec.npy")], spec)):
+        argv = [str(doc), "--payload", str(tmp_path / "p.npz"), "--arithmetic", "interval",
+                "--method", method, *box, *extra]  # fmt: skip
+        assert main(argv) == 0
+        printed_lo, printed_hi = _printed_ends(capsys.readouterr().out.splitlines()[-1])
+        sound = tlc.bounds(traced, lo, hi, C=C, method=method)
+        assert np.all(printed_lo <= sound.lower) and np.all(sound.upper <= printed_hi)
+        assert np.all(sound.lower - printed_lo <= 10.0**-digits)
+        assert np.all(printed_hi - sound.upper <= 10.0**-digits)
