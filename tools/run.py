@@ -40,10 +40,10 @@ from tlc.core.payload import Payload
 from tlc.dialect.ops import GraphOp, InputOp, NodeOp, node_id_of
 from tlc.dialect.shapes import fmt_shape
 from tlc.frontends.text import parse_source
-from tlc.tools.common import glue_values, int_in, read_input, run_tool, tool_parser
-from tlc.tools.formatting import format_box, format_value
 from tlc.semantics.crown import METHODS
 from tlc.semantics.interval_arith import Box
+from tlc.tools.common import glue_values, int_in, read_input, run_tool, tool_parser
+from tlc.tools.formatting import format_box, format_value
 from tlc.tools.run_program import params_payload, run_program_lines, select_program
 
 if TYPE_CHECKING:
@@ -316,13 +316,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--radius", metavar="R|R0,R1,...|R.npy",
                    help="interval: l-infinity radius of the input box (default 0), one number "
                    "or one per coordinate")  # fmt: skip
-    p.add_argument("--lo", metavar="VALUES|LO.npy",
-                   help="interval: the input box's lower ends (with --hi, instead of --input)")
+    p.add_argument(
+        "--lo",
+        metavar="VALUES|LO.npy",
+        help="interval: the input box's lower ends (with --hi, instead of --input)",
+    )
     p.add_argument("--hi", metavar="VALUES|HI.npy", help="interval: the input box's upper ends")
-    p.add_argument("--method", choices=METHODS,
-                   help="interval: bounds by ibp, crown or crown-ibp (docs/verification.md)")
-    p.add_argument("--spec", metavar="C.npy",
-                   help="interval: bound C y, C a matrix with one column per output element")
+    p.add_argument(
+        "--method",
+        choices=METHODS,
+        help="interval: bounds by ibp, crown or crown-ibp (docs/verification.md)",
+    )
+    p.add_argument(
+        "--spec",
+        metavar="C.npy",
+        help="interval: bound C y, C a matrix with one column per output element",
+    )
     p.add_argument("--samples", type=int, metavar="N",
                    help="interval: check N sampled inputs against every box")  # fmt: skip
     p.add_argument("--print-values", action="store_true", help="print every node's value")
