@@ -123,14 +123,14 @@ def test_per_coordinate_radius_and_batches() -> None:
 
 def test_fallback_is_recorded() -> None:
     def program(ops, x, params):  # noqa: ANN001, ANN202
-        h = ops.max_pool(ops.reshape(ops.linear(x, params[0]), to=[1, 4, 4]), kernel=[2, 2])
+        h = ops.softmax(ops.reshape(ops.linear(x, params[0]), to=[4, 4]), axis=1)
         return ops.linear(ops.flatten(h), params[1])
 
     rng = np.random.default_rng(0)
-    traced = tlc.trace(program, (3,), [rng.normal(size=(16, 3)), rng.normal(size=(2, 4))])
+    traced = tlc.trace(program, (3,), [rng.normal(size=(16, 3)), rng.normal(size=(2, 16))])
     result = tlc.bounds(traced, center=np.zeros(3), radius=0.1)
     assert list(result.fallbacks.values()) == [
-        "max_pool: no linear relaxation written; its interval box is used"
+        "softmax: no linear relaxation written; its interval box is used"
     ]
 
 
@@ -215,3 +215,81 @@ def test_tlc_run_prints_every_method_rounded_outward(
         assert np.all(printed_lo <= sound.lower) and np.all(sound.upper <= printed_hi)
         assert np.all(sound.lower - printed_lo <= 10.0**-digits)
         assert np.all(printed_hi - sound.upper <= 10.0**-digits)
+
+
+@pytest.mark.parametrize("slope", [0.01, 0.2, 0.7])
+def test_leaky_relu_crown_equals_the_oracle(slope: float) -> None:
+    layers = random_layers([5, 30, 30, 30, 4], seed=11)
+    lo, hi = _box(5, 3, 0.3)
+    got = tlc.bounds(mlp(layers, "leaky_relu", negative_slope=slope), lo, hi, method="crown")
+    want_lo, want_hi = crown_mlp(layers, lo, hi, negative_slope=slope)
+    scale = np.maximum(1.0, np.abs(want_hi - want_lo))
+    assert got.fallbacks == {}
+    assert np.all(np.abs(got.lower - want_lo) <= 1e-9 * scale)
+    assert np.all(np.abs(got.upper - want_hi) <= 1e-9 * scale)
+
+
+def _relaxation_net(kind: str, width: int, seed: int) -> tuple[object, str]:
+    """A small graph around one relaxation: (traced graph, the op under test)."""
+    rng = np.random.default_rng(seed)
+    w1, w2 = rng.normal(size=(width, 3)), rng.normal(size=(width, 3))
+    w3 = rng.normal(size=(2, 3 * width))
+
+    def program(ops, x, params):  # noqa: ANN001, ANN202
+        h = ops.linear(x, params[0])
+        if kind == "mul_elem":
+            h = ops.mul_elem(h, ops.linear(x, params[1]))
+        elif kind in ("max_elem", "min_elem"):
+            h = getattr(ops, kind)(h, ops.linear(x, params[1]))
+        elif kind == "max_pool":
+            h = ops.flatten(ops.max_pool(ops.reshape(h, to=[1, 2, width // 2]), kernel=[2, 2],
+                                         stride=[1, 1], padding=[1, 0]))  # fmt: skip
+            return ops.linear(h, params[2][:, : 3 * (width // 2 - 1)])  # 3 x (width/2 - 1)
+        elif kind.startswith("leaky_relu"):
+            h = ops.leaky_relu(h, negative_slope=float(kind.split(":")[1]))
+        elif kind.startswith("elu"):
+            h = ops.elu(h, alpha=float(kind.split(":")[1]))
+        else:
+            h = getattr(ops, kind)(h)
+        return ops.linear(h, params[2][:, :width])
+
+    return tlc.trace(program, (3,), [w1, w2, w3]), kind.split(":")[0]
+
+
+RELAXED = ["leaky_relu:0.1", "leaky_relu:1.5", "leaky_relu:-0.3", "elu:1.0", "elu:0.5", "exp",
+           "softplus", "erf", "gelu", "silu", "hardswish", "abs", "sin", "mul_elem", "max_elem",
+           "min_elem", "max_pool"]  # fmt: skip
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    seed=st.integers(0, 10_000),
+    kind=st.sampled_from(RELAXED),
+    width=st.sampled_from([4, 8, 12]),
+    radius=st.floats(0.0, 2.0),
+    dtype=st.sampled_from(["f64", "f32"]),
+    method=st.sampled_from(["crown", "crown-ibp"]),
+)
+def test_relaxations_contain_sampled_outputs(
+    seed: int, kind: str, width: int, radius: float, dtype: str, method: str
+) -> None:
+    traced, _ = _relaxation_net(kind, width, seed)
+    lo, hi = _box(3, seed, radius)
+    result = tlc.bounds(traced, lo, hi, method=method, dtype=dtype)
+    assert result.fallbacks == {}
+    for x in _samples(lo, hi, 20, seed):
+        values = tlc.run(traced.module, x, traced.payload, dtype=dtype)
+        for node_id, box in enumerate(result.boxes):
+            assert box is not None and np.all(box.contains(values[node_id])), node_id
+        assert np.all(result.lower <= values.output) and np.all(values.output <= result.upper)
+
+
+@pytest.mark.parametrize("kind", RELAXED)
+def test_relaxations_are_tighter_than_ibp(kind: str) -> None:
+    traced, op = _relaxation_net(kind, 12, 5)
+    lo, hi = _box(3, 4, 0.4)
+    crown = tlc.bounds(traced, lo, hi)
+    ibp = tlc.bounds(traced, lo, hi, method="ibp")
+    assert crown.fallbacks == {}
+    assert np.all(crown.lower >= ibp.lower) and np.all(crown.upper <= ibp.upper)
+    assert np.sum(crown.width) < 0.95 * np.sum(ibp.width), op

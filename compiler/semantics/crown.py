@@ -86,9 +86,13 @@ CrownRule = Callable[[Step, np.ndarray, list[Box], Box, Outward], "Back | None"]
 CROWN: RuleTable[CrownRule] = RuleTable("crown")
 register = CROWN.register
 
-#: Nonlinear ops whose relaxation reads the bounds of their parent: in method "crown" their
-#: parents get a backward pass of their own.
-NEEDS_PARENT_BOUNDS = (ops.ReluOp, ops.TanhOp, ops.SigmoidOp)
+#: Nonlinear ops whose relaxation reads the bounds of their parents (every elementwise unary
+#: op but the exact ones, max pool, products, max/min): in method "crown" their parents get a
+#: backward pass of their own.
+NEEDS_PARENT_BOUNDS: tuple[type, ...] = (
+    ops.UnaryOp, ops.MaxPoolOp, ops.MulElemOp, ops.MaxElemOp, ops.MinElemOp
+)  # fmt: skip
+EXACT_UNARY = (ops.DetachOp, ops.NegOp)
 
 #: Ops whose interval rule acts on every leading index alike, so a batch of boxes costs one call.
 BATCHABLE = (ops.InputOp, ops.ConstOp, ops.UnaryOp, ops.BinaryOp, ops.LinearOp)
@@ -436,23 +440,40 @@ def _relaxed(
     denotation_err: np.ndarray | None,
 ) -> Back:
     """y >= s_lo z + b_lo and y <= s_hi z + b_hi (each [B, *shape], exact as floats): rows
-    with a positive coefficient take the lower line, negative ones the upper line. Our
-    products are charged u |new coefficient| mag(z), the constant's dot product its gamma_n,
-    and `denotation_err` (>= |y_dtype - f(z)|, None when exact) times |lam|."""
-    s_lo, b_lo, s_hi, b_hi = (v[:, None] for v in lines)
+    with a positive coefficient take the lower line, negative ones the upper line (see
+    `_relaxed_lines`, the same for lines in several parents)."""
+    s_lo, b_lo, s_hi, b_hi = lines
+    return _relaxed_lines(lam, ([s_lo], b_lo, [s_hi], b_hi), [parent], own, denotation_err)
+
+
+def _relaxed_lines(
+    lam: np.ndarray,
+    lines: tuple[list[np.ndarray], np.ndarray, list[np.ndarray], np.ndarray],
+    parents: list[Box],
+    own: Box,
+    denotation_err: np.ndarray | None,
+) -> Back:
+    """y >= sum_i s_lo[i] z_i + b_lo and y <= sum_i s_hi[i] z_i + b_hi (each [B, *shape],
+    exact as floats), z_i the parents: rows with a positive coefficient take the lower line,
+    negative ones the upper line. Our products are charged u |new coefficient| mag(z_i), the
+    constant's dot product its gamma_n, and `denotation_err` (>= |y_dtype - f(z)|, None when
+    exact) times |lam|."""
+    s_lo, b_lo, s_hi, b_hi = lines
     positive = lam >= 0
-    into = np.where(positive, lam * s_lo, lam * s_hi)
-    const = row_dot(np.where(positive, lam, 0.0), b_lo[:, 0]) + row_dot(
-        np.where(positive, 0.0, lam), b_hi[:, 0]
+    into = {
+        i: np.where(positive, lam * lo[:, None], lam * hi[:, None])
+        for i, (lo, hi) in enumerate(zip(s_lo, s_hi, strict=True))
+    }
+    const = row_dot(np.where(positive, lam, 0.0), b_lo) + row_dot(
+        np.where(positive, 0.0, lam), b_hi
     )
     n = max(numel(lam.shape[2:]), 1)
-    err = (
-        _U * dot_bound(into, magnitude(parent))
-        + EXACT.gamma(n + 1) * dot_bound(lam, np.maximum(np.abs(lines[1]), np.abs(lines[3])))
-        + (0.0 if denotation_err is None else dot_bound(lam, denotation_err))
-        + 2 * n * _TINY
-    )
-    return Back({0: into}, const, EXACT.up(err * (1 + 8 * _U)))
+    err = EXACT.gamma(n + 1) * dot_bound(lam, np.maximum(np.abs(b_lo), np.abs(b_hi)))
+    for i, coefficient in into.items():
+        err = err + _U * dot_bound(coefficient, magnitude(parents[i]))
+    if denotation_err is not None:
+        err = err + dot_bound(lam, denotation_err)
+    return Back(into, const, EXACT.up((err + 2 * n * _TINY) * (1 + 8 * _U)))
 
 
 def relu_lines(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, ...]:
@@ -593,6 +614,240 @@ def _s_shaped(step: Step, lam: np.ndarray, parents: list[Box], own: Box, out: Ou
 register(ops.TanhOp, ops.SigmoidOp)(_s_shaped)
 
 
+@register(ops.NegOp)
+def _neg(step: Step, lam: np.ndarray, parents: list[Box], own: Box, out: Outward) -> Back:
+    """Exact: -x is exact in every scalar type."""
+    return Back({0: -lam})
+
+
+def _bounded(*boxes: Box) -> bool:
+    return all(np.all(np.isfinite(b.lo)) and np.all(np.isfinite(b.hi)) for b in boxes)
+
+
+#: Pieces of the input box in the derived relaxation (`piecewise_lines`).
+PIECES = 32
+
+
+def _grid(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """PIECES + 2 sorted points from lo to hi (ends exact), 0 among them where lo < 0 < hi
+    (the kink of relu-like ops)."""
+    t = np.linspace(0.0, 1.0, PIECES + 1)
+    with np.errstate(all="ignore"):
+        even = np.minimum(lo[..., None] + (hi - lo)[..., None] * t, hi[..., None])
+    even[..., 0], even[..., -1] = lo, hi
+    return np.sort(np.concatenate([even, np.clip(0.0, lo, hi)[..., None]], axis=-1), axis=-1)
+
+
+def _intercepts(
+    s: np.ndarray, a: np.ndarray, b: np.ndarray, piece: Box, ends: Box | None, slope: Box | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Rigorous min and max of g(z) = f(z) - s z over [lo, hi], piece by piece ([a_j, b_j]).
+
+    Always: f(z) in the piece's box [f_j, F_j], so g >= f_j - max(s a_j, s b_j) and <= F_j -
+    min(s a_j, s b_j). With `ends` (f enclosed at a_j and b_j, [..., pieces + 1]) and `slope`
+    (f' enclosed on each piece, [D_j, E_j]), also the mean-value bounds g(z) >= g(a_j) + w_j
+    min(D_j - s, 0) and >= g(b_j) - w_j max(E_j - s, 0) (w_j = b_j - a_j), and the mirror images
+    above: exact where g is linear on a piece, so piecewise-linear ops get their lines exactly."""
+    sv = s[..., None]
+    with np.errstate(all="ignore"):
+        sa, sb = sv * a, sv * b
+        low = EXACT.down(piece.lo - EXACT.up(np.maximum(sa, sb)))
+        high = EXACT.up(piece.hi - EXACT.down(np.minimum(sa, sb)))
+        if ends is not None and slope is not None:
+            w = EXACT.up(b - a)
+            g_lo = EXACT.down(ends.lo - EXACT.up(sv * np.concatenate([a, b[..., -1:]], -1)))
+            g_hi = EXACT.up(ends.hi - EXACT.down(sv * np.concatenate([a, b[..., -1:]], -1)))
+            fall = EXACT.down(w * np.minimum(EXACT.down(slope.lo - sv), 0.0))  # <= 0
+            rise = EXACT.up(w * np.maximum(EXACT.up(slope.hi - sv), 0.0))  # >= 0
+            low = np.fmax(low, np.fmax(EXACT.down(g_lo[..., :-1] + fall),
+                                       EXACT.down(g_lo[..., 1:] - rise)))  # fmt: skip
+            high = np.fmin(high, np.fmin(EXACT.up(g_hi[..., :-1] + rise),
+                                         EXACT.up(g_hi[..., 1:] - fall)))  # fmt: skip
+    return np.min(low, axis=-1), np.max(high, axis=-1)
+
+
+def piecewise_lines(
+    node: NodeOp, record: Record | None, lo: np.ndarray, hi: np.ndarray, out: Outward
+) -> tuple[tuple[np.ndarray, ...], bool] | None:
+    """Lines for an elementwise unary op derived from its facts (its interval rule and, for a
+    monotone op, its derivative), and whether they bound only the real function (then the
+    caller charges the denotation's error).
+
+    [lo, hi] is cut into pieces (`_grid`); the interval rule gives f's box on each piece and
+    at each grid point. Candidate slopes: the chord through the ends and the secants of the
+    first and last pieces (f'(lo), f'(hi) for a kinked op); each candidate's intercepts are
+    rigorous (`_intercepts`) whatever the slope, and the lower line kept is the one highest at
+    the box's midpoint, the upper one the lowest: the smallest area between line and function
+    (for relu-like ops CROWN's adaptive choice: slope 1 when hi >= -lo). A monotone op (its
+    endpoint rule) also gets the mean-value bounds from its derivative's interval on each
+    piece, taken with float64 constants: they hold for the real function, which is continuous
+    (every elementwise op of tl is, on its domain). None where a rule gives no box."""
+    from tlc.dialect.families import Monotone
+    from tlc.semantics.emitter import IntervalEmitter, NoBox
+    from tlc.semantics.ibp import INTERVAL
+
+    rule = INTERVAL.get(type(node))
+    if rule is None:
+        return None
+    grid = _grid(lo, hi)
+    a, b = grid[..., :-1], grid[..., 1:]
+    piece, ends = rule(node, [Box(a, b)], record, out), rule(node, [Box(grid, grid)], record, out)
+    if piece is None or ends is None:
+        return None
+    piece = Box(*np.broadcast_arrays(piece.lo, piece.hi))
+    ends = Box(*np.broadcast_arrays(ends.lo, ends.hi))
+    slope = None
+    monotone = node.monotone() is not Monotone.NONE  # type: ignore[attr-defined]
+    if monotone and type(node).defines("derivative"):
+        try:
+            real = rule(node, [Box(a, b)], record, EXACT)
+            slope = node.derivative(IntervalEmitter(INTERVAL, EXACT), Box(a, b), real)  # type: ignore[attr-defined]
+        except NoBox:
+            slope = None
+    mid_at = 0.5 * ends.lo + 0.5 * ends.hi
+    with np.errstate(all="ignore"):
+        chord = (mid_at[..., -1] - mid_at[..., 0]) / (hi - lo)
+        first = (mid_at[..., 1] - mid_at[..., 0]) / (grid[..., 1] - grid[..., 0])
+        last = (mid_at[..., -1] - mid_at[..., -2]) / (grid[..., -1] - grid[..., -2])
+    candidates = [np.where(np.isfinite(c), c, 0.0) for c in (last, first, chord)]
+    middle = 0.5 * lo + 0.5 * hi
+    lower: tuple[np.ndarray, ...] = ()
+    upper: tuple[np.ndarray, ...] = ()
+    for s in candidates:
+        low, high = _intercepts(s, a, b, piece, ends, slope)
+        with np.errstate(all="ignore"):
+            new_lo, new_hi = (s, low, s * middle + low), (s, high, s * middle + high)
+        if not lower:
+            lower, upper = new_lo, new_hi
+            continue
+        better_lo, better_hi = new_lo[2] > lower[2], new_hi[2] < upper[2]
+        lower = tuple(np.where(better_lo, n, o) for n, o in zip(new_lo, lower, strict=True))
+        upper = tuple(np.where(better_hi, n, o) for n, o in zip(new_hi, upper, strict=True))
+    (s_lo, b_lo, _), (s_hi, b_hi, _) = lower, upper
+    if not (np.all(np.isfinite(b_lo)) and np.all(np.isfinite(b_hi))):
+        return None
+    return (s_lo, b_lo, s_hi, b_hi), slope is not None
+
+
+def _piecewise(step: Step, lam: np.ndarray, parents: list[Box], own: Box, out: Outward):
+    """Any elementwise unary op with an interval rule (`piecewise_lines`). Lines of the real
+    function are charged the denotation's error: within `ULPS` of the dtype (one more in a
+    narrower run, for constants rounded to it), at most 4 (ULPS + 1) u mag(own)."""
+    (z,) = parents
+    if not _bounded(z):
+        return None
+    found = piecewise_lines(step.node, step.record, z.lo, z.hi, out)
+    if found is None:
+        return None
+    lines, real_only = found
+    denotation = None
+    if real_only:
+        ulps = type(step.node).ULPS + (0 if out.dtype is F64 else 1)
+        denotation = 4 * ulps * out.u * magnitude(own) + ulps * out.tiny
+    return _relaxed(lam, lines, z, own, denotation)
+
+
+def _pool_map(step: Step, parent_shape: Shape) -> np.ndarray:
+    """[*output shape, window] flat parent positions of each output's window (-1: padding),
+    from the reference's window gather on the positions 0, 1, 2, ..., once per node."""
+    from tlc.semantics.reference import _pool_windows
+
+    if "windows" not in step.cache:
+        positions = np.arange(numel(parent_shape), dtype=F64).reshape(parent_shape)
+        windows = _pool_windows(step.node, positions, -1.0)
+        step.cache["windows"] = windows.reshape(step.shape + (-1,)).astype(np.int64)
+    return step.cache["windows"]
+
+
+@register(ops.MaxPoolOp)
+def _max_pool(step: Step, lam: np.ndarray, parents: list[Box], own: Box, out: Outward):
+    """The max of a window is >= its element x_j with the largest lower end (the lower line);
+    it equals x_j when that lower end is >= every other element's upper end, else it is <= the
+    largest upper end (the upper line, a constant), as auto_LiRPA's max pool. Exact in every
+    scalar type (the max is one of its inputs)."""
+    (x,) = parents
+    windows = _pool_map(step, x.shape[1:])
+    if not _bounded(x) or windows.shape[-1] == 0 or np.any(np.all(windows < 0, axis=-1)):
+        return None
+    batch, rows = lam.shape[:2]
+    valid = windows >= 0
+    at = np.where(valid, windows, 0)
+    low = np.where(valid, x.lo.reshape(batch, -1)[:, at], -np.inf)
+    high = np.where(valid, x.hi.reshape(batch, -1)[:, at], -np.inf)
+    pick = np.argmax(low, axis=-1)[..., None]
+    chosen = np.take_along_axis(np.broadcast_to(at, low.shape), pick, axis=-1)[..., 0]
+    best_low = np.take_along_axis(low, pick, axis=-1)[..., 0]
+    others = np.where(np.arange(low.shape[-1]) == pick, -np.inf, high)
+    dominant = best_low >= np.max(others, axis=-1)
+    top = np.max(high, axis=-1)
+    to_x = np.where((lam >= 0) | dominant[:, None], lam, 0.0)
+    to_const = np.where((lam < 0) & ~dominant[:, None], lam, 0.0)
+    n = numel(x.shape[1:])
+    target = (np.arange(batch * rows)[:, None] * n).reshape(batch, rows, 1)
+    target = target + chosen.reshape(batch, 1, -1)
+    into = np.bincount(target.ravel(), weights=_rows(to_x).ravel(), minlength=batch * rows * n)
+    into = into.reshape((batch, rows) + x.shape[1:])
+    # the scattered sums: each parent element collects at most `window` coefficients
+    chosen_mag = magnitude(x).reshape(batch, -1)[
+        np.arange(batch)[:, None], chosen.reshape(batch, -1)
+    ]
+    err = EXACT.gamma(windows.shape[-1]) * dot_bound(to_x, chosen_mag.reshape(top.shape))
+    err = EXACT.up(err + dot_error(to_const, top))
+    return Back({0: into}, row_dot(to_const, top), err)
+
+
+def mul_lines(a: Box, b: Box) -> tuple[list[np.ndarray], np.ndarray, list[np.ndarray], np.ndarray]:
+    """McCormick planes of a b on a box: a b >= b_lo a + a_lo b - a_lo b_lo (as (a - a_lo)(b -
+    b_lo) >= 0) and a b <= b_hi a + a_lo b - a_lo b_hi (as (a - a_lo)(b - b_hi) <= 0), the
+    planes auto_LiRPA takes; the intercepts rounded outward."""
+    with np.errstate(all="ignore"):
+        low = EXACT.down(-EXACT.up(a.lo * b.lo))
+        high = EXACT.up(-EXACT.down(a.lo * b.hi))
+    return [b.lo, a.lo], low, [b.hi, a.lo], high
+
+
+@register(ops.MulElemOp)
+def _mul(step: Step, lam: np.ndarray, parents: list[Box], own: Box, out: Outward):
+    a, b = parents
+    if not _bounded(a, b):
+        return None
+    # the denotation: a_d b_d rounded once, within u |y|
+    return _relaxed_lines(lam, mul_lines(a, b), [a, b], own, 2 * out.u * magnitude(own) + out.tiny)
+
+
+def max_lines(a: Box, b: Box) -> tuple[list[np.ndarray], np.ndarray, list[np.ndarray], np.ndarray]:
+    """max(a, b) = b + relu(a - b) with a - b in [dl, du]: a (or b) where it dominates;
+    otherwise relu's lines: below, a if du >= -dl else b (CROWN's adaptive choice); above,
+    b + s (a - b - dl) with s = du / (du - dl) rounded up, written s a + t b + c with t the
+    float 1 - s and c covering -s dl and the rounding of t (|1 - s - t| mag(b))."""
+    with np.errstate(all="ignore"):
+        dl, du = EXACT.down(a.lo - b.hi), EXACT.up(a.hi - b.lo)
+        s = np.clip(EXACT.up(du / EXACT.down(du - dl)), 0.0, 1.0)
+        t = 1.0 - s
+        c = EXACT.up(EXACT.up(-s * dl) + EXACT.up(_U * b.magnitude()))
+    a_wins, b_wins = dl >= 0, du <= 0
+    unstable = ~(a_wins | b_wins)
+    one, zero = np.ones_like(dl), np.zeros_like(dl)
+    pick_a = a_wins | (unstable & (du >= -dl))
+    lower = [np.where(pick_a, one, zero), np.where(pick_a, zero, one)]
+    upper = [np.where(unstable, s, np.where(a_wins, one, zero)),
+             np.where(unstable, t, np.where(a_wins, zero, one))]  # fmt: skip
+    return lower, zero, upper, np.where(unstable, c, 0.0)
+
+
+@register(ops.MaxElemOp, ops.MinElemOp)
+def _max_min(step: Step, lam: np.ndarray, parents: list[Box], own: Box, out: Outward):
+    """`max_lines`; min(a, b) = -max(-a, -b), its lines the negated ones of the negated boxes.
+    Exact in every scalar type (the result is one of the inputs)."""
+    a, b = parents
+    if not _bounded(a, b):
+        return None
+    if isinstance(step.node, ops.MaxElemOp):
+        return _relaxed_lines(lam, max_lines(a, b), [a, b], own, None)
+    lower, b_lo, upper, b_hi = max_lines(Box(-a.hi, -a.lo), Box(-b.hi, -b.lo))
+    return _relaxed_lines(lam, (upper, -b_hi, lower, -b_lo), [a, b], own, None)
+
+
 @register(ops.ConstOp)
 def _const(step: Step, lam: np.ndarray, parents: list[Box], own: Box, out: Outward) -> Back:
     """A point: its contribution is a number."""
@@ -704,7 +959,9 @@ class PreparedCrown:
         needs = set()
         if method == "crown":
             for step in self.steps:
-                if isinstance(step.node, NEEDS_PARENT_BOUNDS):
+                if isinstance(step.node, NEEDS_PARENT_BOUNDS) and not isinstance(
+                    step.node, EXACT_UNARY
+                ):
                     needs.update(step.parents)
         for step in self.steps:
             i = step.node.id
@@ -786,6 +1043,10 @@ class PreparedCrown:
         return np.where(np.isnan(bound), -np.inf, bound)
 
 
+CROWN.derive(
+    NODE_OPS,
+    lambda cls: _piecewise if issubclass(cls, ops.UnaryOp) else None,  # type: ignore[arg-type]
+)
 CROWN.refuse("no linear relaxation written; its interval box is used", *CROWN.missing(NODE_OPS))
 
 
