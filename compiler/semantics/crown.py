@@ -59,6 +59,17 @@ _U = EXACT.u
 _TINY = EXACT.tiny
 
 
+def _up(x: Any) -> np.ndarray:
+    """`EXACT.up` (one float64 step up, past the exact result of one rounded operation) without
+    its per-call checks: the pass runs under `np.errstate(all="ignore")` in float64."""
+    return np.nextafter(x, np.inf)
+
+
+def _down(x: Any) -> np.ndarray:
+    """`EXACT.down`, as `_up`."""
+    return np.nextafter(x, -np.inf)
+
+
 @dataclass
 class Back:
     """What a rule gives for a node with coefficients `lam` [B, K, *shape]: coefficients per
@@ -130,35 +141,51 @@ def _rows(lam: np.ndarray) -> np.ndarray:
 
 
 def row_dot(lam: np.ndarray, v: np.ndarray) -> np.ndarray:
-    """<lam[b, k], v[b]> for every row, computed in float64 (no rounding control): [B, K]."""
-    flat = np.broadcast_to(v, (lam.shape[0],) + lam.shape[2:]).reshape(lam.shape[0], -1, 1)
-    with np.errstate(all="ignore"):
-        return np.matmul(_rows(lam), flat)[..., 0]
+    """<lam[b, k], v[b]> for every row (v [B, *shape] or [*shape], one for all boxes), computed
+    in float64 (no rounding control): [B, K]. Callers hold `np.errstate(all="ignore")` (the
+    backward pass holds it throughout)."""
+    v = np.asarray(v, dtype=F64)
+    shape = lam.shape[2:]
+    if v.shape != shape:
+        v = np.broadcast_to(v, (lam.shape[0],) + shape) if v.shape[1:] != shape else v
+        return np.matmul(_rows(lam), v.reshape(v.shape[0], -1, 1))[..., 0]
+    return np.matmul(_rows(lam), v.reshape(-1, 1))[..., 0]
+
+
+def _row_dots(lam: np.ndarray, vectors: list[np.ndarray]) -> np.ndarray:
+    """<lam[b, k], v_i[b]> for several vectors in one product: [B, K, len(vectors)]."""
+    batch = lam.shape[0]
+    flat = np.stack([np.broadcast_to(v, (batch,) + lam.shape[2:]).reshape(batch, -1)
+                     for v in vectors], axis=-1)  # fmt: skip
+    return np.matmul(_rows(lam), flat)
 
 
 def dot_bound(lam: np.ndarray, v: np.ndarray) -> np.ndarray:
     """An upper bound of <|lam|, v> for v >= 0 (error terms): the float64 sum is within
     gamma_n of exact; we step over it with the factor and one outward step."""
     n = max(numel(lam.shape[2:]), 1)
-    with np.errstate(all="ignore"):
-        return EXACT.up(row_dot(np.abs(lam), v) * (1 + EXACT.gamma(n)) + n * _TINY)
+    return _up(row_dot(np.abs(lam), v) * (1 + EXACT.gamma(n)) + n * _TINY)
 
 
 def dot_error(lam: np.ndarray, v: np.ndarray) -> np.ndarray:
     """The rounding error of `row_dot(lam, v)` itself: within gamma_n <|lam|, |v|>."""
     n = max(numel(lam.shape[2:]), 1)
-    return EXACT.up(dot_bound(lam, np.abs(v)) * EXACT.gamma(n) + n * _TINY)
+    return _up(dot_bound(lam, np.abs(v)) * EXACT.gamma(n) + n * _TINY)
 
 
 def min_over_box(lam: np.ndarray, box: Box) -> np.ndarray:
     """A lower bound of min over x in box of <lam, x> (box [B, *shape]): centre minus spread,
-    rounded down, allowing for gamma_n of both products."""
-    mid = 0.5 * box.lo + 0.5 * box.hi
+    rounded down, allowing for gamma_n of both products (`dot_bound`, `dot_error`, here with
+    one product of |lam| for both)."""
+    n = max(numel(lam.shape[2:]), 1)
     with np.errstate(all="ignore"):
+        mid = 0.5 * box.lo + 0.5 * box.hi
         rad = np.nextafter(np.maximum(box.hi - mid, mid - box.lo), np.inf)
         centre = row_dot(lam, mid)
-        spread = dot_bound(lam, rad)
-        value = EXACT.down(EXACT.down(centre - spread) - dot_error(lam, mid))
+        both = _row_dots(np.abs(lam), [rad, np.abs(mid)]) * (1 + EXACT.gamma(n)) + n * _TINY
+        spread = _up(both[..., 0])
+        error = _up(_up(both[..., 1]) * EXACT.gamma(n) + n * _TINY)
+        value = _down(_down(centre - spread) - error)
     return np.where(np.isnan(value), -np.inf, value)
 
 
@@ -178,23 +205,52 @@ def _linear_errors(
     the denotation's W x + b within gamma_{fan_in} (|W||x| + |b|) (dtype); `forward_abs` is
     |W| mag(x) + |b| at the node's shape."""
     g = EXACT.gamma(fan_out) + out.gamma(fan_in)
-    return EXACT.up(g * dot_bound(lam, forward_abs))
+    return _up(g * dot_bound(lam, forward_abs))
+
+
+def _cached(step: Step, key: str, make: Callable[[], Any]) -> Any:
+    """A value derived from the node and its parents' boxes, once per `PreparedCrown` call
+    (every backward pass of a call sees the same parent boxes; the call clears these keys)."""
+    if key not in step.cache:
+        step.cache[key] = make()
+    return step.cache[key]
+
+
+#: `Step.cache` keys that hold per-call values (cleared at the start of every call).
+PER_CALL = ("forward_abs", "lines")
 
 
 @register(ops.LinearOp)
-def _linear(step: Step, lam: np.ndarray, parents: list[Box], own: Box, out: Outward) -> Back:
+def _linear(
+    step: Step,
+    lam: np.ndarray,
+    parents: list[Box],
+    own: Box,
+    out: Outward,
+    identity: bool = False,
+) -> Back:
+    """Lambda W to the parent, Lambda b to the constant. `identity`: lam is [I; -I] (the rows
+    of an intermediate bound), so Lambda W is [W; -W] without a product (when the node has no
+    leading axes of more than one element)."""
     record = step.record
     assert record is not None
     w = record["weight"]
     (x,) = parents
-    with np.errstate(all="ignore"):
+
+    def forward_abs() -> np.ndarray:
+        total = np.matmul(magnitude(x), record[ABS_WEIGHT].T)
+        return total + np.abs(record["bias"]) if "bias" in record else total
+
+    if identity and numel(x.shape[1:-1]) == 1:  # no leading axes that rows would select
+        stacked = np.concatenate([w, -w]).reshape((2 * w.shape[0],) + x.shape[1:])
+        into = np.broadcast_to(stacked, lam.shape[:2] + x.shape[1:])
+    else:
         into = np.matmul(lam, w)
-        forward_abs = np.matmul(magnitude(x), record[ABS_WEIGHT].T)
     const: np.ndarray | float = 0.0
     if "bias" in record:
         const = row_dot(lam, record["bias"])
-        forward_abs = forward_abs + np.abs(record["bias"])
-    err = _linear_errors(lam, forward_abs, out, w.shape[1] + 1, w.shape[0] + 1)
+    abs_x = _cached(step, "forward_abs", forward_abs)
+    err = _linear_errors(lam, abs_x, out, w.shape[1] + 1, w.shape[0] + 1)
     return Back({0: into}, const, err)
 
 
@@ -320,7 +376,7 @@ def _reduction(step: Step, lam: np.ndarray, parents: list[Box], own: Box, out: O
 def _add_sub(step: Step, lam: np.ndarray, parents: list[Box], own: Box, out: Outward) -> Back:
     """Exact over the reals; the denotation's sum is within u of the result."""
     sign = -1.0 if isinstance(step.node, ops.SubOp) else 1.0
-    err = EXACT.up(2 * out.u * dot_bound(lam, magnitude(own)))
+    err = _up(2 * out.u * dot_bound(lam, magnitude(own)))
     return Back({0: lam, 1: sign * lam}, 0.0, err)
 
 
@@ -372,7 +428,7 @@ def _batch_norm(step: Step, lam: np.ndarray, parents: list[Box], own: Box, out: 
     if scale is None:
         return None  # type: ignore[return-value]
     s_mid = 0.5 * scale.lo + 0.5 * scale.hi
-    s_rad = EXACT.up(np.maximum(scale.hi - s_mid, s_mid - scale.lo))
+    s_rad = _up(np.maximum(scale.hi - s_mid, s_mid - scale.lo))
     shift = channel("beta") - channel("mean") * s_mid
     into = lam * s_mid
     const = row_dot(lam, np.broadcast_to(shift, shape))
@@ -380,7 +436,7 @@ def _batch_norm(step: Step, lam: np.ndarray, parents: list[Box], own: Box, out: 
     s_mag = np.maximum(np.abs(scale.lo), np.abs(scale.hi))
     rounding = 4 * (out.u + _U) * (centred * s_mag + np.abs(channel("beta")))
     err = dot_bound(lam, s_rad * centred + rounding) * (1 + 8 * _U)
-    return Back({0: into}, const, EXACT.up(err + dot_error(lam, np.broadcast_to(shift, shape))))
+    return Back({0: into}, const, _up(err + dot_error(lam, np.broadcast_to(shift, shape))))
 
 
 # --------------------------------------------------------------------------------------------
@@ -419,7 +475,7 @@ def _moves(step: Step, lam: np.ndarray, parents: list[Box], own: Box, out: Outwa
         back[..., moved] = flat
     else:
         np.add.at(back, (slice(None), slice(None), moved), flat)
-        err = EXACT.up(EXACT.gamma(repeats) * dot_bound(lam, magnitude(own)))
+        err = _up(EXACT.gamma(repeats) * dot_bound(lam, magnitude(own)))
     into = {
         i: back[..., offsets[i] : offsets[i + 1]].reshape(lam.shape[:2] + shape)
         for i, shape in enumerate(shapes)
@@ -473,7 +529,7 @@ def _relaxed_lines(
         err = err + _U * dot_bound(coefficient, magnitude(parents[i]))
     if denotation_err is not None:
         err = err + dot_bound(lam, denotation_err)
-    return Back(into, const, EXACT.up((err + 2 * n * _TINY) * (1 + 8 * _U)))
+    return Back(into, const, _up((err + 2 * n * _TINY) * (1 + 8 * _U)))
 
 
 def relu_lines(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, ...]:
@@ -483,8 +539,8 @@ def relu_lines(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, ...]:
     active, dead = lo >= 0, hi <= 0
     unstable = ~(active | dead)
     with np.errstate(all="ignore"):
-        slope = EXACT.up(hi / EXACT.down(hi - lo))
-        intercept = EXACT.up(-slope * lo)
+        slope = _up(hi / _down(hi - lo))
+        intercept = _up(-slope * lo)
     s_hi = np.where(active, 1.0, np.where(unstable, slope, 0.0))
     b_hi = np.where(unstable, intercept, 0.0)
     s_lo = np.where(active, 1.0, np.where(unstable & (hi >= -lo), 1.0, 0.0))
@@ -496,7 +552,8 @@ def _relu(step: Step, lam: np.ndarray, parents: list[Box], own: Box, out: Outwar
     (z,) = parents
     if not (np.all(np.isfinite(z.lo)) and np.all(np.isfinite(z.hi))):
         return None
-    return _relaxed(lam, relu_lines(z.lo, z.hi), z, own, None)
+    lines = _cached(step, "lines", lambda: relu_lines(z.lo, z.hi))
+    return _relaxed(lam, lines, z, own, None)
 
 
 @dataclass(frozen=True)
@@ -576,7 +633,7 @@ def _extreme(shape: SShape, s: np.ndarray, lo: np.ndarray, hi: np.ndarray, lower
                     np.where(np.isnan(zero), ends, zero))  # fmt: skip
         m = np.maximum(np.abs(lo), np.abs(hi))
         slack = 1e-12 * (1.0 + (1.0 + np.abs(s)) * m)
-        return EXACT.down(best - slack) if lower else EXACT.up(best + slack)
+        return _down(best - slack) if lower else _up(best + slack)
 
 
 def s_shape_lines(shape: SShape, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, ...]:
@@ -604,7 +661,7 @@ def s_shape_lines(shape: SShape, lo: np.ndarray, hi: np.ndarray) -> tuple[np.nda
 def _s_shaped(step: Step, lam: np.ndarray, parents: list[Box], own: Box, out: Outward) -> Back:
     shape = S_SHAPES[type(step.node)]
     (z,) = parents
-    lines = s_shape_lines(shape, z.lo, z.hi)
+    lines = _cached(step, "lines", lambda: s_shape_lines(shape, z.lo, z.hi))
     # the denotation: f_dtype(z) within `ulps` ULPs (of dtype) of f(z); one ULP is at most
     # 2 u |f(z)| and |f(z)| <= mag(own) (1 + small): 4 ulps u mag(own) with room
     denotation = 4 * shape.ulps * out.u * magnitude(own) + shape.ulps * out.tiny
@@ -651,18 +708,18 @@ def _intercepts(
     sv = s[..., None]
     with np.errstate(all="ignore"):
         sa, sb = sv * a, sv * b
-        low = EXACT.down(piece.lo - EXACT.up(np.maximum(sa, sb)))
-        high = EXACT.up(piece.hi - EXACT.down(np.minimum(sa, sb)))
+        low = _down(piece.lo - _up(np.maximum(sa, sb)))
+        high = _up(piece.hi - _down(np.minimum(sa, sb)))
         if ends is not None and slope is not None:
-            w = EXACT.up(b - a)
-            g_lo = EXACT.down(ends.lo - EXACT.up(sv * np.concatenate([a, b[..., -1:]], -1)))
-            g_hi = EXACT.up(ends.hi - EXACT.down(sv * np.concatenate([a, b[..., -1:]], -1)))
-            fall = EXACT.down(w * np.minimum(EXACT.down(slope.lo - sv), 0.0))  # <= 0
-            rise = EXACT.up(w * np.maximum(EXACT.up(slope.hi - sv), 0.0))  # >= 0
-            low = np.fmax(low, np.fmax(EXACT.down(g_lo[..., :-1] + fall),
-                                       EXACT.down(g_lo[..., 1:] - rise)))  # fmt: skip
-            high = np.fmin(high, np.fmin(EXACT.up(g_hi[..., :-1] + rise),
-                                         EXACT.up(g_hi[..., 1:] - fall)))  # fmt: skip
+            w = _up(b - a)
+            g_lo = _down(ends.lo - _up(sv * np.concatenate([a, b[..., -1:]], -1)))
+            g_hi = _up(ends.hi - _down(sv * np.concatenate([a, b[..., -1:]], -1)))
+            fall = _down(w * np.minimum(_down(slope.lo - sv), 0.0))  # <= 0
+            rise = _up(w * np.maximum(_up(slope.hi - sv), 0.0))  # >= 0
+            low = np.fmax(low, np.fmax(_down(g_lo[..., :-1] + fall),
+                                       _down(g_lo[..., 1:] - rise)))  # fmt: skip
+            high = np.fmin(high, np.fmin(_up(g_hi[..., :-1] + rise),
+                                         _up(g_hi[..., 1:] - fall)))  # fmt: skip
     return np.min(low, axis=-1), np.max(high, axis=-1)
 
 
@@ -736,7 +793,7 @@ def _piecewise(step: Step, lam: np.ndarray, parents: list[Box], own: Box, out: O
     (z,) = parents
     if not _bounded(z):
         return None
-    found = piecewise_lines(step.node, step.record, z.lo, z.hi, out)
+    found = _cached(step, "lines", lambda: piecewise_lines(step.node, step.record, z.lo, z.hi, out))
     if found is None:
         return None
     lines, real_only = found
@@ -792,7 +849,7 @@ def _max_pool(step: Step, lam: np.ndarray, parents: list[Box], own: Box, out: Ou
         np.arange(batch)[:, None], chosen.reshape(batch, -1)
     ]
     err = EXACT.gamma(windows.shape[-1]) * dot_bound(to_x, chosen_mag.reshape(top.shape))
-    err = EXACT.up(err + dot_error(to_const, top))
+    err = _up(err + dot_error(to_const, top))
     return Back({0: into}, row_dot(to_const, top), err)
 
 
@@ -801,8 +858,8 @@ def mul_lines(a: Box, b: Box) -> tuple[list[np.ndarray], np.ndarray, list[np.nda
     b_lo) >= 0) and a b <= b_hi a + a_lo b - a_lo b_hi (as (a - a_lo)(b - b_hi) <= 0), the
     planes auto_LiRPA takes; the intercepts rounded outward."""
     with np.errstate(all="ignore"):
-        low = EXACT.down(-EXACT.up(a.lo * b.lo))
-        high = EXACT.up(-EXACT.down(a.lo * b.hi))
+        low = _down(-_up(a.lo * b.lo))
+        high = _up(-_down(a.lo * b.hi))
     return [b.lo, a.lo], low, [b.hi, a.lo], high
 
 
@@ -812,7 +869,8 @@ def _mul(step: Step, lam: np.ndarray, parents: list[Box], own: Box, out: Outward
     if not _bounded(a, b):
         return None
     # the denotation: a_d b_d rounded once, within u |y|
-    return _relaxed_lines(lam, mul_lines(a, b), [a, b], own, 2 * out.u * magnitude(own) + out.tiny)
+    lines = _cached(step, "lines", lambda: mul_lines(a, b))
+    return _relaxed_lines(lam, lines, [a, b], own, 2 * out.u * magnitude(own) + out.tiny)
 
 
 def max_lines(a: Box, b: Box) -> tuple[list[np.ndarray], np.ndarray, list[np.ndarray], np.ndarray]:
@@ -821,10 +879,10 @@ def max_lines(a: Box, b: Box) -> tuple[list[np.ndarray], np.ndarray, list[np.nda
     b + s (a - b - dl) with s = du / (du - dl) rounded up, written s a + t b + c with t the
     float 1 - s and c covering -s dl and the rounding of t (|1 - s - t| mag(b))."""
     with np.errstate(all="ignore"):
-        dl, du = EXACT.down(a.lo - b.hi), EXACT.up(a.hi - b.lo)
-        s = np.clip(EXACT.up(du / EXACT.down(du - dl)), 0.0, 1.0)
+        dl, du = _down(a.lo - b.hi), _up(a.hi - b.lo)
+        s = np.clip(_up(du / _down(du - dl)), 0.0, 1.0)
         t = 1.0 - s
-        c = EXACT.up(EXACT.up(-s * dl) + EXACT.up(_U * b.magnitude()))
+        c = _up(_up(-s * dl) + _up(_U * b.magnitude()))
     a_wins, b_wins = dl >= 0, du <= 0
     unstable = ~(a_wins | b_wins)
     one, zero = np.ones_like(dl), np.zeros_like(dl)
@@ -843,8 +901,11 @@ def _max_min(step: Step, lam: np.ndarray, parents: list[Box], own: Box, out: Out
     if not _bounded(a, b):
         return None
     if isinstance(step.node, ops.MaxElemOp):
-        return _relaxed_lines(lam, max_lines(a, b), [a, b], own, None)
-    lower, b_lo, upper, b_hi = max_lines(Box(-a.hi, -a.lo), Box(-b.hi, -b.lo))
+        return _relaxed_lines(
+            lam, _cached(step, "lines", lambda: max_lines(a, b)), [a, b], own, None
+        )
+    negated = _cached(step, "lines", lambda: max_lines(Box(-a.hi, -a.lo), Box(-b.hi, -b.lo)))
+    lower, b_lo, upper, b_hi = negated
     return _relaxed_lines(lam, (upper, -b_hi, lower, -b_lo), [a, b], own, None)
 
 
@@ -877,6 +938,9 @@ class PreparedCrown:
         if method not in METHODS:
             raise ValueError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
         fallbacks: dict[int, str] = {}
+        for step in self.steps:
+            for key in PER_CALL:
+                step.cache.pop(key, None)
         boxes = self._interval_boxes(lo, hi)
         if method != "ibp" and boxes[self.output_id] is not None:
             self._tighten(boxes, method, fallbacks)
@@ -963,6 +1027,12 @@ class PreparedCrown:
                     step.node, EXACT_UNARY
                 ):
                     needs.update(step.parents)
+        # a linear map of the input: its backward pass is min over the input box of W x + b,
+        # the interval rule's own computation (midpoint-radius), so it would add nothing
+        needs -= {
+            s.node.id for s in self.steps
+            if isinstance(s.node, ops.LinearOp) and s.parents == (self.input_id,)
+        }  # fmt: skip
         for step in self.steps:
             i = step.node.id
             if boxes[i] is None or isinstance(step.node, ops.InputOp | ops.ConstOp):
@@ -976,7 +1046,7 @@ class PreparedCrown:
                 eye = np.eye(n).reshape((n,) + step.shape)
                 rows = np.broadcast_to(np.concatenate([eye, -eye]), (box.lo.shape[0], 2 * n)
                                        + step.shape)  # fmt: skip
-                both = self._backward(i, rows, boxes, fallbacks)
+                both = self._backward(i, rows, boxes, fallbacks, identity=True)
                 low = both[:, :n].reshape(box.lo.shape)
                 high = -both[:, n:].reshape(box.lo.shape)
                 box = Box(np.maximum(box.lo, low), np.minimum(box.hi, high))
@@ -1002,9 +1072,15 @@ class PreparedCrown:
         return Box(lo, hi)
 
     def _backward(
-        self, start: int, rows: np.ndarray, boxes: list[Box | None], fallbacks: dict[int, str]
+        self,
+        start: int,
+        rows: np.ndarray,
+        boxes: list[Box | None],
+        fallbacks: dict[int, str],
+        identity: bool = False,
     ) -> np.ndarray:
-        """A rigorous lower bound of <rows[b, k], z_start> over box b: [B, K]."""
+        """A rigorous lower bound of <rows[b, k], z_start> over box b: [B, K]. `identity`:
+        rows are [I; -I] (a linear start node then skips its product)."""
         lams: dict[int, np.ndarray] = {start: np.array(rows, dtype=F64)}
         const = np.zeros(rows.shape[:2])
         err = np.zeros(rows.shape[:2])
@@ -1018,28 +1094,30 @@ class PreparedCrown:
                 assert own is not None
                 back = None
                 if i == self.input_id:
-                    const = EXACT.down(const + min_over_box(lam, own))
+                    const = _down(const + min_over_box(lam, own))
                     continue
                 rule = CROWN.get(type(step.node))
                 parents = [boxes[p] for p in step.parents]
-                if rule is not None and all(p is not None for p in parents):
+                if identity and i == start and isinstance(step.node, ops.LinearOp):
+                    back = _linear(step, lam, parents, own, self.ibp.outward, identity=True)  # type: ignore[arg-type]
+                elif rule is not None and all(p is not None for p in parents):
                     back = rule(step, lam, parents, own, self.ibp.outward)  # type: ignore[arg-type]
                 if back is None:
                     fallbacks.setdefault(i, _fallback_reason(step))
-                    const = EXACT.down(const + min_over_box(lam, own))
+                    const = _down(const + min_over_box(lam, own))
                     continue
-                const = EXACT.down(const + back.const)
-                err = EXACT.up(err + back.err)
+                const = _down(const + back.const)
+                err = _up(err + back.err)
                 for position, coefficient in back.parents.items():
                     pid = step.parents[position]
                     if pid in lams:
                         total = lams[pid] + coefficient
                         # the sum's rounding: within u |total| per coefficient
-                        err = EXACT.up(err + _U * dot_bound(total, boxes[pid].magnitude()))
+                        err = _up(err + _U * dot_bound(total, boxes[pid].magnitude()))
                         lams[pid] = total
                     else:
-                        lams[pid] = np.array(coefficient, dtype=F64)
-            bound = EXACT.down(const - err)
+                        lams[pid] = np.asarray(coefficient, dtype=F64)  # never written in place
+            bound = _down(const - err)
         return np.where(np.isnan(bound), -np.inf, bound)
 
 
