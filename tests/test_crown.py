@@ -293,3 +293,70 @@ def test_relaxations_are_tighter_than_ibp(kind: str) -> None:
     assert crown.fallbacks == {}
     assert np.all(crown.lower >= ibp.lower) and np.all(crown.upper <= ibp.upper)
     assert np.sum(crown.width) < 0.95 * np.sum(ibp.width), op
+
+
+TWO_INPUTS = """
+tl.graph @two {
+  %0 = input : [3]
+  %1 = input : [3]
+  %2 = linear(%0) : [4]
+  %3 = linear(%1) : [4]
+  %4 = add(%2, %3) : [4]
+  %5 = relu(%4) : [4]
+  %6 = mul_elem(%5, %3) : [4]
+  %7 = linear(%6) : [2]
+  output %7
+}
+
+tl.payload @two {
+  %2 = linear {weight = [[0.5, -1.0, 0.2], [0.3, 0.8, -0.6], [-0.7, 0.1, 0.9], [1.1, -0.4, 0.3]],
+               bias = [0.1, -0.2, 0.0, 0.3]}
+  %3 = linear {weight = [[-0.3, 0.6, 0.5], [0.9, -0.2, 0.4], [0.2, 0.7, -0.8], [-0.5, 0.3, 0.6]],
+               bias = [0.0, 0.1, -0.1, 0.2]}
+  %7 = linear {weight = [[1.0, -0.5, 0.8, 0.3], [-0.6, 0.9, 0.2, -1.2]], bias = [0.05, -0.05]}
+}
+"""
+
+
+@pytest.mark.parametrize("dtype", ["f64", "f32"])
+def test_graphs_with_several_inputs(dtype: str) -> None:
+    centre = {0: np.array([0.2, -0.4, 0.6]), 1: np.array([-0.1, 0.5, 0.3])}
+    crown = tlc.bounds(TWO_INPUTS, center=centre, radius=0.3, dtype=dtype)
+    ibp = tlc.bounds(TWO_INPUTS, center=centre, radius=0.3, method="ibp", dtype=dtype)
+    assert crown.fallbacks == {}
+    assert np.all(crown.lower >= ibp.lower) and np.all(crown.upper <= ibp.upper)
+    assert np.sum(crown.width) < np.sum(ibp.width)
+    batch = tlc.bounds(
+        TWO_INPUTS, center={k: np.stack([v, v]) for k, v in centre.items()}, radius=0.3,
+        dtype=dtype,
+    )  # fmt: skip
+    # one pass for the batch: the same bounds up to the rounding of differently shaped products
+    np.testing.assert_allclose(batch.lower[1], crown.lower, rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(batch.upper[0], crown.upper, rtol=1e-12, atol=1e-15)
+    rng = np.random.default_rng(5)
+    for _ in range(60):
+        x = {k: v + rng.uniform(-0.3, 0.3, 3) for k, v in centre.items()}
+        y = tlc.run(TWO_INPUTS, x, dtype=dtype).output
+        assert np.all(crown.lower <= y) and np.all(y <= crown.upper)
+    with pytest.raises(DiagnosticError, match="no box given for input node 1"):
+        tlc.bounds(TWO_INPUTS, lo={0: centre[0]}, hi={0: centre[0]})
+
+
+def test_linear_with_leading_axes_gets_every_row() -> None:
+    """The [I; -I] rows of an intermediate bound on a node with leading axes ([2, 4]) select
+    one leading index each: no shortcut may treat them as [W; -W]."""
+
+    def program(ops, x, params):  # noqa: ANN001, ANN202
+        return ops.linear(ops.relu(ops.linear(ops.relu(ops.linear(x, params[0])), params[1])),
+                          params[2])  # fmt: skip
+
+    rng = np.random.default_rng(2)
+    traced = tlc.trace(program, (2, 3), [rng.normal(size=(4, 3)), rng.normal(size=(4, 4)),
+                                          rng.normal(size=(2, 4))])  # fmt: skip
+    lo = rng.uniform(-1, 1, (2, 3))
+    crown = tlc.bounds(traced, lo, lo + 0.5)
+    ibp = tlc.bounds(traced, lo, lo + 0.5, method="ibp")
+    assert np.all(crown.lower >= ibp.lower) and np.all(crown.upper <= ibp.upper)
+    for x in _samples(lo, lo + 0.5, 60, 3):
+        y = tlc.run(traced.module, x, traced.payload).output
+        assert np.all(crown.lower <= y) and np.all(y <= crown.upper)

@@ -235,22 +235,26 @@ def _is_number(text: str) -> bool:
     return True
 
 
-def _box_ends(job: Job) -> tuple[np.ndarray, np.ndarray]:
+def _box_ends(job: Job) -> tuple[Any, Any]:
     """The input box of the box options: --lo/--hi, or --input with a radius that is a number,
-    a comma list or an .npy file (per coordinate), the ball's ends rounded outward."""
+    a comma list or an .npy file (per coordinate), the ball's ends rounded outward; for a graph
+    with several input nodes `{node id: array}` from the named --input values and one radius."""
     from tlc.api.bounds import input_box
 
     args = job.args
     nodes = job.input_nodes()
+    radius = parse_input_text(args.radius or "0")
     if len(nodes) != 1:
-        raise DiagnosticError.simple(
-            f"box options: graph @{job.graph.graph_name} has {len(nodes)} input nodes; "
-            "--lo/--hi, --method and --spec take a graph with one input node"
-        )
+        if args.lo is not None or radius.size != 1:
+            raise DiagnosticError.simple(
+                f"box options: graph @{job.graph.graph_name} has {len(nodes)} input nodes; "
+                "--lo/--hi and a per-coordinate --radius take a graph with one input node "
+                "(give each input with --input and one --radius)"
+            )
+        return input_box(center=job.input_value(), radius=float(radius.reshape(())))
     if args.lo is not None:
         return job._value(nodes[0], args.lo, "--lo"), job._value(nodes[0], args.hi, "--hi")
     centre = job.input_value()
-    radius = parse_input_text(args.radius or "0")
     if radius.size != 1:
         radius = shape_input(radius, centre.shape, "--radius")
     return input_box(center=centre, radius=radius.reshape(radius.shape if radius.size > 1 else ()))

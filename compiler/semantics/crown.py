@@ -927,20 +927,42 @@ class PreparedCrown:
 
     ibp: PreparedIBP
     steps: list[Step]
-    input_id: int
+    input_ids: tuple[int, ...]
     output_id: int
 
+    @property
+    def input_id(self) -> int:
+        """The input node of a graph with one (`single_input` checks there is one)."""
+        return self.input_ids[0]
+
+    def single_input(self, what: str) -> int:
+        """The only input node; a diagnostic naming `what` needs one otherwise."""
+        if len(self.input_ids) != 1:
+            raise DiagnosticError.simple(
+                f"{what}: graph @{self.ibp.graph.graph_name} has {len(self.input_ids)} input "
+                "nodes; it takes a graph with one input node"
+            )
+        return self.input_ids[0]
+
     def __call__(
-        self, lo: np.ndarray, hi: np.ndarray, method: str = "crown", spec: np.ndarray | None = None
+        self,
+        lo: np.ndarray | dict[int, np.ndarray],
+        hi: np.ndarray | dict[int, np.ndarray],
+        method: str = "crown",
+        spec: np.ndarray | None = None,
     ) -> Bounds:
-        """Bounds for the boxes [lo, hi] ([B, *input shape], one box per row) of the output, or
-        of spec @ output (spec [K, numel(output)]), by `method` (see `METHODS`)."""
+        """Bounds for the boxes [lo, hi] ([B, *input shape], one box per row; `{input node id:
+        array}` for a graph with several input nodes) of the output, or of spec @ output (spec
+        [K, numel(output)]), by `method` (see `METHODS`)."""
         if method not in METHODS:
             raise ValueError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
         fallbacks: dict[int, str] = {}
         for step in self.steps:
             for key in PER_CALL:
                 step.cache.pop(key, None)
+        if not isinstance(lo, dict):
+            lo, hi = {self.single_input("bounds"): lo}, {self.input_id: hi}
+        assert isinstance(hi, dict)
         boxes = self._interval_boxes(lo, hi)
         if method != "ibp" and boxes[self.output_id] is not None:
             self._tighten(boxes, method, fallbacks)
@@ -981,11 +1003,19 @@ class PreparedCrown:
             )
         return matrix
 
-    def _interval_boxes(self, lo: np.ndarray, hi: np.ndarray) -> list[Box | None]:
-        """The interval boxes of every node for a batch of input boxes, on a leading batch axis:
-        one pass over the batch where every rule allows it (`_batched`), else box by box."""
-        if lo.shape[0] == 1 or not self._batchable or not np.all(lo <= hi):
-            per_box = [self.ibp(lo[b], hi[b]) for b in range(lo.shape[0])]
+    def _interval_boxes(
+        self, lo: dict[int, np.ndarray], hi: dict[int, np.ndarray]
+    ) -> list[Box | None]:
+        """The interval boxes of every node for a batch of input boxes (per input node), on a
+        leading batch axis: one pass over the batch where every rule allows it (`_batched`),
+        else box by box."""
+        batch = next(iter(lo.values())).shape[0]
+        ordered = all(np.all(lo[i] <= hi[i]) for i in lo)
+        if batch == 1 or not self._batchable or not ordered:
+            per_box = [
+                self.ibp({i: v[b] for i, v in lo.items()}, {i: v[b] for i, v in hi.items()})
+                for b in range(batch)
+            ]
             return [
                 None if any(boxes[i] is None for boxes in per_box)
                 else Box(np.stack([boxes[i].lo for boxes in per_box]),
@@ -994,10 +1024,11 @@ class PreparedCrown:
             ]  # fmt: skip
         boxes: list[Box | None] = []
         for step in self.steps:
-            if step.node.id == self.input_id:
-                boxes.append(self.ibp.outward.to_grid(Box(lo, hi)))
+            i = step.node.id
+            if i in lo:
+                boxes.append(self.ibp.outward.to_grid(Box(lo[i], hi[i])))
             else:
-                boxes.append(self._batched(step, [boxes[p] for p in step.parents], lo.shape[0]))
+                boxes.append(self._batched(step, [boxes[p] for p in step.parents], batch))
         return boxes
 
     @property
@@ -1031,7 +1062,7 @@ class PreparedCrown:
         # the interval rule's own computation (midpoint-radius), so it would add nothing
         needs -= {
             s.node.id for s in self.steps
-            if isinstance(s.node, ops.LinearOp) and s.parents == (self.input_id,)
+            if isinstance(s.node, ops.LinearOp) and s.parents[0] in self.input_ids
         }  # fmt: skip
         for step in self.steps:
             i = step.node.id
@@ -1093,7 +1124,7 @@ class PreparedCrown:
                 own = boxes[i]
                 assert own is not None
                 back = None
-                if i == self.input_id:
+                if i in self.input_ids:
                     const = _down(const + min_over_box(lam, own))
                     continue
                 rule = CROWN.get(type(step.node))
@@ -1140,29 +1171,44 @@ def _fallback_reason(step: Step) -> str:
 def prepare_crown(
     graph: GraphOp, payload: Payload | None, dtype: type = np.float64
 ) -> PreparedCrown:
-    """Check the graph and payload once (as `prepare_ibp`) for repeated bounds in `dtype`.
-    CROWN needs one input node."""
+    """Check the graph and payload once (as `prepare_ibp`) for repeated bounds in `dtype`."""
     prepared = prepare_ibp(graph, payload, dtype)
-    inputs = [n.id for n in graph.nodes if isinstance(n, ops.InputOp)]
-    if len(inputs) != 1:
-        raise DiagnosticError.simple(
-            f"bounds: graph @{graph.graph_name} has {len(inputs)} input nodes; linear bounds "
-            "take one input node"
-        )
+    inputs = tuple(n.id for n in graph.nodes if isinstance(n, ops.InputOp))
     steps = [Step(s.node, s.parents, s.record, s.shape) for s in prepared.steps]
     output = graph.output
     assert output is not None and isinstance(output.value.owner, NodeOp)
-    return PreparedCrown(prepared, steps, inputs[0], output.value.owner.id)
+    return PreparedCrown(prepared, steps, inputs, output.value.owner.id)
 
 
-def bind_box(prepared: PreparedCrown, lo: Any, hi: Any) -> tuple[np.ndarray, np.ndarray, bool]:
-    """(lo, hi) as [B, *input shape] float64 arrays and whether the caller gave a batch."""
-    shape = prepared.steps[prepared.input_id].shape
-    lo_a, hi_a = np.asarray(lo, dtype=F64), np.asarray(hi, dtype=F64)
-    lo_a, hi_a = np.broadcast_arrays(lo_a, hi_a)
-    batched = lo_a.shape != shape and lo_a.shape[1:] == shape
-    if not batched:
-        one = bind_inputs(prepared.ibp.graph, prepared.ibp.shapes, lo_a, F64)
-        two = bind_inputs(prepared.ibp.graph, prepared.ibp.shapes, hi_a, F64)
-        lo_a, hi_a = one[prepared.input_id][None], two[prepared.input_id][None]
-    return lo_a, hi_a, batched
+def bind_box(
+    prepared: PreparedCrown, lo: Any, hi: Any
+) -> tuple[dict[int, np.ndarray], dict[int, np.ndarray], bool]:
+    """(lo, hi) as `{input node id: [B, *shape]}` float64 arrays and whether the caller gave a
+    batch. One array for a graph with one input node, else `{node id: array}` (or a list in
+    node order, as `tlc.run` takes); every input batched alike or none."""
+    graph, shapes = prepared.ibp.graph, prepared.ibp.shapes
+    if len(prepared.input_ids) == 1 and not isinstance(lo, dict | list | tuple):
+        lo, hi = {prepared.input_id: lo}, {prepared.input_id: hi}
+    elif isinstance(lo, list | tuple):
+        lo, hi = (
+            dict(zip(prepared.input_ids, lo, strict=True)),
+            dict(zip(prepared.input_ids, hi, strict=True)),
+        )
+    lows, highs, flags = {}, {}, set()
+    for i in prepared.input_ids:
+        if i not in lo or i not in hi:
+            raise DiagnosticError.simple(f"bounds: no box given for input node {i}")
+        lo_a, hi_a = np.broadcast_arrays(np.asarray(lo[i], F64), np.asarray(hi[i], F64))
+        batched = lo_a.shape != shapes[i] and lo_a.shape[1:] == shapes[i]
+        flags.add(batched)
+        lows[i], highs[i] = (lo_a, hi_a) if batched else (lo_a[None], hi_a[None])
+    if len(flags) > 1:
+        raise DiagnosticError.simple("bounds: batch every input's box, or none")
+    if not flags.pop():  # unbatched: the same checks and messages as evaluation
+        bind_inputs(graph, shapes, {i: v[0] for i, v in lows.items()}, F64)
+        bind_inputs(graph, shapes, {i: v[0] for i, v in highs.items()}, F64)
+        return lows, highs, False
+    sizes = {v.shape[0] for v in lows.values()}
+    if len(sizes) > 1:
+        raise DiagnosticError.simple("bounds: every input needs the same number of boxes")
+    return lows, highs, True
