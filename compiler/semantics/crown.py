@@ -105,6 +105,10 @@ NEEDS_PARENT_BOUNDS: tuple[type, ...] = (
 )  # fmt: skip
 EXACT_UNARY = (ops.DetachOp, ops.NegOp)
 
+#: The most coefficients (float64) a backward pass holds at once: a batch of boxes larger than
+#: this allows is bounded in several passes (128 MiB of coefficients each).
+COEFFICIENTS = 2**24
+
 #: Ops whose interval rule acts on every leading index alike, so a batch of boxes costs one call.
 BATCHABLE = (ops.InputOp, ops.ConstOp, ops.UnaryOp, ops.BinaryOp, ops.LinearOp)
 
@@ -963,6 +967,24 @@ class PreparedCrown:
         if not isinstance(lo, dict):
             lo, hi = {self.single_input("bounds"): lo}, {self.input_id: hi}
         assert isinstance(hi, dict)
+        batch = next(iter(lo.values())).shape[0]
+        chunk = self._chunk(spec)
+        if batch > chunk:  # bound the coefficient arrays' memory: a few calls of `chunk` boxes
+            parts = [
+                self({i: v[k : k + chunk] for i, v in lo.items()},
+                     {i: v[k : k + chunk] for i, v in hi.items()}, method, spec)
+                for k in range(0, batch, chunk)
+            ]  # fmt: skip
+            return Bounds(
+                np.concatenate([b.lower for b in parts]),
+                np.concatenate([b.upper for b in parts]),
+                [None if any(b.boxes[i] is None for b in parts)
+                 else Box(np.concatenate([b.boxes[i].lo for b in parts]),
+                          np.concatenate([b.boxes[i].hi for b in parts]))
+                 for i in range(len(self.steps))],
+                method,
+                {k: v for b in parts for k, v in b.fallbacks.items()},
+            )  # fmt: skip
         boxes = self._interval_boxes(lo, hi)
         if method != "ibp" and boxes[self.output_id] is not None:
             self._tighten(boxes, method, fallbacks)
@@ -988,6 +1010,13 @@ class PreparedCrown:
         if spec is None:
             lower, upper = lower.reshape(out_box.lo.shape), upper.reshape(out_box.lo.shape)
         return Bounds(lower, upper, boxes, method, fallbacks)
+
+    def _chunk(self, spec: np.ndarray | None) -> int:
+        """Boxes per pass: a backward pass holds [boxes, rows, n] coefficients, rows up to twice
+        the largest node (intermediate bounds) or of C; at most `COEFFICIENTS` in all."""
+        largest = max(max(numel(step.shape), 1) for step in self.steps)
+        rows = 2 * max(largest, 0 if spec is None else np.shape(spec)[0])
+        return max(1, COEFFICIENTS // (rows * largest))
 
     def _spec(self, spec: np.ndarray | None) -> np.ndarray:
         n = numel(self.steps[self.output_id].shape)
