@@ -360,3 +360,16 @@ def test_linear_with_leading_axes_gets_every_row() -> None:
     for x in _samples(lo, lo + 0.5, 60, 3):
         y = tlc.run(traced.module, x, traced.payload).output
         assert np.all(crown.lower <= y) and np.all(y <= crown.upper)
+
+
+def test_large_batches_are_bounded_in_several_passes(monkeypatch: pytest.MonkeyPatch) -> None:
+    import tlc.semantics.crown as crown
+
+    layers = random_layers([4, 10, 10, 3], seed=12)
+    centres = np.random.default_rng(4).uniform(-1, 1, (7, 4))
+    whole = tlc.bounds(mlp(layers), center=centres, radius=0.2)
+    monkeypatch.setattr(crown, "COEFFICIENTS", 2 * 20 * 10 * 3)  # 3 boxes per pass
+    parts = tlc.bounds(mlp(layers), center=centres, radius=0.2)
+    assert parts.lower.shape == (7, 3) and parts.node(2).lo.shape == (7, 10)
+    np.testing.assert_allclose(parts.lower, whole.lower, rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(parts.upper, whole.upper, rtol=1e-12, atol=1e-15)
