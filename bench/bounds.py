@@ -52,14 +52,19 @@ NETWORKS = [
 ]
 
 
-def cpu_time(fn: Callable[[], object], repeats: int) -> float:
-    """The least CPU time of this thread over `repeats` calls, in seconds."""
+def timings(fn: Callable[[], object], repeats: int, clock: Callable[[], float]) -> list[float]:
+    """`repeats` calls of `fn` timed by `clock`, in seconds."""
     times = []
     for _ in range(repeats):
-        start = time.thread_time()
+        start = clock()
         fn()
-        times.append(time.thread_time() - start)
-    return min(times)
+        times.append(clock() - start)
+    return times
+
+
+def cpu_time(fn: Callable[[], object], repeats: int) -> float:
+    """The least CPU time of this thread over `repeats` calls, in seconds."""
+    return min(timings(fn, repeats, time.thread_time))
 
 
 def torch_bounds(layers: list, lo: np.ndarray, hi: np.ndarray, crown: bool) -> tuple:
@@ -139,12 +144,7 @@ def network_row(sizes: list[int], radius: float, repeats: int) -> tuple[list[flo
 
 def wall_time(fn: Callable[[], object], repeats: int) -> float:
     """The median wall time over `repeats` calls, in seconds (tlc-verify runs processes)."""
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return statistics.median(timings(fn, repeats, time.perf_counter))
 
 
 def throughput(repeats: int) -> None:
