@@ -245,6 +245,10 @@ def _relaxation_net(kind: str, width: int, seed: int) -> tuple[object, str]:
             h = ops.flatten(ops.max_pool(ops.reshape(h, to=[1, 2, width // 2]), kernel=[2, 2],
                                          stride=[1, 1], padding=[1, 0]))  # fmt: skip
             return ops.linear(h, params[2][:, : 3 * (width // 2 - 1)])  # 3 x (width/2 - 1)
+        elif kind == "matmul":
+            left = ops.reshape(h, to=[2, width // 2])
+            right = ops.reshape(ops.linear(x, params[1]), to=[width // 2, 2])
+            return ops.linear(ops.flatten(ops.matmul(left, right)), params[2][:, :4])
         elif kind.startswith("leaky_relu"):
             h = ops.leaky_relu(h, negative_slope=float(kind.split(":")[1]))
         elif kind.startswith("elu"):
@@ -258,7 +262,7 @@ def _relaxation_net(kind: str, width: int, seed: int) -> tuple[object, str]:
 
 RELAXED = ["leaky_relu:0.1", "leaky_relu:1.5", "leaky_relu:-0.3", "elu:1.0", "elu:0.5", "exp",
            "softplus", "erf", "gelu", "silu", "hardswish", "abs", "sin", "mul_elem", "max_elem",
-           "min_elem", "max_pool"]  # fmt: skip
+           "min_elem", "max_pool", "matmul"]  # fmt: skip
 
 
 @settings(max_examples=40, deadline=None)

@@ -386,8 +386,8 @@ def _add_sub(step: Step, lam: np.ndarray, parents: list[Box], own: Box, out: Out
 
 @register(ops.MatmulOp)
 def _matmul(step: Step, lam: np.ndarray, parents: list[Box], own: Box, out: Outward) -> Back | None:
-    """A product with a constant factor is linear in the other; with two variable factors no
-    relaxation is written (the node's interval box is used)."""
+    """A product with a constant factor is linear in the other; two variable factors get
+    McCormick's planes per product (`_bilinear`)."""
     a, b = parents
     const_a, const_b = (isinstance(v.owner, ops.ConstOp) for v in step.node.parents)
     if const_b:
@@ -400,7 +400,37 @@ def _matmul(step: Step, lam: np.ndarray, parents: list[Box], own: Box, out: Outw
         into = np.matmul(np.swapaxes(matrix, -1, -2), lam)
         forward_abs = np.matmul(np.abs(matrix), magnitude(b))
         return Back({1: into}, 0.0, _matmul_err(lam, forward_abs, matrix, out))
-    return None
+    if not _bounded(a, b):
+        return None
+    return _bilinear(lam, a, b, out)
+
+
+def _bilinear(lam: np.ndarray, a: Box, b: Box, out: Outward) -> Back:
+    """y = A B with both factors variable: every product a_mn b_np between McCormick's planes
+    (as `mul_lines`): b_l a + a_l b - a_l b_l below, b_u a + a_l b - a_l b_u above, so
+    Lambda+ takes the lower planes and Lambda- the upper ones: to A, Lambda+ b_l^T + Lambda-
+    b_u^T; to B, a_l^T Lambda; to the constant, -<Lambda+, a_l b_l> - <Lambda-, a_l b_u>.
+    Charged: our three products (gamma of their lengths times the magnitudes), the constant's
+    two matrix products, and the denotation's dot products, gamma_n (|A| |B|)."""
+    swap = lambda v: np.swapaxes(v, -1, -2)  # noqa: E731
+    a_lo, b_lo, b_hi = a.lo[:, None], b.lo[:, None], b.hi[:, None]
+    plus, minus = np.maximum(lam, 0.0), np.minimum(lam, 0.0)
+    m, n, p = a.shape[-2], a.shape[-1], b.shape[-1]
+    into_a = np.matmul(plus, swap(b_lo)) + np.matmul(minus, swap(b_hi))
+    into_b = np.matmul(swap(a_lo), lam)
+    low_plane, high_plane = np.matmul(a.lo, b.lo), np.matmul(a.lo, b.hi)
+    const = -row_dot(plus, low_plane) - row_dot(minus, high_plane)
+    mag_a, mag_b = magnitude(a), magnitude(b)
+    b_mag = np.maximum(np.abs(b.lo), np.abs(b.hi))
+    a_abs = np.abs(a.lo)
+    planes = np.matmul(a_abs, b_mag)  # bounds |a_l b_l| and |a_l b_u| summed over n
+    err = (
+        EXACT.gamma(p + 1) * dot_bound(lam, np.matmul(mag_a, b_mag))
+        + EXACT.gamma(m) * dot_bound(lam, np.matmul(a_abs, mag_b))
+        + (EXACT.gamma(n) + EXACT.gamma(numel(lam.shape[2:]) + 2)) * dot_bound(lam, planes)
+        + out.gamma(n) * dot_bound(lam, np.matmul(mag_a, mag_b))
+    )
+    return Back({0: into_a, 1: into_b}, const, _up(err * (1 + 8 * _U)))
 
 
 def _matmul_err(lam: np.ndarray, forward_abs: np.ndarray, matrix: np.ndarray, out: Outward):
@@ -1192,8 +1222,6 @@ def _fallback_reason(step: Step) -> str:
     node = step.node
     if type(node) not in CROWN:
         return f"{node.TAG}: {CROWN.unsupported[type(node)]}"
-    if isinstance(node, ops.MatmulOp):
-        return "matmul of two variable factors: its interval box is used"
     return f"{node.TAG}: unbounded parent box; its interval box is used"
 
 
