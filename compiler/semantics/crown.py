@@ -98,12 +98,20 @@ CROWN: RuleTable[CrownRule] = RuleTable("crown")
 register = CROWN.register
 
 #: Nonlinear ops whose relaxation reads the bounds of their parents (every elementwise unary
-#: op but the exact ones, max pool, products, max/min): in method "crown" their parents get a
-#: backward pass of their own.
+#: op but the exact ones, max pool, products, max/min; `_needs_parent_bounds` adds matmul of
+#: two variable factors): in method "crown" their parents get a backward pass of their own.
 NEEDS_PARENT_BOUNDS: tuple[type, ...] = (
     ops.UnaryOp, ops.MaxPoolOp, ops.MulElemOp, ops.MaxElemOp, ops.MinElemOp
 )  # fmt: skip
 EXACT_UNARY = (ops.DetachOp, ops.NegOp)
+
+
+def _needs_parent_bounds(node: NodeOp) -> bool:
+    """`NEEDS_PARENT_BOUNDS` but the exact unary ops, and matmul of two variable factors."""
+    if isinstance(node, ops.MatmulOp):
+        return not any(isinstance(v.owner, ops.ConstOp) for v in node.parents)
+    return isinstance(node, NEEDS_PARENT_BOUNDS) and not isinstance(node, EXACT_UNARY)
+
 
 #: The most coefficients (float64) a backward pass holds at once: a batch of boxes larger than
 #: this allows is bounded in several passes (128 MiB of coefficients each).
@@ -1113,9 +1121,7 @@ class PreparedCrown:
         needs = set()
         if method == "crown":
             for step in self.steps:
-                if isinstance(step.node, NEEDS_PARENT_BOUNDS) and not isinstance(
-                    step.node, EXACT_UNARY
-                ):
+                if _needs_parent_bounds(step.node):
                     needs.update(step.parents)
         # a linear map of the input: its backward pass is min over the input box of W x + b,
         # the interval rule's own computation (midpoint-radius), so it would add nothing
