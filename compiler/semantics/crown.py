@@ -559,7 +559,7 @@ def _relaxed_lines(
     s_lo, b_lo, s_hi, b_hi = lines
     positive = lam >= 0
     into = {
-        i: np.where(positive, lam * lo[:, None], lam * hi[:, None])
+        i: lam * np.where(positive, lo[:, None], hi[:, None])
         for i, (lo, hi) in enumerate(zip(s_lo, s_hi, strict=True))
     }
     const = row_dot(np.where(positive, lam, 0.0), b_lo) + row_dot(
