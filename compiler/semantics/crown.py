@@ -30,7 +30,7 @@ its interval box, the IBP fallback, and the reason is recorded in `Bounds.fallba
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,10 +40,19 @@ from tlc.core.diagnostics import DiagnosticError
 from tlc.core.payload import Payload, Record
 from tlc.core.rule_table import RuleTable
 from tlc.dialect import ops
+from tlc.dialect.families import Monotone
 from tlc.dialect.ops import GraphOp, NodeOp
 from tlc.dialect.registry import NODE_OPS
 from tlc.dialect.shapes import Shape, numel
-from tlc.semantics.ibp import ABS_WEIGHT, PreparedIBP, default_eps, prepare_ibp, reference
+from tlc.semantics.emitter import IntervalEmitter, NoBox
+from tlc.semantics.ibp import (
+    ABS_WEIGHT,
+    INTERVAL,
+    PreparedIBP,
+    default_eps,
+    prepare_ibp,
+    reference,
+)  # fmt: skip
 from tlc.semantics.interpret import bind_inputs
 from tlc.semantics.interval_arith import COMPOSITE_ULPS, F64, LIBM_ULPS, Box, Outward, sanitize
 
@@ -765,6 +774,31 @@ def _intercepts(
     return np.min(low, axis=-1), np.max(high, axis=-1)
 
 
+#: Nodes `_ReusingEmitter` has built, by op, operand shapes and metadata (cleared when large).
+_NODES: dict[tuple[Any, ...], NodeOp] = {}
+
+
+class _ReusingEmitter(IntervalEmitter):
+    """`IntervalEmitter` that builds each distinct node once: a derivative fact evaluated on
+    boxes binds the same few ops on every call, and building an op is most of its cost. The
+    interval rules read only a node's metadata, so an equal node serves every call."""
+
+    def node(
+        self,
+        cls: type[NodeOp],
+        operands: list[Box],
+        attributes: Mapping[str, Any] | None = None,
+        shape: Shape | None = None,
+    ) -> NodeOp:
+        fields = repr(sorted((attributes or {}).items()))
+        key = (cls, tuple(v.shape for v in operands), fields, shape)
+        if key not in _NODES:
+            if len(_NODES) > 4096:
+                _NODES.clear()
+            _NODES[key] = super().node(cls, operands, attributes, shape)
+        return _NODES[key]
+
+
 def piecewise_lines(
     node: NodeOp, record: Record | None, lo: np.ndarray, hi: np.ndarray, out: Outward
 ) -> tuple[tuple[np.ndarray, ...], bool] | None:
@@ -781,10 +815,6 @@ def piecewise_lines(
     endpoint rule) also gets the mean-value bounds from its derivative's interval on each
     piece, taken with float64 constants: they hold for the real function, which is continuous
     (every elementwise op of tl is, on its domain). None where a rule gives no box."""
-    from tlc.dialect.families import Monotone
-    from tlc.semantics.emitter import IntervalEmitter, NoBox
-    from tlc.semantics.ibp import INTERVAL
-
     rule = INTERVAL.get(type(node))
     if rule is None:
         return None
@@ -800,7 +830,7 @@ def piecewise_lines(
     if monotone and type(node).defines("derivative"):
         try:
             real = rule(node, [Box(a, b)], record, EXACT)
-            slope = node.derivative(IntervalEmitter(INTERVAL, EXACT), Box(a, b), real)  # type: ignore[attr-defined]
+            slope = node.derivative(_ReusingEmitter(INTERVAL, EXACT), Box(a, b), real)  # type: ignore[attr-defined]
         except NoBox:
             slope = None
     mid_at = 0.5 * ends.lo + 0.5 * ends.hi
