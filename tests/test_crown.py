@@ -372,7 +372,7 @@ def test_large_batches_are_bounded_in_several_passes(monkeypatch: pytest.MonkeyP
     layers = random_layers([4, 10, 10, 3], seed=12)
     centres = np.random.default_rng(4).uniform(-1, 1, (7, 4))
     whole = tlc.bounds(mlp(layers), center=centres, radius=0.2)
-    monkeypatch.setattr(crown, "COEFFICIENTS", 2 * 20 * 10 * 3)  # 3 boxes per pass
+    monkeypatch.setattr(crown, "COEFFICIENTS", 3 * 20 * 10)  # rows 2 x 10, n 10: 3 per pass
     parts = tlc.bounds(mlp(layers), center=centres, radius=0.2)
     assert parts.lower.shape == (7, 3) and parts.node(2).lo.shape == (7, 10)
     np.testing.assert_allclose(parts.lower, whole.lower, rtol=1e-12, atol=1e-15)

@@ -1080,10 +1080,14 @@ class PreparedCrown:
         return Bounds(lower, upper, boxes, method, fallbacks)
 
     def _chunk(self, spec: np.ndarray | None) -> int:
-        """Boxes per pass: a backward pass holds [boxes, rows, n] coefficients, rows up to twice
-        the largest node (intermediate bounds) or of C; at most `COEFFICIENTS` in all."""
+        """Boxes per pass: a backward pass holds [boxes, rows, n] coefficients, rows twice the
+        elements of a node it starts from (the output, or a parent of a nonlinear node) or of
+        C, n up to the largest node; at most `COEFFICIENTS` in all."""
         largest = max(max(numel(step.shape), 1) for step in self.steps)
-        rows = 2 * max(largest, 0 if spec is None else np.shape(spec)[0])
+        starts = [self.output_id] + [p for s in self.steps if _needs_parent_bounds(s.node)
+                                     for p in s.parents]  # fmt: skip
+        rows = 2 * max(max(numel(self.steps[i].shape), 1) for i in starts)
+        rows = max(rows, 0 if spec is None else 2 * np.shape(spec)[0])
         return max(1, COEFFICIENTS // (rows * largest))
 
     def _spec(self, spec: np.ndarray | None) -> np.ndarray:
