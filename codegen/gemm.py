@@ -229,12 +229,13 @@ def _broadcast_tile(
 # Packed products: B in panels of the micro-kernel's width, A broadcast one scalar at a time
 # --------------------------------------------------------------------------------------------
 
-#: Bytes of one B micro-panel (kc rows of NR columns) that stays in L1 while the row tiles of
-#: a K block pass over it: half of a 32 KiB L1 data cache (x86-64 cores of the last decade
-#: have at least that).
-L1_PANEL = 16 * 1024
-#: Bytes of the rows of A (mc x kc) that stay in L2 while the panels of a K block pass by.
-L2_BLOCK = 256 * 1024
+#: Bytes of the slice of a B panel (kc rows of NR columns) one K block multiplies, at most
+#: 1024 rows: on Zen 4, kc = 128 (a 16 KiB slice in L1) gave 92 GFLOP/s on a 256 x 784 x 1024
+#: product, 512 gave 101-104 and 1024 gave 110: every K block but the last sends the partial
+#: sums of C through memory, which costs more than B's L1 misses (L2 serves them in time).
+PANEL_BYTES = 128 * 1024
+#: Bytes of the packed rows of A (mc x kc) that stay in L2 while the panels pass by.
+L2_BLOCK = 512 * 1024
 #: The issue model the micro-kernel is chosen by: vector FMAs and loads a core starts per
 #: cycle, and the FMA latency (each accumulator takes one FMA per step along k).
 FMA_PER_CYCLE, LOADS_PER_CYCLE, FMA_LATENCY = 2, 2, 4
@@ -248,7 +249,7 @@ class MicroKernel:
     """The register tile of the packed products: MR rows, each one element of A broadcast per
     step along k, by NV vectors of LANES columns of B (NR = NV * LANES), so MR * NV
     accumulators, NV loaded vectors and one broadcast live in registers. `kc` is the K block
-    whose B micro-panel (kc x NR) stays in L1."""
+    (`PANEL_BYTES`)."""
 
     mr: int
     nv: int
@@ -276,7 +277,7 @@ def micro_kernel(info: TargetInfo, itemsize: int, m: int, n: int) -> MicroKernel
 
     shapes = [(mr, nv) for nv in range(1, 5) for mr in range(1, regs) if mr * nv + nv + 1 <= regs]
     mr, nv = min(shapes, key=lambda s: (cycles(*s), -s[0] * s[1], -s[0]))
-    return MicroKernel(mr, nv, lanes, max(L1_PANEL // (nv * lanes * itemsize), 8))
+    return MicroKernel(mr, nv, lanes, min(max(PANEL_BYTES // (nv * lanes * itemsize), 8), 1024))
 
 
 def pack_panels(b: np.ndarray, width: int) -> np.ndarray:
@@ -383,12 +384,20 @@ def packed_tile(
             finish(r, v, b.load(acc[r][v]))
 
 
+def linear_scratch(m: int, kk: int) -> int:
+    """Elements of scratch `emit_packed_linear` may need on any target, for m rows of k: the
+    packed rows of A of one cache block (at most L2_BLOCK bytes of float32 plus one row
+    tile of at most 32 rows; kc <= 1024)."""
+    return min(L2_BLOCK // 4 + 32 * 1024, (m + 32) * min(kk, 1024))
+
+
 def emit_packed_linear(
     k: KernelBuilder,
     x: Buf,
     panels: Buf,
     bias: Buf,
     out: Buf,
+    scratch: Buf,
     *,
     m: int,
     n: int,
@@ -398,25 +407,38 @@ def emit_packed_linear(
     """out[i, j] = epilogue(sum_p x[i, p] W[j, p] + bias[j]) with W^T packed at compile time
     (`pack_panels(W.T, NR)`, bias zero-padded to whole panels).
 
-    Blocked for the caches: K in blocks of kc (the panel's kc x NR slice stays in L1 while
-    every row tile of the block passes over it), rows in blocks of mc (mc x kc of x stays in
-    L2 while the panels pass); each K block but the first adds onto the partial sums in
-    `out`, the last adds the bias and applies the epilogue as it stores. Rows past the last
-    whole tile get a tile of their own height, columns past the last whole panel are computed
-    on the zero padding and stored under a mask."""
+    Blocked for the caches: K in blocks of kc (the panel's kc x NR slice stays in L2 while
+    every row tile of the block passes over it), rows in blocks of mc, packed into `scratch`
+    as [tile][p][MR] (mc x kc, in L2) so that a tile's broadcasts read consecutive memory
+    (x's rows are k apart: a power-of-two k puts every row of a tile in one L1 set); each
+    K block but the first adds onto the partial sums in `out`, the last adds the bias and
+    applies the epilogue as it stores. Rows past the last whole tile get a tile of their own
+    height, columns past the last whole panel are computed on the zero padding and stored
+    under a mask."""
     mk = micro_kernel(k.info, k.dtype.itemsize, m, n)
-    b, lanes, nr, kc = k.b, mk.lanes, mk.nr, mk.kc
+    b, lanes, nr, kc, MR = k.b, mk.lanes, mk.nr, min(mk.kc, kk), mk.mr
     vec = ir.VectorType(k.T, lanes)
     zero = ir.Constant(vec, [0.0] * lanes)
     full, tail = divmod(n, nr)
-    m_main = m - m % mk.mr
-    mc = max(L2_BLOCK // (kc * k.dtype.itemsize) // mk.mr, 1) * mk.mr
+    m_main = m - m % MR
+    mc = max(L2_BLOCK // (max(kc, 1) * k.dtype.itemsize) // MR, 1) * MR
+    assert min(mc, -(-m // MR) * MR) * kc <= scratch.size <= linear_scratch(m, kk)
     blocked = kk > kc
 
     def k_block(pc: ir.Value, klen: ir.Value, first: ir.Value | None, last: ir.Value | None):
-        def tile(i0: ir.Value, mr: int, jr: ir.Value, cols: int) -> None:
+        def pack(i_lo: ir.Value, tiles: ir.Value, mr: int) -> None:
+            """x[i_lo + t*MR + r, pc + p] -> scratch[(t * kc + p) * MR + r]."""
+            with k.loop(tiles, "t") as t, k.loop(klen, "p") as p:
+                row = b.add(i_lo, b.mul(t, k.i64(MR)))
+                dst = b.mul(b.add(b.mul(t, k.i64(kc)), p), k.i64(MR))
+                for r in range(mr):
+                    src = b.add(b.mul(b.add(row, k.i64(r)), k.i64(kk)), b.add(pc, p))
+                    k.store(k.load(x, src), scratch, b.add(dst, k.i64(r)))
+
+        def tile(i0: ir.Value, t: ir.Value, mr: int, jr: ir.Value, cols: int) -> None:
             def a_at(r: int, p: ir.Value) -> ir.Value:
-                return k.at(x, b.add(b.mul(b.add(i0, k.i64(r)), k.i64(kk)), b.add(pc, p)))
+                at = b.mul(b.add(b.mul(t, k.i64(kc)), p), k.i64(MR))
+                return k.at(scratch, b.add(at, k.i64(r)))
 
             def b_at(v: int, p: ir.Value) -> ir.Value:
                 row = b.add(b.mul(jr, k.i64(kk * nr)), b.mul(b.add(pc, p), k.i64(nr)))
@@ -444,25 +466,21 @@ def emit_packed_linear(
 
             packed_tile(k, mk, mr, a_at, b_at, klen, start, finish)
 
-        def panels_of(i_lo: ir.Value, i_hi: ir.Value | None, mr: int) -> None:
-            """Every panel over rows [i_lo, i_hi) in tiles of mr (one tile if i_hi is None)."""
+        def row_block(i_lo: ir.Value, tiles: ir.Value, mr: int) -> None:
+            """Rows [i_lo, i_lo + tiles * mr) (mr = MR, or one tile of the remainder)."""
+            pack(i_lo, tiles, mr)
             for j_lo, j_hi, cols in ((0, full, nr), (full, full + (tail > 0), tail)):
-                if j_hi <= j_lo:
-                    continue
-                with k.loop(j_hi, "jr", start=j_lo) as jr:
-                    if i_hi is None:
-                        tile(i_lo, mr, jr, cols)
-                    else:
-                        with k.loop(i_hi, "ir", start=i_lo, step=mr) as i0:
-                            tile(i0, mr, jr, cols)
+                if j_hi > j_lo:
+                    with k.loop(j_hi, "jr", start=j_lo) as jr, k.loop(tiles, "t") as t:
+                        tile(b.add(i_lo, b.mul(t, k.i64(MR))), t, mr, jr, cols)
 
         if m_main:
             with k.loop(m_main, "ic", step=mc) as ic:
-                end = b.add(ic, k.i64(mc))
-                end = b.select(b.icmp_signed("<", end, k.i64(m_main)), end, k.i64(m_main))
-                panels_of(ic, end, mk.mr)
+                rows = b.sub(k.i64(m_main), ic)
+                rows = b.select(b.icmp_signed("<", rows, k.i64(mc)), rows, k.i64(mc))
+                row_block(ic, b.udiv(rows, k.i64(MR)), MR)
         if m_main < m:
-            panels_of(k.i64(m_main), None, m - m_main)
+            row_block(k.i64(m_main), k.i64(1), m - m_main)
 
     if not blocked:
         k_block(k.i64(0), k.i64(kk), None, None)
@@ -482,29 +500,26 @@ def emit_packed_block(
     m: int,
     kk: int,
     a_at: Callable[[ir.Value, int, ir.Value], ir.Value],
-    block: Buf,
+    b_at: Callable[[ir.Value, int, ir.Value], ir.Value],
     panels: ir.Value,
     finish: Callable[[ir.Value, ir.Value, int, ir.Value], None],
     after: Callable[[ir.Value, ir.Value, int], None] | None = None,
 ) -> None:
-    """C = A B over `panels` packed panels of B in `block` ([panels, kk, NR], filled at run
-    time: convolution's patches), full K: for each panel, every tile of MR rows of A (the
-    last one of its own height), A's element (i, p) at `a_at(tile, r, p)`; each finished
-    accumulator goes to finish(row, panel, v, acc), then after(first row, panel, rows)."""
-    b, lanes, nr = k.b, mk.lanes, mk.nr
+    """C = A B over `panels` panels of NR columns of B (filled at run time: convolution's
+    patches), full K: for each panel, every tile of MR rows of A (the last one of its own
+    height), A's element (i, p) at `a_at(tile, r, p)`, vector v of row p of panel j at
+    `b_at(j, v, p)`; each finished accumulator goes to finish(row, panel, v, acc), then
+    after(first row, panel, rows)."""
+    b, lanes = k.b, mk.lanes
     zero = ir.Constant(ir.VectorType(k.T, lanes), [0.0] * lanes)
     whole, rest = divmod(m, mk.mr)
 
     def tile(jp: ir.Value, ib: ir.Value, mr: int) -> None:
-        def b_at(v: int, p: ir.Value) -> ir.Value:
-            row = b.add(b.mul(jp, k.i64(kk * nr)), b.mul(p, k.i64(nr)))
-            return k.at(block, b.add(row, k.i64(v * lanes)))
-
         def done(r: int, v: int, acc: ir.Value) -> None:
             finish(b.add(b.mul(ib, k.i64(mk.mr)), k.i64(r)), jp, v, acc)
 
-        packed_tile(k, mk, mr, lambda r, p: a_at(ib, r, p), b_at, k.i64(kk),
-                    lambda r, v: zero, done)  # fmt: skip
+        packed_tile(k, mk, mr, lambda r, p: a_at(ib, r, p), lambda v, p: b_at(jp, v, p),
+                    k.i64(kk), lambda r, v: zero, done)  # fmt: skip
         if after is not None:
             after(b.mul(ib, k.i64(mk.mr)), jp, mr)
 

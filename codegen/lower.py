@@ -37,6 +37,7 @@ from tlc.codegen.gemm import (
     emit_packed_block,
     emit_packed_linear,
     lane_mask,
+    linear_scratch,
     micro_kernel,
     pack_panels,
     pad_to,
@@ -592,35 +593,55 @@ def _batch_norm_eval(k: KernelBuilder, s: Step) -> None:
 # --------------------------------------------------------------------------------------------
 
 
+#: Panels a linear layer's product must have for the packed broadcast kernel: with fewer,
+#: packing x's rows costs about as much as the product (each row element feeds NV FMAs per
+#: panel), and the dot-product tiles over W's rows are faster (a 64 x 8192 x 10 product:
+#: 73 GFLOP/s against 27 on Zen 4).
+MIN_PANELS = 4
+
+
+def _linear_kernel(info: TargetInfo, itemsize: int, m: int, n: int) -> MicroKernel | None:
+    """The micro-kernel of the packed product for an m x n output, or None for dot tiles."""
+    mk = micro_kernel(info, itemsize, m, n)
+    return mk if -(-n // mk.nr) >= MIN_PANELS else None
+
+
 def _linear_params(node: NodeOp, parents: list[Shape], out: Shape) -> dict[str, ParamSpec]:
-    """weight [out, in] and bias [out]; baked, W^T in the micro-kernel's panels and the bias
-    padded to whole panels."""
+    """weight [out, in] and bias [out]; baked for the packed kernel, W^T in the
+    micro-kernel's panels and the bias padded to whole panels."""
     n, kk = out[-1], parents[0][-1]
     m = numel(parents[0]) // max(kk, 1)
 
-    def width(value: np.ndarray, info: TargetInfo) -> int:
-        return micro_kernel(info, value.dtype.itemsize, m, n).nr
-
     def weight(value: np.ndarray, info: TargetInfo) -> np.ndarray:
-        return pack_panels(value.T, width(value, info))
+        mk = _linear_kernel(info, value.dtype.itemsize, m, n)
+        return value if mk is None else pack_panels(value.T, mk.nr)
 
     def bias(value: np.ndarray, info: TargetInfo) -> np.ndarray:
-        return pad_to(value, -(-n // width(value, info)) * width(value, info))
+        mk = _linear_kernel(info, value.dtype.itemsize, m, n)
+        return value if mk is None else pad_to(value, -(-n // mk.nr) * mk.nr)
 
     return {"weight": ParamSpec((n, kk), pack=weight), "bias": ParamSpec((n,), 0.0, pack=bias)}
 
 
-@register(ops.LinearOp, params=_linear_params, fuses=True)
+def _linear_scratch(node: NodeOp, parents: list[Shape], out: Shape) -> int:
+    """The packed rows of x of one cache block (`emit_packed_linear`)."""
+    kk = parents[0][-1]
+    return linear_scratch(numel(parents[0]) // max(kk, 1), kk)
+
+
+@register(ops.LinearOp, params=_linear_params, scratch=_linear_scratch, fuses=True)
 def _linear(k: KernelBuilder, s: Step) -> None:
-    """y[m, :] = W x[m, :] + b for every leading index m. Baked weights: the packed,
-    cache-blocked broadcast kernel (`emit_packed_linear`) with the bias and a fused epilogue
-    applied as it stores; a runtime payload (row-major W): register-tiled dot products."""
+    """y[m, :] = W x[m, :] + b for every leading index m. Baked weights of a wide enough
+    layer: the packed, cache-blocked broadcast kernel (`emit_packed_linear`) with the bias
+    and a fused epilogue applied as it stores; otherwise (a runtime payload: row-major W,
+    or few output columns): register-tiled dot products."""
     x, out = s.args[0], s.out
     n_out, n_in = out.shape[-1], x.shape[-1]
     m = x.size // max(n_in, 1)
-    if s.packed:
-        emit_packed_linear(k, x, s.params["weight"], s.params["bias"], out, m=m, n=n_out,
-                           kk=n_in, epilogue=epilogue(k, s))  # fmt: skip
+    if s.packed and _linear_kernel(k.info, k.dtype.itemsize, m, n_out) is not None:
+        assert s.scratch is not None
+        emit_packed_linear(k, x, s.params["weight"], s.params["bias"], out, s.scratch, m=m,
+                           n=n_out, kk=n_in, epilogue=epilogue(k, s))  # fmt: skip
         return
     emit_dot_tiles(k, x, s.params["weight"], out, m=m, n=n_out, kk=n_in, bias=s.params["bias"])
     apply_epilogue(k, s)
@@ -960,6 +981,19 @@ class ConvFrame:
         at = b.mul(k.linear_index(phase, strides(w.stride)), k.i64(numel(self.extents)))
         return b.add(src, at, flags=NSW)
 
+    def tap_table(self) -> np.ndarray:
+        """`tap_offset` of every patch row (input channel, tap) at compile time, as i32."""
+        w = self.window
+        taps = np.stack(np.unravel_index(np.arange(w.taps), w.kernel), axis=1)
+        off = taps * np.array(w.dilation)
+        stride = np.array(w.stride)
+        phase = (off % stride) @ np.array(strides(w.stride), dtype=np.int64)
+        shift = (off // stride) @ np.array(strides(self.extents), dtype=np.int64)
+        per_tap = phase * numel(self.extents) + shift
+        table = (np.arange(self.cin_g)[:, None] * self.plane + per_tap[None, :]).reshape(-1)
+        assert table.max(initial=0) < 2**31, "patch offsets fit in 32 bits"
+        return table.astype(np.int32)
+
     def im2col(self, k: KernelBuilder, x_block: Buf, patches: Buf, staging: ir.Value) -> None:
         """Gather the shifted input planes into the patch matrix.
 
@@ -1085,9 +1119,12 @@ def _conv(k: KernelBuilder, s: Step) -> None:
     staging = Buf(k.at(s.scratch, (plan.columns + MAX_PANEL) * f.depth),
                   (plan.images * f.cin_g * f.staged_plane,))  # fmt: skip
     image = f.cin_g * f.plane if f.staged else f.cin * f.in_plane
-    chunk = math.gcd(f.window.out_sp[-1], mk.nr)
-    bases = _column_bases(f, plan.images, nc, chunk, image)
-    table = k.global_constant("columns", bases, I32)
+    # Output rows of whole vectors: each vector of a panel's columns is contiguous in the
+    # planes read, and the tiles load it there (no packing); else runs of `chunk` columns.
+    direct = f.window.out_sp[-1] % mk.lanes == 0
+    chunk = mk.lanes if direct else math.gcd(f.window.out_sp[-1], mk.nr)
+    table = k.global_constant("columns", _column_bases(f, plan.images, nc, chunk, image), I32)
+    taps = k.global_constant("taps", f.tap_table(), I32)
     w, bias = s.params["weight"], s.params["bias"]
     tiles_m = -(-f.cout_g // mk.mr)
     fn = epilogue(k, s)
@@ -1125,7 +1162,16 @@ def _conv(k: KernelBuilder, s: Step) -> None:
             rest = b.sub(valid, c0)
             cols = b.select(b.icmp_signed("<", rest, k.i64(nc)), rest, k.i64(nc))
             panels = b.udiv(b.add(cols, k.i64(mk.nr - 1)), k.i64(mk.nr))
-            _pack_patches(k, f, mk, block, source, table, c0, panels, valid, chunk)
+            if not direct:
+                _pack_patches(k, f, mk, block, source, table, taps, c0, panels, valid, chunk)
+
+            def b_at(jp: ir.Value, v: int, p: ir.Value) -> ir.Value:
+                if not direct:
+                    row = b.add(b.mul(jp, k.i64(f.depth * mk.nr)), b.mul(p, k.i64(mk.nr)))
+                    return k.at(block, b.add(row, k.i64(v * mk.lanes)))
+                col = b.add(c0, b.add(b.mul(jp, k.i64(mk.nr)), k.i64(v * mk.lanes)))
+                offset = b.sext(b.load(b.gep(taps, [p], inbounds=True)), ir.IntType(64))
+                return k.at(source, b.add(_column_start(k, table, col, chunk, valid), offset))
 
             def column(jp: ir.Value, v: ir.Value) -> ir.Value:
                 return b.add(c0, b.add(b.mul(jp, k.i64(mk.nr)), b.mul(v, k.i64(mk.lanes))))
@@ -1149,7 +1195,7 @@ def _conv(k: KernelBuilder, s: Step) -> None:
                     channel = b.add(b.mul(g, k.i64(f.cout_g)), b.add(row, r))
                     _store_columns(k, f, out, value, b0, channel, column(jp, v), valid)
 
-            emit_packed_block(k, mk, m=f.cout_g, kk=f.depth, a_at=a_at, block=block,
+            emit_packed_block(k, mk, m=f.cout_g, kk=f.depth, a_at=a_at, b_at=b_at,
                               panels=panels, finish=finish,
                               after=None if aligned else after)  # fmt: skip
 
@@ -1175,33 +1221,40 @@ def _pack_patches(
     block: Buf,
     source: Buf,
     table: ir.Value,
+    taps: ir.Value,
     c0: ir.Value,
     panels: ir.Value,
     valid: ir.Value,
     chunk: int,
 ) -> None:
     """Gather columns [c0, c0 + panels * NR) of the patch matrix into `panels` panels [depth,
-    NR]: row p = (input channel, tap), as in W. Each panel's columns are NR / chunk runs of
-    `chunk` consecutive input elements (one `copy_run` each per row); columns past `valid`
-    read the group's first elements (their results are never stored)."""
+    NR]: row p = (input channel, tap), as in W, reads `taps[p]` (`ConvFrame.tap_table`)
+    further on than row 0. Each panel's columns are NR / chunk runs of `chunk` consecutive
+    input elements (one `copy_run` each per row); columns past `valid` read the group's
+    first elements (their results are never stored)."""
     b, nr = k.b, mk.nr
     with k.loop(panels, "jp") as jp:
         first = b.add(c0, b.mul(jp, k.i64(nr)))
-        starts = []
-        for q in range(nr // chunk):
-            column = b.add(first, k.i64(q * chunk))
-            entry = b.load(b.gep(table, [b.udiv(column, k.i64(chunk))], inbounds=True))
-            inside = b.icmp_signed("<", column, valid)
-            starts.append(b.select(inside, b.sext(entry, ir.IntType(64)), k.i64(0)))
+        starts = [_column_start(k, table, b.add(first, k.i64(q * chunk)), chunk, valid)
+                  for q in range(nr // chunk)]  # fmt: skip
         panel = b.mul(jp, k.i64(f.depth * nr))
-        with k.loop(f.cin_g, "ic") as ic, k.nest(f.window.kernel, "tap") as position:
-            offset = f.tap_offset(k, ic, position)
-            row = b.add(b.mul(ic, k.i64(f.window.taps)),
-                        k.linear_index(position, strides(f.window.kernel)))  # fmt: skip
+        with k.loop(f.depth, "row") as row:
+            offset = b.sext(b.load(b.gep(taps, [row], inbounds=True)), ir.IntType(64))
             dst = b.add(panel, b.mul(row, k.i64(nr)))
             for q, start in enumerate(starts):
                 k.copy_run(block, b.add(dst, k.i64(q * chunk)), source,
                            b.add(start, offset), chunk)  # fmt: skip
+
+
+def _column_start(
+    k: KernelBuilder, table: ir.Value, column: ir.Value, chunk: int, valid: ir.Value
+) -> ir.Value:
+    """Where column `column`'s patch starts (`_column_bases`, for chunks of `chunk`
+    columns); 0, the group's first element, past `valid`."""
+    b = k.b
+    entry = b.load(b.gep(table, [b.udiv(column, k.i64(chunk))], inbounds=True))
+    inside = b.icmp_signed("<", column, valid)
+    return b.select(inside, b.sext(entry, ir.IntType(64)), k.i64(0))
 
 
 def _plane_offset(
