@@ -1182,9 +1182,12 @@ def _conv(k: KernelBuilder, s: Step) -> None:
                 if fn is not None:
                     value = fn(value)
                 if aligned:
-                    with b.if_then(b.icmp_signed("<", column(jp, k.i64(v)), valid)):
-                        at = _plane_offset(k, f, b0, channel, column(jp, k.i64(v)))
+                    at = _plane_offset(k, f, b0, channel, column(jp, k.i64(v)))
+                    if P % mk.nr == 0:  # every panel is whole: no column past `valid`
                         store_vector(k, value, k.at(out, at), mk.lanes)
+                    else:
+                        with b.if_then(b.icmp_signed("<", column(jp, k.i64(v)), valid)):
+                            store_vector(k, value, k.at(out, at), mk.lanes)
                 else:  # stored by `after`, once per tile
                     slot = b.add(b.mul(b.urem(oc, k.i64(mk.mr)), k.i64(mk.nv)), k.i64(v))
                     b.store(value, b.gep(tile, [k.i64(0), slot], inbounds=True))
