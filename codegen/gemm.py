@@ -237,8 +237,10 @@ PANEL_BYTES = 128 * 1024
 #: Bytes of the packed rows of A (mc x kc) that stay in L2 while the panels pass by.
 L2_BLOCK = 512 * 1024
 #: The issue model the micro-kernel is chosen by: vector FMAs and loads a core starts per
-#: cycle, and the FMA latency (each accumulator takes one FMA per step along k).
-FMA_PER_CYCLE, LOADS_PER_CYCLE, FMA_LATENCY = 2, 2, 4
+#: cycle, and the cycles a step along k takes at least (each accumulator takes one FMA per
+#: step: the FMA latency of 4, plus one cycle of slack, as a tile that only just covers the
+#: latency stalls on any delay).
+FMA_PER_CYCLE, LOADS_PER_CYCLE, MIN_STEP = 2, 2, 5
 
 #: A vector -> vector map applied to the finished tile before it is stored (a fused relu).
 Epilogue = Callable[[ir.Value], ir.Value]
@@ -261,22 +263,31 @@ class MicroKernel:
         return self.nv * self.lanes
 
 
+def _reserved(nv: int) -> int:
+    """Vector registers a tile of NV vectors of columns needs beside its accumulators: the NV
+    loaded vectors and a broadcast; with a single vector, LLVM's unrolled loop keeps several
+    broadcasts live (tiles of 10 or more rows spilled on 16 registers), so 7."""
+    return nv + 1 if nv > 1 else 7
+
+
 def micro_kernel(info: TargetInfo, itemsize: int, m: int, n: int) -> MicroKernel:
-    """The tile for an m x n product on the target. Every MR x NV whose MR*NV + NV + 1
-    vectors fit the target's registers (16 on AVX2/SSE, 32 on AVX-512) is scored by the
+    """The tile for an m x n product on the target. Every MR x NV whose MR*NV accumulators
+    and `_reserved` registers fit the target's (16 on AVX2/SSE, 32 on AVX-512) is scored by the
     cycles its tiles take per step along k to cover m x n (rows and columns past the edge
-    included): max(FMAs / FMA_PER_CYCLE, loads / LOADS_PER_CYCLE, FMA_LATENCY) per tile; ties
-    go to more accumulators, then more rows. 6 x 2 vectors (6x16 f32) on AVX2 and 8 x 2
-    vectors (8x32) on AVX-512 for the wide layers; a single row (batch 1) gets 4 vectors."""
+    included): max(FMAs / FMA_PER_CYCLE, loads / LOADS_PER_CYCLE, MIN_STEP) per tile; ties
+    go to fewer rows past the edge, more accumulators, then more rows. For the wide layers
+    that is 6 x 2 vectors (6x16 f32) or 4 x 3 on AVX2 and 8 x 2 vectors (8x32) on AVX-512;
+    a single row (batch 1) gets 4 vectors."""
     lanes = max(info.vector_bytes // itemsize, 1)
     regs = info.vector_registers
 
     def cycles(mr: int, nv: int) -> float:
-        per_step = max(mr * nv / FMA_PER_CYCLE, (mr + nv) / LOADS_PER_CYCLE, FMA_LATENCY)
+        per_step = max(mr * nv / FMA_PER_CYCLE, (mr + nv) / LOADS_PER_CYCLE, MIN_STEP)
         return math.ceil(m / mr) * math.ceil(n / (nv * lanes)) * per_step
 
-    shapes = [(mr, nv) for nv in range(1, 5) for mr in range(1, regs) if mr * nv + nv + 1 <= regs]
-    mr, nv = min(shapes, key=lambda s: (cycles(*s), -s[0] * s[1], -s[0]))
+    shapes = [(mr, nv) for nv in range(1, 5) for mr in range(1, regs)
+              if mr * nv + _reserved(nv) <= regs]  # fmt: skip
+    mr, nv = min(shapes, key=lambda s: (cycles(*s), -(-m // s[0]) * s[0], -s[0] * s[1], -s[0]))
     return MicroKernel(mr, nv, lanes, min(max(PANEL_BYTES // (nv * lanes * itemsize), 8), 1024))
 
 
