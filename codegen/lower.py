@@ -38,6 +38,7 @@ from tlc.codegen.gemm import (
     emit_packed_linear,
     lane_mask,
     linear_scratch,
+    load_vector,
     micro_kernel,
     pack_panels,
     pad_to,
@@ -903,8 +904,8 @@ class ConvFrame:
         padded position p = i + padding, phase p % stride, element p // stride. Leading axes
         loop over input rows; along the last axis the elements whose every phase is inside
         the input are a loop of constant bounds reading `stride` consecutive inputs per step
-        (a contiguous copy, or a de-interleave LLVM vectorises with shuffles), the few at the
-        edges are emitted one by one."""
+        (a contiguous copy, or a de-interleave of whole vectors by shuffles, the last one
+        masked), the few at the edges are emitted one by one."""
         w, b = self.window, k.b
         phase_block = [step * numel(w.phases) for step in strides(w.stride)]
         element_steps = strides(w.phases)
@@ -929,25 +930,24 @@ class ConvFrame:
                 # A vector of lanes * st consecutive inputs per step, de-interleaved into one
                 # vector per phase by shuffles (LLVM leaves the strided scalar loop scalar).
                 lanes = max(k.info.vector_bytes // k.dtype.itemsize, 1)
-                wide, vec = ir.VectorType(k.T, lanes * st), ir.VectorType(k.T, lanes)
+                wide = ir.VectorType(k.T, lanes * st)
                 whole = first + (end - first) // lanes * lanes
-                with k.loop(whole, "e", start=first, step=lanes) as e:
+
+                def split(e: ir.Value, count: int) -> None:
+                    """Elements e.. (`count` of them) of every phase from count * st inputs."""
                     at = b.add(src, b.sub(b.mul(e, k.i64(st), flags=NSW), k.i64(pad)), flags=NSW)
-                    ptr = b.bitcast(k.at(x_block, at), wide.as_pointer())
-                    inputs = b.load(ptr, align=k.dtype.itemsize)
+                    inputs = load_vector(k, wide, k.at(x_block, at), count * st)
                     for r in range(st):
                         mask = ir.Constant(ir.VectorType(I32, lanes),
                                            [r + st * j for j in range(lanes)])  # fmt: skip
                         phase = b.shuffle_vector(inputs, ir.Constant(wide, ir.Undefined), mask)
                         to = b.add(b.add(dst, k.i64(r * phase_block[-1]), flags=NSW), e)
-                        b.store(phase, b.bitcast(k.at(staged, to), vec.as_pointer()),
-                                align=k.dtype.itemsize)  # fmt: skip
-                with k.loop(end, "e", start=whole) as e:
-                    at = b.add(src, b.sub(b.mul(e, k.i64(st), flags=NSW), k.i64(pad)), flags=NSW)
-                    for r in range(st):
-                        to = b.add(dst, k.i64(r * phase_block[-1]), flags=NSW)
-                        value = k.load(x_block, b.add(at, k.i64(r), flags=NSW))
-                        k.store(value, staged, b.add(to, e, flags=NSW))
+                        store_vector(k, phase, k.at(staged, to), count)
+
+                with k.loop(whole, "e", start=first, step=lanes) as e:
+                    split(e, lanes)
+                if end > whole:  # the rest in one masked step
+                    split(k.i64(whole), end - whole)
             for edge in [*range(min(first, length)), *range(end, length)]:
                 for r in range(st):
                     if 0 <= edge * st + r - pad < size:
