@@ -509,30 +509,64 @@ def emit_packed_block(
     mk: MicroKernel,
     *,
     m: int,
-    kk: int,
+    klen: ir.Value,
     a_at: Callable[[ir.Value, int, ir.Value], ir.Value],
     b_at: Callable[[ir.Value, int, ir.Value], ir.Value],
     panels: ir.Value,
     finish: Callable[[ir.Value, ir.Value, int, ir.Value], None],
     after: Callable[[ir.Value, ir.Value, int], None] | None = None,
+    partial: Callable[[ir.Value, ir.Value, int], ir.Value] | None = None,
+    first: ir.Value | None = None,
+    last: ir.Value | None = None,
 ) -> None:
     """C = A B over `panels` panels of NR columns of B (filled at run time: convolution's
-    patches), full K: for each panel, every tile of MR rows of A (the last one of its own
-    height), A's element (i, p) at `a_at(tile, r, p)`, vector v of row p of panel j at
-    `b_at(j, v, p)`; each finished accumulator goes to finish(row, panel, v, acc), then
-    after(first row, panel, rows)."""
+    patches), `klen` steps along k: for each panel, every tile of MR rows of A (the last one
+    of its own height), A's element (i, p) at `a_at(tile, r, p)`, vector v of row p of panel
+    j at `b_at(j, v, p)`; each finished accumulator goes to finish(row, panel, v, acc), then
+    after(first row, panel, rows). With `partial` (the address of a vector of partial sums
+    per row, panel and v), this is one K block: the tiles start from the partial sums unless
+    `first`, keep them there, and are finished only when `last`."""
     b, lanes = k.b, mk.lanes
-    zero = ir.Constant(ir.VectorType(k.T, lanes), [0.0] * lanes)
+    vec = ir.VectorType(k.T, lanes)
+    zero = ir.Constant(vec, [0.0] * lanes)
     whole, rest = divmod(m, mk.mr)
 
     def tile(jp: ir.Value, ib: ir.Value, mr: int) -> None:
-        def done(r: int, v: int, acc: ir.Value) -> None:
-            finish(b.add(b.mul(ib, k.i64(mk.mr)), k.i64(r)), jp, v, acc)
+        def row(r: int) -> ir.Value:
+            return b.add(b.mul(ib, k.i64(mk.mr)), k.i64(r))
 
-        packed_tile(k, mk, mr, lambda r, p: a_at(ib, r, p), lambda v, p: b_at(jp, v, p),
-                    k.i64(kk), lambda r, v: zero, done)  # fmt: skip
-        if after is not None:
-            after(b.mul(ib, k.i64(mk.mr)), jp, mr)
+        def done(r: int, v: int, acc: ir.Value) -> None:
+            finish(row(r), jp, v, acc)
+
+        def a(r: int, p: ir.Value) -> ir.Value:
+            return a_at(ib, r, p)
+
+        def bv(v: int, p: ir.Value) -> ir.Value:
+            return b_at(jp, v, p)
+
+        if partial is None:
+            packed_tile(k, mk, mr, a, bv, klen, lambda r, v: zero, done)
+            if after is not None:
+                after(row(0), jp, mr)
+            return
+        assert first is not None and last is not None
+
+        def held(r: int, v: int) -> ir.Value:
+            return b.bitcast(partial(row(r), jp, v), vec.as_pointer())
+
+        def start(r: int, v: int) -> ir.Value:
+            return b.select(first, zero, b.load(held(r, v), align=k.dtype.itemsize))
+
+        def keep(r: int, v: int, acc: ir.Value) -> None:
+            b.store(acc, held(r, v), align=k.dtype.itemsize)
+
+        packed_tile(k, mk, mr, a, bv, klen, start, keep)
+        with b.if_then(last):
+            for r in range(mr):
+                for v in range(mk.nv):
+                    done(r, v, b.load(held(r, v), align=k.dtype.itemsize))
+            if after is not None:
+                after(row(0), jp, mr)
 
     with k.loop(panels, "jp") as jp:
         if whole:

@@ -1038,6 +1038,11 @@ class ConvFrame:
 PACK_BLOCK = 256 * 1024
 #: The widest panel any target's micro-kernel uses (4 vectors of 16 lanes).
 MAX_PANEL = 64
+#: Steps along k of one K block of a convolution's product: longer products (deep layers,
+#: 3x3 over 256 channels = 2304) keep partial sums of the block's columns in scratch, so the
+#: weights' K slice (cout x 256, in L2) is read once per block of columns instead of once
+#: per panel.
+CONV_KC = 256
 
 
 @dataclass(frozen=True)
@@ -1052,9 +1057,15 @@ class ConvPlan:
 
     @staticmethod
     def of(f: ConvFrame, itemsize: int) -> ConvPlan:
-        target = max(PACK_BLOCK // max(f.depth * itemsize, 1), 1)
+        """Blocks of PACK_BLOCK bytes of one K block of patches (CONV_KC rows at most)."""
+        target = max(PACK_BLOCK // max(min(f.depth, CONV_KC) * itemsize, 1), 1)
         images = min(max(target // max(f.positions, 1), 1), max(f.lead, 1))
         return ConvPlan(images, min(images * f.positions, target))
+
+    def partials(self, f: ConvFrame) -> int:
+        """Elements of partial sums a block of columns keeps when K is blocked (rows padded to
+        a whole tile of at most 32), else 0."""
+        return (self.columns + MAX_PANEL) * (f.cout_g + 32) if f.depth > CONV_KC else 0
 
 
 def _depthwise(f: ConvFrame) -> bool:
@@ -1069,7 +1080,8 @@ def _conv_scratch(node: NodeOp, parents: list[Shape], out: Shape) -> int:
     if _depthwise(f):
         return f.staged_plane
     plan = ConvPlan.of(f, 8)
-    return (plan.columns + MAX_PANEL) * f.depth + plan.images * f.cin_g * f.staged_plane
+    staging = plan.images * f.cin_g * f.staged_plane
+    return (plan.columns + MAX_PANEL) * f.depth + staging + plan.partials(f)
 
 
 def _conv_mk(info: TargetInfo, itemsize: int, f: ConvFrame) -> MicroKernel:
@@ -1118,6 +1130,8 @@ def _conv(k: KernelBuilder, s: Step) -> None:
     block = Buf(s.scratch.ptr, (nc * f.depth,))
     staging = Buf(k.at(s.scratch, (plan.columns + MAX_PANEL) * f.depth),
                   (plan.images * f.cin_g * f.staged_plane,))  # fmt: skip
+    sums = Buf(k.at(staging, staging.size), (plan.partials(f),))
+    kc = min(f.depth, CONV_KC)
     image = f.cin_g * f.plane if f.staged else f.cin * f.in_plane
     # Output rows of whole vectors: each vector of a panel's columns is contiguous in the
     # planes read, and the tiles load it there (no packing); else runs of `chunk` columns.
@@ -1151,6 +1165,7 @@ def _conv(k: KernelBuilder, s: Step) -> None:
             source = Buf(k.at(x, b.mul(first, k.i64(f.in_plane))), (f.lead * image,))
 
         def a_at(ib: ir.Value, r: int, p: ir.Value) -> ir.Value:
+            p = b.add(pc, p)
             if s.packed:
                 tile = b.add(b.mul(g, k.i64(tiles_m)), ib)
                 at = b.add(b.mul(tile, k.i64(f.depth * mk.mr)), b.mul(p, k.i64(mk.mr)))
@@ -1166,6 +1181,7 @@ def _conv(k: KernelBuilder, s: Step) -> None:
                 _pack_patches(k, f, mk, block, source, table, taps, c0, panels, valid, chunk)
 
             def b_at(jp: ir.Value, v: int, p: ir.Value) -> ir.Value:
+                p = b.add(pc, p)
                 if not direct:
                     row = b.add(b.mul(jp, k.i64(f.depth * mk.nr)), b.mul(p, k.i64(mk.nr)))
                     return k.at(block, b.add(row, k.i64(v * mk.lanes)))
@@ -1198,9 +1214,21 @@ def _conv(k: KernelBuilder, s: Step) -> None:
                     channel = b.add(b.mul(g, k.i64(f.cout_g)), b.add(row, r))
                     _store_columns(k, f, out, value, b0, channel, column(jp, v), valid)
 
-            emit_packed_block(k, mk, m=f.cout_g, kk=f.depth, a_at=a_at, b_at=b_at,
-                              panels=panels, finish=finish,
-                              after=None if aligned else after)  # fmt: skip
+            def partial(row: ir.Value, jp: ir.Value, v: int) -> ir.Value:
+                at = b.mul(b.add(b.mul(jp, k.i64(tiles_m * mk.mr)), row), k.i64(mk.nr))
+                return k.at(sums, b.add(at, k.i64(v * mk.lanes)))
+
+            blocked = f.depth > kc
+            with k.loop(f.depth, "pc", step=kc) as pc:
+                left_k = b.sub(k.i64(f.depth), pc)
+                emit_packed_block(
+                    k, mk, m=f.cout_g,
+                    klen=b.select(b.icmp_signed("<", left_k, k.i64(kc)), left_k, k.i64(kc)),
+                    a_at=a_at, b_at=b_at, panels=panels, finish=finish,
+                    after=None if aligned else after, partial=partial if blocked else None,
+                    first=b.icmp_signed("==", pc, k.i64(0)),
+                    last=b.icmp_signed("<=", left_k, k.i64(kc)),
+                )  # fmt: skip
 
 
 def _column_bases(f: ConvFrame, images: int, nc: int, chunk: int, image: int) -> np.ndarray:

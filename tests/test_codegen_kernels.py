@@ -63,6 +63,10 @@ GRAPHS = {
         conv([2, 4, 16, 16], "kernel = [3, 3], padding = [1, 1]", 4, 12),
         {"weight": (12, 4, 3, 3), "bias": (12,)},
     ),  # fmt: skip
+    # K = 32 * 9 = 288: two K blocks of the convolution's product (partial sums kept), with
+    # 7x7 output planes and a remainder row tile.
+    "conv_deep": (conv([2, 32, 7, 7], "kernel = [3, 3], padding = [1, 1]", 32, 20),
+                  {"weight": (20, 32, 3, 3), "bias": (20,)}),  # fmt: skip
     # Depthwise (one input channel per group, two outputs each), strided and padded.
     "depthwise": (
         conv(
