@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cache
 
 import numpy as np
 from llvmlite import ir
@@ -270,6 +271,7 @@ def _reserved(nv: int) -> int:
     return nv + 1 if nv > 1 else 7
 
 
+@cache
 def micro_kernel(info: TargetInfo, itemsize: int, m: int, n: int) -> MicroKernel:
     """The tile for an m x n product on the target. Every MR x NV whose MR*NV accumulators
     and `_reserved` registers fit the target's (16 on AVX2/SSE, 32 on AVX-512) is scored by the

@@ -170,9 +170,10 @@ def fusions(graph: GraphOp, out_node: NodeOp) -> dict[int, NodeOp]:
     """Producer id -> the elementwise node fused into its stores: a node whose rule `fuses`,
     that is not the output and whose value has exactly one user, an `EPILOGUES` op reading
     nothing else (a linear or convolution followed by relu)."""
+    parents = {node.id: node.parent_ids() for node in graph.nodes}
     users: dict[int, list[NodeOp]] = {}
     for node in graph.nodes:
-        for parent in node.parent_ids():
+        for parent in parents[node.id]:
             users.setdefault(parent, []).append(node)
     fused = {}
     for node in graph.nodes:
@@ -182,7 +183,7 @@ def fusions(graph: GraphOp, out_node: NodeOp) -> dict[int, NodeOp]:
             and node is not out_node
             and len(after) == 1
             and type(after[0]) in EPILOGUES
-            and after[0].parent_ids() == [node.id]
+            and parents[after[0].id] == [node.id]
         ):
             fused[node.id] = after[0]
     return fused
