@@ -1038,6 +1038,9 @@ class ConvFrame:
 PACK_BLOCK = 256 * 1024
 #: The widest panel any target's micro-kernel uses (4 vectors of 16 lanes).
 MAX_PANEL = 64
+#: Columns a group of images reaches for when its output planes leave a partial panel, and
+#: the bytes of staged input planes it may hold for that (`ConvPlan.of`).
+GROUP_COLUMNS, STAGE_BLOCK = 1024, 1024 * 1024
 #: Steps along k of one K block of a convolution's product: longer products (deep layers,
 #: 3x3 over 256 channels = 2304) keep partial sums of the block's columns in scratch, so the
 #: weights' K slice (cout x 256, in L2) is read once per block of columns instead of once
@@ -1057,9 +1060,18 @@ class ConvPlan:
 
     @staticmethod
     def of(f: ConvFrame, itemsize: int) -> ConvPlan:
-        """Blocks of PACK_BLOCK bytes of one K block of patches (CONV_KC rows at most)."""
+        """Blocks of PACK_BLOCK bytes of one K block of patches (CONV_KC rows at most). When
+        an output plane is not a whole number of the widest panels, a group's last panel is
+        partly padding, so groups take images up to GROUP_COLUMNS columns (staging at most
+        STAGE_BLOCK bytes of planes): 7x7 planes, 49 columns, one image per group computed
+        64 columns for 49."""
         target = max(PACK_BLOCK // max(min(f.depth, CONV_KC) * itemsize, 1), 1)
-        images = min(max(target // max(f.positions, 1), 1), max(f.lead, 1))
+        P = max(f.positions, 1)
+        images = max(target // P, 1)
+        if P % MAX_PANEL:
+            staged = STAGE_BLOCK // max(f.cin_g * f.staged_plane * itemsize, 1)
+            images = max(images, min(-(-GROUP_COLUMNS // P), staged or 1))
+        images = min(images, max(f.lead, 1))
         return ConvPlan(images, min(images * f.positions, target))
 
     def partials(self, f: ConvFrame) -> int:
