@@ -48,32 +48,34 @@ GRAPHS = {
         "  %2 = relu(%1) : [37, 133]\n  output %2\n}\n",
         {"weight": (133, 1100), "bias": (133,)},
     ),
-    # 7x7 output planes over a batch of 3: stores straddle two images; padded input.
+    # 7x7 output planes over a batch of 3: stores straddle two images; the input read as it is.
     "conv_7x7": (
         conv([3, 5, 9, 9], "kernel = [3, 3], padding = [0, 0]", 5, 20),
         {"weight": (20, 5, 3, 3), "bias": (20,)},
-    ),  # fmt: skip
+    ),
     # 2x2 output planes (fewer columns than lanes) of a strided, padded convolution.
     "conv_small": (
         conv([5, 3, 4, 4], "kernel = [3, 3], stride = [2, 2], padding = [1, 1]", 3, 9),
         {"weight": (9, 3, 3, 3), "bias": (9,)},
-    ),  # fmt: skip
+    ),
     # 16-wide output rows: the tiles read the staged input directly (no packing).
     "conv_direct": (
         conv([2, 4, 16, 16], "kernel = [3, 3], padding = [1, 1]", 4, 12),
         {"weight": (12, 4, 3, 3), "bias": (12,)},
-    ),  # fmt: skip
+    ),
     # K = 32 * 9 = 288: two K blocks of the convolution's product (partial sums kept), with
     # 7x7 output planes and a remainder row tile.
-    "conv_deep": (conv([2, 32, 7, 7], "kernel = [3, 3], padding = [1, 1]", 32, 20),
-                  {"weight": (20, 32, 3, 3), "bias": (20,)}),  # fmt: skip
+    "conv_deep": (
+        conv([2, 32, 7, 7], "kernel = [3, 3], padding = [1, 1]", 32, 20),
+        {"weight": (20, 32, 3, 3), "bias": (20,)},
+    ),
     # Depthwise (one input channel per group, two outputs each), strided and padded.
     "depthwise": (
         conv(
             [2, 6, 11, 13], "kernel = [3, 3], stride = [2, 2], padding = [1, 1], groups = 6", 6, 12
         ),
         {"weight": (12, 1, 3, 3), "bias": (12,)},
-    ),  # fmt: skip
+    ),
 }
 
 
