@@ -601,24 +601,25 @@ def _batch_norm_eval(k: KernelBuilder, s: Step) -> None:
 MIN_PANELS = 4
 
 
-def _linear_kernel(info: TargetInfo, itemsize: int, m: int, n: int) -> MicroKernel | None:
-    """The micro-kernel of the packed product for an m x n output, or None for dot tiles."""
+def _linear_kernel(info: TargetInfo, itemsize: int, m: int, n: int, kk: int) -> MicroKernel | None:
+    """The micro-kernel of the packed product for an m x kk by kk x n product, or None for
+    dot tiles (also with no input features: the result is the bias)."""
     mk = micro_kernel(info, itemsize, m, n)
-    return mk if -(-n // mk.nr) >= MIN_PANELS else None
+    return mk if -(-n // mk.nr) >= MIN_PANELS and kk > 0 else None
 
 
 def _linear_params(node: NodeOp, parents: list[Shape], out: Shape) -> dict[str, ParamSpec]:
     """weight [out, in] and bias [out]; baked for the packed kernel, W^T in the
     micro-kernel's panels and the bias padded to whole panels."""
     n, kk = out[-1], parents[0][-1]
-    m = numel(parents[0]) // max(kk, 1)
+    m = numel(parents[0][:-1])
 
     def weight(value: np.ndarray, info: TargetInfo) -> np.ndarray:
-        mk = _linear_kernel(info, value.dtype.itemsize, m, n)
+        mk = _linear_kernel(info, value.dtype.itemsize, m, n, kk)
         return value if mk is None else pack_panels(value.T, mk.nr)
 
     def bias(value: np.ndarray, info: TargetInfo) -> np.ndarray:
-        mk = _linear_kernel(info, value.dtype.itemsize, m, n)
+        mk = _linear_kernel(info, value.dtype.itemsize, m, n, kk)
         return value if mk is None else pad_to(value, -(-n // mk.nr) * mk.nr)
 
     return {"weight": ParamSpec((n, kk), pack=weight), "bias": ParamSpec((n,), 0.0, pack=bias)}
@@ -626,8 +627,7 @@ def _linear_params(node: NodeOp, parents: list[Shape], out: Shape) -> dict[str, 
 
 def _linear_scratch(node: NodeOp, parents: list[Shape], out: Shape) -> int:
     """The packed rows of x of one cache block (`emit_packed_linear`)."""
-    kk = parents[0][-1]
-    return linear_scratch(numel(parents[0]) // max(kk, 1), kk)
+    return linear_scratch(numel(parents[0][:-1]), parents[0][-1])
 
 
 @register(ops.LinearOp, params=_linear_params, scratch=_linear_scratch, fuses=True)
@@ -638,8 +638,8 @@ def _linear(k: KernelBuilder, s: Step) -> None:
     or few output columns): register-tiled dot products."""
     x, out = s.args[0], s.out
     n_out, n_in = out.shape[-1], x.shape[-1]
-    m = x.size // max(n_in, 1)
-    if s.packed and _linear_kernel(k.info, k.dtype.itemsize, m, n_out) is not None:
+    m = numel(x.shape[:-1])  # rows: also with no input features (the result is the bias)
+    if s.packed and _linear_kernel(k.info, k.dtype.itemsize, m, n_out, n_in) is not None:
         assert s.scratch is not None
         emit_packed_linear(k, x, s.params["weight"], s.params["bias"], out, s.scratch, m=m,
                            n=n_out, kk=n_in, epilogue=epilogue(k, s))  # fmt: skip

@@ -184,3 +184,13 @@ def test_relu_with_a_second_user_is_not_fused() -> None:
     x = rng.normal(size=(8, 300)).astype(np.float32)
     expected = interpret(graph, payload, x, np.float32).output
     close(compile_graph(graph, payload, np.float32)(x), expected, np.float32)
+
+
+@pytest.mark.parametrize("n", [10, 300])
+def test_a_linear_without_input_features_is_its_bias(n: int) -> None:
+    """k = 0 (dot tiles for any width): every row is the bias, exactly."""
+    text = f"tl.graph @z {{\n  %0 = input : [5, 0]\n  %1 = linear(%0) : [5, {n}]\n  output %1\n}}\n"
+    bias = np.arange(n, dtype=np.float64)
+    f = tlc.compile(text, Payload({1: {"weight": np.zeros((n, 0)), "bias": bias}}), "f32")
+    got = f(np.zeros((5, 0), np.float32))
+    np.testing.assert_array_equal(got, np.tile(bias, (5, 1)).astype(np.float32))
