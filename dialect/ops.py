@@ -720,6 +720,34 @@ class ClipOp(UnaryOp):
 
 
 @irdl_op_definition
+class SoftsignOp(UnaryOp):
+    """`%1 = softsign(%0)` — x / (1 + |x|) (ONNX's `Softsign`, PyTorch's `F.softsign`,
+    `nn.Softsign`), computed as x · (1 / (1 + |x|)), its decomposition: within 2 ULPs (three
+    correctly rounded operations)."""
+
+    name = "tl.softsign"
+    ONNX = OnnxSpelling("Softsign")
+    TORCH = TorchSpelling(
+        functions=("torch.nn.functional.softsign",), modules=("torch.nn.Softsign",)
+    )
+    MONOTONE = Monotone.INCREASING
+    ULPS = 2
+
+    def numpy(self, x: np.ndarray) -> np.ndarray:
+        one = x.dtype.type(1)
+        return x * (one / (one + np.abs(x)))
+
+    def derivative(self, em: Any, x: Any, y: Any) -> Any:
+        """1 / (1 + |x|)^2."""
+        d = em.add(em.full_like(x, 1.0), em.unary(AbsOp, x))
+        return em.unary(InvOp, em.mul(d, d))
+
+    def decompose(self, em: Any, x: Any) -> Any:
+        """x · inv(1 + abs(x))."""
+        return em.mul(x, em.unary(InvOp, em.add(em.full_like(x, 1.0), em.unary(AbsOp, x))))
+
+
+@irdl_op_definition
 class MaxPoolOp(PoolOp):
     """`%1 = max_pool(%0) {kernel = [2, 2], stride = [2, 2], padding = [0, 0]}`."""
 
@@ -1238,6 +1266,7 @@ FORWARD_OPS: tuple[type[NodeOp], ...] = (
     AddOp, SubOp, MulElemOp, MaxElemOp, MinElemOp,
     AbsOp, SqrtOp, NegOp, ReluOp, LeakyReluOp, TanhOp, SigmoidOp, SoftplusOp, ExpOp, LogOp, InvOp,
     SinOp, CosOp, GeluOp, ErfOp, EluOp, SeluOp, HardSigmoidOp, HardSwishOp, SiluOp, ClipOp,
+    SoftsignOp,
     MaxPoolOp, AvgPoolOp, BroadcastToOp, ReduceSumOp, ReduceMeanOp, SumOp, MatmulOp,
     LinearOp, ConvOp, BatchNormEvalOp, SafeLogOp, SoftmaxOp, LogSoftmaxOp, HardMaskedSoftmaxOp,
     LayernormOp, ReshapeOp, FlattenOp, ConcatOp, MseLossOp, GatherOp,
