@@ -236,6 +236,8 @@ for _op, _fn in (
     (ops.SoftplusOp, _softplus),
     (ops.ExpOp, lambda k, n, x: k.intrinsic("exp", x)),
     (ops.InvOp, lambda k, n, x: k.b.fdiv(k.const(1), x)),
+    (ops.DivOp, lambda k, n, a, b: k.b.fdiv(a, b)),
+    (ops.PowOp, lambda k, n, x: k.intrinsic("pow", x, k.const(n.meta("exponent")))),
     (ops.SinOp, lambda k, n, x: k.intrinsic("sin", x)),
     (ops.CosOp, lambda k, n, x: k.intrinsic("cos", x)),
     (ops.GeluOp, _gelu),

@@ -227,6 +227,39 @@ class MinElemOp(BinaryOp):
     EXACT_MONOTONE = True
 
 
+@irdl_op_definition
+class DivOp(BinaryOp):
+    """`%2 = div(%0, %1)` — elementwise a / b, IEEE division in the run's scalar type: x / 0 is
+    ±inf (NaN for 0 / 0), in float64 and float32 alike."""
+
+    name = "tl.div"
+    ONNX = OnnxSpelling("Div")
+    TORCH = TorchSpelling(
+        functions=("torch.div", "torch.true_divide", "operator.truediv"),
+        methods=("div", "true_divide"),
+    )
+    numpy = staticmethod(np.divide)
+
+
+@irdl_op_definition
+class PreluOp(BinaryOp):
+    """`%2 = prelu(%0, %1)` — x where x > 0, else slope · x, with the slope %1 of x's shape
+    (ONNX's `PRelu` broadcasts the slope, PyTorch's `prelu` holds one per channel of axis 1:
+    the importers broadcast it with an explicit `broadcast_to`, usually of a constant)."""
+
+    name = "tl.prelu"
+    ONNX = OnnxSpelling("PRelu")
+
+    def numpy(self, x: np.ndarray, slope: np.ndarray) -> np.ndarray:
+        return np.where(x > 0, x, x * slope)
+
+    def decompose(self, em: Any, x: Any, slope: Any) -> Any:
+        """relu(x) + slope · min(x, 0): the value `numpy` selects (x + 0 above 0, 0 + slope x
+        below), up to the sign of a zero result."""
+        below = em.mul(slope, em.bind(MinElemOp, [x, em.full_like(x, 0.0)]))
+        return em.add(em.unary(ReluOp, x), below)
+
+
 #: Error budgets (ULPs of the scalar type) of the numpy functions: libm functions are faithful to
 #: a few ULPs; the small compositions (sigmoid, softplus: an exp, a log1p and one or two
 #: correctly rounded operations) add at most a few ULPs each.
@@ -445,6 +478,54 @@ class InvOp(UnaryOp):
 
     def derivative(self, em: Any, x: Any, y: Any) -> Any:
         return em.neg(em.mul(y, y))
+
+
+@irdl_op_definition
+class PowOp(UnaryOp):
+    """`%1 = pow(%0) {exponent = 0.75}` — x to a constant power (C's `pow`: NaN for a negative x
+    and a non-integer exponent, ±inf for 0 to a negative power; x^0 = 1 everywhere). ONNX's
+    `Pow` with a constant exponent, PyTorch's `pow` and `**` with a number."""
+
+    name = "tl.pow"
+    FIELDS = (Field("exponent", Kind.FLOAT),)
+    TORCH = TorchSpelling(
+        functions=("torch.pow", "operator.pow"), methods=("pow",), arguments=("exponent",)
+    )
+    ULPS = LIBM_ULPS
+
+    def numpy(self, x: np.ndarray) -> np.ndarray:
+        return np.power(x, x.dtype.type(self.meta("exponent")))
+
+    def derivative(self, em: Any, x: Any, y: Any) -> Any:
+        """e x^(e-1) (0 for e = 0, as PyTorch)."""
+        e = self.meta("exponent")
+        if e == 0:
+            return em.full_like(x, 0.0)
+        return em.scale(em.bind(PowOp, [x], {"exponent": e - 1}), e)
+
+
+@irdl_op_definition
+class RsqrtOp(UnaryOp):
+    """`%1 = rsqrt(%0)` — 1 / sqrt(x) (PyTorch's `rsqrt`; ONNX has no op: its exporters write
+    Sqrt and Reciprocal, as the export of the decomposition does)."""
+
+    name = "tl.rsqrt"
+    TORCH = TorchSpelling(functions=("torch.rsqrt",), methods=("rsqrt",))
+    MONOTONE = Monotone.DECREASING
+    #: Two correctly rounded operations: a relative error below 1.5 u, at most 2 ULPs.
+    ULPS = 2
+    DOMAIN = (0.0, False)
+
+    def numpy(self, x: np.ndarray) -> np.ndarray:
+        return 1 / np.sqrt(x)
+
+    def derivative(self, em: Any, x: Any, y: Any) -> Any:
+        """-y^3 / 2."""
+        return em.scale(em.mul(y, em.mul(y, y)), -0.5)
+
+    def decompose(self, em: Any, x: Any) -> Any:
+        """inv(sqrt(x)): the operations `numpy` does."""
+        return em.unary(InvOp, em.unary(SqrtOp, x))
 
 
 @irdl_op_definition
@@ -952,6 +1033,48 @@ class BatchNormEvalOp(NodeOp):
 
 
 @irdl_op_definition
+class LrnOp(NodeOp):
+    """`%1 = lrn(%0) {size = 5, alpha = 1.0e-4, beta = 0.75, k = 1.0}` — local response
+    normalisation across the channels (axis 1 of [N, C, ...]): x / (k + alpha/size · S)^beta,
+    S the sum of x² over channels c - floor((size-1)/2) .. c + ceil((size-1)/2) (ONNX's `LRN`,
+    whose `bias` is k; PyTorch's `local_response_norm` for odd sizes, where its window is the
+    same)."""
+
+    name = "tl.lrn"
+    FIELDS = (
+        Field("size", Kind.INT),
+        Field("alpha", Kind.FLOAT, 1e-4),
+        Field("beta", Kind.FLOAT, 0.75),
+        Field("k", Kind.FLOAT, 1.0),
+    )
+    ONNX = OnnxSpelling("LRN", {"size": "size", "alpha": "alpha", "beta": "beta", "bias": "k"})
+
+    def infer(self, parents: list[Shape]) -> Shape:
+        """Rank ≥ 2 ([N, C, ...]) and `size > 0`; s → s."""
+        (s,) = parents
+        check_positive("lrn", "size", self.meta("size"))
+        if len(s) < 2:
+            raise ShapeError(f"lrn: expected an [N, C, ...] input of rank≥2, got {fmt_shape(s)}")
+        return s
+
+    def decompose(self, em: Any, x: Any) -> Any:
+        """x / pow(k + alpha · avg, beta), avg the windowed mean of x² along the channels: an
+        `avg_pool` {kernel = [size, 1]} over [N, C, prod(spatial)] with zero padding counted
+        (floor((size-1)/2) zeros before, one more after for an even size)."""
+        size, alpha = self.meta("size"), self.meta("alpha")
+        shape = em.shape(x)
+        rows = (shape[0], shape[1], numel(shape[2:]))
+        square = em.reshape(em.mul(x, x), rows)
+        before = (size - 1) // 2
+        if size % 2 == 0:
+            square = em.bind(ConcatOp, [square, em.full((rows[0], 1, rows[2]), 0.0)], {"axis": 1})
+        window = {"kernel": (size, 1), "stride": (1, 1), "padding": (before, 0)}
+        mean = em.reshape(em.bind(AvgPoolOp, [square], window), shape)
+        base = em.add(em.full(shape, self.meta("k")), em.scale(mean, alpha))
+        return em.bind(DivOp, [x, em.bind(PowOp, [base], {"exponent": self.meta("beta")})])
+
+
+@irdl_op_definition
 class SafeLogOp(NodeOp):
     """`%2 = safe_log(%0, %1)` — log(softplus(x) + eps); the second parent is the scalar eps."""
 
@@ -1216,6 +1339,7 @@ FORWARD_OPS: tuple[type[NodeOp], ...] = (
     AddOp, SubOp, MulElemOp, MaxElemOp, MinElemOp,
     AbsOp, SqrtOp, NegOp, ReluOp, LeakyReluOp, TanhOp, SigmoidOp, SoftplusOp, ExpOp, LogOp, InvOp,
     SinOp, CosOp, GeluOp, ErfOp, EluOp, SeluOp, HardSigmoidOp, HardSwishOp, SiluOp, ClipOp,
+    DivOp, PreluOp, PowOp, RsqrtOp, LrnOp,
     MaxPoolOp, AvgPoolOp, BroadcastToOp, ReduceSumOp, ReduceMeanOp, SumOp, MatmulOp,
     LinearOp, ConvOp, BatchNormEvalOp, SafeLogOp, SoftmaxOp, LogSoftmaxOp, HardMaskedSoftmaxOp,
     LayernormOp, ReshapeOp, FlattenOp, ConcatOp, MseLossOp,

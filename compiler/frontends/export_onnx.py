@@ -293,6 +293,12 @@ def _pool(ex: Exporter, node: NodeOp, inputs: list[str]) -> str:
     return y if view == shape else ex.reshape(y, ex.shapes[node.id])
 
 
+@EXPORT.register(tl.PowOp)
+def _pow(ex: Exporter, node: NodeOp, inputs: list[str]) -> str:
+    """ONNX's Pow takes the exponent as an input: a scalar initializer."""
+    return ex.add("Pow", [inputs[0], ex.constant(node.meta("exponent"), "exponent")], "pow")
+
+
 # --------------------------------------------------------------------------------------------
 # Every other op kind: its ONNX spelling, or its decomposition
 # --------------------------------------------------------------------------------------------
@@ -377,6 +383,15 @@ def _derive(op: type[NodeOp]) -> Rule | None:
     if spelling is not None and {f.name for f in op.FIELDS} <= set(spelling.attributes.values()):
         return _spelled(spelling)
     return _decomposed if op.defines("decompose") else None
+
+
+@EXPORT.register(tl.LrnOp)
+def _lrn(ex: Exporter, node: NodeOp, inputs: list[str]) -> str:
+    """ONNX's LRN for an odd size; an even one as the decomposition (ONNX Runtime's LRN
+    requires an odd size)."""
+    if node.meta("size") % 2 == 0:
+        return _decomposed(ex, node, inputs)
+    return _spelled(tl.LrnOp.ONNX)(ex, node, inputs)
 
 
 EXPORT.derive(NODE_OPS, _derive)

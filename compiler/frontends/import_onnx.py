@@ -50,6 +50,8 @@ from tlc.frontends.import_common import (
     ImportFailure,
     broadcast_to,
     ceil_mode_extra,
+    channel_norm,
+    conv_transpose,
     elementwise,
     finish,
     import_error,
@@ -61,6 +63,7 @@ from tlc.frontends.import_common import (
     pad,
     reduce,
     reshape,
+    tile,
 )
 from tlc.frontends.onnx_prepare import opset_of, prepare, unsupported_report
 from tlc.semantics.program import GraphBuilder, Traced
@@ -430,8 +433,11 @@ def _pool(call: NodeCall, op: type[tl.PoolOp]) -> SSAValue:
     stride = ints(call.attr("strides", [1] * rank))
     dilation = ints(call.attr("dilations", [1] * rank))
     dilated = dilation != [1] * rank
-    if dilated and op is tl.MaxPoolOp:
-        raise call.refuse("max pooling with dilations (tl's max pool has none)")
+    if dilated and op is tl.MaxPoolOp and any(s % d for s, d in zip(stride, dilation, strict=True)):
+        raise call.refuse(
+            "max pooling with a dilation that does not divide its stride (tl's max pool has no "
+            "dilation; it is written as two pools where each does)"
+        )
     spatial = call.shape(x)[-rank:]
     lo, hi = _pads(call, spatial, kernel, stride, dilation)
     counts_pad = op is tl.AvgPoolOp and call.attr("count_include_pad", 0)
@@ -443,7 +449,9 @@ def _pool(call: NodeCall, op: type[tl.PoolOp]) -> SSAValue:
                 "ceil_mode=1 where it adds a partial window, with count_include_pad=1"
             )
         hi = [h + e for h, e in zip(hi, extra, strict=True)]
-    if dilated:
+    if dilated and op is tl.MaxPoolOp:
+        y = _dilated_max_pool(call, x, rank, kernel, stride, dilation, lo, hi)
+    elif dilated:
         # An average is a depthwise convolution with uniform weights, and tl's conv dilates.
         channels = call.shape(x)[1]
         weight = np.full((channels, 1, *kernel), 1.0 / prod(kernel))
@@ -463,6 +471,31 @@ def _pool(call: NodeCall, op: type[tl.PoolOp]) -> SSAValue:
     if not counted.all():
         raise call.refuse("a window covers only padding (count_include_pad=0 divides by zero)")
     return elementwise(call.ops, tl.MulElemOp, [y, prod(kernel) / counted])
+
+
+def _dilated_max_pool(
+    call: NodeCall,
+    x: SSAValue,
+    rank: int,
+    kernel: list[int],
+    stride: list[int],
+    dilation: list[int],
+    lo: list[int],
+    hi: list[int],
+) -> SSAValue:
+    """A max pool dilated by d with a stride s that d divides: every window's taps i s + j d are
+    multiples of d, so the pool is a pool {kernel = 1, stride = d} (which keeps every d-th
+    element) followed by a pool {kernel = k, stride = s / d}; the padding, -inf, comes first.
+    Exact: each output is the max of the same elements."""
+    x = pad(call.ops, x, len(call.shape(x)) - rank, lo, hi, -np.inf)
+    ones, zeros = [1] * rank, [0] * rank
+    every = call.ops.apply(
+        tl.MaxPoolOp, [x], {"kernel": ones, "stride": dilation, "padding": zeros}
+    )
+    steps = [s // d for s, d in zip(stride, dilation, strict=True)]
+    return call.ops.apply(
+        tl.MaxPoolOp, [every], {"kernel": kernel, "stride": steps, "padding": zeros}
+    )
 
 
 def _window_counts(n: int, lo: int, hi: int, k: int, s: int, d: int) -> np.ndarray:
@@ -585,6 +618,123 @@ def _constant(call: NodeCall) -> np.ndarray:
     if isinstance(value, TensorProto):
         return numpy_helper.to_array(value)
     return np.asarray(value)
+
+
+# --------------------------------------------------------------------------------------------
+# Ops of real models written with tl ops: Pow's exponent, Mean, Tile, normalisations,
+# transposed convolutions, Pad
+# --------------------------------------------------------------------------------------------
+
+
+@on("Pow")
+def _pow(call: NodeCall) -> SSAValue:
+    """Pow's exponent is an input; tl's pow has a constant one, so it must be a constant whose
+    entries are all one number (broadcasting x to the exponent's shape where that is larger)."""
+    exponent = call.const(1, "exponent")
+    values = np.unique(exponent)
+    if values.size != 1:
+        raise call.refuse("exponent (input 1) holds several values (tl's pow has one exponent)")
+    x = call.tensor(0)
+    target = np.broadcast_shapes(call.shape(x), exponent.shape)
+    y = call.ops.apply(tl.PowOp, [x], {"exponent": float(values[0])})
+    return broadcast_to(call.ops, y, target)
+
+
+@on("Mean")
+def _mean(call: NodeCall) -> Value:
+    """Variadic Mean: the broadcast sum left to right, divided by the number of inputs."""
+    total = _elementwise(call, tl.AddOp)
+    count = len(call.inputs())
+    return total if count == 1 else elementwise(call.ops, tl.DivOp, [total, np.float64(count)])
+
+
+@on("Tile")
+def _tile(call: NodeCall) -> SSAValue:
+    x = call.tensor(0)
+    repeats = ints(call.const(1, "repeats").reshape(-1))
+    if len(repeats) != len(call.shape(x)):
+        raise call.refuse(f"{len(repeats)} repeats for an input of rank {len(call.shape(x))}")
+    return tile(call.ops, x, repeats)
+
+
+@on("InstanceNormalization", attributes=["epsilon"])
+def _instance_norm(call: NodeCall) -> SSAValue:
+    x = call.tensor(0)
+    channels = call.shape(x)[1]
+    scale, bias = call.const(1, "scale"), call.const(2, "B")
+    eps = float(call.attr("epsilon", np.float32(1e-5)))  # ONNX's float32 default
+    return channel_norm(call.ops, x, channels, scale, bias, eps)
+
+
+@on("GroupNormalization", attributes=["epsilon", "num_groups", "stash_type"])
+def _group_norm(call: NodeCall) -> SSAValue:
+    """Opset 21's per-channel scale and bias (opset 18's per-group ones are converted first)."""
+    x = call.tensor(0)
+    channels, groups = call.shape(x)[1], int(call.attr("num_groups"))
+    if groups == 0 or channels % groups:
+        raise call.refuse(f"num_groups={groups} does not divide the {channels} channels")
+    scale, bias = call.const(1, "scale"), call.const(2, "bias")
+    if scale.size != channels or bias.size != channels:
+        raise call.refuse(f"scale and bias must have one entry per channel ({channels})")
+    eps = float(call.attr("epsilon", np.float32(1e-5)))
+    return channel_norm(call.ops, x, groups, scale, bias, eps)
+
+
+CONV_TRANSPOSE_ATTRIBUTES = [
+    "auto_pad", "dilations", "group", "kernel_shape", "output_padding", "output_shape", "pads",
+    "strides",
+]  # fmt: skip
+
+
+@on("ConvTranspose", attributes=CONV_TRANSPOSE_ATTRIBUTES)
+def _conv_transpose(call: NodeCall) -> SSAValue:
+    """Written as the convolution it transposes (`tlc.frontends.import_common.conv_transpose`).
+    The output's padding comes from `pads`, or from `output_shape` / `auto_pad` as ONNX states:
+    total = s (n - 1) + output_padding + d (k - 1) + 1 - output extent, the smaller half before
+    for SAME_UPPER, after otherwise (ONNX's rule, which ONNX Runtime follows)."""
+    x = call.tensor(0)
+    weight = call.const(1, "W")
+    bias = call.const(2, "B", None)
+    rank = weight.ndim - 2
+    kernel = list(weight.shape[2:])
+    if ints(call.attr("kernel_shape", kernel)) != kernel:
+        raise call.refuse("kernel_shape disagrees with the weight's shape")
+    stride = ints(call.attr("strides", [1] * rank))
+    dilation = ints(call.attr("dilations", [1] * rank))
+    extra = ints(call.attr("output_padding", [0] * rank))
+    groups = int(call.attr("group", 1))
+    spatial = call.shape(x)[2:]
+    auto = call.attr("auto_pad", "NOTSET")
+    wanted = call.attr("output_shape", None)
+    if wanted is None and auto in ("SAME_UPPER", "SAME_LOWER"):
+        wanted = [n * s for n, s in zip(spatial, stride, strict=True)]
+    if wanted is not None:
+        wanted = ints(wanted)[-rank:]
+        geometry = zip(stride, spatial, extra, dilation, kernel, strict=True)
+        full = [s * (n - 1) + e + d * (k - 1) + 1 for s, n, e, d, k in geometry]
+        total = [f - w for f, w in zip(full, wanted, strict=True)]
+        if any(t < 0 for t in total):
+            raise call.refuse(f"output_shape {wanted} is larger than the full output {full}")
+        small = [t // 2 for t in total]
+        large = [t - t // 2 for t in total]
+        lo, hi = (small, large) if auto == "SAME_UPPER" else (large, small)
+    elif auto in ("NOTSET", "VALID"):
+        pads = ints(call.attr("pads", [0] * (2 * rank))) if auto == "NOTSET" else [0] * (2 * rank)
+        lo, hi = pads[:rank], pads[rank:]
+    else:
+        raise call.refuse(f"auto_pad='{auto}'")
+    hi = [h - e for h, e in zip(hi, extra, strict=True)]
+    span = [d * (k - 1) for d, k in zip(dilation, kernel, strict=True)]
+    if any(p > sp for p, sp in zip(lo, span, strict=True)) or any(
+        h + s - 1 > sp for h, s, sp in zip(hi, stride, span, strict=True)
+    ):
+        raise call.refuse(
+            "pads beyond the kernel's span d (k - 1) (the output would be cropped; tl's conv "
+            "pads only)"
+        )
+    return conv_transpose(
+        call.ops, x, weight, bias, stride=stride, lo=lo, hi=hi, dilation=dilation, groups=groups
+    )
 
 
 # --------------------------------------------------------------------------------------------

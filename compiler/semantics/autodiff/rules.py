@@ -210,6 +210,15 @@ def _min_partials(em: Emitter, a: Any, b: Any, y: Any) -> tuple[Any, Any]:
 
 
 binary(ops.MulElemOp, lambda em, a, b, y: (b, a))
+
+
+def _div_partials(em: Emitter, a: Any, b: Any, y: Any) -> tuple[Any, Any]:
+    """d (a / b) / da = 1 / b, d (a / b) / db = -(a / b) / b."""
+    inverse = em.unary(ops.InvOp, b)
+    return inverse, em.neg(em.mul(y, inverse))
+
+
+binary(ops.DivOp, _div_partials)
 binary(ops.MaxElemOp, _max_partials)
 binary(ops.MinElemOp, _min_partials)
 
