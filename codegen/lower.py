@@ -290,6 +290,34 @@ def _transpose(k: KernelBuilder, s: Step) -> None:
     _permuted(k, s, perm)
 
 
+@register(ops.PadOp)
+def _pad(k: KernelBuilder, s: Step) -> None:
+    """out[i] = x[source(i)] per axis: i - before, clamped (edge), mirrored (reflect), or the
+    value where a constant pad has no source (its index clamped so the load stays inside)."""
+    node, src = s.node, s.args[0].shape
+    before, mode = node.meta("before"), node.meta("mode")
+    b = k.b
+    with k.nest(s.out.shape) as idx:
+        inside: ir.Value | None = None
+        sources = []
+        for i, n, lo in zip(idx, src, before, strict=True):
+            j = b.sub(i, k.i64(lo)) if lo else i
+            below, above = b.icmp_signed("<", j, k.i64(0)), b.icmp_signed(">", j, k.i64(n - 1))
+            if mode == "reflect":
+                j = b.select(below, b.neg(j), j)
+                j = b.select(b.icmp_signed(">", j, k.i64(n - 1)), b.sub(k.i64(2 * (n - 1)), j), j)
+            else:
+                if mode == "constant":
+                    ok = b.not_(b.or_(below, above))
+                    inside = ok if inside is None else b.and_(inside, ok)
+                j = b.select(above, k.i64(n - 1), b.select(below, k.i64(0), j))
+            sources.append(j)
+        value = k.load(s.args[0], k.linear_index(sources, strides(src)))
+        if inside is not None:
+            value = b.select(inside, value, k.const(node.meta("value")))
+        k.store(value, s.out, k.linear_index(idx, strides(s.out.shape)))
+
+
 @register(ops.BroadcastToOp)
 def _broadcast_to(k: KernelBuilder, s: Step) -> None:
     """Trailing alignment; extent-1 and missing source axes get step 0."""

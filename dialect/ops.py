@@ -834,6 +834,72 @@ class BroadcastToOp(NodeOp):
         return dst
 
 
+def before_default(fields: dict[str, Any], _declared: Shape | None) -> tuple[int, ...]:
+    """`before`"""
+    return tuple(fields["before"])
+
+
+#: numpy's names of the pad modes.
+NUMPY_PAD_MODES = {"constant": "constant", "reflect": "reflect", "edge": "edge"}
+
+
+@irdl_op_definition
+class PadOp(NodeOp):
+    """`%1 = pad(%0) {before = [0, 2], after = [1, 0], mode = "reflect"}` — each axis i grows
+    by before[i] elements in front and after[i] behind: `constant` ones hold `value`, `reflect`
+    ones mirror the axis about its end element (which is not repeated), `edge` ones repeat the
+    end element (ONNX's Pad modes; PyTorch's constant, reflect and replicate)."""
+
+    name = "tl.pad"
+    FIELDS = (
+        Field("before", Kind.INTS),
+        Field("after", Kind.INTS, before_default),
+        Field("mode", Kind.STR, "constant", ("constant", "reflect", "edge")),
+        Field("value", Kind.FLOAT, 0.0),
+    )
+
+    def infer(self, parents: list[Shape]) -> Shape:
+        """`before` and `after` have one entry per axis; a `reflect` pad is shorter than its
+        axis, an `edge` pad needs a non-empty axis. Axis i becomes `before[i] + s[i] +
+        after[i]`."""
+        (s,) = parents
+        before, after, mode = self.meta("before"), self.meta("after"), self.meta("mode")
+        if len(before) != len(s) or len(after) != len(s):
+            raise ShapeError(
+                f"pad: before/after ranks {len(before)}/{len(after)} differ from the input "
+                f"rank {len(s)}"
+            )
+        for axis, (n, lo, hi) in enumerate(zip(s, before, after, strict=True)):
+            if mode == "reflect" and max(lo, hi) >= n and max(lo, hi) > 0:
+                raise ShapeError(
+                    f"pad: reflect padding ({lo}, {hi}) of axis {axis} must be shorter than "
+                    f"its extent {n}"
+                )
+            if mode == "edge" and n == 0 and max(lo, hi) > 0:
+                raise ShapeError(f"pad: edge padding of the empty axis {axis}")
+        return tuple(lo + n + hi for n, lo, hi in zip(s, before, after, strict=True))
+
+    def numpy(self, x: np.ndarray) -> np.ndarray:
+        widths = list(zip(self.meta("before"), self.meta("after"), strict=True))
+        mode = self.meta("mode")
+        if mode == "constant":
+            return np.pad(x, widths, constant_values=x.dtype.type(self.meta("value")))
+        return np.pad(x, widths, mode=NUMPY_PAD_MODES[mode])
+
+    def sources(self, axis: int, n: int) -> np.ndarray:
+        """For each position along padded axis `axis` (input extent n), the input index it
+        copies; -1 where a `constant` pad holds the value."""
+        lo, hi = self.meta("before")[axis], self.meta("after")[axis]
+        j = np.arange(lo + n + hi) - lo
+        mode = self.meta("mode")
+        if mode == "edge":
+            return np.clip(j, 0, n - 1)
+        if mode == "reflect":
+            j = np.abs(j)
+            return np.where(j > n - 1, 2 * (n - 1) - j, j)
+        return np.where((j >= 0) & (j < n), j, -1)
+
+
 @irdl_op_definition
 class ReduceSumOp(ReductionOp):
     """`%1 = reduce_sum(%0) {axis = 1}` — sum along an axis, which is dropped."""
@@ -1339,7 +1405,7 @@ FORWARD_OPS: tuple[type[NodeOp], ...] = (
     AddOp, SubOp, MulElemOp, MaxElemOp, MinElemOp,
     AbsOp, SqrtOp, NegOp, ReluOp, LeakyReluOp, TanhOp, SigmoidOp, SoftplusOp, ExpOp, LogOp, InvOp,
     SinOp, CosOp, GeluOp, ErfOp, EluOp, SeluOp, HardSigmoidOp, HardSwishOp, SiluOp, ClipOp,
-    DivOp, PreluOp, PowOp, RsqrtOp, LrnOp,
+    DivOp, PreluOp, PowOp, RsqrtOp, LrnOp, PadOp,
     MaxPoolOp, AvgPoolOp, BroadcastToOp, ReduceSumOp, ReduceMeanOp, SumOp, MatmulOp,
     LinearOp, ConvOp, BatchNormEvalOp, SafeLogOp, SoftmaxOp, LogSoftmaxOp, HardMaskedSoftmaxOp,
     LayernormOp, ReshapeOp, FlattenOp, ConcatOp, MseLossOp,

@@ -299,6 +299,17 @@ def _pow(ex: Exporter, node: NodeOp, inputs: list[str]) -> str:
     return ex.add("Pow", [inputs[0], ex.constant(node.meta("exponent"), "exponent")], "pow")
 
 
+@EXPORT.register(tl.PadOp)
+def _pad(ex: Exporter, node: NodeOp, inputs: list[str]) -> str:
+    """Pad-11's form: pads [before..., after...] and the constant value as inputs."""
+    pads = ex.constant([*node.meta("before"), *node.meta("after")], "pads", np.int64)
+    mode = node.meta("mode")
+    if mode != "constant":
+        return ex.add("Pad", [inputs[0], pads], "pad", mode=mode)
+    value = ex.constant(node.meta("value"), "value")
+    return ex.add("Pad", [inputs[0], pads, value], "pad", mode=mode)
+
+
 # --------------------------------------------------------------------------------------------
 # Every other op kind: its ONNX spelling, or its decomposition
 # --------------------------------------------------------------------------------------------

@@ -640,6 +640,25 @@ def _pow(call: NodeCall) -> SSAValue:
     return broadcast_to(call.ops, y, target)
 
 
+@on("PRelu")
+def _prelu(call: NodeCall) -> SSAValue:
+    """The slope broadcasts to x (from opset 7 unidirectionally, by numpy's rule); a 1-D slope
+    that does not but has one entry per channel of axis 1 is opset 6's per-channel slope, which
+    the version converter passes on unchanged."""
+    x, slope = call.tensor(0), call.tensor(1)
+    shape, given = call.shape(x), call.shape(slope)
+    try:
+        np.broadcast_shapes(shape, given)
+    except ValueError:
+        if len(given) != 1 or len(shape) < 2 or given[0] != shape[1]:
+            raise call.refuse(
+                f"slope shape {fmt_shape(given)} neither broadcasts to {fmt_shape(shape)} nor "
+                "has one entry per channel"
+            ) from None
+        slope = reshape(call.ops, slope, (given[0],) + (1,) * (len(shape) - 2))
+    return call.ops.apply(tl.PreluOp, [x, broadcast_to(call.ops, slope, shape)])
+
+
 @on("Mean")
 def _mean(call: NodeCall) -> Value:
     """Variadic Mean: the broadcast sum left to right, divided by the number of inputs."""
@@ -735,6 +754,39 @@ def _conv_transpose(call: NodeCall) -> SSAValue:
     return conv_transpose(
         call.ops, x, weight, bias, stride=stride, lo=lo, hi=hi, dilation=dilation, groups=groups
     )
+
+
+@on("Pad", attributes=["mode", "pads", "value"])
+def _pad(call: NodeCall) -> SSAValue:
+    """Pad-2's attribute form (opset < 11: `pads`, `value`) and Pad-11's inputs (pads, the
+    constant value, from opset 18 the axes), all constants; `wrap` mode and negative pads
+    (cropping) are refused."""
+    x = call.tensor(0)
+    rank = len(call.shape(x))
+    mode = call.attr("mode", "constant")
+    if mode not in ("constant", "reflect", "edge"):
+        raise call.refuse(f"mode='{mode}' (tl pads constant, reflect or edge)")
+    if call.opset < 11:
+        pads, value = ints(call.attr("pads")), float(call.attr("value", 0.0))
+    else:
+        pads = ints(call.const(1, "pads").reshape(-1))
+        given = call.const(2, "constant_value", None)
+        value = 0.0 if given is None or given.size == 0 else float(given.reshape(-1)[0])
+        axes = call.const(3, "axes", None)
+        if axes is not None:
+            chosen = [norm_axis(a, rank) for a in ints(axes.reshape(-1))]
+            full = [0] * (2 * rank)
+            for i, a in enumerate(chosen):
+                full[a], full[rank + a] = pads[i], pads[len(chosen) + i]
+            pads = full
+    if len(pads) != 2 * rank:
+        raise call.refuse(f"{len(pads)} pads for an input of rank {rank} (expected {2 * rank})")
+    if any(p < 0 for p in pads):
+        raise call.refuse("negative pads (cropping)")
+    if not any(pads):
+        return x
+    fields = {"before": pads[:rank], "after": pads[rank:], "mode": mode, "value": value}
+    return call.ops.apply(tl.PadOp, [x], fields)
 
 
 # --------------------------------------------------------------------------------------------

@@ -294,6 +294,10 @@ def _pow(node: NodeOp, boxes: list[Box], record: Any, out: Outward) -> Box | Non
     return Box(out.down(low, ops.PowOp.ULPS), out.up(high, ops.PowOp.ULPS))
 
 
+#: pad moves values and adds constants: the reference rule on lo and on hi.
+register(ops.PadOp)(_exact_monotone)
+
+
 @register(ops.SafeLogOp)
 def _safe_log(node: NodeOp, boxes: list[Box], record: Any, out: Outward) -> Box | None:
     """log(softplus(x) + eps), step by step as the reference computes it; None if the sum's

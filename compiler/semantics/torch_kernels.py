@@ -115,6 +115,25 @@ def _lrn(t: Any, node: NodeOp, args: list[Any], record: Any) -> Any:
     return x / (k + alpha * mean) ** beta
 
 
+@register(ops.PadOp)
+def _pad(t: Any, node: NodeOp, args: list[Any], record: Any) -> Any:
+    """index_select of each axis's sources (F.pad's reflect/replicate take only the last
+    1-3 axes of batched inputs); a constant pad's positions then hold the value."""
+    y = args[0]
+    for axis in range(y.dim()):
+        sources = t.as_tensor(node.sources(axis, y.shape[axis]))
+        if len(sources) == y.shape[axis] and bool((sources == t.arange(len(sources))).all()):
+            continue
+        taken = y.index_select(axis, sources.clamp(min=0))
+        if node.meta("mode") == "constant":
+            view = [1] * y.dim()
+            view[axis] = len(sources)
+            fill = t.full((), node.meta("value"), dtype=y.dtype)
+            taken = t.where((sources >= 0).reshape(view), taken, fill)
+        y = taken
+    return y
+
+
 register(ops.SumOp)(lambda t, node, args, record: t.sum(args[0]))
 register(ops.MatmulOp)(lambda t, node, args, record: t.matmul(*args))
 register(ops.FlattenOp)(lambda t, node, args, record: args[0].reshape(-1))
