@@ -33,10 +33,10 @@ SECTIONS: list[tuple[str, tuple[type[NodeOp], ...], tuple[str, ...]]] = [
     ("Sources", (DeclaredShapeOp,), ("const", "bernoulli_mask")),
     ("Elementwise unary", (UnaryOp,), ()),
     ("Elementwise binary", (BinaryOp,), ("safe_log",)),
-    ("Layout", (), ("permute", "transpose", "broadcast_to", "reshape", "flatten", "concat")),
+    ("Layout", (), ("permute", "transpose", "broadcast_to", "reshape", "flatten", "concat", "pad")),
     ("Reductions", (ReductionOp,), ("sum", "mse_loss")),
     ("Contractions and layers", (PoolOp,), ("matmul", "linear", "conv", "batch_norm_eval")),
-    ("Normalisations", (AxisOp,), ("hard_masked_softmax", "layernorm")),
+    ("Normalisations", (AxisOp,), ("hard_masked_softmax", "layernorm", "lrn")),
 ]
 
 _EXPECTED = re.compile(r"expected-error @\S+ \{\{(.*)\}\}$")
