@@ -265,6 +265,12 @@ CASES = {
          helper.make_node("Pad", ["b", "pads1", "", "axes"], ["y"], mode="edge")],
         [("x", (2, 3, 4))], [("v", np.array(1.5))], "pad",
     ),
+    "reduce_max_min": (
+        [helper.make_node("ReduceMax", ["x", "axes"], ["a"], keepdims=0),
+         helper.make_node("ReduceMin", ["x"], ["b"]),
+         helper.make_node("Mul", ["a", "b"], ["y"])],
+        [("x", (2, 3, 4))], [], "max_pool",
+    ),
     "max_pool_dilated": (
         [helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[2, 3], strides=[2, 2],
                           dilations=[2, 1], pads=[1, 1, 1, 1])],
@@ -275,6 +281,7 @@ INT_INITIALIZERS = {
     "reshape_transpose_reduce": [int_init("shape", [4, 0, -1]), int_init("axes", [1, -1])],
     "reduce_sum_opset13": [int_init("axes", [0, 2])],
     "tile": [int_init("repeats", [2, 3])],
+    "reduce_max_min": [int_init("axes", [0, -1])],
     "pad_modes_and_axes": [int_init("pads", [0, 1, 2, 1, 0, 1]), int_init("pads1", [3, 0]),
                            int_init("axes", [-1])],
 }
@@ -296,7 +303,7 @@ def test_pad_attribute_form_of_opset_10() -> None:
 REAL_MODEL_CASES = {
     "div_broadcast", "prelu_per_channel", "pow_constant_exponents", "mean_variadic", "tile",
     "instance_norm", "group_norm", "conv_transpose_strided_padded", "pad_modes_and_axes",
-    "max_pool_dilated",
+    "max_pool_dilated", "reduce_max_min",
 }  # fmt: skip
 #: Cases whose ONNX reference computes in float32 even on doubles (so agree to float32's
 #: precision only): Erf's evaluator rounds to float32, HardSwish and Selu use float32 constants.

@@ -608,6 +608,43 @@ def _reduce(call: NodeCall, op: type[tl.ReductionOp], since: int) -> SSAValue:
     return reduce(call.ops, op, x, axes, bool(call.attr("keepdims", 1)))
 
 
+@on("ReduceMax", attributes=["axes", "keepdims", "noop_with_empty_axes"], negate=False)
+@on("ReduceMin", attributes=["axes", "keepdims", "noop_with_empty_axes"], negate=True)
+def _reduce_extreme(call: NodeCall, negate: bool) -> SSAValue:
+    """The reduced axes moved last and flattened into one of extent n, then a max pool
+    {kernel = n, stride = n}: exactly the max. The min is -max(-x) (negation is exact). Axes are
+    an input from opset 18. Over no elements the result is ONNX's -inf (+inf for the min)."""
+    x = call.tensor(0)
+    shape = call.shape(x)
+    rank = len(shape)
+    if call.opset >= 18:
+        given = call.const(1, "axes", None)
+        axes = None if given is None else ints(given.reshape(-1))
+    else:
+        axes = call.attr("axes", None)
+    if not axes:
+        if call.attr("noop_with_empty_axes", 0):
+            return x
+        axes = list(range(rank))
+    chosen = sorted({norm_axis(a, rank) for a in axes})
+    kept = [a for a in range(rank) if a not in chosen]
+    n = prod(shape[a] for a in chosen)
+    keep = bool(call.attr("keepdims", 1))
+    out = (
+        [1 if a in chosen else d for a, d in enumerate(shape)] if keep else [shape[a] for a in kept]
+    )
+    if n == 0:  # ONNX: the max of no elements is -inf, the min +inf
+        return call.ops.const(np.full(out, np.inf if negate else -np.inf))
+    if negate:
+        x = call.ops.apply(tl.NegOp, [x])
+    moved = x if kept + chosen == list(range(rank)) else call.ops.permute(x, perm=kept + chosen)
+    rows = reshape(call.ops, moved, [*(shape[a] for a in kept), n])
+    y = call.ops.apply(tl.MaxPoolOp, [rows], {"kernel": [n], "stride": [n], "padding": [0]})
+    if negate:
+        y = call.ops.apply(tl.NegOp, [y])
+    return reshape(call.ops, y, out)
+
+
 CONSTANT_ATTRIBUTES = ["value", "value_float", "value_floats", "value_int", "value_ints"]
 
 

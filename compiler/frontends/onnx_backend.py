@@ -54,6 +54,14 @@ PARAMETER_INPUTS: dict[str, tuple[int, ...]] = {
     "ReduceSum": (1,),
     "ReduceMean": (1,),
     "Clip": (1, 2),
+    "Pow": (1,),
+    "ConvTranspose": (1, 2),
+    "InstanceNormalization": (1, 2),
+    "GroupNormalization": (1, 2),
+    "Pad": (1, 2, 3),
+    "Tile": (1,),
+    "ReduceMax": (1,),
+    "ReduceMin": (1,),
 }
 
 
