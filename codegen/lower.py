@@ -237,6 +237,11 @@ for _op, _fn in (
     (ops.ExpOp, lambda k, n, x: k.intrinsic("exp", x)),
     (ops.InvOp, lambda k, n, x: k.b.fdiv(k.const(1), x)),
     (ops.DivOp, lambda k, n, a, b: k.b.fdiv(a, b)),
+    (
+        ops.LessOp,
+        lambda k, n, a, b: k.b.select(k.b.fcmp_ordered("<", a, b), k.const(1), k.const(0)),
+    ),
+    (ops.WhereOp, lambda k, n, c, a, b: k.b.select(k.b.fcmp_unordered("!=", c, k.const(0)), a, b)),
     (ops.PowOp, lambda k, n, x: k.intrinsic("pow", x, k.const(n.meta("exponent")))),
     (ops.SinOp, lambda k, n, x: k.intrinsic("sin", x)),
     (ops.CosOp, lambda k, n, x: k.intrinsic("cos", x)),

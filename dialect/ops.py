@@ -242,6 +242,43 @@ class DivOp(BinaryOp):
 
 
 @irdl_op_definition
+class LessOp(BinaryOp):
+    """`%2 = less(%0, %1)` — 1 where a < b, else 0 (also where either is NaN), in the run's
+    scalar type: ONNX's `Less` (whose booleans tl holds as 0 and 1), PyTorch's `<`; `Greater`
+    and `>` are it with the operands swapped. Its derivative is 0 (gradients stop)."""
+
+    name = "tl.less"
+    ONNX = OnnxSpelling("Less")
+    TORCH = TorchSpelling(functions=("torch.lt", "torch.less", "operator.lt"), methods=("lt",))
+
+    def numpy(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return (a < b).astype(a.dtype)
+
+
+@irdl_op_definition
+class WhereOp(NodeOp):
+    """`%3 = where(%0, %1, %2)` — a where the condition is not 0 (NaN counts as true), else b;
+    three parents of one shape (ONNX's `Where`, whose boolean condition tl holds as 0 and 1,
+    PyTorch's `where`; the importers broadcast explicitly)."""
+
+    name = "tl.where"
+    ARITY: ClassVar[tuple[int, int | None]] = (3, 3)
+
+    def infer(self, parents: list[Shape]) -> Shape:
+        """The condition and both values have the same shape (no implicit broadcasting); the
+        result has that shape."""
+        condition, a, b = parents
+        if not condition == a == b:
+            raise ShapeError(
+                f"where: shape mismatch: {fmt_shape(condition)}, {fmt_shape(a)}, {fmt_shape(b)}"
+            )
+        return a
+
+    def numpy(self, condition: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return np.where(condition != 0, a, b)
+
+
+@irdl_op_definition
 class PreluOp(BinaryOp):
     """`%2 = prelu(%0, %1)` — x where x > 0, else slope · x, with the slope %1 of x's shape
     (ONNX's `PRelu` broadcasts the slope, PyTorch's `prelu` holds one per channel of axis 1:
@@ -1405,7 +1442,7 @@ FORWARD_OPS: tuple[type[NodeOp], ...] = (
     AddOp, SubOp, MulElemOp, MaxElemOp, MinElemOp,
     AbsOp, SqrtOp, NegOp, ReluOp, LeakyReluOp, TanhOp, SigmoidOp, SoftplusOp, ExpOp, LogOp, InvOp,
     SinOp, CosOp, GeluOp, ErfOp, EluOp, SeluOp, HardSigmoidOp, HardSwishOp, SiluOp, ClipOp,
-    DivOp, PreluOp, PowOp, RsqrtOp, LrnOp, PadOp,
+    DivOp, PreluOp, PowOp, RsqrtOp, LrnOp, PadOp, LessOp, WhereOp,
     MaxPoolOp, AvgPoolOp, BroadcastToOp, ReduceSumOp, ReduceMeanOp, SumOp, MatmulOp,
     LinearOp, ConvOp, BatchNormEvalOp, SafeLogOp, SoftmaxOp, LogSoftmaxOp, HardMaskedSoftmaxOp,
     LayernormOp, ReshapeOp, FlattenOp, ConcatOp, MseLossOp,

@@ -271,6 +271,17 @@ CASES = {
          helper.make_node("Mul", ["a", "b"], ["y"])],
         [("x", (2, 3, 4))], [], "max_pool",
     ),
+    "less_greater_where_cast_bool": (
+        [helper.make_node("Less", ["x", "c"], ["l"]),
+         helper.make_node("Neg", ["x"], ["n"]),
+         helper.make_node("Where", ["l", "n", "x"], ["w"]),
+         helper.make_node("Greater", ["x", "c"], ["g"]),
+         helper.make_node("Cast", ["g"], ["gd"], to=TensorProto.DOUBLE),
+         helper.make_node("Cast", ["w"], ["wb"], to=TensorProto.BOOL),
+         helper.make_node("Where", ["wb", "gd", "c"], ["m"]),
+         helper.make_node("Add", ["m", "w"], ["y"])],
+        [("x", (2, 3))], [("c", RNG2.standard_normal(3) * 0.1)], "where",
+    ),
     "max_pool_dilated": (
         [helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[2, 3], strides=[2, 2],
                           dilations=[2, 1], pads=[1, 1, 1, 1])],
@@ -303,7 +314,7 @@ def test_pad_attribute_form_of_opset_10() -> None:
 REAL_MODEL_CASES = {
     "div_broadcast", "prelu_per_channel", "pow_constant_exponents", "mean_variadic", "tile",
     "instance_norm", "group_norm", "conv_transpose_strided_padded", "pad_modes_and_axes",
-    "max_pool_dilated", "reduce_max_min",
+    "max_pool_dilated", "reduce_max_min", "less_greater_where_cast_bool",
 }  # fmt: skip
 #: Cases whose ONNX reference computes in float32 even on doubles (so agree to float32's
 #: precision only): Erf's evaluator rounds to float32, HardSwish and Selu use float32 constants.

@@ -299,6 +299,20 @@ def _pow(ex: Exporter, node: NodeOp, inputs: list[str]) -> str:
     return ex.add("Pow", [inputs[0], ex.constant(node.meta("exponent"), "exponent")], "pow")
 
 
+@EXPORT.register(tl.LessOp)
+def _less(ex: Exporter, node: NodeOp, inputs: list[str]) -> str:
+    """ONNX's Less gives booleans; tl's 0 and 1 are them cast to the real type."""
+    real = helper.np_dtype_to_tensor_dtype(np.dtype(ex.dtype))
+    return ex.add("Cast", [ex.add("Less", inputs, "less")], "less_real", to=real)
+
+
+@EXPORT.register(tl.WhereOp)
+def _where(ex: Exporter, node: NodeOp, inputs: list[str]) -> str:
+    """The condition cast to BOOL (not 0, NaN included, is true)."""
+    condition = ex.add("Cast", [inputs[0]], "condition", to=TensorProto.BOOL)
+    return ex.add("Where", [condition, *inputs[1:]], "where")
+
+
 @EXPORT.register(tl.PadOp)
 def _pad(ex: Exporter, node: NodeOp, inputs: list[str]) -> str:
     """Pad-11's form: pads [before..., after...] and the constant value as inputs."""

@@ -48,6 +48,7 @@ from tlc.dialect.registry import NODE_OPS
 from tlc.dialect.shapes import Shape, fmt_shape
 from tlc.frontends.import_common import (
     ImportFailure,
+    broadcast_all,
     broadcast_to,
     ceil_mode_extra,
     channel_norm,
@@ -215,7 +216,16 @@ def _to_real(call: NodeCall, value: Value | None, target: int) -> Value:
 
 @on("Cast", attributes=["to", "saturate", "round_mode"])
 def _cast(call: NodeCall) -> Value:
-    return _to_real(call, call.input(0), call.attr("to"))
+    """To BOOL: tl's booleans are 1 where the value is not 0 (NaN included) and 0 elsewhere,
+    a `where` of constants; to a real type: `_to_real`."""
+    value = call.input(0)
+    if call.attr("to") == TensorProto.BOOL and value is not None:
+        if isinstance(value, np.ndarray):
+            return (value != 0).astype(np.float64)
+        shape = call.shape(value)
+        ones, zeros = call.ops.const(np.ones(shape)), call.ops.const(np.zeros(shape))
+        return call.ops.apply(tl.WhereOp, [value, ones, zeros])
+    return _to_real(call, value, call.attr("to"))
 
 
 @on("CastLike", attributes=["saturate", "round_mode"])
@@ -696,6 +706,19 @@ def _prelu(call: NodeCall) -> SSAValue:
     return call.ops.apply(tl.PreluOp, [x, broadcast_to(call.ops, slope, shape)])
 
 
+@on("Greater")
+def _greater(call: NodeCall) -> SSAValue:
+    """a > b is less(b, a) (both 0 where either is NaN)."""
+    a, b = call.inputs()
+    return elementwise(call.ops, tl.LessOp, [b, a])
+
+
+@on("Where")
+def _where(call: NodeCall) -> SSAValue:
+    """The condition (booleans as 0 and 1) and both values broadcast together."""
+    return call.ops.apply(tl.WhereOp, broadcast_all(call.ops, call.inputs()))
+
+
 @on("Mean")
 def _mean(call: NodeCall) -> Value:
     """Variadic Mean: the broadcast sum left to right, divided by the number of inputs."""
@@ -985,13 +1008,13 @@ def _input_shape(info: onnx.ValueInfoProto, given: Shape | None) -> Shape:
     t = info.type.tensor_type
     if not info.type.HasField("tensor_type"):
         raise import_error(PREFIX, f"input '{info.name}' is not a tensor")
-    if t.elem_type not in REAL_TYPES:
+    if t.elem_type not in REAL_TYPES and t.elem_type != TensorProto.BOOL:
         known = t.elem_type in TensorProto.DataType.values()
         kind = TensorProto.DataType.Name(t.elem_type) if known else f"#{t.elem_type} (unknown)"
         raise import_error(
             PREFIX,
-            f"input '{info.name}' has element type {kind} (tl graph inputs are FLOAT/DOUBLE; "
-            "shapes and axes must be initializers)",
+            f"input '{info.name}' has element type {kind} (tl graph inputs are FLOAT/DOUBLE, "
+            "or BOOL as 0 and 1; shapes and axes must be initializers)",
         )
     shape = tuple(given) if given is not None else _static_shape(info)
     if shape is None:

@@ -50,6 +50,7 @@ from tlc.dialect.registry import NODE_OPS
 from tlc.dialect.shapes import Shape, fmt_shape
 from tlc.frontends.import_common import (
     ImportFailure,
+    broadcast_all,
     broadcast_to,
     ceil_mode_extra,
     channel_norm,
@@ -380,6 +381,25 @@ def _layernorm(call: Call) -> SSAValue:
 
 #: PyTorch's pad modes -> tl's (F.pad's `circular` has none).
 PAD_MODES = {"constant": "constant", "reflect": "reflect", "replicate": "edge"}
+
+
+@on(torch.gt, torch.greater, operator.gt, "gt")
+def _greater(call: Call) -> Any:
+    """a > b is less(b, a)."""
+    _check_arguments(call, 2, ())
+    a, b = call.arg(0, "input"), call.arg(1, "other")
+    return elementwise(call.ops, tl.LessOp, [call.value(b), call.value(a)])
+
+
+@on(torch.where)
+def _where(call: Call) -> SSAValue:
+    """torch.where(condition, a, b) (the one-argument form, nonzero indices, is refused)."""
+    if len(call.node.args) + len(call.node.kwargs) != 3:
+        raise call.refuse("where without both values (the nonzero-indices form)")
+    values = [
+        call.value(call.arg(i, name)) for i, name in enumerate(("condition", "input", "other"))
+    ]
+    return call.ops.apply(tl.WhereOp, broadcast_all(call.ops, values))
 
 
 def _pad_of(call: Call, widths: Sequence[int], mode: str, value: Any) -> SSAValue:
@@ -943,7 +963,7 @@ class TorchImporter:
     def _check(self, call: Call, result: SSAValue) -> None:
         expected = call.out_shape  # refuses a call whose value is not one tensor
         meta = call.node.meta["tensor_meta"]
-        if not meta.dtype.is_floating_point:
+        if not meta.dtype.is_floating_point and meta.dtype != torch.bool:  # bools as 0 and 1
             raise call.refuse(f"produces {meta.dtype} values (tl graphs compute on reals)")
         ours = self.builder.shape_of(result)
         if ours != expected:

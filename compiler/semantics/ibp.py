@@ -294,6 +294,26 @@ def _pow(node: NodeOp, boxes: list[Box], record: Any, out: Outward) -> Box | Non
     return Box(out.down(low, ops.PowOp.ULPS), out.up(high, ops.PowOp.ULPS))
 
 
+@register(ops.LessOp)
+def _less(node: NodeOp, boxes: list[Box], record: Any, out: Outward) -> Box | None:
+    """1 where every a of its box is below every b, 0 where none is, else [0, 1] (exact)."""
+    a, b = boxes
+    surely, never = a.hi < b.lo, a.lo >= b.hi
+    return Box(np.where(surely, 1.0, 0.0), np.where(never, 0.0, 1.0))
+
+
+@register(ops.WhereOp)
+def _where(node: NodeOp, boxes: list[Box], record: Any, out: Outward) -> Box | None:
+    """a's box where the condition's box excludes 0, b's where it is the point 0, else the hull
+    of both (the value is one of them; exact)."""
+    condition, a, b = boxes
+    true = (condition.lo > 0) | (condition.hi < 0)
+    false = (condition.lo == 0) & (condition.hi == 0)
+    low = np.where(true, a.lo, np.where(false, b.lo, np.minimum(a.lo, b.lo)))
+    high = np.where(true, a.hi, np.where(false, b.hi, np.maximum(a.hi, b.hi)))
+    return Box(low, high)
+
+
 #: pad moves values and adds constants: the reference rule on lo and on hi.
 register(ops.PadOp)(_exact_monotone)
 

@@ -103,6 +103,10 @@ register(ops.PreluOp)(
 )
 
 
+register(ops.LessOp)(lambda t, node, args, record: (args[0] < args[1]).to(args[0].dtype))
+register(ops.WhereOp)(lambda t, node, args, record: t.where(args[0] != 0, args[1], args[2]))
+
+
 @register(ops.LrnOp)
 def _lrn(t: Any, node: NodeOp, args: list[Any], record: Any) -> Any:
     """ONNX's channel window (F.local_response_norm pads size // 2 channels first, which is

@@ -225,6 +225,24 @@ binary(ops.MinElemOp, _min_partials)
 linear_op(ops.AddOp, lambda em, node, shapes, g: [g, g])
 
 linear_op(ops.SubOp, lambda em, node, shapes, g: [g, em.neg(g)])
+stop_gradient("piecewise constant (0 or 1): derivative 0 wherever it exists", ops.LessOp)
+
+
+@defjvp(ops.WhereOp)
+def _where_jvp(em, node, ins, out, ts, record, rt):  # type: ignore[no-untyped-def]
+    """The tangent of the value chosen (the condition, piecewise constant, carries none)."""
+    return np.where(ins[0] != 0, ts[1], ts[2])
+
+
+@defvjp(ops.WhereOp)
+def _where_vjp(em, node, ins, out, g, record):  # type: ignore[no-untyped-def]
+    """g to the value chosen at each element, 0 to the other: two wheres (exact)."""
+    zero = em.full_like(g, 0.0)
+    return [
+        None,
+        em.bind(ops.WhereOp, [ins[0], g, zero]),
+        em.bind(ops.WhereOp, [ins[0], zero, g]),
+    ], {}
 
 
 @defjvp(ops.PadOp)
