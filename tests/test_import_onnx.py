@@ -293,8 +293,11 @@ INT_INITIALIZERS = {
     "reduce_sum_opset13": [int_init("axes", [0, 2])],
     "tile": [int_init("repeats", [2, 3])],
     "reduce_max_min": [int_init("axes", [0, -1])],
-    "pad_modes_and_axes": [int_init("pads", [0, 1, 2, 1, 0, 1]), int_init("pads1", [3, 0]),
-                           int_init("axes", [-1])],
+    "pad_modes_and_axes": [
+        int_init("pads", [0, 1, 2, 1, 0, 1]),
+        int_init("pads1", [3, 0]),
+        int_init("axes", [-1]),
+    ],
 }
 
 

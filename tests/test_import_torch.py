@@ -271,8 +271,10 @@ FORMS: dict[str, tuple[Any, dict[str, nn.Module], list[str]]] = {
     "rsqrt": (lambda x, m: torch.rsqrt(x * x + 1) + (x * x + 2).rsqrt(), {}, ["rsqrt"] * 2),
     "less_and_where": (
         lambda x, m: (
-            torch.where(x < 0.5, x, -x) + (x > 1) * torch.where(torch.lt(x, 2), 2.0, x)
-            + x.lt(0) + torch.gt(x, -1) * x.gt(0)
+            torch.where(x < 0.5, x, -x)
+            + (x > 1) * torch.where(torch.lt(x, 2), 2.0, x)
+            + x.lt(0)
+            + torch.gt(x, -1) * x.gt(0)
         ),
         {},
         ["less", "where", "less", "less", "where", "less", "less", "less"],

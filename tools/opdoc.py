@@ -32,7 +32,7 @@ END = "<!-- end of the generated op reference -->"
 SECTIONS: list[tuple[str, tuple[type[NodeOp], ...], tuple[str, ...]]] = [
     ("Sources", (DeclaredShapeOp,), ("const", "bernoulli_mask")),
     ("Elementwise unary", (UnaryOp,), ()),
-    ("Elementwise binary", (BinaryOp,), ("safe_log",)),
+    ("Elementwise binary", (BinaryOp,), ("safe_log", "where")),
     ("Layout", (), ("permute", "transpose", "broadcast_to", "reshape", "flatten", "concat", "pad")),
     ("Reductions", (ReductionOp,), ("sum", "mse_loss")),
     ("Contractions and layers", (PoolOp,), ("matmul", "linear", "conv", "batch_norm_eval")),
