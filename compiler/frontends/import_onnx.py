@@ -623,7 +623,8 @@ def _reduce(call: NodeCall, op: type[tl.ReductionOp], since: int) -> SSAValue:
 def _reduce_extreme(call: NodeCall, negate: bool) -> SSAValue:
     """The reduced axes moved last and flattened into one of extent n, then a max pool
     {kernel = n, stride = n}: exactly the max. The min is -max(-x) (negation is exact). Axes are
-    an input from opset 18. Over no elements the result is ONNX's -inf (+inf for the min)."""
+    an input from opset 18. Over no elements the result is ONNX's -inf (+inf for the min), for
+    booleans False (True)."""
     x = call.tensor(0)
     shape = call.shape(x)
     rank = len(shape)
@@ -643,7 +644,9 @@ def _reduce_extreme(call: NodeCall, negate: bool) -> SSAValue:
     out = (
         [1 if a in chosen else d for a, d in enumerate(shape)] if keep else [shape[a] for a in kept]
     )
-    if n == 0:  # ONNX: the max of no elements is -inf, the min +inf
+    if n == 0:  # ONNX: the max of no elements is -inf (False), the min +inf (True)
+        if call.node.input[0] in call.importer.bools:
+            return call.ops.const(np.full(out, 1.0 if negate else 0.0))
         return call.ops.const(np.full(out, np.inf if negate else -np.inf))
     if negate:
         x = call.ops.apply(tl.NegOp, [x])
@@ -911,7 +914,7 @@ class OnnxImporter:
         self.uses = Counter(
             name for node in model.graph.node for name in node.input if name
         ) + Counter(o.name for o in model.graph.output)
-        self.inferred = _inferred_shapes(model)
+        self.inferred, self.bools = _inferred_shapes(model)
 
     def describe(self, node: onnx.NodeProto, index: int) -> str:
         name = f"node '{node.name}'" if node.name else f"node #{index}"
@@ -983,18 +986,21 @@ class OnnxImporter:
         return value.shape if isinstance(value, np.ndarray) else self.builder.shape_of(value)
 
 
-def _inferred_shapes(model: onnx.ModelProto) -> dict[str, Shape]:
-    """Static shapes ONNX's shape inference knows, by value name."""
+def _inferred_shapes(model: onnx.ModelProto) -> tuple[dict[str, Shape], frozenset[str]]:
+    """Static shapes ONNX's shape inference knows, by value name; and the values it knows to
+    be BOOL (tl holds them as 0 and 1, which only an empty reduction tells apart)."""
     try:
         inferred = onnx.shape_inference.infer_shapes(model)
     except Exception:  # inference is only a cross-check; a model it rejects is checked by us
-        return {}
+        return {}, frozenset()
     shapes = {}
-    for info in [*inferred.graph.value_info, *inferred.graph.output]:
+    infos = [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]
+    for info in infos[len(inferred.graph.input) :]:
         shape = _static_shape(info)
         if shape is not None:
             shapes[info.name] = shape
-    return shapes
+    bools = frozenset(i.name for i in infos if i.type.tensor_type.elem_type == TensorProto.BOOL)
+    return shapes, bools
 
 
 def _static_shape(info: onnx.ValueInfoProto) -> Shape | None:
