@@ -676,18 +676,33 @@ def _constant(call: NodeCall) -> np.ndarray:
 # --------------------------------------------------------------------------------------------
 
 
+#: The most distinct values a constant Pow exponent may hold (one `pow` node each).
+POW_EXPONENTS = 8
+
+
 @on("Pow")
 def _pow(call: NodeCall) -> SSAValue:
-    """Pow's exponent is an input; tl's pow has a constant one, so it must be a constant whose
-    entries are all one number (broadcasting x to the exponent's shape where that is larger)."""
+    """Pow's exponent is an input; tl's pow has a constant one, so the exponent must be a
+    constant. One number is one `pow` (x broadcast to the exponent's shape where that is
+    larger); a few distinct numbers are a `pow` per number, each chosen where the exponent holds
+    it by a `where` with a constant mask (exact: every element is its own power)."""
     exponent = call.const(1, "exponent")
     values = np.unique(exponent)
-    if values.size != 1:
-        raise call.refuse("exponent (input 1) holds several values (tl's pow has one exponent)")
+    if values.size > POW_EXPONENTS:
+        raise call.refuse(
+            f"exponent (input 1) holds {values.size} values (at most {POW_EXPONENTS}: one tl "
+            "pow node each)"
+        )
     x = call.tensor(0)
     target = np.broadcast_shapes(call.shape(x), exponent.shape)
+    x = broadcast_to(call.ops, x, target)
+    spread = np.broadcast_to(exponent, target)
     y = call.ops.apply(tl.PowOp, [x], {"exponent": float(values[0])})
-    return broadcast_to(call.ops, y, target)
+    for value in values[1:]:
+        chosen = call.ops.const((spread == value).astype(np.float64))
+        power = call.ops.apply(tl.PowOp, [x], {"exponent": float(value)})
+        y = call.ops.apply(tl.WhereOp, [chosen, power, y])
+    return y
 
 
 @on("PRelu")
