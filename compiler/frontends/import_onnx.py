@@ -393,18 +393,34 @@ def _pads(
     return pads[:rank], pads[rank:]
 
 
-@on("Conv", attributes=["auto_pad", "dilations", "group", "kernel_shape", "pads", "strides"])
-def _conv(call: NodeCall) -> SSAValue:
-    x = call.tensor(0)
+@dataclass(frozen=True)
+class ConvInputs:
+    """A Conv's or ConvTranspose's input, constant weight and bias, and window geometry."""
+
+    x: SSAValue
+    weight: np.ndarray
+    bias: np.ndarray | None
+    kernel: list[int]
+    stride: list[int]
+    dilation: list[int]
+
+
+def _conv_inputs(call: NodeCall) -> ConvInputs:
     weight = call.const(1, "W")
-    bias = call.const(2, "B", None)
     rank = weight.ndim - 2
     kernel = list(weight.shape[2:])
     if ints(call.attr("kernel_shape", kernel)) != kernel:
         raise call.refuse("kernel_shape disagrees with the weight's shape")
     stride = ints(call.attr("strides", [1] * rank))
     dilation = ints(call.attr("dilations", [1] * rank))
-    lo, hi = _pads(call, call.shape(x)[2:], kernel, stride, dilation)
+    return ConvInputs(call.tensor(0), weight, call.const(2, "B", None), kernel, stride, dilation)
+
+
+@on("Conv", attributes=["auto_pad", "dilations", "group", "kernel_shape", "pads", "strides"])
+def _conv(call: NodeCall) -> SSAValue:
+    c = _conv_inputs(call)
+    x, weight, bias, stride, dilation = c.x, c.weight, c.bias, c.stride, c.dilation
+    lo, hi = _pads(call, call.shape(x)[2:], c.kernel, stride, dilation)
     return call.ops.conv(
         x, weight, bias, stride=stride, padding=lo, padding_after=hi, dilation=dilation,
         groups=int(call.attr("group", 1)), channel_axis=1,
@@ -594,6 +610,15 @@ def _concat(call: NodeCall) -> SSAValue:
     return call.ops.concat(*parts, axis=axis)
 
 
+def _given_axes(call: NodeCall, since: int) -> list[int] | None:
+    """A reduction's axes: an input from opset `since`, an attribute before (None or empty
+    where none are given)."""
+    if call.opset >= since:
+        given = call.const(1, "axes", None)
+        return None if given is None else ints(given.reshape(-1))
+    return call.attr("axes", None)
+
+
 @on("ReduceSum", attributes=["keepdims", "noop_with_empty_axes"], op=tl.ReduceSumOp, since=13)
 @on(
     "ReduceMean",
@@ -604,11 +629,7 @@ def _concat(call: NodeCall) -> SSAValue:
 def _reduce(call: NodeCall, op: type[tl.ReductionOp], since: int) -> SSAValue:
     """`since`: the opset from which the axes are an input rather than an attribute."""
     x = call.tensor(0)
-    if call.opset >= since:
-        given = call.const(1, "axes", None)
-        axes = None if given is None else ints(given.reshape(-1))
-    else:
-        axes = call.attr("axes", None)
+    axes = _given_axes(call, since)
     if not axes:
         if call.attr("noop_with_empty_axes", 0):
             return x
@@ -628,11 +649,7 @@ def _reduce_extreme(call: NodeCall, negate: bool) -> SSAValue:
     x = call.tensor(0)
     shape = call.shape(x)
     rank = len(shape)
-    if call.opset >= 18:
-        given = call.const(1, "axes", None)
-        axes = None if given is None else ints(given.reshape(-1))
-    else:
-        axes = call.attr("axes", None)
+    axes = _given_axes(call, 18)
     if not axes:
         if call.attr("noop_with_empty_axes", 0):
             return x
@@ -789,15 +806,16 @@ def _conv_transpose(call: NodeCall) -> SSAValue:
     The output's padding comes from `pads`, or from `output_shape` / `auto_pad` as ONNX states:
     total = s (n - 1) + output_padding + d (k - 1) + 1 - output extent, the smaller half before
     for SAME_UPPER, after otherwise (ONNX's rule, which ONNX Runtime follows)."""
-    x = call.tensor(0)
-    weight = call.const(1, "W")
-    bias = call.const(2, "B", None)
-    rank = weight.ndim - 2
-    kernel = list(weight.shape[2:])
-    if ints(call.attr("kernel_shape", kernel)) != kernel:
-        raise call.refuse("kernel_shape disagrees with the weight's shape")
-    stride = ints(call.attr("strides", [1] * rank))
-    dilation = ints(call.attr("dilations", [1] * rank))
+    c = _conv_inputs(call)
+    x, weight, bias, kernel, stride, dilation = (
+        c.x,
+        c.weight,
+        c.bias,
+        c.kernel,
+        c.stride,
+        c.dilation,
+    )
+    rank = len(kernel)
     extra = ints(call.attr("output_padding", [0] * rank))
     groups = int(call.attr("group", 1))
     spatial = call.shape(x)[2:]

@@ -301,11 +301,17 @@ def _conv_of(
     )  # fmt: skip
 
 
-@on(nn.Conv1d, nn.Conv2d, nn.Conv3d)
-def _conv_module(call: Call) -> SSAValue:
+def _zeros_padded(call: Call) -> nn.Module:
+    """The call's convolution module, which must pad with zeros."""
     m = call.module
     if m.padding_mode != "zeros":
         raise call.refuse(f"padding_mode='{m.padding_mode}' (only 'zeros')")
+    return m
+
+
+@on(nn.Conv1d, nn.Conv2d, nn.Conv3d)
+def _conv_module(call: Call) -> SSAValue:
+    m = _zeros_padded(call)
     return _conv_of(
         call, _param(m.weight), _param(m.bias), m.stride, m.padding, m.dilation, m.groups
     )
@@ -508,9 +514,7 @@ def _conv_transpose_of(
 
 @on(nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)
 def _conv_transpose_module(call: Call) -> SSAValue:
-    m = call.module
-    if m.padding_mode != "zeros":
-        raise call.refuse(f"padding_mode='{m.padding_mode}' (only 'zeros')")
+    m = _zeros_padded(call)
     if len(call.node.args) > 1 or call.node.kwargs:
         raise call.refuse("an output_size argument")
     return _conv_transpose_of(
