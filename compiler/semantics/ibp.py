@@ -273,7 +273,7 @@ def _pow(node: NodeOp, boxes: list[Box], record: Any, out: Outward) -> Box | Non
     e = node.meta("exponent")
     if e == 0:
         return Box.point(np.ones(a.shape))
-    integer = e == math.floor(e)
+    integer = float(e).is_integer()
     if not integer and not np.all(a.lo >= 0):
         return None
     ends = [reference(node, v) for v in (a.lo, a.hi)]
