@@ -491,6 +491,74 @@ def test_refusals_name_the_node_and_op_type() -> None:
     )
 
 
+def test_refusals_of_the_real_model_rules() -> None:
+    """Each refusal of the rules added for real models names the node, the op type and why."""
+    x4 = [("x", (1, 4, 3))]
+    cases = [
+        (
+            [helper.make_node("Tile", ["x", "r"], ["y"])],
+            x4,
+            [],
+            [int_init("r", [2, 2])],
+            "node #0 (Tile): 2 repeats for an input of rank 3",
+        ),
+        (
+            [helper.make_node("GroupNormalization", ["x", "s", "b"], ["y"], num_groups=3)],
+            x4,
+            [("s", np.ones(4)), ("b", np.ones(4))],
+            [],
+            "node #0 (GroupNormalization): num_groups=3 does not divide the 4 channels",
+        ),
+        (
+            [helper.make_node("GroupNormalization", ["x", "s", "b"], ["y"], num_groups=2)],
+            x4,
+            [("s", np.ones(2)), ("b", np.ones(2))],
+            [],
+            "node #0 (GroupNormalization): scale and bias must have one entry per channel (4)",
+        ),
+        (
+            [helper.make_node("PRelu", ["x", "s"], ["y"])],
+            x4,
+            [("s", np.ones(2))],
+            [],
+            "node #0 (PRelu): slope shape [2] neither broadcasts to [1, 4, 3] nor has one entry "
+            "per channel",
+        ),
+        (
+            [helper.make_node("Pad", ["x", "p"], ["y"], mode="wrap")],
+            x4,
+            [],
+            [int_init("p", [0] * 6)],
+            "node #0 (Pad): mode='wrap' (tl pads constant, reflect or edge)",
+        ),
+        (
+            [helper.make_node("Pad", ["x", "p", "", "a"], ["y"])],
+            x4,
+            [],
+            [int_init("p", [1, 1, 1]), int_init("a", [1])],
+            "node #0 (Pad): 3 pads for 1 axes (expected 2)",
+        ),
+        (
+            [helper.make_node("Pad", ["x", "p"], ["y"])],
+            x4,
+            [],
+            [int_init("p", [0, 0, -1, 0, 0, 0])],
+            "node #0 (Pad): negative pads (cropping)",
+        ),
+        (
+            [helper.make_node("Pad", ["x", "p"], ["y"])],
+            x4,
+            [],
+            [int_init("p", [1, 1])],
+            "node #0 (Pad): 2 pads for an input of rank 3 (expected 6)",
+        ),
+    ]
+    for nodes, inputs, inits, ints_, message in cases:
+        model = make_model(nodes, inputs, "y", inits)
+        model.graph.initializer.extend(ints_)
+        assert _refusal(model) == f"ONNX import: {message}"
+
+
 def test_every_onnx_spelling_is_imported_from_its_op_kind() -> None:
     """An op kind's `ONNX` spelling is an importable op type; unless an explicit rule covers
     the op type, the derived rule understands exactly the spelling's attributes."""

@@ -450,6 +450,48 @@ def test_spelled_targets_refuse_what_the_spelling_does_not_name() -> None:
     )
 
 
+def test_refusals_of_the_real_model_rules() -> None:
+    """Each refusal of the FX rules added for real models names the node, the target and why."""
+    x = torch.randn(1, 4, 3)
+    cases = [
+        (
+            lambda x, m: F.pad(x, (1, 1), mode="circular"),
+            {},
+            "FX node 'pad' (torch.nn.functional.pad): mode='circular' (tl pads constant, reflect "
+            "or replicate)",
+        ),
+        (
+            lambda x, m: F.pad(x, (-1, 0)),
+            {},
+            "FX node 'pad' (torch.nn.functional.pad): negative pads (cropping)",
+        ),
+        (
+            lambda x, m: F.local_response_norm(x, 2),
+            {},
+            "FX node 'local_response_norm' (torch.nn.functional.local_response_norm): size=2: "
+            "PyTorch's window for an even size starts one channel before ONNX's, which tl's lrn "
+            "has",
+        ),
+        (
+            lambda x, m: m["t"](x.reshape(4, 3)),
+            {"t": nn.ConvTranspose1d(4, 2, 3)},
+            "FX node 'layers_t' (torch.nn.modules.conv.ConvTranspose1d): an input without a batch axis",
+        ),
+        (
+            lambda x, m: m["i"](x.reshape(4, 3)),
+            {"i": nn.InstanceNorm1d(4)},
+            "FX node 'layers_i' (torch.nn.modules.instancenorm.InstanceNorm1d): an input without a batch axis",
+        ),
+        (
+            lambda x, m: torch.where(x > 0),
+            {},
+            "FX node 'where' (torch.where): where without both values (the nonzero-indices form)",
+        ),
+    ]
+    for function, modules, message in cases:
+        assert _refusal(Applied(function, modules), x) == f"PyTorch graph import: {message}"
+
+
 def test_every_torch_spelling_is_imported() -> None:
     """Each callable an op kind's PyTorch spelling names is a target of the import table."""
     from tlc.dialect.registry import NODE_OPS

@@ -871,6 +871,10 @@ def _pad(call: NodeCall) -> SSAValue:
         axes = call.const(3, "axes", None)
         if axes is not None:
             chosen = [norm_axis(a, rank) for a in ints(axes.reshape(-1))]
+            if len(pads) != 2 * len(chosen):
+                raise call.refuse(
+                    f"{len(pads)} pads for {len(chosen)} axes (expected {2 * len(chosen)})"
+                )
             full = [0] * (2 * rank)
             for i, a in enumerate(chosen):
                 full[a], full[rank + a] = pads[i], pads[len(chosen) + i]

@@ -451,12 +451,11 @@ for _mode, _modules in PAD_MODULES.items():
 
 
 def _prelu_of(call: Call, weight: np.ndarray) -> SSAValue:
-    """PyTorch's slope has one entry, or one per channel of axis 1: broadcast explicitly."""
+    """PyTorch's slope has one entry, or one per channel of axis 1 (PyTorch checks which):
+    broadcast explicitly."""
     x = call.tensor(0)
     shape = call.ops.shape_of(x)
-    per_channel = (shape[1],) + (1,) * (len(shape) - 2) if len(shape) >= 2 else (1,)
-    if weight.size != 1 and (len(shape) < 2 or weight.size != shape[1]):
-        raise call.refuse(f"{weight.size} slopes for an input of shape {list(shape)}")
+    per_channel = (weight.size,) + (1,) * (len(shape) - 2)
     slope = np.reshape(weight, (1,) if weight.size == 1 else per_channel)
     return call.ops.apply(tl.PreluOp, [x, broadcast_to(call.ops, slope, shape)])
 
