@@ -311,7 +311,7 @@ HAND_RECORDS: tuple[OpRecord, ...] = (
     OpRecord("clip_below", ops.ClipOp, ((2, 3),), (2, 3),
              lambda t, xs, r, m: t.clamp(xs[0], min=m["min"]),
              fields={"min": 0.25, "max": math.inf}),
-    # div, prelu, pow, rsqrt, lrn: by their facts (div's interval, pow's interval and lowering
+    # div, prelu, pow, lrn: by their facts (div's interval, pow's interval and lowering
     # explicit; prelu and lrn through their decompositions)
     OpRecord("div", ops.DivOp, ((2, 3), (2, 3)), (2, 3), _binary("div"),
              samplers=(normal, away_from_zero)),
@@ -325,7 +325,6 @@ HAND_RECORDS: tuple[OpRecord, ...] = (
     OpRecord("pow_inverse_square", ops.PowOp, ((2, 3),), (2, 3),
              lambda t, xs, r, m: xs[0] ** -2.0, fields={"exponent": -2.0},
              samplers=(away_from_zero,)),
-    _unary_record(ops.RsqrtOp, "rsqrt", positive),
     OpRecord("lrn", ops.LrnOp, ((2, 5, 3, 2),), (2, 5, 3, 2),
              lambda t, xs, r, m: t.nn.functional.local_response_norm(
                  xs[0], m["size"], m["alpha"], m["beta"], m["k"]),

@@ -475,12 +475,14 @@ def test_refusals_of_the_real_model_rules() -> None:
         (
             lambda x, m: m["t"](x.reshape(4, 3)),
             {"t": nn.ConvTranspose1d(4, 2, 3)},
-            "FX node 'layers_t' (torch.nn.modules.conv.ConvTranspose1d): an input without a batch axis",
+            "FX node 'layers_t' (torch.nn.modules.conv.ConvTranspose1d): an input without a "
+            "batch axis",
         ),
         (
             lambda x, m: m["i"](x.reshape(4, 3)),
             {"i": nn.InstanceNorm1d(4)},
-            "FX node 'layers_i' (torch.nn.modules.instancenorm.InstanceNorm1d): an input without a batch axis",
+            "FX node 'layers_i' (torch.nn.modules.instancenorm.InstanceNorm1d): an input "
+            "without a batch axis",
         ),
         (
             lambda x, m: torch.where(x > 0),
