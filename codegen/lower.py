@@ -268,6 +268,13 @@ for _op, _fn in (
     (ops.SoftplusOp, _softplus),
     (ops.ExpOp, lambda k, n, x: k.intrinsic("exp", x)),
     (ops.InvOp, lambda k, n, x: k.b.fdiv(k.const(1), x)),
+    (ops.DivOp, lambda k, n, a, b: k.b.fdiv(a, b)),
+    (
+        ops.LessOp,
+        lambda k, n, a, b: k.b.select(k.b.fcmp_ordered("<", a, b), k.const(1), k.const(0)),
+    ),
+    (ops.WhereOp, lambda k, n, c, a, b: k.b.select(k.b.fcmp_unordered("!=", c, k.const(0)), a, b)),
+    (ops.PowOp, lambda k, n, x: k.intrinsic("pow", x, k.const(n.meta("exponent")))),
     (ops.SinOp, lambda k, n, x: k.intrinsic("sin", x)),
     (ops.CosOp, lambda k, n, x: k.intrinsic("cos", x)),
     (ops.GeluOp, _gelu),
@@ -341,6 +348,34 @@ def _transpose(k: KernelBuilder, s: Step) -> None:
     a, b = s.node.meta("axis1"), s.node.meta("axis2")
     perm[a], perm[b] = perm[b], perm[a]
     _permuted(k, s, perm)
+
+
+@register(ops.PadOp)
+def _pad(k: KernelBuilder, s: Step) -> None:
+    """out[i] = x[source(i)] per axis: i - before, clamped (edge), mirrored (reflect), or the
+    value where a constant pad has no source (its index clamped so the load stays inside)."""
+    node, src = s.node, s.args[0].shape
+    before, mode = node.meta("before"), node.meta("mode")
+    b = k.b
+    with k.nest(s.out.shape) as idx:
+        inside: ir.Value | None = None
+        sources = []
+        for i, n, lo in zip(idx, src, before, strict=True):
+            j = b.sub(i, k.i64(lo)) if lo else i
+            below, above = b.icmp_signed("<", j, k.i64(0)), b.icmp_signed(">", j, k.i64(n - 1))
+            if mode == "reflect":
+                j = b.select(below, b.neg(j), j)
+                j = b.select(b.icmp_signed(">", j, k.i64(n - 1)), b.sub(k.i64(2 * (n - 1)), j), j)
+            else:
+                if mode == "constant":
+                    ok = b.not_(b.or_(below, above))
+                    inside = ok if inside is None else b.and_(inside, ok)
+                j = b.select(above, k.i64(n - 1), b.select(below, k.i64(0), j))
+            sources.append(j)
+        value = k.load(s.args[0], k.linear_index(sources, strides(src)))
+        if inside is not None:
+            value = b.select(inside, value, k.const(node.meta("value")))
+        k.store(value, s.out, k.linear_index(idx, strides(s.out.shape)))
 
 
 @register(ops.BroadcastToOp)

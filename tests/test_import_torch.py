@@ -272,7 +272,76 @@ FORMS: dict[str, tuple[Any, dict[str, nn.Module], list[str]]] = {
         {"h": nn.Hardtanh(-2.0, 0.5), "r": nn.ReLU6()},
         ["clip"] * 7,
     ),
+    "div": (
+        lambda x, m: x / 2.0 + torch.div(x, x + 10) * x.div(3.0) + torch.true_divide(1.0, x + 10),
+        {},
+        ["div"] * 4,
+    ),
+    "pow": (
+        lambda x, m: x**2 + torch.pow(x, 3) * x.pow(exponent=0.5 * 2) + (x * x + 1) ** -0.75,
+        {},
+        ["pow"] * 4,
+    ),
+    "rsqrt": (lambda x, m: torch.rsqrt(x * x + 1) + (x * x + 2).rsqrt(), {}, ["rsqrt"] * 2),
+    "less_and_where": (
+        lambda x, m: (
+            torch.where(x < 0.5, x, -x)
+            + (x > 1) * torch.where(torch.lt(x, 2), 2.0, x)
+            + x.lt(0)
+            + torch.gt(x, -1) * x.gt(0)
+        ),
+        {},
+        ["less", "where", "less", "less", "where", "less", "less", "less"],
+    ),
 }
+
+#: Forms of the op kinds that want an [N, C, H, W] input (compared alike, in float64).
+NCHW_FORMS: dict[str, tuple[Any, dict[str, nn.Module], list[str]]] = {
+    "pad": (
+        lambda x, m: (
+            F.pad(x, (1, 2, 1, 1), value=0.5)
+            + F.pad(x, (2, 1, 0, 2), mode="reflect")
+            + F.pad(x, (0, 3, 2, 0), mode="replicate")
+            + m["r"](x) + m["z"](x) + m["m"](x) + m["c"](x)
+        ),
+        {"r": nn.ReplicationPad2d((1, 2, 1, 1)), "z": nn.ZeroPad2d((3, 0, 1, 1)),
+         "m": nn.ReflectionPad2d((1, 2, 2, 0)), "c": nn.ConstantPad2d((1, 2, 0, 2), -1.0)},
+        ["pad"] * 7,
+    ),
+    "prelu": (
+        lambda x, m: (
+            m["one"](x) + m["per_channel"](x)
+            + F.prelu(x, torch.full((1,), 0.3, dtype=torch.float64))
+        ),
+        {"one": nn.PReLU(), "per_channel": nn.PReLU(4, init=-0.2)},
+        ["prelu"] * 3,
+    ),
+    "lrn": (
+        lambda x, m: m["lrn"](x) + F.local_response_norm(x, 3, alpha=0.5, beta=0.6, k=2.0),
+        {"lrn": nn.LocalResponseNorm(5)},
+        ["lrn"] * 2,
+    ),
+    "conv_transpose": (
+        lambda x, m: m["t"](x) + m["g"](x),
+        {"t": nn.ConvTranspose2d(4, 6, 3, stride=(3, 2), padding=1, output_padding=(1, 0)),
+         "g": nn.ConvTranspose2d(4, 6, 2, stride=(3, 2), padding=1, output_padding=(1, 0),
+                                 groups=2, dilation=2)},
+        ["conv"] * 2,
+    ),
+    "group_and_instance_norm": (
+        lambda x, m: m["g"](x) + m["i"](x) + F.group_norm(x, 2) + F.instance_norm(x),
+        {"g": nn.GroupNorm(2, 4), "i": nn.InstanceNorm2d(4, affine=True)},
+        ["layernorm"] * 4,
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(NCHW_FORMS))
+def test_nchw_op_forms_match_pytorch(name: str) -> None:
+    function, modules, tags = NCHW_FORMS[name]
+    x = torch.randn(2, 4, 5, 6, dtype=torch.float64)
+    traced = check_against_torch(Applied(function, modules).double(), x)
+    assert [n.TAG for n in traced.graph.nodes if n.TAG in set(tags)] == tags
 
 
 @pytest.mark.parametrize("name", sorted(FORMS))
@@ -393,6 +462,50 @@ def test_spelled_targets_refuse_what_the_spelling_does_not_name() -> None:
         "PyTorch graph import: FX node 'clamp' (torch.clamp): a tensor min bound (tl's clip "
         "bounds are numbers)"
     )
+
+
+def test_refusals_of_the_real_model_rules() -> None:
+    """Each refusal of the FX rules added for real models names the node, the target and why."""
+    x = torch.randn(1, 4, 3)
+    cases = [
+        (
+            lambda x, m: F.pad(x, (1, 1), mode="circular"),
+            {},
+            "FX node 'pad' (torch.nn.functional.pad): mode='circular' (tl pads constant, reflect "
+            "or replicate)",
+        ),
+        (
+            lambda x, m: F.pad(x, (-1, 0)),
+            {},
+            "FX node 'pad' (torch.nn.functional.pad): negative pads (cropping)",
+        ),
+        (
+            lambda x, m: F.local_response_norm(x, 2),
+            {},
+            "FX node 'local_response_norm' (torch.nn.functional.local_response_norm): size=2: "
+            "PyTorch's window for an even size starts one channel before ONNX's, which tl's lrn "
+            "has",
+        ),
+        (
+            lambda x, m: m["t"](x.reshape(4, 3)),
+            {"t": nn.ConvTranspose1d(4, 2, 3)},
+            "FX node 'layers_t' (torch.nn.modules.conv.ConvTranspose1d): an input without a "
+            "batch axis",
+        ),
+        (
+            lambda x, m: m["i"](x.reshape(4, 3)),
+            {"i": nn.InstanceNorm1d(4)},
+            "FX node 'layers_i' (torch.nn.modules.instancenorm.InstanceNorm1d): an input "
+            "without a batch axis",
+        ),
+        (
+            lambda x, m: torch.where(x > 0),
+            {},
+            "FX node 'where' (torch.where): where without both values (the nonzero-indices form)",
+        ),
+    ]
+    for function, modules, message in cases:
+        assert _refusal(Applied(function, modules), x) == f"PyTorch graph import: {message}"
 
 
 def test_every_torch_spelling_is_imported() -> None:

@@ -21,7 +21,7 @@ from xdsl.ir import SSAValue
 from tlc.core.diagnostics import DiagnosticError, Location
 from tlc.dialect import ops as tl
 from tlc.dialect.program_ops import BindOp, ParamsOp
-from tlc.dialect.shapes import Shape, fmt_shape
+from tlc.dialect.shapes import Shape, fmt_shape, numel
 from tlc.semantics.program import GraphBuilder, Traced
 
 
@@ -146,6 +146,77 @@ def pad(
         if len(parts) > 1:
             value = builder.concat(*parts, axis=axis)
     return value
+
+
+def channel_norm(
+    builder: GraphBuilder,
+    value: SSAValue,
+    groups: int,
+    scale: np.ndarray | None,
+    bias: np.ndarray | None,
+    eps: float,
+) -> SSAValue:
+    """Group normalisation of [N, C, ...] (instance norm: `groups` = C): each group of C / groups
+    channels of one sample is normalised over its channels and spatial extent (biased variance),
+    then `scale` and `bias` per channel. Exactly `layernorm` over the last axis of
+    [N, groups, C / groups · prod(spatial)], reshaped back, times scale plus bias."""
+    shape = builder.shape_of(value)
+    n, c = shape[0], shape[1]
+    rows = reshape(builder, value, (n, groups, numel(shape[1:]) // groups))
+    normed = reshape(builder, builder.layernorm(rows, None, None, eps, axis=2), shape)
+    per_channel = (c,) + (1,) * (len(shape) - 2)
+    if scale is not None:
+        normed = elementwise(builder, tl.MulElemOp, [normed, np.reshape(scale, per_channel)])
+    if bias is not None:
+        normed = elementwise(builder, tl.AddOp, [normed, np.reshape(bias, per_channel)])
+    return normed
+
+
+def conv_transpose(
+    builder: GraphBuilder,
+    value: SSAValue,
+    weight: np.ndarray,
+    bias: np.ndarray | None,
+    *,
+    stride: Sequence[int],
+    lo: Sequence[int],
+    hi: Sequence[int],
+    dilation: Sequence[int],
+    groups: int,
+) -> SSAValue:
+    """A transposed convolution of [N, C_in, ...] with `weight` [C_in, C_out / groups, k...]
+    (ONNX's and PyTorch's layout); `lo`/`hi` are the output's padding before and after each
+    spatial axis (hi already net of the output padding, so it may be negative only where
+    the caller refused). The convolution it transposes, written as one: s - 1 zeros inserted
+    after every input element along each strided axis (a reshape to [..., n, 1, ...], a
+    concat with zeros, a reshape to [..., n s, ...]), then a stride-1 convolution dilated as
+    the original, padded d (k-1) - lo before and d (k-1) - hi - (s-1) after (the trailing
+    zeros of the last element already count), with each group's kernel transposed to
+    [C_out / groups, C_in / groups] and flipped along every spatial axis. Exact: every
+    inserted zero adds 0 · w to a sum of the same products the transposed convolution adds."""
+    shape = builder.shape_of(value)
+    rank = len(shape) - 2
+    kernel = weight.shape[2:]
+    c_in, c_out_g = weight.shape[0], weight.shape[1]
+    for i, s in enumerate(stride):
+        if s == 1:
+            continue
+        axis = 2 + i
+        cur = list(builder.shape_of(value))
+        opened = reshape(builder, value, cur[: axis + 1] + [1] + cur[axis + 1 :])
+        zeros = builder.const(np.zeros(cur[: axis + 1] + [s - 1] + cur[axis + 1 :]))
+        joined = builder.concat(opened, zeros, axis=axis + 1)
+        value = reshape(builder, joined, cur[:axis] + [cur[axis] * s] + cur[axis + 1 :])
+    span = [d * (k - 1) for d, k in zip(dilation, kernel, strict=True)]
+    before = [sp - p for sp, p in zip(span, lo, strict=True)]
+    after = [sp - p - (s - 1) for sp, p, s in zip(span, hi, stride, strict=True)]
+    grouped = weight.reshape(groups, c_in // groups, c_out_g, *kernel).swapaxes(1, 2)
+    flipped = np.flip(grouped.reshape(groups * c_out_g, c_in // groups, *kernel),
+                      axis=tuple(range(2, 2 + rank)))  # fmt: skip
+    return builder.conv(
+        value, np.ascontiguousarray(flipped), bias, stride=[1] * rank, padding=before,
+        padding_after=after, dilation=list(dilation), groups=groups, channel_axis=1,
+    )  # fmt: skip
 
 
 def ceil_mode_extra(n: int, lo: int, hi: int, k: int, s: int) -> int:
@@ -305,6 +376,8 @@ __all__ = [
     "along",
     "broadcast_all",
     "broadcast_to",
+    "channel_norm",
+    "conv_transpose",
     "elementwise",
     "finish",
     "import_error",

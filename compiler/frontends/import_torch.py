@@ -62,8 +62,11 @@ from tlc.dialect.shapes import Shape, fmt_shape
 from tlc.frontends.import_common import (
     ImportFailure,
     adaptive_pool,
+    broadcast_all,
     broadcast_to,
     ceil_mode_extra,
+    channel_norm,
+    conv_transpose,
     elementwise,
     finish,
     import_error,
@@ -269,6 +272,7 @@ def _with_alpha(call: Call, op: type[tl.BinaryOp]) -> Any:
 @on(operator.iadd, op=tl.AddOp)
 @on(operator.isub, op=tl.SubOp)
 @on(operator.imul, op=tl.MulElemOp)
+@on(operator.itruediv, op=tl.DivOp)
 def _in_place(call: Call, op: type[tl.BinaryOp]) -> Any:
     """`x += y` traces to `operator.iadd`: the value is x + y (tl graphs are functional)."""
     return _elementwise(call, op)
@@ -322,11 +326,17 @@ def _conv_of(
     )  # fmt: skip
 
 
-@on(nn.Conv1d, nn.Conv2d, nn.Conv3d)
-def _conv_module(call: Call) -> SSAValue:
+def _zeros_padded(call: Call) -> nn.Module:
+    """The call's convolution module, which must pad with zeros."""
     m = call.module
     if m.padding_mode != "zeros":
         raise call.refuse(f"padding_mode='{m.padding_mode}' (only 'zeros')")
+    return m
+
+
+@on(nn.Conv1d, nn.Conv2d, nn.Conv3d)
+def _conv_module(call: Call) -> SSAValue:
+    m = _zeros_padded(call)
     return _conv_of(
         call, call.param("weight"), call.param("bias"), m.stride, m.padding, m.dilation, m.groups
     )
@@ -394,6 +404,202 @@ def _layernorm(call: Call) -> SSAValue:
         call, call.arg(1, "normalized_shape"), call.constant(2, "weight", None),
         call.constant(3, "bias", None), call.arg(4, "eps", 1e-5),
     )  # fmt: skip
+
+
+# --------------------------------------------------------------------------------------------
+# Padding, prelu, local response norm, transposed convolutions, group and instance norm
+# --------------------------------------------------------------------------------------------
+
+#: PyTorch's pad modes -> tl's (F.pad's `circular` has none).
+PAD_MODES = {"constant": "constant", "reflect": "reflect", "replicate": "edge"}
+
+
+@on(torch.gt, torch.greater, operator.gt, "gt")
+def _greater(call: Call) -> Any:
+    """a > b is less(b, a)."""
+    _check_arguments(call, 2, ())
+    a, b = call.arg(0, "input"), call.arg(1, "other")
+    return elementwise(call.ops, tl.LessOp, [call.value(b), call.value(a)])
+
+
+@on(torch.where)
+def _where(call: Call) -> SSAValue:
+    """torch.where(condition, a, b) (the one-argument form, nonzero indices, is refused)."""
+    if len(call.node.args) + len(call.node.kwargs) != 3:
+        raise call.refuse("where without both values (the nonzero-indices form)")
+    values = [
+        call.value(call.arg(i, name)) for i, name in enumerate(("condition", "input", "other"))
+    ]
+    return call.ops.apply(tl.WhereOp, broadcast_all(call.ops, values))
+
+
+def _pad_of(call: Call, widths: Sequence[int], mode: str, value: Any) -> SSAValue:
+    """F.pad's `pad` lists (before, after) from the last axis backwards; negative widths crop."""
+    x = call.tensor(0)
+    rank = len(call.ops.shape_of(x))
+    if mode not in PAD_MODES:
+        raise call.refuse(f"mode='{mode}' (tl pads constant, reflect or replicate)")
+    widths = ints(widths)
+    if len(widths) % 2 or len(widths) > 2 * rank:
+        raise call.refuse(f"{len(widths)} pad widths for an input of rank {rank}")
+    if any(w < 0 for w in widths):
+        raise call.refuse("negative pads (cropping)")
+    before, after = [0] * rank, [0] * rank
+    for i in range(len(widths) // 2):
+        before[rank - 1 - i], after[rank - 1 - i] = widths[2 * i], widths[2 * i + 1]
+    fields = {"before": before, "after": after, "mode": PAD_MODES[mode]}
+    fields["value"] = 0.0 if value is None else float(value)
+    return call.ops.apply(tl.PadOp, [x], fields)
+
+
+@on(F.pad)
+def _pad(call: Call) -> SSAValue:
+    _check_arguments(call, 1, ("pad", "mode", "value"))
+    mode, value = call.arg(2, "mode", "constant"), call.arg(3, "value", None)
+    return _pad_of(call, call.arg(1, "pad"), mode, value)
+
+
+PAD_MODULES = {
+    "constant": (nn.ZeroPad1d, nn.ZeroPad2d, nn.ZeroPad3d, nn.ConstantPad1d, nn.ConstantPad2d,
+                 nn.ConstantPad3d),
+    "reflect": (nn.ReflectionPad1d, nn.ReflectionPad2d, nn.ReflectionPad3d),
+    "replicate": (nn.ReplicationPad1d, nn.ReplicationPad2d, nn.ReplicationPad3d),
+}  # fmt: skip
+
+
+def _pad_module(call: Call, mode: str) -> SSAValue:
+    return _pad_of(call, call.module.padding, mode, getattr(call.module, "value", None))
+
+
+for _mode, _modules in PAD_MODULES.items():
+    on(*_modules, mode=_mode)(_pad_module)
+
+
+def _prelu_of(call: Call, weight: np.ndarray) -> SSAValue:
+    """PyTorch's slope has one entry, or one per channel of axis 1 (PyTorch checks which):
+    broadcast explicitly."""
+    x = call.tensor(0)
+    shape = call.ops.shape_of(x)
+    per_channel = (weight.size,) + (1,) * (len(shape) - 2)
+    slope = np.reshape(weight, (1,) if weight.size == 1 else per_channel)
+    return call.ops.apply(tl.PreluOp, [x, broadcast_to(call.ops, slope, shape)])
+
+
+@on(nn.PReLU)
+def _prelu_module(call: Call) -> SSAValue:
+    return _prelu_of(call, _param(call.module.weight))
+
+
+@on(F.prelu)
+def _prelu(call: Call) -> SSAValue:
+    return _prelu_of(call, call.constant(1, "weight"))
+
+
+def _lrn_of(call: Call, size: int, alpha: float, beta: float, k: float) -> SSAValue:
+    if int(size) % 2 == 0:
+        raise call.refuse(
+            f"size={size}: PyTorch's window for an even size starts one channel before ONNX's, "
+            "which tl's lrn has"
+        )
+    fields = {"size": int(size), "alpha": float(alpha), "beta": float(beta), "k": float(k)}
+    return call.ops.apply(tl.LrnOp, [call.tensor(0)], fields)
+
+
+@on(nn.LocalResponseNorm)
+def _lrn_module(call: Call) -> SSAValue:
+    m = call.module
+    return _lrn_of(call, m.size, m.alpha, m.beta, m.k)
+
+
+@on(F.local_response_norm)
+def _lrn(call: Call) -> SSAValue:
+    return _lrn_of(
+        call, call.arg(1, "size"), call.arg(2, "alpha", 1e-4), call.arg(3, "beta", 0.75),
+        call.arg(4, "k", 1.0),
+    )  # fmt: skip
+
+
+def _conv_transpose_of(
+    call: Call, weight: np.ndarray, bias: np.ndarray | None, stride: Any, padding: Any,
+    output_padding: Any, groups: int, dilation: Any,
+) -> SSAValue:  # fmt: skip
+    x = call.tensor(0)
+    rank = weight.ndim - 2
+    if len(call.ops.shape_of(x)) != rank + 2:
+        raise call.refuse("an input without a batch axis")
+    stride, dilation = _tuple(stride, rank), _tuple(dilation, rank)
+    lo = _tuple(padding, rank)
+    hi = [p - e for p, e in zip(lo, _tuple(output_padding, rank), strict=True)]
+    return conv_transpose(
+        call.ops, x, weight, bias, stride=stride, lo=lo, hi=hi, dilation=dilation,
+        groups=int(groups),
+    )  # fmt: skip
+
+
+@on(nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)
+def _conv_transpose_module(call: Call) -> SSAValue:
+    m = _zeros_padded(call)
+    if len(call.node.args) > 1 or call.node.kwargs:
+        raise call.refuse("an output_size argument")
+    return _conv_transpose_of(
+        call, _param(m.weight), _param(m.bias), m.stride, m.padding, m.output_padding,
+        m.groups, m.dilation,
+    )  # fmt: skip
+
+
+@on(F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d)
+def _conv_transpose(call: Call) -> SSAValue:
+    weight, bias = call.constant(1, "weight"), call.constant(2, "bias", None)
+    return _conv_transpose_of(
+        call, weight, bias, call.arg(3, "stride", 1), call.arg(4, "padding", 0),
+        call.arg(5, "output_padding", 0), call.arg(6, "groups", 1), call.arg(7, "dilation", 1),
+    )  # fmt: skip
+
+
+@on(nn.GroupNorm)
+def _group_norm_module(call: Call) -> SSAValue:
+    m = call.module
+    return channel_norm(
+        call.ops, call.tensor(0), m.num_groups, _param(m.weight), _param(m.bias), m.eps
+    )
+
+
+@on(F.group_norm)
+def _group_norm(call: Call) -> SSAValue:
+    weight, bias = call.constant(2, "weight", None), call.constant(3, "bias", None)
+    groups, eps = int(call.arg(1, "num_groups")), float(call.arg(4, "eps", 1e-5))
+    return channel_norm(call.ops, call.tensor(0), groups, weight, bias, eps)
+
+
+INSTANCE_NORM_RANKS = {nn.InstanceNorm1d: 3, nn.InstanceNorm2d: 4, nn.InstanceNorm3d: 5}
+
+
+@on(*INSTANCE_NORM_RANKS)
+def _instance_norm_module(call: Call) -> SSAValue:
+    """Statistics of each sample and channel; a module tracking running statistics uses those
+    in eval mode, which is batch norm's evaluation."""
+    m = call.module
+    x = call.tensor(0)
+    shape = call.ops.shape_of(x)
+    if len(shape) != INSTANCE_NORM_RANKS[type(m)]:
+        raise call.refuse("an input without a batch axis")
+    weight, bias = _param(m.weight), _param(m.bias)
+    if m.track_running_stats and not m.training:
+        return _batch_norm_of(call, _param(m.running_mean), _param(m.running_var), weight, bias,
+                              m.eps)  # fmt: skip
+    return channel_norm(call.ops, x, shape[1], weight, bias, m.eps)
+
+
+@on(F.instance_norm)
+def _instance_norm(call: Call) -> SSAValue:
+    if not call.arg(5, "use_input_stats", True):
+        mean, var = call.constant(1, "running_mean"), call.constant(2, "running_var")
+        weight, bias = call.constant(3, "weight", None), call.constant(4, "bias", None)
+        return _batch_norm_of(call, mean, var, weight, bias, call.arg(7, "eps", 1e-5))
+    x = call.tensor(0)
+    weight, bias = call.constant(3, "weight", None), call.constant(4, "bias", None)
+    eps = float(call.arg(7, "eps", 1e-5))
+    return channel_norm(call.ops, x, call.ops.shape_of(x)[1], weight, bias, eps)
 
 
 # --------------------------------------------------------------------------------------------
@@ -1149,7 +1355,7 @@ class TorchImporter:
     def _check(self, call: Call, result: SSAValue) -> None:
         expected = call.out_shape  # refuses a call whose value is not one tensor
         meta = call.node.meta["tensor_meta"]
-        if not meta.dtype.is_floating_point:
+        if not meta.dtype.is_floating_point and meta.dtype != torch.bool:  # bools as 0 and 1
             raise call.refuse(f"produces {meta.dtype} values (tl graphs compute on reals)")
         ours = self.builder.shape_of(result)
         if ours != expected:

@@ -61,6 +61,13 @@ PARAMETER_INPUTS: dict[str, tuple[int, ...]] = {
     "Unsqueeze": (1,),
     "Tile": (1,),
     "Resize": (1, 2, 3),
+    "Pow": (1,),
+    "ConvTranspose": (1, 2),
+    "InstanceNormalization": (1, 2),
+    "GroupNormalization": (1, 2),
+    "Pad": (1, 2, 3),
+    "ReduceMax": (1,),
+    "ReduceMin": (1,),
 }
 
 
