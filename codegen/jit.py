@@ -14,6 +14,7 @@ import ctypes
 import hashlib
 import itertools
 from collections.abc import Callable
+from dataclasses import replace
 from functools import cache
 
 import llvmlite.binding as llvm
@@ -28,6 +29,7 @@ from tlc.codegen.module import (
     build_node_module,
     pack_params,
 )
+from tlc.codegen.runtime import available_cpus, helper_symbols
 from tlc.codegen.target import HOST, Target, compile_ir, emit_object, host_lacks, target_machine
 from tlc.core.diagnostics import DiagnosticError
 from tlc.core.payload import Payload, Record
@@ -61,8 +63,11 @@ def jit_link(ir_text: str, symbols: list[str], target: Target = HOST) -> llvm.Re
 
 
 def link_object(obj: bytes, symbols: list[str], target: Target = HOST) -> llvm.ResourceTracker:
-    """Link object code into the process-wide JIT of `target` (see `jit_link`)."""
+    """Link object code into the process-wide JIT of `target` (see `jit_link`), with the
+    runtime's functions (thread pool, workspace cache) taken from its helper library."""
     builder = llvm.JITLibraryBuilder().add_object_img(obj).add_current_process()
+    for name, address in helper_symbols().items():
+        builder.import_symbol(name, address)
     for symbol in symbols:
         builder.export_symbol(symbol)
     return builder.link(_lljit(target), f"tlc{next(_names)}")
@@ -86,9 +91,11 @@ def compile_graph(
     batch: int | None = None,
     runtime_payload: bool = False,
     target: Target = HOST,
+    threads: int | None = None,
 ) -> CompiledGraph:
     """Compile `graph` with its payload baked in (held by the entry point and passed by pointer
-    where it exceeds `BAKE_LIMIT`); the result maps an input array to the output.
+    where it exceeds `BAKE_LIMIT`); the result maps an input array to the output, running its
+    parallel regions on `threads` threads (default: every CPU this process may use).
 
     Raises a located DiagnosticError for a bad graph or payload, an op with no lowering, or a
     `target` this CPU cannot run.
@@ -101,9 +108,12 @@ def compile_graph(
         runtime_payload,
         target,
     )
+    count = available_cpus() if threads is None else threads
+    if count < 1:
+        raise DiagnosticError.simple(f"threads must be at least 1, got {count}")
     hit = _graph_cache.get(key)
     if hit is not None:
-        return hit
+        return hit if hit.threads == count else replace(hit, threads=count)
     # A payload over the bake limit is passed by pointer: the entry point holds it packed.
     bound = not runtime_payload and not bakes_payload(graph, dtype)
     module = build_graph_module(
@@ -121,6 +131,7 @@ def compile_graph(
         owner=tracker,
         explain=_explainer(graph, payload, module),
         bound=pack_params(graph, payload or Payload(), dtype) if bound else None,
+        threads=count,
     )
     _graph_cache[key] = entry
     return entry

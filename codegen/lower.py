@@ -153,10 +153,16 @@ def _bernoulli(k: KernelBuilder, s: Step) -> None:
 
 Scalar = Callable[..., ir.Value]
 
+#: Op kinds whose kernel is a map over the flat buffers (`elementwise`, raw log): element i of
+#: the output is stored after element i of every input is loaded, so the output may overwrite
+#: an input that dies at the node (the memory plan's in-place rule).
+IN_PLACE: set[type[NodeOp]] = set()
+
 
 def elementwise(op_class: type[NodeOp], fn: Scalar) -> None:
     """`out[i] = fn(k, node, a[i], b[i], ...)` over the flat buffers; a scalar parent (safe_log's
     epsilon) is read once and broadcast."""
+    IN_PLACE.add(op_class)
 
     def emit(k: KernelBuilder, s: Step) -> None:
         scalars = {j: k.load(a, 0) for j, a in enumerate(s.args) if a.size == 1 < s.out.size}
@@ -256,6 +262,9 @@ def _log(k: KernelBuilder, s: Step) -> None:
         k.b.store(k.b.or_(k.b.load(bad), k.b.fcmp_unordered("<=", x, k.const(0))), bad)
         k.store(k.intrinsic("log", x), s.out, i)
     k.fail_if(k.b.load(bad), Status.LOG_DOMAIN)
+
+
+IN_PLACE.add(ops.LogOp)
 
 
 # --------------------------------------------------------------------------------------------
