@@ -85,6 +85,11 @@ class Lowering:
     #: Elements of temporary storage the emitted code needs (convolution's patch matrix).
     scratch: ScratchSize = _no_scratch
 
+    @property
+    def uses_scratch(self) -> bool:
+        """Whether the rule reads `Step.scratch` (then it gets a buffer even of size 0)."""
+        return self.scratch is not _no_scratch
+
 
 LOWERINGS: RuleTable[Lowering] = RuleTable("llvm")
 
@@ -384,7 +389,8 @@ def _mse_loss(k: KernelBuilder, s: Step) -> None:
     with k.loop(a.size) as i:
         d = k.b.fsub(k.load(a, i), k.load(b, i))
         k.b.store(k.fadd_r(k.b.load(acc), k.b.fmul(d, d)), acc)
-    k.store(k.b.fdiv(k.b.load(acc), k.const(max(a.size, 1))), s.out, 0)
+    # The mean over no elements is 0/0 = NaN, as in the reference.
+    k.store(k.b.fdiv(k.b.load(acc), k.const(a.size)), s.out, 0)
 
 
 # --------------------------------------------------------------------------------------------
@@ -557,7 +563,7 @@ def _linear(k: KernelBuilder, s: Step) -> None:
     """y[m, :] = W x[m, :] + b for every leading index m: register-tiled dot products."""
     x, out, weight = s.args[0], s.out, s.params["weight"]
     n_out, n_in = weight.shape
-    m = x.size // n_in
+    m = numel(x.shape[:-1])  # rows: also with no input features (the result is the bias)
     emit_dot_tiles(k, x, weight, out, m=m, n=n_out, kk=n_in, bias=s.params["bias"])
 
 

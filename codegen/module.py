@@ -601,9 +601,11 @@ def build_node_module(
         for name, spec in specs.items()
     }
     out = Buf(func.args[1], out_shape)
-    size = LOWERINGS[type(node)].scratch(node, parent_shapes, out_shape)
+    lowering = LOWERINGS[type(node)]
+    size = lowering.scratch(node, parent_shapes, out_shape)
     memory = Allocation(k, size)
-    value = lower_node(k, node, args, params, out, memory.at(0, (size,)) if size else None)
+    scratch = memory.at(0, (size,)) if lowering.uses_scratch else None
+    value = lower_node(k, node, args, params, out, scratch)
     if value.ptr is not out.ptr:
         k.copy(out, value)
     k.exit_with(Status.OK)

@@ -250,9 +250,11 @@ def _choose_kernel(p: NodePlan, parents: list[NodePlan], shapes: list[Shape], ba
     else:
         p.kernel = Kernel(node, tuple(args), p.shape)
     kernels = [p.kernel] if p.kernel else [k for k in (p.rows.full, p.rows.last) if k]
-    p.scratch = max(
-        LOWERINGS[type(k.node)].scratch(k.node, list(k.arg_shapes), k.out_shape) for k in kernels
-    )
+    lowering = LOWERINGS[type(node)]
+    if lowering.uses_scratch:  # at least one element: an empty one is still a buffer
+        p.scratch = max(
+            max(lowering.scratch(k.node, list(k.arg_shapes), k.out_shape) for k in kernels), 1
+        )
 
 
 def _set_rows(p: NodePlan, rows: int, arg_rows: tuple[int, ...], out_row: int, kernel, total: int):
@@ -358,4 +360,3 @@ def _place(regions: list[_Region]) -> int:
         top = max(top, offset + region.size)
         placed.append(region)
     return top
-

@@ -198,7 +198,8 @@ def render_dispatcher(
             lines.append(f"extern const {t} {s}__weights[];")
             names += f", {s}__weights"
         for v in variants:
-            lines.append(f"int {variant_symbol(s, v)}({', '.join(variant_params)}, int32_t threads);")
+            declared = ", ".join([*variant_params, "int32_t threads"])
+            lines.append(f"int {variant_symbol(s, v)}({declared});")
         lines += [
             "",
             f"/* The first feature variant `i` of {s} needs that this CPU lacks, or NULL. */",
