@@ -2,19 +2,20 @@
 
 `build_graph_module` checks the graph (shapes, payload, lowerability) and emits
 
-    i32 @tlc_<graph>(T* in, T* out)            ; or (T* in, T* out, T* params)
+    i32 @tlc_<graph>(T* in, T* out, i32 threads)            ; or (T* in, T* out, T* params, ..)
     i32 @tlc_<graph>_input_rank() / _output_rank()
     i32 @tlc_<graph>_input_shape(i64* dims) / _output_shape(i64* dims)
     i64 @tlc_<graph>_params_size()             ; --runtime-payload only
 
-The entry checks its pointers (status 1 on null), then runs every node in order. Views
-(input, const, reshape, flatten, detach, rand_uniform) alias their source; every other node gets
-a slice of one workspace, kept on the stack when small and malloc'ed otherwise (freed on every
-exit), so the code holds no global mutable state and is re-entrant. The output node writes
-straight into `out`. With `batch=N` the single-example body is called for each of N rows.
-Payload fields are private constants by default; with `runtime_payload` they are slices of the
-caller's `params` array, laid out by `ParamSlot`s (what the JIT and libraries use for payloads
-over `BAKE_LIMIT`, supplying the array themselves).
+The entry checks its pointers (status 1 on null), then runs every node in the order and the
+way the execution plan says (`tlc.codegen.plan`): views alias their source; other nodes call
+their kernel once, or as a parallel region of row tasks handed to the runtime's thread pool
+(`tlc_rt_parallel`, at most `threads` threads); values live in one workspace at offsets fixed
+by the plan (on the stack when small, else a block of the runtime's workspace cache, given back
+on every exit). The output node writes straight into `out`. With `batch=N` the kernels run over
+the batch (see the plan). Payload fields are private constants by default; with
+`runtime_payload` they are slices of the caller's `params` array, laid out by `ParamSlot`s (what
+the JIT and libraries use for payloads over `BAKE_LIMIT`, supplying the array themselves).
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ from tlc.dialect.shapes import Shape, ShapeError, numel
 from tlc.dialect.verify import graph_shapes
 from tlc.semantics.payload_check import prepare_records
 
-#: Workspaces up to this many bytes live on the stack; larger ones are malloc'ed per call.
+#: Workspaces up to this many bytes (without per-worker scratch) live on the stack; larger ones
+#: come from the runtime's workspace cache.
 STACK_LIMIT = 128 * 1024
 #: Payloads larger than this many bytes (in the compiled dtype) are never baked into the code:
 #: x86-64 code reaches its constants through 32-bit PC-relative relocations, which a

@@ -46,6 +46,9 @@ PARALLEL_WORK = 1 << 20
 #: Tasks a node with enough work is split into (independent of the thread count, so results
 #: do not depend on it; enough to balance 2-4 threads).
 TASKS = 8
+#: Fewest rows of a linear's matrix product per task: fewer would leave the register tiles of
+#: the matrix kernels mostly empty.
+MATRIX_ROWS = 16
 
 
 @dataclass(frozen=True)
@@ -258,11 +261,17 @@ def _choose_kernel(p: NodePlan, parents: list[NodePlan], shapes: list[Shape], ba
 
 
 def _set_rows(p: NodePlan, rows: int, arg_rows: tuple[int, ...], out_row: int, kernel, total: int):
-    """One call when the work is small, else TASKS chunks of rows."""
+    """One call when the work is small, else TASKS chunks of rows (of a linear, at least
+    MATRIX_ROWS each)."""
     if total < PARALLEL_WORK or rows < 2:
         p.kernel = kernel(rows)
         return
     chunk = -(-rows // TASKS)
+    if isinstance(p.node, ops.LinearOp):  # its rows are the M rows of one matrix product
+        chunk = max(chunk, MATRIX_ROWS)
+        if chunk >= rows:
+            p.kernel = kernel(rows)
+            return
     tail = rows % chunk
     p.rows = Rows(rows, chunk, arg_rows, out_row, kernel(chunk), kernel(tail) if tail else None,
                   True)  # fmt: skip
