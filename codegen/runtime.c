@@ -49,16 +49,19 @@ static int32_t available_cpus(void) {
  * process may run on). Returns the count now in force. */
 int tlc_set_num_threads(int n) {
     pthread_mutex_lock(&setting_lock);
-    setting = n >= 1 ? n : available_cpus();
-    int32_t now = setting;
+    int32_t now = n >= 1 ? n : available_cpus();
+    __atomic_store_n(&setting, now, __ATOMIC_RELAXED);
     pthread_mutex_unlock(&setting_lock);
     return now;
 }
 
+/* Read on every call of an entry point: a plain atomic load once the count is known. */
 int tlc_get_num_threads(void) {
+    int32_t now = __atomic_load_n(&setting, __ATOMIC_RELAXED);
+    if (now > 0) return now;
     pthread_mutex_lock(&setting_lock);
-    if (setting == 0) setting = available_cpus();
-    int32_t now = setting;
+    if (setting == 0) __atomic_store_n(&setting, available_cpus(), __ATOMIC_RELAXED);
+    now = setting;
     pthread_mutex_unlock(&setting_lock);
     return now;
 }
@@ -103,12 +106,30 @@ static void run_tasks(int64_t worker) {
     }
 }
 
+/* Iterations a worker (or the caller, waiting for the workers) polls before it sleeps on a
+ * condition variable: consecutive regions of one call follow each other within microseconds,
+ * and a futex wake-up costs more than that. */
+#define SPINS 4000
+
+static void pause_briefly(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
 static void *worker_main(void *arg) {
     int64_t id = (int64_t)(intptr_t)arg;
-    pthread_mutex_lock(&pool_lock);
     /* Created for the region being posted: it joins that one first. */
     int64_t seen = -1;
+    pthread_mutex_lock(&pool_lock);
     for (;;) {
+        if (generation == seen && !stopping) {
+            pthread_mutex_unlock(&pool_lock);
+            for (int i = 0; i < SPINS && __atomic_load_n(&generation, __ATOMIC_RELAXED) == seen;
+                 i++)
+                pause_briefly();
+            pthread_mutex_lock(&pool_lock);
+        }
         while (generation == seen && !stopping) pthread_cond_wait(&wake, &pool_lock);
         if (stopping) break;
         seen = generation;
@@ -116,7 +137,7 @@ static void *worker_main(void *arg) {
         pthread_mutex_unlock(&pool_lock);
         run_tasks(id);
         pthread_mutex_lock(&pool_lock);
-        if (--job_pending == 0) pthread_cond_signal(&idle);
+        if (__atomic_sub_fetch(&job_pending, 1, __ATOMIC_RELEASE) == 0) pthread_cond_signal(&idle);
     }
     pthread_mutex_unlock(&pool_lock);
     return NULL;
@@ -165,10 +186,12 @@ RT int32_t tlc_rt_parallel(tlc_task task, void *ctx, int64_t count, int32_t thre
     job_failed = count;
     job_status = 0;
     __atomic_store_n(&job_next, 0, __ATOMIC_RELAXED);
-    generation++;
+    __atomic_store_n(&generation, generation + 1, __ATOMIC_RELEASE);
     pthread_cond_broadcast(&wake);
     pthread_mutex_unlock(&pool_lock);
     run_tasks(0);
+    for (int i = 0; i < SPINS && __atomic_load_n(&job_pending, __ATOMIC_ACQUIRE) > 0; i++)
+        pause_briefly();
     pthread_mutex_lock(&pool_lock);
     while (job_pending > 0) pthread_cond_wait(&idle, &pool_lock);
     int32_t status = job_status;
