@@ -230,7 +230,13 @@ def build_graph_module(
         args = [values[q] for q in node.parent_ids()] or (
             [Buf(x_ptr, full_in)] if isinstance(node, ops.InputOp) else []
         )
-        specs = param_specs(node, shapes)
+        # The fields as the kernel reads them: laid out for the shapes one call sees.
+        kernel = p.kernel or (p.rows.full if p.rows else None)
+        specs = (
+            LOWERINGS[type(node)].params(kernel.node, list(kernel.arg_shapes), kernel.out_shape)
+            if kernel is not None
+            else param_specs(node, shapes)
+        )
         if slots is not None:
             params = {
                 name: Buf(k.at(Buf(body.args[2], ()), slot_at[(node.id, name)].offset), spec.shape)

@@ -261,17 +261,22 @@ def _choose_kernel(p: NodePlan, parents: list[NodePlan], shapes: list[Shape], ba
 
 
 def _set_rows(p: NodePlan, rows: int, arg_rows: tuple[int, ...], out_row: int, kernel, total: int):
-    """One call when the work is small, else TASKS chunks of rows (of a linear, at least
-    MATRIX_ROWS each)."""
+    """One call when the work is small, else about TASKS chunks of rows (of a linear, at least
+    MATRIX_ROWS each; of a node with payload fields, all of equal size)."""
     if total < PARALLEL_WORK or rows < 2:
         p.kernel = kernel(rows)
         return
     chunk = -(-rows // TASKS)
     if isinstance(p.node, ops.LinearOp):  # its rows are the M rows of one matrix product
         chunk = max(chunk, MATRIX_ROWS)
-        if chunk >= rows:
-            p.kernel = kernel(rows)
-            return
+    if LOWERINGS[type(p.node)].params(p.node, list(kernel(rows).arg_shapes), p.shape):
+        # Payload fields are laid out once for the kernel's shapes (packed panels may depend
+        # on the rows), so every task must have the same rows: a chunk dividing them.
+        while rows % chunk:
+            chunk += 1
+    if chunk >= rows:
+        p.kernel = kernel(rows)
+        return
     tail = rows % chunk
     p.rows = Rows(rows, chunk, arg_rows, out_row, kernel(chunk), kernel(tail) if tail else None,
                   True)  # fmt: skip

@@ -133,9 +133,13 @@ def bits(x: np.ndarray) -> bytes:
 @pytest.mark.parametrize("dtype", [np.float64, np.float32], ids=["f64", "f32"])
 def test_results_do_not_depend_on_the_thread_count(dtype: type) -> None:
     rng = np.random.default_rng(2)
+    # 100 rows of an elementwise map: chunks of 13 rows and a last one of 9 (its own kernel).
+    tail = "tl.graph @t {\n  %0 = input : [100, 6000]\n  %1 = exp(%0) : [100, 6000]\n" \
+        "  %2 = tanh(%1) : [100, 6000]\n  output %2\n}\n"  # fmt: skip
     for text, payload, x in (
         (*wide_mlp(64, rng), rng.normal(size=(64, 256))),
         (*residual_cnn(8, rng), rng.normal(size=(8, 3, 16, 16))),
+        (tail, None, rng.normal(size=(100, 6000))),
     ):
         graph = graph_of(text)
         plan = build_graph_module(graph, payload, dtype).plan
