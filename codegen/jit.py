@@ -59,14 +59,23 @@ def jit_link(ir_text: str, symbols: list[str], target: Target = HOST) -> llvm.Re
             f"cannot run code for target {target.describe()} here: this CPU lacks "
             f"{', '.join(missing)} (use tlc-compile to build a library for it)"
         )
-    return link_object(emit_object(compile_ir(ir_text, target), target), symbols, target)
+    obj = emit_object(compile_ir(ir_text, target), target)
+    return link_object(obj, symbols, target, runtime=RUNTIME_CALL in ir_text)
 
 
-def link_object(obj: bytes, symbols: list[str], target: Target = HOST) -> llvm.ResourceTracker:
+#: The prefix of the runtime's functions (`tlc_rt_parallel`) in generated IR (a graph whose
+#: entry point happens to start so only links the helper without need).
+RUNTIME_CALL = "tlc_rt_"
+
+
+def link_object(
+    obj: bytes, symbols: list[str], target: Target = HOST, runtime: bool = True
+) -> llvm.ResourceTracker:
     """Link object code into the process-wide JIT of `target` (see `jit_link`), with the
-    runtime's functions (thread pool, workspace cache) taken from its helper library."""
+    runtime's functions (thread pool, workspace cache) taken from its helper library when the
+    code calls them (`runtime`; small graphs do not, and need no helper and no C compiler)."""
     builder = llvm.JITLibraryBuilder().add_object_img(obj).add_current_process()
-    for name, address in helper_symbols().items():
+    for name, address in helper_symbols().items() if runtime else ():
         builder.import_symbol(name, address)
     for symbol in symbols:
         builder.export_symbol(symbol)

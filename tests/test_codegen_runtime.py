@@ -22,6 +22,7 @@ from tlc.codegen.module import build_graph_module
 from tlc.codegen.plan import PARALLEL_WORK
 from tlc.codegen.shared_lib import build_library
 from tlc.core.payload import Payload
+from tlc.dialect.payload_section import payload_from_module
 from tlc.semantics.interpret import interpret
 
 needs_cc = pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler")
@@ -180,6 +181,17 @@ def test_library_threads_and_concurrent_callers(tmp_path: Path) -> None:
         assert got[i] == [results[1][(i + j) % 4] for j in range(8)]
     with pytest.raises(ValueError, match="threads must be at least 1, got 0"):
         lib.set_num_threads(0)
+
+
+def test_small_graphs_do_not_call_the_runtime() -> None:
+    """A small workspace is a stack array and nothing is split: the code needs no helper."""
+    seed = (Path(__file__).parent.parent / "examples" / "mlp.tlir").read_text(encoding="utf-8")
+    module = tlc.parse(seed)
+    ir = build_graph_module(checked_graph(module), payload_from_module(module, "mlp")).ir
+    assert "tlc_rt_" not in ir
+    text, payload = wide_mlp(64, np.random.default_rng(6))
+    ir = build_graph_module(graph_of(text), payload, np.float32).ir
+    assert all(f"tlc_rt_{name}" in ir for name in ("parallel", "acquire", "release"))
 
 
 def test_threads_must_be_positive() -> None:
