@@ -19,6 +19,7 @@ import shutil
 import stat
 import subprocess
 import tempfile
+from collections.abc import Callable
 from functools import cache
 
 from tlc.core.diagnostics import DiagnosticError
@@ -44,31 +45,26 @@ def _source() -> bytes:
         return f.read()
 
 
-def _private_dir(path: str) -> bool:
-    """Whether `path` is a directory of this user that nobody else can write (so nothing in it
-    was planted)."""
+def _private(path: str, kind: Callable[[int], bool]) -> bool:
+    """Whether `path` is, itself (not through a link), of `kind` (`stat.S_ISDIR`, `S_ISREG`),
+    owned by this user, and writable by nobody else (so nothing in it or of it was planted)."""
     try:
         info = os.lstat(path)
     except OSError:
         return False
     return (
-        stat.S_ISDIR(info.st_mode)
+        kind(info.st_mode)
         and info.st_uid == os.getuid()
         and not info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
     )
+
+
+def _private_dir(path: str) -> bool:
+    return _private(path, stat.S_ISDIR)
 
 
 def _own_file(path: str) -> bool:
-    """Whether `path` is a regular file (not a link) of this user that nobody else can write."""
-    try:
-        info = os.lstat(path)
-    except OSError:
-        return False
-    return (
-        stat.S_ISREG(info.st_mode)
-        and info.st_uid == os.getuid()
-        and not info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
-    )
+    return _private(path, stat.S_ISREG)
 
 
 def cache_dir() -> str | None:
