@@ -138,7 +138,7 @@ def compile_graph(
         module.dtype,
         module.params_size if module.params is not None else None,
         owner=tracker,
-        explain=_explainer(graph, payload, module),
+        explain=_explainer(graph, payload, module, batch),
         bound=pack_params(graph, payload or Payload(), dtype) if bound else None,
         threads=count,
     )
@@ -146,16 +146,19 @@ def compile_graph(
     return entry
 
 
-def _explainer(graph: GraphOp, payload: Payload | None, module: GraphModule):
-    """On a log-domain failure, rerun the reference on the input to raise its exact, located
-    error (the compiled code only knows that some log failed)."""
+def _explainer(graph: GraphOp, payload: Payload | None, module: GraphModule, batch: int | None):
+    """On a log-domain failure, rerun the reference on the input (each row of a batch) to raise
+    its exact, located error (the compiled code only knows that some log failed). A build whose
+    parameters come with each call has none to rerun with."""
 
     def explain(x: np.ndarray) -> None:
         from tlc.semantics.interpret import interpret
 
-        if payload is None or module.input_shape != x.shape:
+        if payload is None and module.params is not None:
             return
-        interpret(graph, payload, x.reshape(module.input_shape), module.dtype.type)
+        rows = x.reshape(module.input_shape)
+        for row in rows if batch is not None else [rows]:
+            interpret(graph, payload or Payload(), row, module.dtype.type)
 
     return explain
 

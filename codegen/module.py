@@ -495,10 +495,14 @@ class _NodeEmitter:
             ctx = k.b.alloca(ir.ArrayType(k.T.as_pointer(), len(pointers)), name=f"ctx{p.node.id}")
         for i, ptr in enumerate(pointers):
             k.b.store(ptr, k.b.gep(ctx, [ir.Constant(I32, 0), ir.Constant(I32, i)]))
-        count = ir.Constant(I32, 1) if not rows.parallel else threads
+        if not rows.parallel:  # not worth threads: the tasks in order, on this thread
+            with k.loop(rows.tasks, "task") as index:
+                status = k.b.call(task, [k.b.bitcast(ctx, I8P), index, k.i64(0)])
+                k.fail_if(k.b.icmp_signed("!=", status, ir.Constant(I32, 0)), status)
+            return ir.Constant(I32, 0)
         return k.b.call(
             _runtime(self.module, "tlc_rt_parallel"),
-            [k.b.bitcast(task, I8P), k.b.bitcast(ctx, I8P), k.i64(rows.tasks), count],
+            [k.b.bitcast(task, I8P), k.b.bitcast(ctx, I8P), k.i64(rows.tasks), threads],
         )
 
     def task(self, p: NodePlan, rows: Rows, params: dict[str, Buf]) -> ir.Function:

@@ -238,8 +238,11 @@ def _choose_kernel(p: NodePlan, parents: list[NodePlan], shapes: list[Shape], ba
         else:
             one = Kernel(node, tuple(single), shapes[node.id])
             total = batch * work(node, single, shapes[node.id])
-            p.rows = Rows(batch, 1, row_sizes, numel(shapes[node.id]), one, None,
-                          total >= PARALLEL_WORK and batch > 1)  # fmt: skip
+            if batch == 1:
+                p.kernel = one
+            else:
+                p.rows = Rows(batch, 1, row_sizes, numel(shapes[node.id]), one, None,
+                              total >= PARALLEL_WORK)  # fmt: skip
     elif leading_rows(node, args, p.shape) and p.shape[0] > 1:
         rows = p.shape[0]
         sliced = [_sliced(a, p.shape) for a in args]

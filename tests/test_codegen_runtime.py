@@ -23,7 +23,7 @@ from tlc.codegen.plan import PARALLEL_WORK
 from tlc.codegen.shared_lib import build_library
 from tlc.core.payload import Payload
 from tlc.dialect.payload_section import payload_from_module
-from tlc.semantics.interpret import interpret
+from tlc.semantics.interpret import EvalError, interpret
 
 needs_cc = pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler")
 
@@ -232,7 +232,11 @@ def test_batch_runs_the_kernels_over_the_batch(n: int) -> None:
     else:  # the same product in fixed row chunks, for threads
         assert linear.rows.full.arg_shapes == ((-(-n // 8), 32),) and linear.rows.tasks == 8
     # transpose has no batch form: its single-example kernel runs once per row, as tasks.
-    assert plan.nodes[4].rows.chunk == 1 and plan.nodes[4].rows.full.out_shape == (8, 8)
+    transpose = plan.nodes[4]
+    if n == 1:
+        assert transpose.rows is None and transpose.kernel.out_shape == (8, 8)
+    else:
+        assert transpose.rows.chunk == 1 and transpose.rows.full.out_shape == (8, 8)
     # softmax's axis moves past the batch axis.
     assert plan.nodes[7].kernel.node.meta("axis") == 1 or plan.nodes[7].rows is not None
     x = rng.normal(size=(n, 32))
@@ -366,3 +370,22 @@ def test_gradient_through_an_empty_pool_compiles(capsys: pytest.CaptureFixture[s
         assert run_main([str(source), "--input", str(x), "--grad", "--backend", backend]) == 0
         printed.append(capsys.readouterr().out)
     assert printed[0] == printed[1] == "output: 0.000000\ngrad input: [[]]\n"
+
+
+def test_a_failing_task_fails_the_call_with_the_reference_error() -> None:
+    text = "tl.graph @l {\n  %0 = input : [64, 20000]\n  %1 = log(%0) : [64, 20000]\n" \
+        "  output %1\n}\n"  # fmt: skip
+    graph = graph_of(text)
+    plan = build_graph_module(graph, None, np.float32).plan
+    assert plan is not None and plan.nodes[1].rows.parallel
+    x = np.ones((64, 20000), np.float32)
+    x[40, 7] = -1.0  # in a task other than the first
+    with pytest.raises(EvalError) as reference:
+        interpret(graph, None, x, np.float32)
+    single = graph_of(text.replace("[64, 20000]", "[20000]"))
+    for threads in (1, 2):
+        for f in (compile_graph(graph, None, np.float32, threads=threads),
+                  compile_graph(single, None, np.float32, batch=64, threads=threads)):  # fmt: skip
+            with pytest.raises(EvalError) as failed:
+                f(x)
+            assert failed.value.diagnostics == reference.value.diagnostics
