@@ -275,7 +275,7 @@ def _set_rows(p: NodePlan, rows: int, arg_rows: tuple[int, ...], out_row: int, k
     if LOWERINGS[type(p.node)].params(p.node, list(kernel(rows).arg_shapes), p.shape):
         # Payload fields are laid out once for the kernel's shapes (packed panels may depend
         # on the rows), so every task must have the same rows: a chunk dividing them.
-        while rows % chunk:
+        while chunk < rows and rows % chunk:
             chunk += 1
     if chunk >= rows:
         p.kernel = kernel(rows)

@@ -389,3 +389,13 @@ def test_a_failing_task_fails_the_call_with_the_reference_error() -> None:
             with pytest.raises(EvalError) as failed:
                 f(x)
             assert failed.value.diagnostics == reference.value.diagnostics
+
+
+def test_a_linear_of_few_rows_stays_one_call() -> None:
+    """Enough work for threads but fewer rows than one task takes (MATRIX_ROWS)."""
+    text = "tl.graph @f {\n  %0 = input : [8, 400]\n  %1 = linear(%0) : [8, 400]\n  output %1\n}\n"
+    rng = np.random.default_rng(7)
+    payload = Payload({1: {"weight": rng.normal(size=(400, 400))}})
+    plan = build_graph_module(graph_of(text), payload, np.float32).plan
+    assert plan is not None and plan.nodes[1].rows is None
+    assert plan.nodes[1].kernel.out_shape == (8, 400)
