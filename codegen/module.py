@@ -28,7 +28,7 @@ from llvmlite import ir
 from xdsl.dialects.builtin import ModuleOp
 
 from tlc.codegen.builder import I32, I64, Buf, KernelBuilder, Status, scalar_type
-from tlc.codegen.lower import LOWERINGS, ParamSpec, Step
+from tlc.codegen.lower import EPILOGUES, LOWERINGS, ParamSpec, Step
 from tlc.codegen.plan import ALIGN, GraphPlan, Kernel, NodePlan, Rows, plan_graph
 from tlc.codegen.target import HOST, Target, TargetInfo, target_info
 from tlc.core.diagnostics import error
@@ -117,12 +117,16 @@ def node_function(
     scratch: int,
     dtype: type,
     info: TargetInfo,
+    *,
     in_place: bool = False,
+    packed: bool = False,
+    fused: NodeOp | None = None,
 ) -> ir.Function:
     """`i32 name(args..., params..., out[, scratch])`: one node as an internal function of
     pointers, so the optimiser works on one node at a time and nodes that differ only in their
     data share code (a graph of 1,000 nodes compiles in seconds). `out` is `noalias` unless the
-    plan has the node overwrite an operand (`in_place`)."""
+    plan has the node overwrite an operand (`in_place`); `packed` and `fused` as in
+    `lower_node`."""
     T = scalar_type(dtype)
     shapes = [*arg_shapes, *param_shapes.values(), out_shape, *([(scratch,)] if scratch else [])]
     func = ir.Function(module, ir.FunctionType(I32, [T.as_pointer()] * len(shapes)),
@@ -141,6 +145,8 @@ def node_function(
         dict(zip(param_shapes, inner[n_args : n_args + n_params], strict=True)),
         dest,
         inner[-1] if scratch else None,
+        packed=packed,
+        fused=fused,
     )
     if value.ptr is not dest.ptr:
         k.copy(dest, value)
@@ -156,11 +162,39 @@ def lower_node(
     params: dict[str, Buf],
     out: Buf,
     scratch: Buf | None = None,
+    *,
+    packed: bool = False,
+    fused: NodeOp | None = None,
 ) -> Buf:
-    """Emit one node; returns where its value lives (`out`, or the buffer a view aliases)."""
+    """Emit one node; returns where its value lives (`out`, or the buffer a view aliases).
+    `packed`: the params are baked in their `ParamSpec.pack` layouts; `fused`: the
+    elementwise node whose value the node writes (see `fusions`)."""
     lowering = LOWERINGS[type(node)]
-    result = lowering.emit(k, Step(node, args, params, out, scratch))
+    result = lowering.emit(k, Step(node, args, params, out, scratch, packed, fused))
     return result if lowering.view else out
+
+
+def fusions(graph: GraphOp, out_node: NodeOp) -> dict[int, NodeOp]:
+    """Producer id -> the elementwise node fused into its stores: a node whose rule `fuses`,
+    that is not the output and whose value has exactly one user, an `EPILOGUES` op reading
+    nothing else (a linear or convolution followed by relu)."""
+    parents = {node.id: node.parent_ids() for node in graph.nodes}
+    users: dict[int, list[NodeOp]] = {}
+    for node in graph.nodes:
+        for parent in parents[node.id]:
+            users.setdefault(parent, []).append(node)
+    fused = {}
+    for node in graph.nodes:
+        after = users.get(node.id, [])
+        if (
+            LOWERINGS[type(node)].fuses
+            and node is not out_node
+            and len(after) == 1
+            and type(after[0]) in EPILOGUES
+            and parents[after[0].id] == [node.id]
+        ):
+            fused[node.id] = after[0]
+    return fused
 
 
 def graph_symbol(graph: GraphOp) -> str:
@@ -210,7 +244,7 @@ def build_graph_module(
     T = scalar_type(dtype)
     module = ir.Module(name=symbol)
     slots = _param_slots(graph, shapes) if runtime_payload else None
-    plan = plan_graph(graph, shapes, np.dtype(dtype).itemsize, batch)
+    plan = plan_graph(graph, shapes, np.dtype(dtype).itemsize, batch, fusions(graph, out_node))
     full_in = (batch, *in_shape) if batch is not None else in_shape
     full_out = (batch, *out_shape) if batch is not None else out_shape
 
@@ -222,7 +256,8 @@ def build_graph_module(
     k = KernelBuilder(body, dtype, info)
     x_ptr, out_ptr, threads = body.args[0], body.args[1], body.args[-1]
     arena = _Arena(k, graph, plan, threads)
-    emitter = _NodeEmitter(module, symbol, k, plan, info, separate=len(graph.nodes) > INLINE_NODES)
+    emitter = _NodeEmitter(module, symbol, k, plan, info, separate=len(graph.nodes) > INLINE_NODES,
+                           packed=slots is None)  # fmt: skip
     values: list[Buf] = []
     slot_at = {(s.node, s.field): s for s in slots or ()}
     for p in plan.nodes:
@@ -230,6 +265,9 @@ def build_graph_module(
         args = [values[q] for q in node.parent_ids()] or (
             [Buf(x_ptr, full_in)] if isinstance(node, ops.InputOp) else []
         )
+        if p.fused_into is not None:  # computed by its producer, which wrote its value
+            values.append(values[p.fused_into])
+            continue
         # The fields as the kernel reads them: laid out for the shapes one call sees.
         kernel = p.kernel or (p.rows.full if p.rows else None)
         specs = (
@@ -243,17 +281,13 @@ def build_graph_module(
                 for name, spec in specs.items()
             }
         else:
-            params = {
-                name: Buf(
-                    k.global_constant(
-                        f"p{node.id}.{name}",
-                        field_value(node, name, spec, records.get(node.id), dtype),
-                    ),
-                    spec.shape,
-                )
-                for name, spec in specs.items()
-            }
-        if node is out_node:
+            params = {}
+            for name, spec in specs.items():
+                value = field_value(node, name, spec, records.get(node.id), dtype)
+                if spec.pack is not None:
+                    value = spec.pack(value, info)
+                params[name] = Buf(k.global_constant(f"p{node.id}.{name}", value), value.shape)
+        if node.id == plan.writer:
             dest = Buf(out_ptr, p.shape)
         elif p.offset is not None:
             dest = arena.at(p.offset, p.shape)
@@ -456,22 +490,24 @@ class _NodeEmitter:
     `tlc_rt_parallel` with the pointers in a context array."""
 
     def __init__(self, module: ir.Module, symbol: str, k: KernelBuilder, plan: GraphPlan,
-                 info: TargetInfo, separate: bool):  # fmt: skip
+                 info: TargetInfo, separate: bool, packed: bool):  # fmt: skip
         self.module, self.symbol, self.k, self.plan, self.info = module, symbol, k, plan, info
-        self.separate = separate
+        #: Kernels no larger graph inlines; baked params in their packed layouts.
+        self.separate, self.packed = separate, packed
         self.functions: dict[tuple, ir.Function] = {}
 
     def kernel(self, p: NodePlan, kernel: Kernel, params: dict[str, Buf], scratch: int
                ) -> ir.Function:  # fmt: skip
         param_shapes = {name: b.shape for name, b in params.items()}
         key = (type(kernel.node), repr(kernel.node.metadata()), kernel.arg_shapes,
-               tuple(param_shapes.items()), kernel.out_shape, scratch, p.in_place)  # fmt: skip
+               tuple(param_shapes.items()), kernel.out_shape, scratch, p.in_place,
+               type(p.epilogue))  # fmt: skip
         func = self.functions.get(key)
         if func is None:
             func = node_function(
                 self.module, f"{self.symbol}.n{p.node.id}", kernel.node, kernel.arg_shapes,
                 param_shapes, kernel.out_shape, scratch, self.k.dtype.type, self.info,
-                in_place=p.in_place,
+                in_place=p.in_place, packed=self.packed, fused=p.epilogue,
             )  # fmt: skip
             if self.separate:
                 func.attributes.add("noinline")
@@ -608,16 +644,18 @@ def build_node_module(
         for i, shape in enumerate(parent_shapes)
     ]
     specs = LOWERINGS[type(node)].params(node, parent_shapes, out_shape)
-    params = {
-        name: Buf(k.global_constant(name, field_value(node, name, spec, record, dtype)), spec.shape)
-        for name, spec in specs.items()
-    }
+    params = {}
+    for name, spec in specs.items():
+        value = field_value(node, name, spec, record, dtype)
+        if spec.pack is not None:
+            value = spec.pack(value, k.info)
+        params[name] = Buf(k.global_constant(name, value), value.shape)
     out = Buf(func.args[1], out_shape)
     lowering = LOWERINGS[type(node)]
     size = lowering.scratch(node, parent_shapes, out_shape)
     memory = Allocation(k, size)
     scratch = memory.at(0, (size,)) if lowering.uses_scratch else None
-    value = lower_node(k, node, args, params, out, scratch)
+    value = lower_node(k, node, args, params, out, scratch, packed=True)
     if value.ptr is not out.ptr:
         k.copy(out, value)
     k.exit_with(Status.OK)

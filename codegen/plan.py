@@ -98,6 +98,10 @@ class NodePlan:
     #: per-worker scratch instead).
     scratch: int = 0
     scratch_offset: int | None = None
+    #: The elementwise node this node's kernel applies as it stores (`module.fusions`), whose
+    #: value it writes; on that node, the producer (the node is then a view of it).
+    epilogue: NodeOp | None = None
+    fused_into: int | None = None
 
 
 @dataclass
@@ -110,6 +114,9 @@ class GraphPlan:
     max_workers: int
     #: Elements the same values and scratch would take without reuse (one region each).
     unshared: int
+    #: The node that writes the caller's `out`: the output node, or the producer it is fused
+    #: into.
+    writer: int
     itemsize: int = field(default=8)
 
     @property
@@ -193,12 +200,20 @@ def _with_rows(shape: Shape, rows: int) -> Shape:
 
 
 def plan_graph(
-    graph: GraphOp, shapes: list[Shape], itemsize: int, batch: int | None = None
+    graph: GraphOp,
+    shapes: list[Shape],
+    itemsize: int,
+    batch: int | None = None,
+    fused: dict[int, NodeOp] | None = None,
 ) -> GraphPlan:
-    """The plan of `graph` (see the module docstring); `shapes` are the single-example shapes."""
+    """The plan of `graph` (see the module docstring); `shapes` are the single-example shapes,
+    `fused` maps a producer's id to the elementwise node fused into its kernel's stores."""
     output = graph.output
     assert output is not None
     out_id = output.value.owner.id  # type: ignore[union-attr]
+    fused = fused or {}
+    fused_into = {e.id: producer for producer, e in fused.items()}
+    writer = fused_into.get(out_id, out_id)
     plans: list[NodePlan] = []
     for node in graph.nodes:
         parents = node.parent_ids()
@@ -207,15 +222,17 @@ def plan_graph(
             isinstance(node, ops.InputOp) or any(plans[p].batched for p in parents)
         )
         shape = (batch, *shapes[node.id]) if is_batched else shapes[node.id]
-        p = NodePlan(node, shape, is_batched, lowering.view)
-        if not lowering.view:
+        folded = fused_into.get(node.id)
+        p = NodePlan(node, shape, is_batched, lowering.view or folded is not None,
+                     epilogue=fused.get(node.id), fused_into=folded)  # fmt: skip
+        if not p.view:
             _choose_kernel(p, [plans[q] for q in parents], shapes, batch)
         plans.append(p)
-    arena, unshared = _assign_memory(plans, out_id, itemsize)
+    arena, unshared = _assign_memory(plans, writer, itemsize)
     worker = max((p.scratch for p in plans if p.rows is not None), default=0)
     workers = max((p.rows.tasks for p in plans if p.rows and p.rows.parallel), default=1)
     return GraphPlan(plans, arena, aligned(worker, itemsize) if worker else 0, workers, unshared,
-                     itemsize)  # fmt: skip
+                     writer, itemsize)  # fmt: skip
 
 
 def _choose_kernel(p: NodePlan, parents: list[NodePlan], shapes: list[Shape], batch: int | None):
@@ -294,7 +311,8 @@ class _Region:
 
 
 def _assign_memory(plans: list[NodePlan], out_id: int, itemsize: int) -> tuple[int, int]:
-    """Arena offsets by liveness (see the module docstring); returns (arena, unshared) sizes."""
+    """Arena offsets by liveness (see the module docstring); returns (arena, unshared) sizes.
+    `out_id` is the node writing `out` (a fused epilogue is a view of its producer)."""
     n = len(plans)
     root: list[int | None] = []
     for p in plans:
