@@ -28,7 +28,7 @@ import numpy as np
 from llvmlite import ir
 from xdsl.ir import Block
 
-from tlc.codegen.builder import I1, I8, I32, Buf, KernelBuilder, Status, strides
+from tlc.codegen.builder import I1, I8, I32, I64, Buf, KernelBuilder, Status, strides
 from tlc.codegen.gemm import (
     Epilogue,
     MicroKernel,
@@ -379,6 +379,26 @@ def _concat(k: KernelBuilder, s: Step) -> None:
             dst = k.b.add(k.i64(start * out_steps[axis]), k.linear_index(idx, out_steps))
             k.store(k.load(part, k.linear_index(idx, strides(part.shape))), window, dst)
         start += part.shape[axis]
+
+
+@register(ops.GatherOp)
+def _gather(k: KernelBuilder, s: Step) -> None:
+    """Viewed as [pre, n, post] -> [pre, len(indices), post]: row j of each block is row
+    indices[j] of the input block, copied whole; the indices are a constant table."""
+    x, indices = s.args[0], s.node.meta("indices")
+    pre, n, post = split(x.shape, s.node.meta("axis"))
+    count = len(indices)
+    if not count or not post or not pre:
+        return
+    table = k.global_constant("indices", np.asarray(indices, dtype=np.int64), I64)
+    with k.loop(pre, "p") as p, k.loop(count, "j") as j:
+        row = k.b.load(k.b.gep(table, [j]))
+        src = k.b.mul(k.b.add(k.b.mul(p, k.i64(n)), row), k.i64(post))
+        dst = k.b.mul(k.b.add(k.b.mul(p, k.i64(count)), j), k.i64(post))
+        if post == 1:
+            k.store(k.load(x, src), s.out, dst)
+        else:
+            k.copy_run(s.out, dst, x, src, post)
 
 
 # --------------------------------------------------------------------------------------------

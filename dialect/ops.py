@@ -720,6 +720,34 @@ class ClipOp(UnaryOp):
 
 
 @irdl_op_definition
+class SoftsignOp(UnaryOp):
+    """`%1 = softsign(%0)` — x / (1 + |x|) (ONNX's `Softsign`, PyTorch's `F.softsign`,
+    `nn.Softsign`), computed as x · (1 / (1 + |x|)), its decomposition: within 2 ULPs (three
+    correctly rounded operations)."""
+
+    name = "tl.softsign"
+    ONNX = OnnxSpelling("Softsign")
+    TORCH = TorchSpelling(
+        functions=("torch.nn.functional.softsign",), modules=("torch.nn.Softsign",)
+    )
+    MONOTONE = Monotone.INCREASING
+    ULPS = 2
+
+    def numpy(self, x: np.ndarray) -> np.ndarray:
+        one = x.dtype.type(1)
+        return x * (one / (one + np.abs(x)))
+
+    def derivative(self, em: Any, x: Any, y: Any) -> Any:
+        """1 / (1 + |x|)^2."""
+        d = em.add(em.full_like(x, 1.0), em.unary(AbsOp, x))
+        return em.unary(InvOp, em.mul(d, d))
+
+    def decompose(self, em: Any, x: Any) -> Any:
+        """x · inv(1 + abs(x))."""
+        return em.mul(x, em.unary(InvOp, em.add(em.full_like(x, 1.0), em.unary(AbsOp, x))))
+
+
+@irdl_op_definition
 class MaxPoolOp(PoolOp):
     """`%1 = max_pool(%0) {kernel = [2, 2], stride = [2, 2], padding = [0, 0]}`."""
 
@@ -1106,6 +1134,28 @@ class ConcatOp(NodeOp):
 
 
 @irdl_op_definition
+class GatherOp(NodeOp):
+    """`%1 = gather(%0) {axis = 1, indices = [2, 0, 0]}` — out[..., j, ...] = x[..., indices[j],
+    ...] along `axis` (PyTorch's `index_select`, ONNX's `Gather` with constant 1-D indices).
+    Slices, splits, integer indexing and nearest-neighbour resizing are gathers."""
+
+    name = "tl.gather"
+    FIELDS: ClassVar[tuple[Field, ...]] = (Field("axis", Kind.INT), Field("indices", Kind.INTS))
+
+    def infer(self, parents: list[Shape]) -> Shape:
+        """`axis < rank`, every index `< s[axis]`; the axis extent becomes `len(indices)`."""
+        (s,) = parents
+        axis, indices = self.meta("axis"), self.meta("indices")
+        check_axis(axis, s)
+        for index in indices:
+            if index >= s[axis]:
+                raise ShapeError(
+                    f"gather: index {index} out of range for axis {axis} of shape {fmt_shape(s)}"
+                )
+        return s[:axis] + (len(indices),) + s[axis + 1 :]
+
+
+@irdl_op_definition
 class MseLossOp(NodeOp):
     """`%2 = mse_loss(%0, %1) : []` — mean of (yhat - target)^2."""
 
@@ -1216,7 +1266,8 @@ FORWARD_OPS: tuple[type[NodeOp], ...] = (
     AddOp, SubOp, MulElemOp, MaxElemOp, MinElemOp,
     AbsOp, SqrtOp, NegOp, ReluOp, LeakyReluOp, TanhOp, SigmoidOp, SoftplusOp, ExpOp, LogOp, InvOp,
     SinOp, CosOp, GeluOp, ErfOp, EluOp, SeluOp, HardSigmoidOp, HardSwishOp, SiluOp, ClipOp,
+    SoftsignOp,
     MaxPoolOp, AvgPoolOp, BroadcastToOp, ReduceSumOp, ReduceMeanOp, SumOp, MatmulOp,
     LinearOp, ConvOp, BatchNormEvalOp, SafeLogOp, SoftmaxOp, LogSoftmaxOp, HardMaskedSoftmaxOp,
-    LayernormOp, ReshapeOp, FlattenOp, ConcatOp, MseLossOp,
+    LayernormOp, ReshapeOp, FlattenOp, ConcatOp, MseLossOp, GatherOp,
 )  # fmt: skip

@@ -440,3 +440,22 @@ def test_malformed_models_are_diagnostics() -> None:
     relu = make_model([helper.make_node("Relu", ["x"], ["y"])], [("x", ("N", 4))], "y")
     with pytest.raises(DiagnosticError, match=r"input 'x': tensor of shape \[4611686018427387904"):
         tlc.from_onnx(relu, [(2**62, 4)])
+
+
+def test_initializers_keep_their_names() -> None:
+    """A payload field that is an initializer as stored is bound by its name (characters a
+    .tlir name cannot hold become `_`); one computed from it (MatMul's transposed weight) is
+    not."""
+    from tlc.dialect.program_ops import ParamsOp
+
+    nodes = [
+        helper.make_node("Conv", ["x", "conv::w", "b"], ["c"]),
+        helper.make_node("Flatten", ["c"], ["f"]),
+        helper.make_node("MatMul", ["f", "m"], ["y"]),
+    ]
+    inits = [("conv::w", RNG.standard_normal((2, 1, 2, 2))), ("b", RNG.standard_normal(2)),
+             ("m", RNG.standard_normal((8, 3)))]  # fmt: skip
+    traced = tlc.from_onnx(make_model(nodes, [("x", (1, 1, 3, 3))], "y", inits))
+    (binding,) = [op for op in traced.module.ops if isinstance(op, ParamsOp)]
+    assert binding.declared == {"conv__w": (2, 1, 2, 2), "b": (2,)}
+    assert [b.field_params() for b in binding.binds] == [{"weight": "conv__w", "bias": "b"}]

@@ -140,9 +140,18 @@ class Pair(nn.Module):
         return x.relu(), x.tanh()
 
 
-class Slice(nn.Module):
+class Masked(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("keep", torch.tensor([True, False, True, False]))
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x[1:]
+        return x[:, self.keep]
+
+
+class Branch(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.relu() if x.sum() > 0 else x
 
 
 def _refusal(model: nn.Module, *examples: torch.Tensor) -> str:
@@ -160,8 +169,13 @@ def test_refusals_name_the_node_and_target() -> None:
     assert _refusal(Pair(), x) == (
         "PyTorch graph import: the model returns 2 values; tl graphs have one output"
     )
-    assert _refusal(Slice(), x) == (
-        "PyTorch graph import: FX node 'getitem' (_operator.getitem): indexing or slicing a tensor"
+    assert _refusal(Masked(), x) == (
+        "PyTorch graph import: FX node 'getitem': its shape or value depends on the tensor "
+        "values (the graph would hold only the example's)"
+    )
+    assert _refusal(Branch(), x) == (
+        "PyTorch graph import: torch.fx cannot trace Branch: Python control flow on the tensor "
+        "values of 'gt' (the graph would hold only the example's branch)"
     )
     assert _refusal(nn.Sequential(nn.BatchNorm1d(4)), x) == (
         "PyTorch graph import: FX node '_0' (torch.nn.modules.batchnorm.BatchNorm1d): "
@@ -397,3 +411,44 @@ def test_every_torch_spelling_is_imported() -> None:
 def _named(target: object, dotted: str) -> bool:
     module, _, name = dotted.rpartition(".")
     return target is getattr(__import__(module, fromlist=[name]), name)
+
+
+def test_parameters_keep_their_state_dict_names() -> None:
+    """Payload fields that are the module's parameters or buffers are bound by their
+    state_dict names in a `tl.params` section; the payload built from the state_dict by those
+    names is the imported payload."""
+    from tlc.dialect.program_ops import ParamsOp
+    from tlc.semantics.program_run import payload_from_params
+
+    model = nn.Sequential(nn.Linear(4, 5), nn.BatchNorm1d(5), nn.ReLU(), nn.Linear(5, 2)).eval()
+    traced = tlc.from_torch(model, torch.randn(3, 4))
+    (binding,) = [op for op in traced.module.ops if isinstance(op, ParamsOp)]
+    state = {k: v.double().numpy() for k, v in model.state_dict().items()}
+    state.pop("1.num_batches_tracked")
+    assert sorted(binding.declared) == sorted(state)
+    by_name = payload_from_params(traced.module, traced.graph.graph_name, state)
+    for node_id, record in traced.payload.records.items():
+        for field, value in record.items():
+            if field != "eps":
+                np.testing.assert_array_equal(by_name.records[node_id][field], value)
+
+
+def test_params_file_fills_the_named_fields_over_the_inline_record(tmp_path: Path) -> None:
+    """A batch norm without affine parameters: mean and var are buffers (named), gamma and
+    beta the importer's ones and zeros (unnamed); `--params` replaces only the named fields."""
+    from xdsl.dialects.builtin import ModuleOp
+
+    from tlc.dialect.payload_section import payload_op
+    from tlc.tools.run_program import params_payload
+
+    model = nn.Sequential(nn.BatchNorm1d(3, affine=False)).eval()
+    traced = tlc.from_torch(model, torch.randn(2, 3))
+    bindings = [op.clone() for op in traced.module.ops if op is not traced.graph]
+    graph = traced.graph.clone()
+    module = ModuleOp([graph, payload_op(graph.graph_name, traced.payload), *bindings])
+    path = tmp_path / "p.npz"
+    np.savez(path, **{"0.running_mean": np.arange(3.0), "0.running_var": np.full(3, 2.0)})
+    (record,) = params_payload(module, graph, str(path)).records.values()
+    np.testing.assert_array_equal(record["mean"], np.arange(3.0))
+    np.testing.assert_array_equal(record["var"], np.full(3, 2.0))
+    np.testing.assert_array_equal(record["gamma"], np.ones(3))

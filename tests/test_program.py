@@ -226,6 +226,7 @@ CASES: dict[str, Case] = {
     "reshape": ([2, 3], lambda o, x, p: o.reshape(x, to=[3, 2]), {}),
     "flatten": ([2, 3], lambda o, x, p: o.flatten(x), {}),
     "concat": ([2, 3], lambda o, x, p: o.concat(x, o.relu(x), x, axis=1), {}),
+    "gather": ([2, 3], lambda o, x, p: o.gather(x, axis=1, indices=[2, 0, 2, 1]), {}),
     "mse_loss": ([3], lambda o, x, p: o.mse_loss(x, p["t"]), {"t": (3,)}),
     "sign": ([3], lambda o, x, p: o.sign(x), {}),
     "gelu_grad": ([3], lambda o, x, p: o.gelu_grad(x, approximate="tanh"), {}),

@@ -34,6 +34,7 @@ SECTIONS: list[tuple[str, tuple[type[NodeOp], ...], tuple[str, ...]]] = [
     ("Elementwise unary", (UnaryOp,), ()),
     ("Elementwise binary", (BinaryOp,), ("safe_log",)),
     ("Layout", (), ("permute", "transpose", "broadcast_to", "reshape", "flatten", "concat")),
+    ("Indexing", (), ("gather",)),
     ("Reductions", (ReductionOp,), ("sum", "mse_loss")),
     ("Contractions and layers", (PoolOp,), ("matmul", "linear", "conv", "batch_norm_eval")),
     ("Normalisations", (AxisOp,), ("hard_masked_softmax", "layernorm")),

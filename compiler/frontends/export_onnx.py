@@ -169,6 +169,12 @@ def _broadcast(ex: Exporter, node: NodeOp, inputs: list[str]) -> str:
     return ex.add("Expand", [inputs[0], target], "broadcast")
 
 
+@EXPORT.register(tl.GatherOp)
+def _gather(ex: Exporter, node: NodeOp, inputs: list[str]) -> str:
+    indices = ex.constant(list(node.meta("indices")), "indices", np.int64)
+    return ex.add("Gather", [inputs[0], indices], "gather", axis=node.meta("axis"))
+
+
 @EXPORT.register(tl.ConcatOp)
 def _concat(ex: Exporter, node: NodeOp, inputs: list[str]) -> str:
     return ex.add("Concat", inputs, "concat", axis=node.meta("axis"))

@@ -11,6 +11,7 @@ explicit `broadcast_to` node appears.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,6 +20,7 @@ from xdsl.ir import SSAValue
 
 from tlc.core.diagnostics import DiagnosticError, Location
 from tlc.dialect import ops as tl
+from tlc.dialect.program_ops import BindOp, ParamsOp
 from tlc.dialect.shapes import Shape, fmt_shape
 from tlc.semantics.program import GraphBuilder, Traced
 
@@ -50,7 +52,22 @@ def finish(builder: GraphBuilder, result: SSAValue) -> Traced:
     assert builder.at is not None, "new_builder sets the location"
     graph = builder.finish(result, builder.at)
     check_payload(graph, builder.payload, graph_shapes(graph))
-    return Traced(ModuleOp([graph]), graph, builder.payload)
+    binding = source_binding(builder)
+    return Traced(ModuleOp([graph, *binding]), graph, builder.payload)
+
+
+def source_binding(builder: GraphBuilder) -> list[ParamsOp]:
+    """The `tl.params` binding of the payload fields that are source parameters, by their
+    source names (`%fc1.weight`), so `tlc-run --params` takes the source model's own parameter
+    file; none where no field is one."""
+    declared: dict[str, Shape] = {}
+    binds = []
+    for node_id, fields in sorted(builder.sources.items()):
+        record = builder.payload.records[node_id]
+        for field, name in fields.items():
+            declared.setdefault(name, record[field].shape)
+        binds.append(BindOp(node_id, builder.payload.kinds[node_id], fields))
+    return [ParamsOp(builder.name, list(declared.items()), binds)] if binds else []
 
 
 def ints(values: Any) -> list[int]:
@@ -180,14 +197,118 @@ def matmul(builder: GraphBuilder, a: Any, b: Any) -> SSAValue:
     return reshape(builder, result, out)
 
 
+def take(builder: GraphBuilder, value: SSAValue, axis: int, indices: Any) -> SSAValue:
+    """NumPy's `take(value, indices, axis)` for constant integer indices of any shape (negative
+    ones count from the end): one `gather` of the flattened indices (none where they select
+    the whole axis in order), then a reshape putting the indices' shape in place of the axis."""
+    shape = builder.shape_of(value)
+    index = np.asarray(indices, dtype=np.int64)
+    n = shape[axis]
+    bad = index[(index < -n) | (index >= n)]
+    if bad.size:
+        raise DiagnosticError.simple(
+            f"index {int(bad[0])} out of range for axis {axis} of shape {fmt_shape(shape)}"
+        )
+    flat = ints(np.where(index < 0, index + n, index).reshape(-1))
+    if flat != list(range(n)):
+        value = builder.gather(value, axis=axis, indices=flat)
+    return reshape(builder, value, (*shape[:axis], *index.shape, *shape[axis + 1 :]))
+
+
+def tile(builder: GraphBuilder, value: SSAValue, repeats: Sequence[int]) -> SSAValue:
+    """NumPy's `tile` (ONNX Tile, PyTorch's `repeat` and `tile`; more repeats than axes add
+    leading axes, fewer repeat the trailing axes): a reshape to [.., 1, d, ..], a broadcast to
+    [.., r, d, ..], a reshape to [.., r d, ..], so the copies follow each other."""
+    shape = builder.shape_of(value)
+    repeats = (1,) * (len(shape) - len(repeats)) + tuple(repeats)
+    shape = (1,) * (len(repeats) - len(shape)) + tuple(shape)
+    if all(r == 1 for r in repeats):
+        return reshape(builder, value, shape)
+    split = [d for pair in ((1, n) for n in shape) for d in pair]
+    spread = [d for pair in zip(repeats, shape, strict=True) for d in pair]
+    value = broadcast_to(builder, reshape(builder, value, split), spread)
+    return reshape(builder, value, [r * n for r, n in zip(repeats, shape, strict=True)])
+
+
+def along(builder: GraphBuilder, weights: np.ndarray, axis: int, like: SSAValue) -> SSAValue:
+    """A constant holding `weights[i]` at every position whose index on `axis` is i."""
+    shape = builder.shape_of(like)
+    column = np.asarray(weights, dtype=np.float64).reshape((-1,) + (1,) * (len(shape) - axis - 1))
+    return broadcast_to(builder, column, shape)
+
+
+def interpolate(
+    builder: GraphBuilder, value: SSAValue, axis: int, position: np.ndarray
+) -> SSAValue:
+    """Linear interpolation along `axis` at the source coordinates `position` (one per output
+    index), edge values beyond the ends: x[i0] (1 - t) + x[i0 + 1] t with i0 = floor(position)
+    and t = position - i0, indices clamped into the axis (ONNX's `linear` and PyTorch's
+    bilinear, whose out-of-range neighbours are the edge element)."""
+    n = builder.shape_of(value)[axis]
+    low = np.floor(position)
+    t = position - low
+    first = take(builder, value, axis, np.clip(low, 0, n - 1).astype(np.int64))
+    if not np.any(t):
+        return first
+    second = take(builder, value, axis, np.clip(low + 1, 0, n - 1).astype(np.int64))
+    return builder.add(
+        builder.mul_elem(first, along(builder, 1 - t, axis, first)),
+        builder.mul_elem(second, along(builder, t, axis, second)),
+    )
+
+
+def window_bounds(size: int, out: int) -> tuple[np.ndarray, np.ndarray]:
+    """Adaptive pooling's windows: output i covers [floor(i n / o), ceil((i + 1) n / o))."""
+    i = np.arange(out)
+    return (i * size) // out, -((-(i + 1) * size) // out)
+
+
+def adaptive_pool(
+    builder: GraphBuilder, op: type[tl.PoolOp], value: SSAValue, sizes: Sequence[int]
+) -> SSAValue:
+    """PyTorch's adaptive average / max pooling of the trailing axes to `sizes`. Where every
+    extent divides evenly it is one plain pool; otherwise the windows differ in length, and
+    each axis is pooled alone (both reductions are separable over a rectangle): the window's
+    t-th element is gathered for every output (the last one again where a window is shorter)
+    and the gathered slices are combined, by max, or by a sum weighted 1/length (0 past a
+    window's end)."""
+    shape = builder.shape_of(value)
+    first = len(shape) - len(sizes)
+    spatial = shape[first:]
+    if all(o and n % o == 0 for n, o in zip(spatial, sizes, strict=True)):
+        kernel = [n // o for n, o in zip(spatial, sizes, strict=True)]
+        if kernel == [1] * len(kernel):
+            return value
+        return builder.apply(op, [value], {"kernel": kernel, "stride": kernel})
+    for i, (n, o) in enumerate(zip(spatial, sizes, strict=True)):
+        axis = first + i
+        if n == o:
+            continue
+        start, end = window_bounds(n, o)
+        length = end - start
+        parts = []
+        for t in range(int(length.max())):
+            part = take(builder, value, axis, np.minimum(start + t, end - 1))
+            if op is tl.AvgPoolOp:
+                weight = np.where(t < length, 1.0 / length, 0.0)
+                part = builder.mul_elem(part, along(builder, weight, axis, part))
+            parts.append(part)
+        combine = builder.max_elem if op is tl.MaxPoolOp else builder.add
+        value = functools.reduce(combine, parts)
+    return value
+
+
 __all__ = [
     "ImportFailure",
     "Traced",
+    "adaptive_pool",
+    "along",
     "broadcast_all",
     "broadcast_to",
     "elementwise",
     "finish",
     "import_error",
+    "interpolate",
     "ints",
     "lift",
     "matmul",
@@ -195,4 +316,8 @@ __all__ = [
     "norm_axis",
     "reduce",
     "reshape",
+    "source_binding",
+    "take",
+    "tile",
+    "window_bounds",
 ]

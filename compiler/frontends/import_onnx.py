@@ -41,6 +41,7 @@ from xdsl.ir import SSAValue
 
 from tlc.core.diagnostics import DiagnosticError, Location
 from tlc.core.limits import LimitError, check_elements
+from tlc.core.payload import named
 from tlc.dialect import ops as tl
 from tlc.dialect.families import BinaryOp, OnnxSpelling
 from tlc.dialect.metadata import Kind
@@ -53,6 +54,7 @@ from tlc.frontends.import_common import (
     elementwise,
     finish,
     import_error,
+    interpolate,
     ints,
     lift,
     matmul,
@@ -61,6 +63,8 @@ from tlc.frontends.import_common import (
     pad,
     reduce,
     reshape,
+    take,
+    tile,
 )
 from tlc.frontends.onnx_prepare import opset_of, prepare, unsupported_report
 from tlc.semantics.program import GraphBuilder, Traced
@@ -143,8 +147,9 @@ Rule = Callable[..., Value | list[Value | None]]
 class Entry:
     rule: Rule
     attributes: frozenset[str]
-    #: How many leading outputs the rule produces; later outputs must be unused.
-    outputs: int = 1
+    #: How many leading outputs the rule produces (None: all of them); later outputs must be
+    #: unused.
+    outputs: int | None = 1
 
 
 #: ONNX op type -> the rule and the attributes it understands.
@@ -152,7 +157,7 @@ RULES: dict[str, Entry] = {}
 
 
 def on(
-    *op_types: str, attributes: Sequence[str] = (), outputs: int = 1, **bound: Any
+    *op_types: str, attributes: Sequence[str] = (), outputs: int | None = 1, **bound: Any
 ) -> Callable[[Rule], Rule]:
     def add(rule: Rule) -> Rule:
         fn = functools.partial(rule, **bound) if bound else rule
@@ -551,6 +556,186 @@ def _concat(call: NodeCall) -> SSAValue:
     return call.ops.concat(*parts, axis=axis)
 
 
+def _axes(call: NodeCall, index: int, rank: int) -> list[int] | None:
+    """Axes given as a constant input (opset 13 and later; older models are converted)."""
+    given = call.const(index, "axes", None)
+    return None if given is None else [norm_axis(a, rank) for a in ints(given.reshape(-1))]
+
+
+@on("Gather", attributes=["axis"])
+def _gather(call: NodeCall) -> SSAValue:
+    """Constant integer indices of any shape (NumPy's `take`): a `gather` of the flattened
+    indices, reshaped to the indices' shape in place of the axis."""
+    x = call.tensor(0)
+    indices = call.const(1, "indices")
+    if not np.issubdtype(indices.dtype, np.integer):
+        raise call.refuse(f"indices of type {indices.dtype} (integers only)")
+    return take(call.ops, x, norm_axis(call.attr("axis", 0), len(call.shape(x))), indices)
+
+
+def slice_indices(n: int, start: int, end: int, step: int) -> range:
+    """ONNX Slice's elements along an axis of extent n: negative starts/ends count from the end,
+    then both are clamped into [0, n] (step > 0) or [0, n - 1] and [-1, n - 1] (step < 0)."""
+    start, end = (v + n if v < 0 else v for v in (start, end))
+    if step > 0:
+        return range(min(max(start, 0), n), min(max(end, 0), n), step)
+    return range(min(max(start, 0), n - 1), min(max(end, -1), n - 1), step)
+
+
+@on("Slice")
+def _slice(call: NodeCall) -> SSAValue:
+    """Constant starts, ends, axes and steps: one `gather` per sliced axis."""
+    x = call.tensor(0)
+    shape = call.shape(x)
+    starts = ints(call.const(1, "starts").reshape(-1))
+    ends = ints(call.const(2, "ends").reshape(-1))
+    axes = _axes(call, 3, len(shape)) or list(range(len(starts)))
+    given = call.const(4, "steps", None)
+    steps = [1] * len(starts) if given is None else ints(given.reshape(-1))
+    if 0 in steps:
+        raise call.refuse("a step of 0")
+    for axis, start, end, step in zip(axes, starts, ends, steps, strict=True):
+        x = take(call.ops, x, axis, list(slice_indices(shape[axis], start, end, step)))
+    return x
+
+
+@on("Split", attributes=["axis", "num_outputs"], outputs=None)
+def _split(call: NodeCall) -> list[Value | None]:
+    """Several outputs, each one `gather` of its consecutive block (a node per used output).
+    Sizes from the constant `split` input, else `num_outputs` (opset 18) or the node's output
+    count: equal blocks, the last one smaller where the extent does not divide (ONNX's rule)."""
+    x = call.tensor(0)
+    shape = call.shape(x)
+    axis = norm_axis(call.attr("axis", 0), len(shape))
+    given = call.const(1, "split", None)
+    n = shape[axis]
+    if given is not None:
+        sizes = ints(given.reshape(-1))
+    else:
+        count = call.attr("num_outputs", len(call.node.output))
+        block = -(-n // count)
+        sizes = [min(block, n - i * block) for i in range(count)]
+    if sum(sizes) != n or any(s < 0 for s in sizes):
+        raise call.refuse(f"split sizes {sizes} do not add up to the extent {n}")
+    starts = np.cumsum([0, *sizes])
+    return [
+        take(call.ops, x, axis, list(range(starts[i], starts[i + 1]))) if call.used(i) else None
+        for i in range(len(sizes))
+    ]
+
+
+@on("Squeeze")
+def _squeeze(call: NodeCall) -> SSAValue:
+    x = call.tensor(0)
+    shape = call.shape(x)
+    axes = _axes(call, 1, len(shape))
+    axes = [i for i, d in enumerate(shape) if d == 1] if axes is None else axes
+    if any(shape[a] != 1 for a in axes):
+        raise call.refuse(f"squeezing an axis of extent > 1 in {fmt_shape(shape)}")
+    return reshape(call.ops, x, [d for i, d in enumerate(shape) if i not in axes])
+
+
+@on("Unsqueeze")
+def _unsqueeze(call: NodeCall) -> SSAValue:
+    x = call.tensor(0)
+    shape = list(call.shape(x))
+    given = ints(call.const(1, "axes").reshape(-1))
+    for a in sorted(norm_axis(a, len(shape) + len(given)) for a in given):
+        shape.insert(a, 1)
+    return reshape(call.ops, x, shape)
+
+
+@on("Tile")
+def _tile(call: NodeCall) -> SSAValue:
+    """Each axis repeated: a reshape to [.., 1, d, ..], a broadcast to [.., r, d, ..], a
+    reshape to [.., r d, ..] (the copies follow each other, as Tile lays them out)."""
+    x = call.tensor(0)
+    return tile(call.ops, x, ints(call.const(1, "repeats").reshape(-1)))
+
+
+RESIZE_ATTRIBUTES = [
+    "antialias", "axes", "coordinate_transformation_mode", "cubic_coeff_a", "exclude_outside",
+    "extrapolation_value", "keep_aspect_ratio_policy", "mode", "nearest_mode",
+]  # fmt: skip
+
+
+def source_coordinates(mode: str, out: int, n: int, scale: float) -> np.ndarray:
+    """ONNX Resize's coordinate_transformation_mode: the input coordinate of each output index.
+    `scale` is the given scale, or out / n where sizes are given; the resized length the
+    formulas use is `scale * n`, which differs from `out` where the scale does not divide
+    (as ONNX's reference implementation computes it, in float64)."""
+    x = np.arange(out, dtype=np.float64)
+    width = scale * n
+    if mode == "half_pixel":
+        return (x + 0.5) / scale - 0.5
+    if mode == "pytorch_half_pixel":
+        return (x + 0.5) / scale - 0.5 if width != 1 else np.full(out, -0.5)
+    if mode == "half_pixel_symmetric":
+        return n / 2 * (1 - out / width) + (x + 0.5) / scale - 0.5
+    if mode == "align_corners":
+        return x * (n - 1) / (width - 1) if width != 1 else np.zeros(out)
+    return x / scale  # asymmetric
+
+
+def nearest_indices(rounding: str, position: np.ndarray, n: int) -> np.ndarray:
+    """ONNX Resize's nearest_mode, then clamped into the axis."""
+    if rounding == "floor":
+        index = np.floor(position)
+    elif rounding == "ceil":
+        index = np.ceil(position)
+    elif rounding == "round_prefer_ceil":
+        index = np.floor(position + 0.5)
+    else:  # round_prefer_floor
+        index = np.ceil(position - 0.5)
+    return np.clip(index, 0, n - 1).astype(np.int64)
+
+
+@on("Resize", attributes=RESIZE_ATTRIBUTES)
+def _resize(call: NodeCall) -> SSAValue:
+    """Nearest and linear modes, every coordinate transformation but tf_crop_and_resize, every
+    keep_aspect_ratio_policy (with sizes: not_larger / not_smaller take the smallest / largest
+    scale for every axis and round the extents half up, as ONNX's reference does); each
+    resized axis alone (linear interpolation is separable): nearest is a `gather`, linear two
+    gathers weighted by constants."""
+    x = call.tensor(0)
+    shape = call.shape(x)
+    mode = call.attr("mode", "nearest")
+    transform = call.attr("coordinate_transformation_mode", "half_pixel")
+    if mode not in ("nearest", "linear"):
+        raise call.refuse(f"mode '{mode}' (nearest and linear only)")
+    if transform == "tf_crop_and_resize":
+        raise call.refuse("coordinate_transformation_mode 'tf_crop_and_resize'")
+    if call.attr("antialias", 0):
+        raise call.refuse("antialias=1")
+    axes = call.attr("axes", None)
+    axes = list(range(len(shape))) if axes is None else [norm_axis(a, len(shape)) for a in axes]
+    scales, sizes = call.const(2, "scales", None), call.const(3, "sizes", None)
+    if sizes is not None and sizes.size:
+        out = ints(sizes.reshape(-1))
+        factors = [o / shape[a] for a, o in zip(axes, out, strict=True)]
+        policy = call.attr("keep_aspect_ratio_policy", "stretch")
+        if policy != "stretch":  # one scale for every axis, the output rounded half up
+            scale = min(factors) if policy == "not_larger" else max(factors)
+            factors = [scale] * len(axes)
+            out = [int(scale * shape[a] + 0.5) for a in axes]
+    elif scales is not None and scales.size:
+        factors = [float(f) for f in scales.reshape(-1)]
+        out = [int(np.floor(shape[a] * f)) for a, f in zip(axes, factors, strict=True)]
+    else:
+        raise call.refuse("neither scales nor sizes given")
+    for axis, o, factor in zip(axes, out, factors, strict=True):
+        n = shape[axis]
+        if o == n and factor == 1:
+            continue
+        position = source_coordinates(transform, o, n, factor)
+        if mode == "nearest":
+            rounding = call.attr("nearest_mode", "round_prefer_floor")
+            x = take(call.ops, x, axis, nearest_indices(rounding, position, n))
+        else:
+            x = interpolate(call.ops, x, axis, position)
+    return x
+
+
 @on("ReduceSum", attributes=["keepdims", "noop_with_empty_axes"], op=tl.ReduceSumOp, since=13)
 @on(
     "ReduceMean",
@@ -689,7 +874,7 @@ class OnnxImporter:
                     f"input '{name}' is not defined by a graph input, an initializer or an "
                     "earlier node"
                 )
-        for extra in node.output[entry.outputs :]:
+        for extra in [] if entry.outputs is None else node.output[entry.outputs :]:
             if extra and self.uses[extra]:
                 raise call.refuse(f"output '{extra}' is used (only the first is supported)")
         try:
@@ -817,6 +1002,20 @@ def _real(name: str, value: np.ndarray) -> np.ndarray:
     return value
 
 
+def _named(initializers: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Each initializer marked with its name, so a payload field that is one is bound by it
+    (`tl.params`); characters a .tlir parameter name cannot hold become `_`, and a name that
+    collides after that stays unbound."""
+    taken: set[str] = set()
+    out = {}
+    for name, value in initializers.items():
+        spelled = re.sub(r"[^A-Za-z0-9_.]", "_", name)
+        spelled = spelled if re.match(r"[A-Za-z_]", spelled) else f"_{spelled}"
+        out[name] = value if spelled in taken else named(value, spelled)
+        taken.add(spelled)
+    return out
+
+
 def load_model(source: str | bytes | onnx.ModelProto) -> tuple[onnx.ModelProto, str]:
     """The model and the name diagnostics use for it."""
     if isinstance(source, onnx.ModelProto):
@@ -856,7 +1055,7 @@ def from_onnx(
         raise import_error(PREFIX, f"the graph has {len(graph.output)} outputs; tl graphs have one")
     builder, values = new_builder(name or _graph_name(model), shapes, Location(where, 1, 1))
     importer = OnnxImporter(model, builder, opset)
-    importer.env.update(initializers)
+    importer.env.update(_named(initializers))
     importer.env.update(zip((i.name for i in inputs), values, strict=True))
     for index, node in enumerate(graph.node):
         importer.translate(node, index)

@@ -205,7 +205,7 @@ def _unit(node: NodeOp, boxes: list[Box], record: Any, out: Outward) -> Box | No
 
 @register(
     ops.PermuteOp, ops.TransposeOp, ops.ReshapeOp, ops.FlattenOp, ops.BroadcastToOp,
-    ops.ConcatOp, ops.MaxPoolOp,
+    ops.ConcatOp, ops.MaxPoolOp, ops.GatherOp,
 )  # fmt: skip
 def _exact_monotone(node: NodeOp, boxes: list[Box], record: Any, out: Outward) -> Box | None:
     """Non-decreasing in every argument and exact: the reference rule on lo and on hi."""

@@ -144,6 +144,12 @@ def _broadcast(t: Any, node: NodeOp, args: list[Any], record: Any) -> Any:
     return t.broadcast_to(args[0], node.meta("to"))
 
 
+@register(ops.GatherOp)
+def _gather(t: Any, node: NodeOp, args: list[Any], record: Any) -> Any:
+    indices = t.tensor(node.meta("indices"), dtype=t.int64, device=args[0].device)
+    return t.index_select(args[0], node.meta("axis"), indices)
+
+
 @register(ops.ConcatOp)
 def _concat(t: Any, node: NodeOp, args: list[Any], record: Any) -> Any:
     return t.cat(args, dim=node.meta("axis"))

@@ -279,6 +279,16 @@ def _concat_transpose(em: Emitter, node: NodeOp, shapes: list[Any], g: Any) -> l
     return parts
 
 
+def _gather_transpose(em: Emitter, node: NodeOp, shapes: list[Any], g: Any) -> list[Any]:
+    """Each input element receives the sum of the cotangents of the outputs it was copied to:
+    the selection matrix's transpose applied along the axis (a `linear` on the last axis)."""
+    axis, indices = node.meta("axis"), node.meta("indices")
+    last = len(shapes[0]) - 1
+    scatter = np.zeros((shapes[0][axis], len(indices)))
+    np.add.at(scatter, (np.asarray(indices, dtype=np.int64), np.arange(len(indices))), 1.0)
+    return [em.transpose(em.linear(em.transpose(g, axis, last), scatter), axis, last)]
+
+
 def _reduce_transpose(em: Emitter, node: NodeOp, shapes: list[Any], g: Any) -> list[Any]:
     return [em.unreduce(g, node.meta("axis"), shapes[0])]
 
@@ -300,6 +310,7 @@ linear_op(ops.SumOp, lambda em, node, shapes, g: [em.broadcast_to(g, shapes[0])]
 linear_op(ops.ReduceSumOp, _reduce_transpose)
 linear_op(ops.ReduceMeanOp, _mean_transpose)
 linear_op(ops.ConcatOp, _concat_transpose)
+linear_op(ops.GatherOp, _gather_transpose)
 linear_op(
     ops.AvgPoolOp,
     lambda em, node, shapes, g: [em.bind(bw.AvgPoolGradOp, [g], _pool_fields(node), shapes[0])],
