@@ -116,6 +116,11 @@ class Lowering:
     #: node of `EPILOGUES` that is the only user of this node's value can be fused into it.
     fuses: bool = False
 
+    @property
+    def uses_scratch(self) -> bool:
+        """Whether the rule reads `Step.scratch` (then it gets a buffer even of size 0)."""
+        return self.scratch is not _no_scratch
+
 
 LOWERINGS: RuleTable[Lowering] = RuleTable("llvm")
 
@@ -185,10 +190,16 @@ def _bernoulli(k: KernelBuilder, s: Step) -> None:
 
 Scalar = Callable[..., ir.Value]
 
+#: Op kinds whose kernel is a map over the flat buffers (`elementwise`, raw log): element i of
+#: the output is stored after element i of every input is loaded, so the output may overwrite
+#: an input that dies at the node (the memory plan's in-place rule).
+IN_PLACE: set[type[NodeOp]] = set()
+
 
 def elementwise(op_class: type[NodeOp], fn: Scalar) -> None:
     """`out[i] = fn(k, node, a[i], b[i], ...)` over the flat buffers; a scalar parent (safe_log's
     epsilon) is read once and broadcast."""
+    IN_PLACE.add(op_class)
 
     def emit(k: KernelBuilder, s: Step) -> None:
         scalars = {j: k.load(a, 0) for j, a in enumerate(s.args) if a.size == 1 < s.out.size}
@@ -318,6 +329,9 @@ def _log(k: KernelBuilder, s: Step) -> None:
         k.b.store(k.b.or_(k.b.load(bad), k.b.fcmp_unordered("<=", x, k.const(0))), bad)
         k.store(k.intrinsic("log", x), s.out, i)
     k.fail_if(k.b.load(bad), Status.LOG_DOMAIN)
+
+
+IN_PLACE.add(ops.LogOp)
 
 
 # --------------------------------------------------------------------------------------------
@@ -485,7 +499,8 @@ def _mse_loss(k: KernelBuilder, s: Step) -> None:
     with k.loop(a.size) as i:
         d = k.b.fsub(k.load(a, i), k.load(b, i))
         k.b.store(k.fadd_r(k.b.load(acc), k.b.fmul(d, d)), acc)
-    k.store(k.b.fdiv(k.b.load(acc), k.const(max(a.size, 1))), s.out, 0)
+    # The mean over no elements is 0/0 = NaN, as in the reference.
+    k.store(k.b.fdiv(k.b.load(acc), k.const(a.size)), s.out, 0)
 
 
 # --------------------------------------------------------------------------------------------
