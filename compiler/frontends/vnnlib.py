@@ -27,6 +27,8 @@ from tlc.core.diagnostics import DiagnosticError, Location, error
 
 #: The largest number of cases a property may expand to (`or` inside `and` multiplies).
 MAX_CASES = 10_000
+#: Longest variable index read (X_i, Y_i): more variables than a network could have.
+MAX_INDEX_DIGITS = 18
 
 
 @dataclass(frozen=True)
@@ -138,6 +140,9 @@ class _Reader:
                 name = command.children[0]
                 if name in self.declared:
                     raise error(f"'{name}' is declared twice", self.at(name))
+                if len(name) - 2 > MAX_INDEX_DIGITS:  # int() refuses over 4,300 digits
+                    raise error(f"variable index of {len(name) - 2} digits is too long "
+                                f"(at most {MAX_INDEX_DIGITS})", self.at(name))  # fmt: skip
                 self.declared[str(name)] = self.at(name)
             else:
                 formulas.append(command.children[0])
