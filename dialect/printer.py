@@ -105,8 +105,13 @@ def _record_tlir(record: RecordOp) -> str:
 
 
 def dense_to_numpy(attr: DenseIntOrFPElementsAttr) -> np.ndarray:
-    values = np.array(attr.get_values(), dtype=np.float64)
-    return values.reshape(attr.get_shape())
+    """The attribute's values as a float64 array (a copy, so callers may write to it); f64 data
+    is read straight from the attribute's bytes."""
+    shape = attr.get_shape()
+    data = attr.data.data
+    if isinstance(attr.get_element_type(), Float64Type) and len(data) == 8 * math.prod(shape):
+        return np.frombuffer(data, dtype="<f8").astype(np.float64).reshape(shape)
+    return np.array(attr.get_values(), dtype=np.float64).reshape(shape)
 
 
 def _array_text(array: np.ndarray) -> str:

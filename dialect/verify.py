@@ -16,30 +16,35 @@ from tlc.dialect.ops import GraphOp, NodeOp, OutputOp
 from tlc.dialect.shapes import Shape, ShapeError, fmt_shape
 
 
-def check_metadata(graph: GraphOp) -> None:
+def check_metadata(graph: GraphOp, nodes: list[NodeOp] | None = None) -> None:
     """Every node's metadata present and typed. The .tlir parser guarantees this; a document
     read from the MLIR form is checked on loading (tlc.frontends.text), since no printer or pass can
     work on a node whose metadata cannot be read."""
-    for i, node in enumerate(graph.nodes):
+    for i, node in enumerate(graph.nodes if nodes is None else nodes):
+        if not node.FIELDS:
+            continue
         try:
             node.metadata()
         except MetadataError as exc:
             raise error(f"IR graph: node {i}: {exc}", node) from None
 
 
-def check_structure(graph: GraphOp) -> None:
-    """Raise a located DiagnosticError for the first structural fault of `graph`."""
-    for op in graph.body.block.ops:
+def check_structure(graph: GraphOp) -> list[NodeOp]:
+    """Raise a located DiagnosticError for the first structural fault of `graph`; else return
+    its nodes (walking the graph's block once, for infer_graph_shapes)."""
+    ops = list(graph.body.block.ops)
+    for op in ops:
         if not isinstance(op, NodeOp | OutputOp):
             raise error(f"IR graph: unexpected op '{op.name}' in graph @{graph.graph_name}", op)
-    check_metadata(graph)
-    for i, node in enumerate(graph.nodes):
+    nodes = [op for op in ops if isinstance(op, NodeOp)]
+    check_metadata(graph, nodes)
+    for i, node in enumerate(nodes):
         if node.id != i:
             raise error(
                 f"IR graph: id discipline violated at index {i}: nodes[{i}].id = {node.id}", node
             )
         low, high = node.ARITY
-        got = len(node.parents)
+        got = len(node.operands)
         if got < low or (high is not None and got > high):
             expected = f"{low}..{high}" if high is not None else f"at least {low}"
             raise error(
@@ -48,18 +53,19 @@ def check_structure(graph: GraphOp) -> None:
                 node,
             )
         for pid in node.parent_ids():
-            if pid >= node.id:
+            if pid >= i:
                 raise error(
                     f"IR graph: node {i}: parent id {pid} is not < {node.id} ({node.summary()})",
                     node,
                 )
-    outputs = [op for op in graph.body.block.ops if isinstance(op, OutputOp)]
+    outputs = [op for op in ops if isinstance(op, OutputOp)]
     if len(outputs) != 1:
         raise error(
             f"IR graph: graph @{graph.graph_name} must select exactly one output, "
             f"found {len(outputs)}",
             graph,
         )
+    return nodes
 
 
 def run_on_graphs(module: ModuleOp, check: Callable[[GraphOp], object]) -> None:
@@ -77,9 +83,8 @@ def run_on_graphs(module: ModuleOp, check: Callable[[GraphOp], object]) -> None:
 
 def infer_graph_shapes(graph: GraphOp) -> list[Shape]:
     """The inferred output shape of every node, or a located DiagnosticError."""
-    check_structure(graph)
     inferred: list[Shape] = []
-    for i, node in enumerate(graph.nodes):
+    for i, node in enumerate(check_structure(graph)):
         try:
             out = node.infer([inferred[pid] for pid in node.parent_ids()])
         except ShapeError as exc:

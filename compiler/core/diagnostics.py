@@ -13,8 +13,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cache
 
-from xdsl.dialects.builtin import FileLineColLoc, IntAttr, StringAttr
+from xdsl.dialects.builtin import FileLineColLoc, StringAttr
 from xdsl.ir import Operation
+
+from tlc.core.attrs import file_loc
 
 
 @dataclass(frozen=True)
@@ -24,7 +26,7 @@ class Location:
     col: int
 
     def to_attr(self) -> FileLineColLoc:
-        return FileLineColLoc(_file_attr(self.file), IntAttr(self.line), IntAttr(self.col))
+        return file_loc(_file_attr(self.file), self.line, self.col)
 
     def __str__(self) -> str:
         return f"{self.file}:{self.line}:{self.col}"
