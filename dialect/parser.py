@@ -68,19 +68,27 @@ def parse_tlir(text: str, filename: str = "<stdin>", line_offset: int = 0) -> Mo
 
 @contextmanager
 def _collector_paused() -> Iterator[None]:
-    """Pause Python's cyclic garbage collector while a document is parsed.
+    """Pause Python's cyclic garbage collector while a document is parsed, and hand what was
+    built to its oldest generation.
 
-    Parsing allocates a few objects per character (tokens, tree nodes, attributes, ops) and
-    frees almost none of them, so the collector keeps triggering and rescans the growing heap:
-    on bench/frontend.py's 10,000-node graph that was half of the parse time (1.9 s -> 1.0 s
-    without it). Everything built here is either kept or freed by reference counting; cyclic
-    garbage, if any, is collected as usual once the collector runs again.
+    Parsing allocates several objects per node and frees almost none of them, so the collector
+    keeps triggering and rescans the growing heap: on bench/frontend.py's 10,000-node graph that
+    was half of the parse time (1.9 s -> 1.0 s without it). Pausing alone only defers the work:
+    everything allocated meanwhile sits in the youngest generation, and the first collection
+    after the pause scans all of it (0.3 s for 100,000 nodes). `gc.freeze()` followed by
+    `gc.unfreeze()` moves every tracked object to the oldest generation instead, which is
+    where a survivor of two collections would end up anyway, and which is scanned only after
+    the heap has grown by a quarter. Cyclic garbage, if any, is collected as usual by the next
+    full collection. (Skipped if the application itself has frozen objects.)
     """
     was_enabled = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
+        if gc.get_freeze_count() == 0:
+            gc.freeze()
+            gc.unfreeze()
         if was_enabled:
             gc.enable()
 
@@ -231,7 +239,7 @@ class _Builder(ProgramRules, Transformer[Token, ModuleOp]):
         if op_class is None:
             hint = did_you_mean(str(kind), OPS_BY_TAG)
             raise error(f"unknown op kind '{kind}'{hint}", self._tok_loc(kind))
-        fields = self._fields(op_class, attrs or [], shape, self._tok_loc(kind))
+        fields = self._fields(op_class, attrs or [], shape, kind)
         location = self._loc(meta).to_attr()
         op = op_class(self._index(value, str(value)[1:]), [], shape, fields, location)
         set_kernel(op, kernel)
@@ -257,8 +265,10 @@ class _Builder(ProgramRules, Transformer[Token, ModuleOp]):
         op_class: type[NodeOp],
         attrs: list[tuple[str, Any, Location]],
         declared: tuple[int, ...] | None,
-        where: Location,
+        kind: Token,
     ) -> dict[str, Any]:
+        if not op_class.FIELDS and not attrs:
+            return {}
         known = {f.name: f for f in op_class.FIELDS}
         given: dict[str, Any] = {}
         for name, value, loc in attrs:
@@ -273,12 +283,11 @@ class _Builder(ProgramRules, Transformer[Token, ModuleOp]):
                 raise error(f"{op_class.TAG}: {exc}", loc) from None
         fields: dict[str, Any] = {}
         for f in op_class.FIELDS:
-            if f.name in given:
-                fields[f.name] = given[f.name]
-            elif f.default_value(fields, declared) is not None:
-                fields[f.name] = f.default_value(fields, declared)
-            else:
+            value = given[f.name] if f.name in given else f.default_value(fields, declared)
+            if value is None:
+                where = self._tok_loc(kind)
                 raise error(f"op '{op_class.TAG}' requires metadata field '{f.name}'", where)
+            fields[f.name] = value
         return fields
 
     @v_args(meta=True)
@@ -425,9 +434,15 @@ _TOKEN = re.compile(
 _DENSE = re.compile(r"\[[-+0-9.eEinfa\[\], \t\r\n]*")
 _BRACKETS = re.compile(r"[\[\]]")
 _STRAY_PLUS = re.compile(r"(?<![eE])\+")
-_LONG_DIGITS = re.compile("[0-9]{300,}")
 _STRUCTURE = str.maketrans("", "", "0123456789.eEinfa+- \t\r\n")
 _UNBRACKET = str.maketrans("[]", "  ")
+
+
+class _Tok(str):
+    """A token for the `_Builder` methods: the text, without a position (the builder reads one
+    only to report an error, and on any error the document is read again by Lark)."""
+
+    line = column = start_pos = None
 
 
 class _GiveUp(Exception):
@@ -473,7 +488,7 @@ class _Scanner:
             m = _ITEM.match(text, pos)
             if m is None:
                 raise _GiveUp
-            meta, symbol = self._meta(m.start(1)), Token("SYMBOL", "@" + m.group(2))
+            meta, symbol = self._meta(m.start(1)), _Tok("@" + m.group(2))
             if m.group(1) == "tl.graph":
                 graph, pos = self._graph(m.end())
                 items.append(self.builder.graph(meta, [symbol, None, *graph]))
@@ -491,7 +506,7 @@ class _Scanner:
             if operands is not None:
                 if _VALUES.fullmatch(operands) is None:
                     raise _GiveUp
-                operands = [Token("VALUE", "%" + d) for d in _VALUE_IDS.findall(operands)]
+                operands = [_Tok("%" + d) for d in _VALUE_IDS.findall(operands)]
             if body is not None:
                 if body not in attrs:
                     attrs[body] = self._attrs(body + "}", 0, dense=False)[0]
@@ -501,15 +516,15 @@ class _Scanner:
                     shapes[shape] = self._shape(shape)
                 shape = shapes[shape]
             if kernel is not None:
-                kernel = builder.string([Token("STRING", kernel)])
-            items = [Token("VALUE", value), Token("NAME", kind), operands, body, shape, kernel]
+                kernel = builder.string([_Tok(kernel)])
+            items = [_Tok(value), _Tok(kind), operands, body, shape, kernel]
             nodes.append(node(self._meta(m.start(1)), items))
             pos = m.end()
         m = _OUTPUT.match(text, pos)
         if m is None:
             raise _GiveUp
         output = builder.output(self._meta(text.index("output", pos)), [None])
-        return [*nodes, (output[0], Token("VALUE", "%" + m.group(1)))], m.end()
+        return [*nodes, (output[0], _Tok("%" + m.group(1)))], m.end()
 
     def _shape(self, text: str) -> tuple[int, ...]:
         if _INTS.fullmatch(text) is None:
@@ -523,7 +538,7 @@ class _Scanner:
         text, records = self.text, []
         while (m := _RECORD.match(text, pos)) is not None:
             attrs, pos = self._attrs(text, m.end(), dense=True)
-            items = [Token("VALUE", m.group(1)), Token("NAME", m.group(3)), attrs]
+            items = [_Tok(m.group(1)), _Tok(m.group(3)), attrs]
             records.append(self.builder.record(self._meta(m.start(1)), items))
         m = _END.match(text, pos)
         if m is None:
@@ -565,9 +580,9 @@ class _Scanner:
                     return found
             return self._list(text, m.end(), dense)
         if m.group("num") is not None:
-            return self.builder.number([Token("NUMBER", m.group("num"))]), m.end()
+            return self.builder.number([_Tok(m.group("num"))]), m.end()
         if m.group("str") is not None:
-            return self.builder.string([Token("STRING", m.group("str"))]), m.end()
+            return self.builder.string([_Tok(m.group("str"))]), m.end()
         if m.group("name") in ("true", "false"):
             return m.group("name") == "true", m.end()
         raise _GiveUp
@@ -593,16 +608,14 @@ class _Scanner:
         which the token-by-token reader then takes."""
         run = _DENSE.match(text, start)
         assert run is not None
-        depth, end = 0, None
-        for b in _BRACKETS.finditer(text, start, run.end()):
-            depth += 1 if b.group() == "[" else -1
-            if depth == 0:
-                end = b.end()
-                break
-        if end is None:
-            return None
-        literal = text[start:end]
-        if _STRAY_PLUS.search(literal) or _LONG_DIGITS.search(literal):
+        literal = run.group().rstrip(", \t\r\n")
+        if literal.count("[") != literal.count("]"):  # the run went past the list's end
+            end = _balanced_end(text, start, run.end())
+            if end is None:
+                return None
+            literal = text[start:end]
+        end = start + len(literal)
+        if "+" in literal and _STRAY_PLUS.search(literal):
             return None
         skeleton = literal.translate(_STRUCTURE)
         shape = _dense_shape(literal, skeleton)
@@ -620,7 +633,22 @@ class _Scanner:
                     return None
             if values.size != count:
                 return None
+            # A value that is not finite without an `inf` or `nan` literal was a number out of
+            # float64's range: Lark's path reports an integer one as an error.
+            infinite = count - int(np.count_nonzero(np.isfinite(values)))
+            if infinite > literal.count("inf") + literal.count("nan"):
+                return None
         return values.reshape(shape), end
+
+
+def _balanced_end(text: str, start: int, stop: int) -> int | None:
+    """The position after the `]` closing the `[` at `start`, looking no further than `stop`."""
+    depth = 0
+    for b in _BRACKETS.finditer(text, start, stop):
+        depth += 1 if b.group() == "[" else -1
+        if depth == 0:
+            return b.end()
+    return None
 
 
 def _dense_shape(literal: str, skeleton: str) -> tuple[int, ...] | None:

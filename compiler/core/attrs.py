@@ -11,6 +11,7 @@ use it, and the result is an ordinary attribute (equal to, and hashing like, the
 
 from __future__ import annotations
 
+from functools import cache
 from typing import Any, TypeVar
 
 from xdsl.dialects.builtin import FileLineColLoc, IntAttr, IntegerAttr, StringAttr, i64
@@ -22,9 +23,14 @@ A = TypeVar("A", bound=ParametrizedAttribute)
 def trusted(cls: type[A], *params: Any) -> A:
     """`cls.new(params)` without verifying the parameters (see the module docstring)."""
     attr = cls.__new__(cls)
-    for (name, _), param in zip(cls.get_irdl_definition().parameters, params, strict=True):
+    for name, param in zip(_names(cls), params, strict=True):
         object.__setattr__(attr, name, param)
     return attr
+
+
+@cache
+def _names(cls: type[ParametrizedAttribute]) -> tuple[str, ...]:
+    return tuple(name for name, _ in cls.get_irdl_definition().parameters)
 
 
 def id_attr(value: int) -> IntegerAttr:
