@@ -27,7 +27,6 @@ import numpy as np
 from xdsl.dialects.builtin import IntegerAttr, LocationAttr, i64
 from xdsl.ir import Attribute, Operation, SSAValue
 from xdsl.irdl import IRDLOperation, attr_def, result_def, var_operand_def
-from xdsl.rewriter import Rewriter
 
 from tlc.core.attrs import id_attr
 from tlc.dialect.metadata import Field, Kind, MetadataError, fmt_value, from_attr, to_attr
@@ -212,7 +211,10 @@ class NodeOp(IRDLOperation):
     def set_declared_shape(self, shape: Shape) -> None:
         """Give the node a declared shape; uses of its result see the new value."""
         (result,) = self.results
-        Rewriter.replace_value_with_new_type(result, type_for(tuple(shape)))
+        # The value keeps its identity and its uses: `Rewriter.replace_value_with_new_type`
+        # would make a new value and rebuild every user's operand list (a third of
+        # infer-shapes on a large graph) to the same effect. xDSL keeps the type in `_type`.
+        result._type = type_for(tuple(shape))
 
     # -- the op's contract -----------------------------------------------------------------
 

@@ -29,15 +29,21 @@ def check_metadata(graph: GraphOp, nodes: list[NodeOp] | None = None) -> None:
             raise error(f"IR graph: node {i}: {exc}", node) from None
 
 
-def check_structure(graph: GraphOp) -> list[NodeOp]:
-    """Raise a located DiagnosticError for the first structural fault of `graph`; else return
-    its nodes (walking the graph's block once, for infer_graph_shapes)."""
+def check_structure(graph: GraphOp) -> None:
+    """Raise a located DiagnosticError for the first structural fault of `graph`."""
+    _structure(graph)
+
+
+def _structure(graph: GraphOp) -> list[tuple[NodeOp, list[int]]]:
+    """check_structure's work; each node with its parent ids (read once, for
+    infer_graph_shapes)."""
     ops = list(graph.body.block.ops)
     for op in ops:
         if not isinstance(op, NodeOp | OutputOp):
             raise error(f"IR graph: unexpected op '{op.name}' in graph @{graph.graph_name}", op)
     nodes = [op for op in ops if isinstance(op, NodeOp)]
     check_metadata(graph, nodes)
+    checked: list[tuple[NodeOp, list[int]]] = []
     for i, node in enumerate(nodes):
         if node.id != i:
             raise error(
@@ -52,12 +58,14 @@ def check_structure(graph: GraphOp) -> list[NodeOp]:
                 f"got {got} ({node.summary()})",
                 node,
             )
-        for pid in node.parent_ids():
+        parents = node.parent_ids()
+        for pid in parents:
             if pid >= i:
                 raise error(
                     f"IR graph: node {i}: parent id {pid} is not < {node.id} ({node.summary()})",
                     node,
                 )
+        checked.append((node, parents))
     outputs = [op for op in ops if isinstance(op, OutputOp)]
     if len(outputs) != 1:
         raise error(
@@ -65,7 +73,7 @@ def check_structure(graph: GraphOp) -> list[NodeOp]:
             f"found {len(outputs)}",
             graph,
         )
-    return nodes
+    return checked
 
 
 def run_on_graphs(module: ModuleOp, check: Callable[[GraphOp], object]) -> None:
@@ -84,9 +92,9 @@ def run_on_graphs(module: ModuleOp, check: Callable[[GraphOp], object]) -> None:
 def infer_graph_shapes(graph: GraphOp) -> list[Shape]:
     """The inferred output shape of every node, or a located DiagnosticError."""
     inferred: list[Shape] = []
-    for i, node in enumerate(check_structure(graph)):
+    for i, (node, parents) in enumerate(_structure(graph)):
         try:
-            out = node.infer([inferred[pid] for pid in node.parent_ids()])
+            out = node.infer([inferred[pid] for pid in parents])
         except ShapeError as exc:
             raise error(str(exc), node) from None
         declared = node.declared_shape

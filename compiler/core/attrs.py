@@ -33,11 +33,18 @@ def _names(cls: type[ParametrizedAttribute]) -> tuple[str, ...]:
     return tuple(name for name, _ in cls.get_irdl_definition().parameters)
 
 
+def int_attr(value: int) -> IntAttr:
+    """`IntAttr(value)` for an int (which is all its verification checks)."""
+    attr = IntAttr.__new__(IntAttr)
+    object.__setattr__(attr, "data", value)
+    return attr
+
+
 def id_attr(value: int) -> IntegerAttr:
     """A node id, 0 <= value < 2^63 (checked by the caller), as `value : i64`."""
-    return trusted(IntegerAttr, IntAttr(value), i64)
+    return trusted(IntegerAttr, int_attr(value), i64)
 
 
 def file_loc(file: StringAttr, line: int, col: int) -> FileLineColLoc:
     """`loc("file":line:col)` for a positive line and column."""
-    return trusted(FileLineColLoc, file, IntAttr(line), IntAttr(col))
+    return trusted(FileLineColLoc, file, int_attr(line), int_attr(col))
