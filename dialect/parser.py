@@ -436,6 +436,8 @@ _BRACKETS = re.compile(r"[\[\]]")
 _STRAY_PLUS = re.compile(r"(?<![eE])\+")
 _STRUCTURE = str.maketrans("", "", "0123456789.eEinfa+- \t\r\n")
 _UNBRACKET = str.maketrans("[]", "  ")
+#: The deepest number list read by numpy (tensors have a handful of axes).
+MAX_DENSE_RANK = 32
 
 
 class _Tok(str):
@@ -655,6 +657,8 @@ def _dense_shape(literal: str, skeleton: str) -> tuple[int, ...] | None:
     """The shape a rectangular literal has, read off its first element at every depth
     (`_skeleton` then checks the whole literal against it)."""
     depth = len(skeleton) - len(skeleton.lstrip("["))
+    if depth > MAX_DENSE_RANK:  # Lark's path says the document nests too deeply
+        return None
     shape = []
     for level in range(1, depth):
         close = skeleton.find("]" * (depth - level + 1), level - 1)
