@@ -83,9 +83,9 @@ def test_tool_outcome_tells_outcomes_apart() -> None:
     def raises(_argv: list[str]) -> int:
         raise IndexError
 
-    assert fuzz.tool_outcome([], lambda _argv: 1) == ("ok", "")
+    assert fuzz.tool_outcome([], lambda _argv: 1) == ("ok", "", 1)
     assert fuzz.tool_outcome([], lambda _argv: 70)[0] == "traceback"
-    assert fuzz.tool_outcome([], raises) == ("traceback", "IndexError: ")
+    assert fuzz.tool_outcome([], raises) == ("traceback", "IndexError: ", 70)
     assert fuzz.tool_outcome([], lambda _argv: 3)[0] == "crash"
 
 
@@ -104,7 +104,7 @@ class _ScriptedWorker(fuzz.Worker):
             f"action = {self.action!r}\n"
             "if action == 'segv': os.kill(os.getpid(), signal.SIGSEGV)\n"
             "if action == 'sleep': time.sleep(60)\n"
-            "print('{\"outcome\": \"ok\"}', flush=True)\n"
+            'print(\'{"outcome": "ok"}\', flush=True)\n'
         )
         return [sys.executable, "-c", script]
 

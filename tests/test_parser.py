@@ -286,7 +286,6 @@ def test_dense_literals_read_exactly_as_numbers(literal: str) -> None:
     import numpy as np
 
     from tlc.dialect.parser import _Scanner
-
     from tlc.dialect.payload_section import payload_from_module
 
     text = _payload_doc(literal)
@@ -311,12 +310,16 @@ def test_random_dense_literals_round_trip_bit_for_bit() -> None:
 @pytest.mark.parametrize(
     ("literal", "message"),
     [
-        ("[[1, 2], [3]]", "m.tlir:2:15: payload field 'value' is not a rectangular array of numbers"),
-        ("[1, +2]", "m.tlir:2:27: unexpected character '+'; expected '[', 'false', 'true', a number or a string"),
+        ("[[1, 2], [3]]", "m.tlir:2:15: payload field 'value' is not a rectangular array of "
+         "numbers"),
+        ("[1, +2]", "m.tlir:2:27: unexpected character '+'; expected '[', 'false', 'true', "
+         "a number or a string"),
         ("[1, 2 3]", "m.tlir:2:29: unexpected '3'; expected ',' or ']'"),
-        ("[1,, 2]", "m.tlir:2:26: unexpected ','; expected '[', 'false', 'true', a number or a string"),
+        ("[1,, 2]", "m.tlir:2:26: unexpected ','; expected '[', 'false', 'true', a number or a "
+         "string"),
         ("[1, 1e5.0]", "m.tlir:2:30: unexpected '.0'; expected ',' or ']'"),
-        ("[[" + "9" * 400 + "]]", "m.tlir:2:15: payload field 'value' has a number out of float64 range"),
+        ("[[" + "9" * 400 + "]]", "m.tlir:2:15: payload field 'value' has a number out of "
+         "float64 range"),
     ],
 )  # fmt: skip
 def test_malformed_dense_literals_are_located(literal: str, message: str) -> None:

@@ -281,10 +281,11 @@ def input_argument(case: GraphCase, directory: Path) -> str:
 
 #: Arguments larger than this are not built (a call with a 1-element array is made instead).
 MAX_CALL_ELEMENTS = 2**20
-INPUT_KINDS = ("right", "right", "right", "right", "flat", "list", "wrong-size", "other-dtype", "int", "empty",
-               "0-d", "strided", "read-only", "string", "none", "object")  # fmt: skip
-OUT_KINDS = ("none", "none", "none", "right", "right", "read-only", "bytes", "bytes-buffer", "wrong-size",
-             "other-dtype", "strided", "list", "memmap-read-only")  # fmt: skip
+INPUT_KINDS = ("right", "right", "right", "right", "flat", "list", "wrong-size", "other-dtype",
+               "int", "empty", "0-d", "strided", "read-only", "string", "none",
+               "object")  # fmt: skip
+OUT_KINDS = ("none", "none", "none", "right", "right", "read-only", "bytes", "bytes-buffer",
+             "wrong-size", "other-dtype", "strided", "list", "memmap-read-only")  # fmt: skip
 PARAM_KINDS = ("auto", "auto", "none", "wrong-size", "read-only", "other-dtype", "list")
 VALUE_KINDS = ("normal", "normal", "zeros", "nan", "inf", "huge", "tiny", "mixed")
 
@@ -424,9 +425,9 @@ def _read_only(array: np.ndarray) -> np.ndarray:
 # --------------------------------------------------------------------------------------------
 
 
-def tool_outcome(argv: list[str], tool: Callable[[list[str]], int]) -> tuple[str, str]:
-    """Run one tool in this process: the outcome (see the module docstring) and, for a
-    failure, the last line of what it printed on stderr."""
+def tool_outcome(argv: list[str], tool: Callable[[list[str]], int]) -> tuple[str, str, int]:
+    """Run one tool in this process: the outcome (see the module docstring), for a failure the
+    last line it printed on stderr, and its exit code (70 for an escaping exception)."""
     err, out = io.StringIO(), io.StringIO()
     try:
         with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
@@ -434,11 +435,11 @@ def tool_outcome(argv: list[str], tool: Callable[[list[str]], int]) -> tuple[str
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 2
     except Exception as exc:
-        return "traceback", f"{type(exc).__name__}: {exc}"
+        return "traceback", f"{type(exc).__name__}: {exc}", 70
     last = (err.getvalue().strip().splitlines() or [""])[-1]
     if "Traceback" in err.getvalue() or code == 70:
-        return "traceback", last
-    return ("ok", "") if code in (0, 1, 2) else ("crash", last)
+        return "traceback", last, code
+    return ("ok", "", code) if code in (0, 1, 2) else ("crash", last, code)
 
 
 def _tools() -> dict[str, Callable[[list[str]], int]]:
@@ -465,14 +466,8 @@ def serve(requests: io.TextIOBase, replies: io.TextIOBase, directory: Path) -> N
         request = json.loads(line)
         reply: dict[str, Any]
         if "tool" in request:
-            code: list[int] = []
-
-            def tool(argv: list[str], name: str = request["tool"]) -> int:
-                code.append(tools[name](argv))
-                return code[-1]
-
-            outcome, detail = tool_outcome(request["argv"], tool)
-            reply = {"outcome": outcome, "code": (code or [2])[0]}
+            outcome, detail, code = tool_outcome(request["argv"], tools[request["tool"]])
+            reply = {"outcome": outcome, "code": code}
             if detail:
                 reply["detail"] = detail
         else:
