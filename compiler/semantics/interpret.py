@@ -24,7 +24,7 @@ from tlc.core.payload import Payload
 from tlc.dialect import ops
 from tlc.dialect.ops import GraphOp, NodeOp
 from tlc.dialect.shapes import Shape, fmt_shape
-from tlc.dialect.verify import infer_graph_shapes
+from tlc.dialect.verify import graph_shapes
 
 # The backward ops' reference rules join `REFERENCE` when their module is imported: imported
 # here, so `REFERENCE` as this module exports it is the complete table.
@@ -122,7 +122,7 @@ class Prepared:
 
 def prepare(graph: GraphOp, payload: Payload | None, dtype: type = np.float64) -> Prepared:
     """Check `graph` (structure, shapes) and `payload` against it, once, for repeated runs."""
-    shapes = infer_graph_shapes(graph)
+    shapes = graph_shapes(graph)
     check_sizes(graph, shapes)
     records = prepare_records(graph, payload or Payload(), dtype, shapes)
     steps = [
