@@ -232,7 +232,8 @@ def _by_lark(text: str) -> object:
 def _lit_chunks() -> list[str]:
     chunks = [p.read_text() for p in sorted((ROOT / "examples").glob("*.tlir"))]
     for path in sorted((ROOT / "tests" / "lit").rglob("*.tlir")):
-        chunks.extend(c.text for c in split_chunks(path.read_text(), split=True))
+        text = path.read_bytes().decode("utf-8", errors="replace")  # one test holds bad UTF-8
+        chunks.extend(c.text for c in split_chunks(text, split=True))
     return chunks
 
 
