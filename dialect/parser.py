@@ -610,16 +610,20 @@ class _Scanner:
         which the token-by-token reader then takes."""
         run = _DENSE.match(text, start)
         assert run is not None
-        literal = run.group().rstrip(", \t\r\n")
-        if literal.count("[") != literal.count("]"):  # the run went past the list's end
-            end = _balanced_end(text, start, run.end())
-            if end is None:
+        end = run.end()
+        while text[end - 1] in ", \t\r\n":
+            end -= 1
+        literal = text[start:end]
+        skeleton = literal.translate(_STRUCTURE)
+        if skeleton.count("[") != skeleton.count("]"):  # the run went past the list's end
+            balanced = _balanced_end(text, start, run.end())
+            if balanced is None:
                 return None
+            end = balanced
             literal = text[start:end]
-        end = start + len(literal)
+            skeleton = literal.translate(_STRUCTURE)
         if "+" in literal and _STRAY_PLUS.search(literal):
             return None
-        skeleton = literal.translate(_STRUCTURE)
         shape = _dense_shape(literal, skeleton)
         if shape is None or skeleton != _skeleton(shape):
             return None
@@ -638,7 +642,7 @@ class _Scanner:
             # A value that is not finite without an `inf` or `nan` literal was a number out of
             # float64's range: Lark's path reports an integer one as an error.
             infinite = count - int(np.count_nonzero(np.isfinite(values)))
-            if infinite > literal.count("inf") + literal.count("nan"):
+            if infinite and infinite > literal.count("inf") + literal.count("nan"):
                 return None
         return values.reshape(shape), end
 

@@ -96,11 +96,15 @@ class SourceManager:
     the text); the tools give it every text they read and quote nothing else."""
 
     def __init__(self, from_disk: bool = False) -> None:
+        self._texts: dict[str, str] = {}
         self._lines: dict[str, list[str]] = {}
         self._from_disk = from_disk
 
     def add(self, name: str, text: str) -> None:
-        self._lines[name] = text.splitlines()
+        """Remember `text` (split into lines only if a diagnostic quotes it: a 30 MB document
+        that reads fine is never split)."""
+        self._texts[name] = text
+        self._lines.pop(name, None)
 
     def render(self, diag: Diagnostic) -> str:
         out = [self._render_one(diag)]
@@ -118,6 +122,8 @@ class SourceManager:
         return f"{head}\n{source}\n{' ' * (loc.col - 1)}^"
 
     def _line(self, loc: Location) -> str | None:
+        if loc.file in self._texts and loc.file not in self._lines:
+            self._lines[loc.file] = self._texts[loc.file].splitlines()
         lines = self._lines.get(loc.file)
         if lines is None:
             line = linecache.getline(loc.file, loc.line) if self._from_disk else ""
