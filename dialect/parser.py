@@ -20,9 +20,17 @@ import numpy as np
 from lark import Lark, Token, Transformer, Tree, v_args
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, VisitError
 from lark.lexer import PatternStr
-from xdsl.dialects.builtin import BytesAttr, DenseIntOrFPElementsAttr, ModuleOp, TensorType, f64
+from xdsl.dialects.builtin import (
+    BytesAttr,
+    DenseIntOrFPElementsAttr,
+    ModuleOp,
+    StringAttr,
+    TensorType,
+    f64,
+)
 from xdsl.ir import Operation, SSAValue
 
+from tlc.core.attrs import file_loc
 from tlc.core.diagnostics import DiagnosticError, Location, did_you_mean, error
 from tlc.dialect.grammar import build_parser
 from tlc.dialect.metadata import MAX_INT, MetadataError, check_value
@@ -164,12 +172,18 @@ def _join_or(items: list[str]) -> str:
 
 
 class _Builder(ProgramRules, Transformer[Token, ModuleOp]):
-    """Builds ops bottom-up; a graph resolves its operands once all its nodes exist."""
+    """Builds ops bottom-up; a graph resolves its operands once all its nodes exist.
+
+    Nodes come in document order, so a node whose operands are all defined above it gets them
+    when it is built (`values`, reset by each graph); only forward references, which
+    verify-structure then reports, are bound by the graph."""
 
     def __init__(self, filename: str, line_offset: int):
         super().__init__()
         self.filename = filename
         self.offset = line_offset
+        self.file_attr = StringAttr(filename)
+        self.values: dict[str, SSAValue] = {}
 
     def _loc(self, meta: Any) -> Location:
         return Location(self.filename, meta.line + self.offset, meta.column)
@@ -233,17 +247,26 @@ class _Builder(ProgramRules, Transformer[Token, ModuleOp]):
     # -- graphs ----------------------------------------------------------------------------
 
     @v_args(meta=True)
-    def node(self, meta: Any, items: list[Any]) -> tuple[NodeOp, list[Token]]:
+    def node(self, meta: Any, items: list[Any]) -> tuple[NodeOp, list[Token] | None]:
         value, kind, operands, attrs, shape, kernel = items
         op_class = OPS_BY_TAG.get(str(kind))
         if op_class is None:
             hint = did_you_mean(str(kind), OPS_BY_TAG)
             raise error(f"unknown op kind '{kind}'{hint}", self._tok_loc(kind))
         fields = self._fields(op_class, attrs or [], shape, kind)
-        location = self._loc(meta).to_attr()
-        op = op_class(self._index(value, str(value)[1:]), [], shape, fields, location)
+        location = file_loc(self.file_attr, meta.line + self.offset, meta.column)
+        node_id = self._index(value, str(value)[1:])
+        refs: list[Token] | None = operands or []
+        parents = [self.values.get(str(t)) for t in refs]
+        if None in parents:
+            parents = []  # a forward reference: the graph binds the operands
+        else:
+            refs = None
+        op = op_class(node_id, parents, shape, fields, location)
+        (result,) = op.results
+        self.values.setdefault(f"%{node_id}", result)
         set_kernel(op, kernel)
-        return op, operands or []
+        return op, refs
 
     def kernel(self, items: list[Token]) -> str:
         return self.string(items)
@@ -313,10 +336,13 @@ class _Builder(ProgramRules, Transformer[Token, ModuleOp]):
             target = defined.get(str(tok))
             if target is None:
                 raise error(f"use of undefined value {tok}", self._tok_loc(tok))
-            return target.result
+            (result,) = target.results
+            return result
 
+        self.values = {}
         for op, refs in nodes:
-            op.operands = [lookup(t) for t in refs]
+            if refs is not None:  # not bound when the node was built
+                op.operands = [lookup(t) for t in refs]
         output = OutputOp(lookup(output_ref))
         output.location = output_stub.location
         graph = GraphOp(str(symbol)[1:], [op for op, _ in nodes] + [output])
