@@ -11,7 +11,9 @@ Python attribute of the graph op, not IR: it never prints, and a clone or a newl
 starts without it. Every pass that rewrites builds new graph ops (decompose, grad,
 lower-program), so its output is verified afresh; the passes that keep graphs (verify-structure,
 infer-shapes filling in omitted shapes, select-kernels attaching a plan) keep the mark valid.
-Code that edits a verified graph in place calls `forget_verified`.
+Code that edits a verified graph in place calls `forget_verified`. Likewise a graph that passed
+`check_structure` (the verify-structure pass) carries a mark, so that infer-shapes right after
+it does not check the structure again.
 """
 
 from __future__ import annotations
@@ -39,14 +41,21 @@ def check_metadata(graph: GraphOp, nodes: list[NodeOp] | None = None) -> None:
             raise error(f"IR graph: node {i}: {exc}", node) from None
 
 
+#: The attribute of a graph op that passed check_structure (see the module doc).
+_STRUCTURE_CHECKED = "_tlc_structure_checked"
+
+
 def check_structure(graph: GraphOp) -> None:
-    """Raise a located DiagnosticError for the first structural fault of `graph`."""
-    _structure(graph)
+    """Raise a located DiagnosticError for the first structural fault of `graph`; a graph that
+    checks out gets the structure mark (see the module doc)."""
+    _structure(graph, trust_mark=False)
 
 
-def _structure(graph: GraphOp) -> list[tuple[NodeOp, list[int]]]:
-    """check_structure's work; each node with its parent ids (read once, for
-    infer_graph_shapes)."""
+def _structure(graph: GraphOp, trust_mark: bool = True) -> list[tuple[NodeOp, list[int]]]:
+    """check_structure's work (skipped for a graph with the structure mark, if `trust_mark`);
+    each node with its parent ids, read once, for infer_graph_shapes."""
+    if trust_mark and getattr(graph, _STRUCTURE_CHECKED, False):
+        return [(node, node.parent_ids()) for node in graph.nodes]
     ops = list(graph.body.block.ops)
     for op in ops:
         if not isinstance(op, NodeOp | OutputOp):
@@ -83,6 +92,7 @@ def _structure(graph: GraphOp) -> list[tuple[NodeOp, list[int]]]:
             f"found {len(outputs)}",
             graph,
         )
+    setattr(graph, _STRUCTURE_CHECKED, True)
     return checked
 
 
@@ -109,9 +119,10 @@ def verified_shapes(graph: GraphOp) -> tuple[Shape, ...] | None:
 
 
 def forget_verified(graph: GraphOp) -> None:
-    """Drop the verified mark (after an edit in place): the next reader infers and checks."""
-    if hasattr(graph, _VERIFIED):
-        delattr(graph, _VERIFIED)
+    """Drop the verified marks (after an edit in place): the next reader infers and checks."""
+    for mark in (_VERIFIED, _STRUCTURE_CHECKED):
+        if hasattr(graph, mark):
+            delattr(graph, mark)
 
 
 def infer_graph_shapes(graph: GraphOp) -> list[Shape]:
