@@ -145,6 +145,41 @@ def mutate(data: bytes, rng: random.Random) -> bytes:
     return bytes(out)
 
 
+def mutate_arrays(archive: bytes, rng: random.Random) -> bytes:
+    """An .npz archive rewritten with a few of its arrays changed: reshaped, of another dtype
+    (integers, booleans, complex, float16, objects), filled with NaN or infinities, emptied, a
+    member dropped, renamed or added. Unlike byte edits, these stay valid archives, so they
+    reach the payload and parameter checks behind the reader."""
+    arrays = dict(np.load(io.BytesIO(archive)))
+    for _ in range(rng.randint(1, 3)):
+        name = rng.choice(sorted(arrays)) if arrays else "x"
+        a = arrays.get(name, np.zeros(3))
+        kind = rng.randrange(8)
+        if kind == 0:
+            a = a.reshape(-1)[: rng.randint(0, a.size)] if a.size else a.reshape(1, 0)
+        elif kind == 1:
+            a = a[..., None] if rng.random() < 0.5 else np.tile(a, 2)
+        elif kind == 2:
+            with np.errstate(invalid="ignore", over="ignore"):
+                a = a.astype(rng.choice([np.int64, np.bool_, np.complex128, np.float16]))
+        elif kind == 3:
+            a = np.full(a.shape, rng.choice([np.nan, np.inf, -np.inf, 1e308]))
+        elif kind == 4:
+            a = np.array([object()] * max(a.size, 1), dtype=object)
+        elif kind == 5:
+            arrays.pop(name, None)
+            continue
+        elif kind == 6:
+            arrays.pop(name, None)
+            name = rng.choice(["1.weight", "99.bias", "W3", "", "1.", "x.y.z", name + "_"])
+        else:
+            a = np.zeros((2**16, 0))
+        arrays[name] = a
+    out = io.BytesIO()
+    np.savez(out, **arrays)
+    return out.getvalue()
+
+
 # --------------------------------------------------------------------------------------------
 # Generated graphs (a hypothesis strategy)
 # --------------------------------------------------------------------------------------------
@@ -575,6 +610,8 @@ class Fuzzer:
     libraries: list[str] = field(default_factory=list)
     built: int = 0
     failures: list[tuple[str, int, dict[str, Any], dict[str, Any]]] = field(default_factory=list)
+    #: Print the counts to stderr every `progress` cases (0: never).
+    progress: int = 0
 
     def run(
         self, fmt: str, request: dict[str, Any], index: int, limit: float | None = None
@@ -585,6 +622,8 @@ class Fuzzer:
         reply = self.worker.run(request, limit or self.limit)
         outcome = reply["outcome"]
         self.counts[outcome] += 1
+        if self.progress and sum(self.counts[k] for k in OUTCOMES) % self.progress == 0:
+            print(_summary(self.counts), file=sys.stderr, flush=True)
         self.counts[f"cases:{fmt}"] += 1
         if reply.get("code") == 0:
             self.counts[f"accepted:{fmt}"] += 1
@@ -610,7 +649,10 @@ class Fuzzer:
         seed = getattr(self.seeds, fmt)
         if seed is None:  # onnx is not installed
             return "ok"
-        path.write_bytes(mutate(seed, rng))
+        if fmt in ("npz", "params") and rng.random() < 0.5:
+            path.write_bytes(mutate_arrays(seed, rng))
+        else:
+            path.write_bytes(mutate(seed, rng))
         p = str(path)
         if fmt in ("tlir", "mlir"):
             argvs = {
@@ -675,26 +717,26 @@ class Fuzzer:
 
 
 @contextlib.contextmanager
-def fuzzer(limit: float = 20.0) -> Iterator[Fuzzer]:
+def fuzzer(limit: float = 20.0, progress: int = 0) -> Iterator[Fuzzer]:
     """A fuzzer with its own temporary directory and worker, closed on exit."""
     with tempfile.TemporaryDirectory(prefix="tlc-fuzz-") as tmp:
         directory = Path(tmp)
         worker = Worker(directory)
         try:
-            yield Fuzzer(directory, make_seeds(directory), worker, limit)
+            yield Fuzzer(directory, make_seeds(directory), worker, limit, progress=progress)
         finally:
             worker.close()
 
 
 def campaign(
-    cases: int, seed: int, limit: float = 20.0
+    cases: int, seed: int, limit: float = 20.0, progress: int = 0
 ) -> tuple[Counter[str], list[tuple[str, int, dict[str, Any], dict[str, Any]]]]:
     """About `cases` cases: the mutated formats in turn, then graphs drawn by hypothesis through
     tlc-run and tlc-compile (each library built is called), then calls into the MLP's
     libraries; the outcome counts, with per-format cases and failures."""
     share = max(cases // len(FORMATS), 1)
     rng = random.Random(seed)
-    with fuzzer(limit) as fz:
+    with fuzzer(limit, progress) as fz:
         for index in range(share * len(MUTATED)):
             fz.mutated(MUTATED[index % len(MUTATED)], rng, index)
         libraries = fz.seed_libraries()
@@ -725,6 +767,17 @@ def _drawn(seed: int, n: int, body: Callable[[GraphCase, int], object]) -> None:
     run()
 
 
+OUTCOMES = ("ok", "traceback", "crash", "hang")
+
+
+def _summary(counts: Counter[str]) -> str:
+    total = sum(counts[k] for k in OUTCOMES)
+    return (
+        f"cases {total}, tracebacks {counts['traceback']}, crashes {counts['crash']}, "
+        f"hangs {counts['hang']}"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m tlc.tools.fuzz", description=__doc__.splitlines()[0]
@@ -732,16 +785,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cases", type=int, default=600, help="number of cases (default 600)")
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     p.add_argument("--timeout", type=float, default=20.0, help="seconds per case (default 20)")
+    p.add_argument("--progress", type=int, default=0, metavar="N",
+                   help="print the counts to stderr every N cases")  # fmt: skip
     p.add_argument("--worker", metavar="DIR", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:
         return worker_main(args.worker)
-    counts, failures = campaign(args.cases, args.seed, args.timeout)
-    total = sum(counts[k] for k in ("ok", "traceback", "crash", "hang"))
-    print(
-        f"cases {total}, tracebacks {counts['traceback']}, crashes {counts['crash']}, "
-        f"hangs {counts['hang']}"
-    )
+    counts, failures = campaign(args.cases, args.seed, args.timeout, args.progress)
+    total = sum(counts[k] for k in OUTCOMES)
+    print(_summary(counts))
     for fmt in FORMATS:
         failed = ", ".join(f"{o} {counts[f'{o}:{fmt}']}" for o in ("traceback", "crash", "hang")
                            if counts[f"{o}:{fmt}"])  # fmt: skip
