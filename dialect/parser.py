@@ -444,13 +444,16 @@ _NODE = re.compile(
     + "(?:" + _WS + ":" + _WS + r"\[([^\[\]]*)\])?"
     + "(?:" + _WS + "kernel" + _WS + "(" + _STRING_RE + "))?"
 )  # fmt: skip
-_OUTPUT = re.compile(_WS + "output" + _WS + "%([0-9]+)" + _WS + r"\}")
+_OUTPUT = re.compile(_WS + "(output)" + _WS + "%([0-9]+)" + _WS + r"\}")
 _RECORD = re.compile(_WS + "(%([0-9]+))" + _WS + "=" + _WS + "(" + _NAME_RE + ")" + _WS + r"\{")
 _END = re.compile(_WS + r"\}")
 _EOF = re.compile(_WS + r"\Z")
-_VALUES = re.compile(_WS + "(?:%[0-9]+" + _WS + "(?:," + _WS + "%[0-9]+" + _WS + ")*)?")
+# Operand lists and shapes as the node pattern captured them, read only without comments: a
+# comment there may hide the `)` or `]` the pattern stopped at.
+_BLANK = "[ \t\f\r\n]*"
+_VALUES = re.compile(_BLANK + "(?:%[0-9]+" + _BLANK + "(?:," + _BLANK + "%[0-9]+" + _BLANK + ")*)?")
 _VALUE_IDS = re.compile("%([0-9]+)")
-_INTS = re.compile(_WS + "(?:[0-9]+" + _WS + "(?:," + _WS + "[0-9]+" + _WS + ")*)?")
+_INTS = re.compile(_BLANK + "(?:[0-9]+" + _BLANK + "(?:," + _BLANK + "[0-9]+" + _BLANK + ")*)?")
 _DIGITS = re.compile("[0-9]+")
 _TOKEN = re.compile(
     _WS + r"(?:(?P<num>-?(?:inf|nan|(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?))"
@@ -537,7 +540,10 @@ class _Scanner:
                 operands = [_Tok("%" + d) for d in _VALUE_IDS.findall(operands)]
             if body is not None:
                 if body not in attrs:
-                    attrs[body] = self._attrs(body + "}", 0, dense=False)[0]
+                    entries, end = self._attrs(body + "}", 0, dense=False)
+                    if end != len(body) + 1:  # a `}` inside a comment ended the entries early
+                        raise _GiveUp
+                    attrs[body] = entries
                 body = attrs[body]
             if shape is not None:
                 if shape not in shapes:
@@ -551,8 +557,8 @@ class _Scanner:
         m = _OUTPUT.match(text, pos)
         if m is None:
             raise _GiveUp
-        output = builder.output(self._meta(text.index("output", pos)), [None])
-        return [*nodes, (output[0], _Tok("%" + m.group(1)))], m.end()
+        output = builder.output(self._meta(m.start(1)), [None])
+        return [*nodes, (output[0], _Tok("%" + m.group(2)))], m.end()
 
     def _shape(self, text: str) -> tuple[int, ...]:
         if _INTS.fullmatch(text) is None:

@@ -327,3 +327,52 @@ def test_malformed_dense_literals_are_located(literal: str, message: str) -> Non
     """A literal numpy cannot read is read token by token, which locates the problem (the
     integer out of float64's range was a traceback)."""
     assert _message(_payload_doc(literal)) == message
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        # a comment hides the `)` the node pattern stops at; the next line is inside the list
+        "tl.graph @g {\n  %0 = input : [2]\n  %1 = relu(%0 // )\n  %2 = relu(%1)\n  output %1\n}\n",
+        "tl.graph @g {\n  %0 = input : [2 // ]\n  %1 = relu(%0)\n  output %1\n}\n",
+        # a `}` in a comment ends the entries early, and a quote in it starts a string
+        'tl.graph @g {\n  %0 = input : [2, 3]\n  %1 = softmax(%0) {axis = 1 // "\n}\n'
+        '  %2 = relu(%1) kernel "\n"\n  output %2\n}\n',
+        # `output` in a comment before the output line
+        "tl.graph @g {\n  %0 = input : [2]\n  // the output is %0\n  output %0\n}\n",
+    ],
+)
+def test_comments_never_mislead_the_scanner(text: str) -> None:
+    """Comments may hold any delimiter: the scanner gives up or agrees with Lark's path."""
+    from tlc.dialect.parser import _Scanner
+
+    try:
+        expected: object = _generic(_by_lark(text))
+    except Exception as exc:  # noqa: BLE001 - Lark's path rejects it: the scanner must give up
+        expected = exc
+    module = _Scanner(text, "m.tlir", 0).module()
+    if module is not None:
+        assert _generic(module) == expected
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.sampled_from(SEEDS),
+    st.lists(
+        st.tuples(st.integers(0, 10**6), st.sampled_from([")", "]", "}", '"', "{", "output %0"])),
+        min_size=1,
+        max_size=3,
+    ),
+)
+def test_scanner_with_comments_anywhere_gives_up_or_agrees(
+    seed: str, comments: list[tuple[int, str]]
+) -> None:
+    from tlc.dialect.parser import _Scanner
+
+    text = seed
+    for at, body in comments:
+        at %= len(text) + 1
+        text = text[:at] + f"// {body}\n" + text[at:]
+    module = _Scanner(text, "m.tlir", 0).module()
+    if module is not None:
+        assert _generic(module) == _generic(_by_lark(text))
