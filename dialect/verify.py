@@ -45,6 +45,24 @@ def check_metadata(graph: GraphOp, nodes: list[NodeOp] | None = None) -> None:
 _STRUCTURE_CHECKED = "_tlc_structure_checked"
 
 
+def check_operands(graph: GraphOp) -> None:
+    """Every operand of the graph's nodes and output is the result of a node of this graph.
+    The .tlir parser only builds such graphs; the MLIR form can name a block argument or a
+    value of another region, which no pass or backend could read (tlc.frontends.text checks
+    it on loading)."""
+    block = graph.body.block
+    for op in block.ops:
+        for k, value in enumerate(op.operands):
+            owner = value.owner
+            if not isinstance(owner, NodeOp) or owner.parent is not block:
+                what = f"node {op.id}" if isinstance(op, NodeOp) else "the output"
+                raise error(
+                    f"IR graph: {what}: operand {k} is not the result of a node of graph "
+                    f"@{graph.graph_name}",
+                    op,
+                )
+
+
 def check_structure(graph: GraphOp) -> None:
     """Raise a located DiagnosticError for the first structural fault of `graph`; a graph that
     checks out gets the structure mark (see the module doc)."""
@@ -68,8 +86,9 @@ def _structure(graph: GraphOp, trust_mark: bool = True) -> list[tuple[NodeOp, li
             raise error(
                 f"IR graph: id discipline violated at index {i}: nodes[{i}].id = {node.id}", node
             )
+        parents = node.parent_ids()
         low, high = node.ARITY
-        got = len(node.operands)
+        got = len(parents)
         if got < low or (high is not None and got > high):
             expected = f"{low}..{high}" if high is not None else f"at least {low}"
             raise error(
@@ -77,7 +96,6 @@ def _structure(graph: GraphOp, trust_mark: bool = True) -> list[tuple[NodeOp, li
                 f"got {got} ({node.summary()})",
                 node,
             )
-        parents = node.parent_ids()
         for pid in parents:
             if pid >= i:
                 raise error(

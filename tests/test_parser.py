@@ -187,6 +187,31 @@ def test_mlir_input_gets_op_locations_and_verifier_messages() -> None:
     assert diag.message == "attribute 'id' expected in operation 'tl.input'"
 
 
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ('  ^bb0(%a: !tl.tensor<[2]>):\n    %0 = "tl.relu"(%a) {id = 0 : i64} : '
+         "(!tl.tensor<[2]>) -> !tl.tensor<[2]>\n    \"tl.output\"(%0) : (!tl.tensor<[2]>) -> ()",
+         "m.mlir:4:5: IR graph: node 0: operand 0 is not the result of a node of graph @g"),
+        ('  ^bb0(%a: !tl.tensor<[2]>):\n    %0 = "tl.input"() {id = 0 : i64} : () -> '
+         '!tl.tensor<[2]>\n    "tl.output"(%a) : (!tl.tensor<[2]>) -> ()',
+         "m.mlir:5:5: IR graph: the output: operand 0 is not the result of a node of graph @g"),
+    ],
+)  # fmt: skip
+def test_mlir_operands_must_be_nodes_of_the_graph(body: str, message: str) -> None:
+    """Found while hardening: a block argument as an operand (only the MLIR form can say it)
+    reached `node_id_of` (AssertionError in verify-structure)."""
+    text = (
+        '"builtin.module"() ({\n  "tl.graph"() ({\n'
+        + body
+        + '\n  }) {sym_name = "g"} : () -> ()\n}) : () -> ()\n'
+    )
+    with pytest.raises(DiagnosticError) as info:
+        parse_source(text, "m.mlir")
+    (diag,) = info.value.diagnostics
+    assert f"{diag.location}: {diag.message}" == message
+
+
 def test_deep_nesting_is_a_diagnostic() -> None:
     text = "tl.payload @g { %0 = const {value = " + "[" * 3000 + "]" * 3000 + "} }"
     assert _message(text) == "m.tlir:1:1: the document nests too deeply"
