@@ -728,23 +728,31 @@ def fuzzer(limit: float = 20.0, progress: int = 0) -> Iterator[Fuzzer]:
             worker.close()
 
 
+#: Cases of each format per round of a campaign (a compile case adds up to three calls).
+ROUND = 10
+
+
 def campaign(
     cases: int, seed: int, limit: float = 20.0, progress: int = 0
 ) -> tuple[Counter[str], list[tuple[str, int, dict[str, Any], dict[str, Any]]]]:
-    """About `cases` cases: the mutated formats in turn, then graphs drawn by hypothesis through
-    tlc-run and tlc-compile (each library built is called), then calls into the MLP's
-    libraries; the outcome counts, with per-format cases and failures."""
-    share = max(cases // len(FORMATS), 1)
+    """About `cases` cases, in rounds that each run `ROUND` cases of every format (so a
+    campaign stopped early has covered them all): the mutated formats, calls into the MLP's
+    libraries, graphs drawn by hypothesis through tlc-run and through tlc-compile (each library
+    built is then called); the outcome counts, with per-format cases, and the failures."""
     rng = random.Random(seed)
     with fuzzer(limit, progress) as fz:
-        for index in range(share * len(MUTATED)):
-            fz.mutated(MUTATED[index % len(MUTATED)], rng, index)
         libraries = fz.seed_libraries()
-        for i in range(share):
-            fz.call(call_spec(rng, libraries[i % len(libraries)]), share * len(MUTATED) + i)
-        _drawn(seed, share, lambda case, k: fz.graph(case, (len(MUTATED) + 1) * share + k))
-        # each compile case also makes up to three calls into its library (`call` cases)
-        _drawn(seed + 1, max(share // 2, 1), lambda case, k: fz.compile(case, 9 * share + k))
+        for round_ in range(max(cases // (ROUND * len(FORMATS)), 1)):
+            index = round_ * ROUND * len(FORMATS)
+            for k in range(ROUND * len(MUTATED)):
+                fz.mutated(MUTATED[k % len(MUTATED)], rng, index + k)
+            index += ROUND * len(MUTATED)
+            for k in range(ROUND):
+                fz.call(call_spec(rng, libraries[k % len(libraries)]), index + k)
+            index += ROUND
+            _drawn(seed + 2 * round_, ROUND, lambda case, k: fz.graph(case, index + k))  # noqa: B023
+            index += ROUND
+            _drawn(seed + 2 * round_ + 1, ROUND // 2, lambda case, k: fz.compile(case, index + k))  # noqa: B023
         return fz.counts, fz.failures
 
 
