@@ -596,11 +596,8 @@ class _Scanner:
                 raise _GiveUp
             value, pos = self._value(text, m.end(), dense)
             entries.append((name, value, None))
-            m = _TOKEN.match(text, pos)
-            if m is None or m.group("punct") not in (",", "}"):
-                raise _GiveUp
-            pos = m.end()
-            if m.group("punct") == "}":
+            pos, closed = _comma_or(text, pos, "}")
+            if closed:
                 return entries, pos
 
     def _value(self, text: str, pos: int, dense: bool) -> tuple[Any, int]:
@@ -629,11 +626,8 @@ class _Scanner:
         while True:
             value, pos = self._value(text, pos, dense)
             items.append(value)
-            m = _TOKEN.match(text, pos)
-            if m is None or m.group("punct") not in (",", "]"):
-                raise _GiveUp
-            pos = m.end()
-            if m.group("punct") == "]":
+            pos, closed = _comma_or(text, pos, "]")
+            if closed:
                 return items, pos
 
     def _dense(self, text: str, start: int) -> tuple[np.ndarray, int] | None:
@@ -677,6 +671,14 @@ class _Scanner:
             if infinite and infinite > literal.count("inf") + literal.count("nan"):
                 return None
         return values.reshape(shape), end
+
+
+def _comma_or(text: str, pos: int, closer: str) -> tuple[int, bool]:
+    """After an item at `pos`: `,` or `closer` (which ends the list); the position after it."""
+    m = _TOKEN.match(text, pos)
+    if m is None or m.group("punct") not in (",", closer):
+        raise _GiveUp
+    return m.end(), m.group("punct") == closer
 
 
 def _balanced_end(text: str, start: int, stop: int) -> int | None:
