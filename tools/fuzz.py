@@ -406,7 +406,7 @@ class _Caller:
         entry(x, params=params, out=out)
 
     def argument(self, kind: str, shape: tuple[int, ...], dtype: np.dtype, rng: Any) -> Any:
-        if int(np.prod(shape, dtype=object)) > MAX_CALL_ELEMENTS:  # e.g. a `--batch 2^40` build
+        if _weight(shape) > MAX_CALL_ELEMENTS:  # e.g. a `--batch 2^40` build
             shape = (1,)
         right = call_values(rng, shape, dtype)
         other = np.float32 if dtype == np.float64 else np.float64
@@ -429,7 +429,7 @@ class _Caller:
 
     def out(self, kind: str, shape: tuple[int, ...], dtype: np.dtype) -> Any:
         n = int(np.prod(shape, dtype=object))
-        if n > MAX_CALL_ELEMENTS:
+        if _weight(shape) > MAX_CALL_ELEMENTS:
             shape, n = (1,), 1
         size = n * dtype.itemsize
         if kind == "memmap-read-only":
@@ -448,6 +448,12 @@ class _Caller:
             "strided": lambda: np.empty(2 * max(n, 1), dtype)[::2],
             "list": lambda: [0.0] * n,
         }[kind]()
+
+
+def _weight(shape: tuple[int, ...]) -> int:
+    """What building an argument of `shape` costs: its elements, counting an empty axis as one
+    (`tolist()` of a [2^40, 0] array still makes 2^40 lists)."""
+    return int(np.prod([max(d, 1) for d in shape], dtype=object))
 
 
 def _read_only(array: np.ndarray) -> np.ndarray:
@@ -637,6 +643,9 @@ class Fuzzer:
                 for f in self.directory.glob("case*"):
                     if f.is_file():
                         shutil.copyfile(f, kept / f"{index}-{fmt}-{f.name}")
+                with open(kept / "failures.jsonl", "a") as log:
+                    log.write(json.dumps({"format": fmt, "index": index, "request": request,
+                                          "reply": reply}) + "\n")  # fmt: skip
         return reply
 
     def tool(self, fmt: str, index: int, name: str, argv: list[str]) -> dict[str, Any]:
