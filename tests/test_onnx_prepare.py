@@ -207,3 +207,18 @@ def test_a_string_that_is_not_utf8_is_a_diagnostic(tmp_path) -> None:
         f"ONNX import: '{path}' is not a valid ONNX model: a string is not UTF-8 "
         "(invalid continuation byte)"
     )
+
+
+def test_a_graph_name_that_is_not_utf8_is_a_diagnostic(tmp_path) -> None:
+    """Found by tlc.tools.fuzz: protobuf hands a string field that is not UTF-8 over as bytes,
+    and the checker does not read the graph name: `re.sub` raised TypeError on it."""
+    data = model([helper.make_node("Relu", ["x"], ["y"], name="r")], [("x", (3,))])
+    data.graph.name = "GRAPHNAME"
+    path = tmp_path / "bad.onnx"
+    path.write_bytes(data.SerializeToString().replace(b"GRAPHNAME", b"GRAPH\x8dAME"))
+    with pytest.raises(DiagnosticError) as info:
+        tlc.from_onnx(str(path))
+    assert info.value.diagnostics[0].message == (
+        f"ONNX import: '{path}' is not a valid ONNX model: a string is not UTF-8 "
+        "(invalid start byte)"
+    )

@@ -209,7 +209,11 @@ class Emitter(ABC, Generic[V]):
         return self.broadcast_to(self.reshape(a, kept), like)
 
     def keep_sum(self, a: V, axis: int) -> V:
-        """Sum along `axis`, broadcast back over it (softmax-style row sums)."""
+        """Sum along `axis`, broadcast back over it (softmax-style row sums). Over an empty axis
+        that is an empty tensor of `a`'s shape, which is `a` (a reduction over an empty axis is
+        refused by its shape rule, so it is not built)."""
+        if self.shape(a)[axis] == 0:
+            return a
         return self.unreduce(self.reduce_sum(a, axis), axis, self.shape(a))
 
     def keep_mean(self, a: V, axis: int) -> V:
