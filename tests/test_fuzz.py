@@ -90,7 +90,8 @@ def test_tool_outcome_tells_outcomes_apart() -> None:
 
 
 class _ScriptedWorker(fuzz.Worker):
-    """A worker that is a tiny script: it says ready, then answers, dies by SIGSEGV, or sleeps."""
+    """A worker that is a tiny script: it says ready, then answers, dies by SIGSEGV, sleeps
+    (a hang in wall time) or spins (a hang in CPU time)."""
 
     def __init__(self, directory: Path, action: str):
         super().__init__(directory)
@@ -104,18 +105,20 @@ class _ScriptedWorker(fuzz.Worker):
             f"action = {self.action!r}\n"
             "if action == 'segv': os.kill(os.getpid(), signal.SIGSEGV)\n"
             "if action == 'sleep': time.sleep(60)\n"
+            "while action == 'spin': pass\n"
             'print(\'{"outcome": "ok"}\', flush=True)\n'
         )
         return [sys.executable, "-c", script]
 
 
 @pytest.mark.parametrize(
-    ("action", "outcome"), [("answer", "ok"), ("segv", "crash"), ("sleep", "hang")]
+    ("action", "outcome"),
+    [("answer", "ok"), ("segv", "crash"), ("sleep", "hang"), ("spin", "hang")],
 )
 def test_worker_counts_crashes_and_hangs(tmp_path: Path, action: str, outcome: str) -> None:
     worker = _ScriptedWorker(tmp_path, action)
     try:
-        assert worker.run({"tool": "x", "argv": []}, 2.0)["outcome"] == outcome
+        assert worker.run({"tool": "x", "argv": []}, 0.5)["outcome"] == outcome
         if action == "segv":
             assert worker.last_signal == 11
     finally:
