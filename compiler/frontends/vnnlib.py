@@ -13,6 +13,7 @@ undeclared or non-contiguous variables (`file:line:col: error: ...`). The gramma
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from fractions import Fraction
 from functools import cache
@@ -197,7 +198,11 @@ class _Reader:
     def term(self, term: Tree) -> _Linear:
         kind, children = term.data, term.children
         if kind == "num":
-            return _Linear({}, float(children[0]))
+            value = float(children[0])
+            if not math.isfinite(value):  # e.g. 10^400: bounds are float64 numbers
+                shown = str(children[0]) if len(children[0]) <= 40 else f"{children[0][:20]}..."
+                raise error(f"number {shown} is out of float64 range", self.at(children[0]))
+            return _Linear({}, value)
         if kind == "var":
             name = str(children[0])
             if name not in self.declared:
