@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import io
 import json
 import os
@@ -398,7 +399,8 @@ class _Caller:
         rng = random.Random(spec["seed"])
         if spec["raw"]:  # the C entry point itself must refuse null pointers
             nulls = [None] * (2 if entry.params_size is None else 3)
-            entry._func(*nulls)
+            proto = ctypes.CFUNCTYPE(ctypes.c_int32, *([ctypes.c_void_p] * len(nulls)))
+            proto(entry.address)(*nulls)
             return
         x = self.argument(spec["input"], entry.input_shape, entry.dtype, rng)
         out = self.out(spec["out"], entry.output_shape, entry.dtype)
