@@ -200,3 +200,21 @@ def test_gradient_through_a_softmax_over_an_empty_axis_is_empty(op: str) -> None
     )
     graph = checked_graph(parse_source(text, "g.tlir"))
     assert vjp(graph, Payload(), np.zeros((2, 0))).input.shape == (2, 0)
+
+
+def test_gradient_through_a_broadcast_from_nothing_and_linear_without_inputs() -> None:
+    """Found by tlc.tools.fuzz: broadcasting a scalar to [0] and a linear layer with no input
+    features; the gradient summed over the empty axis (a ShapeError traceback from --grad).
+    The output is the bias whatever x is: x's gradient is 0, the bias's -1."""
+    text = (
+        "tl.graph @g {\n  %0 = input : [5]\n  %1 = sum(%0) : []\n"
+        "  %2 = broadcast_to(%1) {from = [], to = [0]}\n  %3 = linear(%2) : [2]\n"
+        "  %4 = reduce_sum(%3) {axis = 0}\n  %5 = neg(%4)\n  output %5\n}\n"
+        "tl.payload @g {\n  %3 = linear {weight = [[], []], bias = [0.0, 0.01]}\n}\n"
+    )
+    module = parse_source(text, "g.tlir")
+    graph = checked_graph(module)
+    grads = vjp(graph, payload_from_module(module, "g"), np.ones(5))
+    assert np.array_equal(grads.input, np.zeros(5))
+    assert grads.params[3]["weight"].shape == (2, 0)
+    assert np.array_equal(grads.params[3]["bias"], [-1.0, -1.0])

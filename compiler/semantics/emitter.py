@@ -198,6 +198,13 @@ class Emitter(ABC, Generic[V]):
     # -- reductions ------------------------------------------------------------------------
 
     def reduce_sum(self, a: V, axis: int) -> V:
+        """The sum along `axis`. Over an empty axis it is zeros (the empty sum), built as a
+        constant: the op's shape rule refuses an empty axis, as TorchLean's does, but the
+        rules written in this vocabulary (gradients through broadcasts, softmax, linear with
+        no inputs) reduce over whatever axes their operands have."""
+        shape = self.shape(a)
+        if shape[axis] == 0:
+            return self.full(shape[:axis] + shape[axis + 1 :], 0.0)
         return self.bind(ops.ReduceSumOp, [a], {"axis": axis})
 
     def sum_all(self, a: V) -> V:
@@ -209,11 +216,7 @@ class Emitter(ABC, Generic[V]):
         return self.broadcast_to(self.reshape(a, kept), like)
 
     def keep_sum(self, a: V, axis: int) -> V:
-        """Sum along `axis`, broadcast back over it (softmax-style row sums). Over an empty axis
-        that is an empty tensor of `a`'s shape, which is `a` (a reduction over an empty axis is
-        refused by its shape rule, so it is not built)."""
-        if self.shape(a)[axis] == 0:
-            return a
+        """Sum along `axis`, broadcast back over it (softmax-style row sums)."""
         return self.unreduce(self.reduce_sum(a, axis), axis, self.shape(a))
 
     def keep_mean(self, a: V, axis: int) -> V:
