@@ -359,23 +359,29 @@ def iree_runner(vmfb: bytes | None, w: Workload, threads: int) -> Callable[[], n
 
 
 def tlc_runners(w: Workload, tmp: str) -> dict[str, Callable[[], np.ndarray]]:
+    """The library through raw ctypes (one thread), `tlc.load` and the JIT at 1 and 2 threads."""
     graph = checked_graph(tlc.parse(w.text))
-    jit = compile_graph(graph, w.payload, F32)
     name = graph.graph_name
     built = build_library([(graph, w.payload)], os.path.join(tmp, f"lib{name}{w.x.size}.so"), F32)
-    lib = load(built.library)
-    entry = lib[name]
     x = w.x.astype(F32)
-    out = np.empty(entry.output_shape, F32)
-    raw = ctypes.CDLL(built.library)[f"tlc_{name}"]
+    library = ctypes.CDLL(built.library)
+    library.tlc_set_num_threads(1)
+    raw = library[f"tlc_{name}"]
     raw.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    out = np.empty(load(built.library)[name].output_shape, F32)
     xa, oa = x.ctypes.data, out.ctypes.data
 
     def raw_call() -> np.ndarray:
         raw(xa, oa)
         return out
 
-    return {"tlc ctypes": raw_call, "tlc.load": lambda: lib(x), "tlc jit": lambda: jit(x)}
+    runners: dict[str, Callable[[], np.ndarray]] = {"tlc ctypes": raw_call}
+    for threads in (1,) if CLOCK[0] is time.thread_time else (1, 2):
+        lib = load(built.library, threads=threads)
+        jit = compile_graph(graph, w.payload, F32, threads=threads)
+        runners[f"tlc.load {threads}t"] = lambda lib=lib: lib(x)
+        runners[f"tlc jit {threads}t"] = lambda jit=jit: jit(x)
+    return runners
 
 
 HAND_C = r"""
@@ -441,12 +447,12 @@ def bench_workload(w: Workload, repeats: int, tmp: str, hand_c: bool) -> None:
         got = np.asarray(run(), dtype=np.float64).reshape(np.shape(expected))
         np.testing.assert_allclose(got, expected, rtol=2e-3, atol=2e-3, err_msg=name)
         times[name] = timeit(run, repeats)
-    ours, load_t = times["tlc ctypes"][0], times["tlc.load"][0]
+    ours, load_t = times["tlc ctypes"][0], times["tlc.load 1t"][0]
     print(f"\n## {w.name}  ({w.flops / 1e6:.3f} MFLOP)")
     print(f"{'runner':<16} {'median':>11} {'best':>11} {'GFLOP/s':>8} {'ORT/runner':>10} "
           f"{'tlc ctypes/peer':>16} {'tlc.load/peer':>14}")  # fmt: skip
     for name, (t, best) in times.items():
-        # The ratio to ONNX Runtime at the runner's thread count (tlc's code is one thread).
+        # The ratio to ONNX Runtime at the runner's thread count (`tlc ctypes`: one thread).
         match = re.search(r" (\d+)t$", name)
         ort = times.get(f"onnxruntime {match.group(1) if match else 1}t")
         ratio = f"{ort[0] / t:10.2f}" if ort else f"{'':>10}"
@@ -571,6 +577,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--quick", action="store_true", help="fewer workloads (smoke test)")
+    parser.add_argument("--only", metavar="TEXT", default="",
+                        help="only workloads whose name contains TEXT ('batch 256')")  # fmt: skip
     parser.add_argument(
         "--cpu-time",
         action="store_true",
@@ -584,16 +592,17 @@ def main() -> int:
     if not args.quick:
         workloads += [mlp_wide(1, rng), mlp_wide(64, rng), mlp_wide(256, rng), cnn(1, rng),
                       cnn(64, rng)]  # fmt: skip
+    workloads = [w for w in workloads if args.only in w.name]
     clock = "thread CPU time" if args.cpu_time else "wall time"
-    print(f"CPU: {cpu_model()}; float32; tlc: one thread; {clock}")
+    print(f"CPU: {cpu_model()}; float32; tlc: 1 and 2 threads (1 with --cpu-time); {clock}")
     print(f"one core's float32 FMA peak (measured): {peak_gflops():.1f} GFLOP/s")
     with tempfile.TemporaryDirectory(prefix="tlc-bench-") as tmp:
-        for i, w in enumerate(workloads):
-            bench_workload(w, args.repeats, tmp, hand_c=i == 0)
+        for w in workloads:
+            bench_workload(w, args.repeats, tmp, hand_c=w.name.startswith("seed"))
             sys.stdout.flush()
     print("\n" + "\n".join(IREE_SKIPPED or ["IREE: iree-base-compiler/-runtime, llvm-cpu, "
                                              "--iree-llvmcpu-target-cpu=host"]))  # fmt: skip
-    if not args.quick:
+    if not args.quick and not args.only:
         bench_compile(rng)
     return 0
 

@@ -14,6 +14,7 @@ import ctypes
 import hashlib
 import itertools
 from collections.abc import Callable
+from dataclasses import replace
 from functools import cache
 
 import llvmlite.binding as llvm
@@ -28,6 +29,7 @@ from tlc.codegen.module import (
     build_node_module,
     pack_params,
 )
+from tlc.codegen.runtime import available_cpus, helper_symbols
 from tlc.codegen.target import HOST, Target, compile_ir, emit_object, host_lacks, target_machine
 from tlc.core.diagnostics import DiagnosticError
 from tlc.core.payload import Payload, Record
@@ -57,12 +59,24 @@ def jit_link(ir_text: str, symbols: list[str], target: Target = HOST) -> llvm.Re
             f"cannot run code for target {target.describe()} here: this CPU lacks "
             f"{', '.join(missing)} (use tlc-compile to build a library for it)"
         )
-    return link_object(emit_object(compile_ir(ir_text, target), target), symbols, target)
+    obj = emit_object(compile_ir(ir_text, target), target)
+    return link_object(obj, symbols, target, runtime=RUNTIME_CALL in ir_text)
 
 
-def link_object(obj: bytes, symbols: list[str], target: Target = HOST) -> llvm.ResourceTracker:
-    """Link object code into the process-wide JIT of `target` (see `jit_link`)."""
+#: The prefix of the runtime's functions (`tlc_rt_parallel`) in generated IR (a graph whose
+#: entry point happens to start so only links the helper without need).
+RUNTIME_CALL = "tlc_rt_"
+
+
+def link_object(
+    obj: bytes, symbols: list[str], target: Target = HOST, runtime: bool = True
+) -> llvm.ResourceTracker:
+    """Link object code into the process-wide JIT of `target` (see `jit_link`), with the
+    runtime's functions (thread pool, workspace cache) taken from its helper library when the
+    code calls them (`runtime`; small graphs do not, and need no helper and no C compiler)."""
     builder = llvm.JITLibraryBuilder().add_object_img(obj).add_current_process()
+    for name, address in helper_symbols().items() if runtime else ():
+        builder.import_symbol(name, address)
     for symbol in symbols:
         builder.export_symbol(symbol)
     return builder.link(_lljit(target), f"tlc{next(_names)}")
@@ -86,9 +100,11 @@ def compile_graph(
     batch: int | None = None,
     runtime_payload: bool = False,
     target: Target = HOST,
+    threads: int | None = None,
 ) -> CompiledGraph:
     """Compile `graph` with its payload baked in (held by the entry point and passed by pointer
-    where it exceeds `BAKE_LIMIT`); the result maps an input array to the output.
+    where it exceeds `BAKE_LIMIT`); the result maps an input array to the output, running its
+    parallel regions on `threads` threads (default: every CPU this process may use).
 
     Raises a located DiagnosticError for a bad graph or payload, an op with no lowering, or a
     `target` this CPU cannot run.
@@ -101,9 +117,12 @@ def compile_graph(
         runtime_payload,
         target,
     )
+    count = available_cpus() if threads is None else threads
+    if count < 1:
+        raise DiagnosticError.simple(f"threads must be at least 1, got {count}")
     hit = _graph_cache.get(key)
     if hit is not None:
-        return hit
+        return hit if hit.threads == count else replace(hit, threads=count)
     # A payload over the bake limit is passed by pointer: the entry point holds it packed.
     bound = not runtime_payload and not bakes_payload(graph, dtype)
     module = build_graph_module(
@@ -119,23 +138,27 @@ def compile_graph(
         module.dtype,
         module.params_size if module.params is not None else None,
         owner=tracker,
-        explain=_explainer(graph, payload, module),
+        explain=_explainer(graph, payload, module, batch),
         bound=pack_params(graph, payload or Payload(), dtype) if bound else None,
+        threads=count,
     )
     _graph_cache[key] = entry
     return entry
 
 
-def _explainer(graph: GraphOp, payload: Payload | None, module: GraphModule):
-    """On a log-domain failure, rerun the reference on the input to raise its exact, located
-    error (the compiled code only knows that some log failed)."""
+def _explainer(graph: GraphOp, payload: Payload | None, module: GraphModule, batch: int | None):
+    """On a log-domain failure, rerun the reference on the input (each row of a batch) to raise
+    its exact, located error (the compiled code only knows that some log failed). A build whose
+    parameters come with each call has none to rerun with."""
 
     def explain(x: np.ndarray) -> None:
         from tlc.semantics.interpret import interpret
 
-        if payload is None or module.input_shape != x.shape:
+        if payload is None and module.params is not None:
             return
-        interpret(graph, payload, x.reshape(module.input_shape), module.dtype.type)
+        rows = x.reshape(module.input_shape)
+        for row in rows if batch is not None else [rows]:
+            interpret(graph, payload or Payload(), row, module.dtype.type)
 
     return explain
 

@@ -61,11 +61,15 @@ class EntryPoint:
     #: The params array every call passes, for a build that takes its payload at run time
     #: but whose caller gave it at compile time (a JIT build over the bake limit).
     bound: np.ndarray | None = None
+    #: The thread count passed on every call, for an entry that takes one (the JIT's); a
+    #: library's public entry points use the library's setting (`tlc_set_num_threads`).
+    threads: int | None = None
     _func: Callable = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         n_args = 2 if self.params_size is None else 3
-        proto = ctypes.CFUNCTYPE(ctypes.c_int32, *([ctypes.c_void_p] * n_args))
+        counts = [ctypes.c_int32] if self.threads is not None else []
+        proto = ctypes.CFUNCTYPE(ctypes.c_int32, *([ctypes.c_void_p] * n_args), *counts)
         self._func = proto(self.address)
 
     def check(self, array: object, shape: Shape, what: str) -> np.ndarray:
@@ -115,6 +119,8 @@ class EntryPoint:
             args.append(_address(flat))
         elif params is not None:
             raise ValueError(f"{self.symbol}: parameters are compiled in; params must be None")
+        if self.threads is not None:
+            args.append(self.threads)
         status = self._func(*args)
         if status == Status.LOG_DOMAIN and self.explain is not None:
             self.explain(x)
@@ -134,7 +140,7 @@ def _address(array: np.ndarray) -> int:
 class Library:
     """A shared library from `tlc-compile`: one `EntryPoint` per graph, by graph name."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, threads: int | None = None):
         self.path = os.path.abspath(path)
         header = os.path.splitext(self.path)[0] + ".h"
         try:
@@ -152,6 +158,26 @@ class Library:
             self.graphs[graph] = self._entry(graph, np.dtype(ctype), runtime)
         if not self.graphs:
             raise DiagnosticError.simple(f"'{header}' declares no tlc entry points")
+        if threads is not None:
+            self.set_num_threads(threads)
+
+    def set_num_threads(self, threads: int) -> None:
+        """Run this library's entry points on `threads` threads (its `tlc_set_num_threads`;
+        each `tlc.load` maps its own copy of the library, with its own pool and setting)."""
+        if threads < 1:
+            raise ValueError(f"threads must be at least 1, got {threads}")
+        setter = getattr(self.lib, "tlc_set_num_threads", None)
+        if setter is None:
+            raise DiagnosticError.simple(
+                f"'{self.path}' has no thread pool (built by an older tlc-compile): rebuild it"
+            )
+        setter(threads)
+
+    @property
+    def num_threads(self) -> int | None:
+        """The thread count the library's entry points use (None: a library without a pool)."""
+        getter = getattr(self.lib, "tlc_get_num_threads", None)
+        return None if getter is None else int(getter())
 
     def _entry(self, graph: str, dtype: np.dtype, runtime: bool) -> EntryPoint:
         symbol = f"tlc_{graph}"
@@ -240,6 +266,7 @@ def _entries(header: str) -> list[tuple[str, str, bool]]:
     ]
 
 
-def load(path: str) -> Library:
-    """Open a library built by tlc-compile as a Python callable (see `Library`)."""
-    return Library(path)
+def load(path: str, threads: int | None = None) -> Library:
+    """Open a library built by tlc-compile as a Python callable (see `Library`), running on
+    `threads` threads (default: the library's own default, every CPU the process may use)."""
+    return Library(path, threads)

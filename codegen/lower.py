@@ -28,7 +28,7 @@ import numpy as np
 from llvmlite import ir
 from xdsl.ir import Block
 
-from tlc.codegen.builder import I1, I8, I32, Buf, KernelBuilder, Status, strides
+from tlc.codegen.builder import I1, I8, I32, I64, Buf, KernelBuilder, Status, strides
 from tlc.codegen.gemm import (
     Epilogue,
     MicroKernel,
@@ -116,6 +116,11 @@ class Lowering:
     #: node of `EPILOGUES` that is the only user of this node's value can be fused into it.
     fuses: bool = False
 
+    @property
+    def uses_scratch(self) -> bool:
+        """Whether the rule reads `Step.scratch` (then it gets a buffer even of size 0)."""
+        return self.scratch is not _no_scratch
+
 
 LOWERINGS: RuleTable[Lowering] = RuleTable("llvm")
 
@@ -185,10 +190,16 @@ def _bernoulli(k: KernelBuilder, s: Step) -> None:
 
 Scalar = Callable[..., ir.Value]
 
+#: Op kinds whose kernel is a map over the flat buffers (`elementwise`, raw log): element i of
+#: the output is stored after element i of every input is loaded, so the output may overwrite
+#: an input that dies at the node (the memory plan's in-place rule).
+IN_PLACE: set[type[NodeOp]] = set()
+
 
 def elementwise(op_class: type[NodeOp], fn: Scalar) -> None:
     """`out[i] = fn(k, node, a[i], b[i], ...)` over the flat buffers; a scalar parent (safe_log's
     epsilon) is read once and broadcast."""
+    IN_PLACE.add(op_class)
 
     def emit(k: KernelBuilder, s: Step) -> None:
         scalars = {j: k.load(a, 0) for j, a in enumerate(s.args) if a.size == 1 < s.out.size}
@@ -268,6 +279,13 @@ for _op, _fn in (
     (ops.SoftplusOp, _softplus),
     (ops.ExpOp, lambda k, n, x: k.intrinsic("exp", x)),
     (ops.InvOp, lambda k, n, x: k.b.fdiv(k.const(1), x)),
+    (ops.DivOp, lambda k, n, a, b: k.b.fdiv(a, b)),
+    (
+        ops.LessOp,
+        lambda k, n, a, b: k.b.select(k.b.fcmp_ordered("<", a, b), k.const(1), k.const(0)),
+    ),
+    (ops.WhereOp, lambda k, n, c, a, b: k.b.select(k.b.fcmp_unordered("!=", c, k.const(0)), a, b)),
+    (ops.PowOp, lambda k, n, x: k.intrinsic("pow", x, k.const(n.meta("exponent")))),
     (ops.SinOp, lambda k, n, x: k.intrinsic("sin", x)),
     (ops.CosOp, lambda k, n, x: k.intrinsic("cos", x)),
     (ops.GeluOp, _gelu),
@@ -313,6 +331,9 @@ def _log(k: KernelBuilder, s: Step) -> None:
     k.fail_if(k.b.load(bad), Status.LOG_DOMAIN)
 
 
+IN_PLACE.add(ops.LogOp)
+
+
 # --------------------------------------------------------------------------------------------
 # Layout: every output element is one input element
 # --------------------------------------------------------------------------------------------
@@ -343,6 +364,34 @@ def _transpose(k: KernelBuilder, s: Step) -> None:
     _permuted(k, s, perm)
 
 
+@register(ops.PadOp)
+def _pad(k: KernelBuilder, s: Step) -> None:
+    """out[i] = x[source(i)] per axis: i - before, clamped (edge), mirrored (reflect), or the
+    value where a constant pad has no source (its index clamped so the load stays inside)."""
+    node, src = s.node, s.args[0].shape
+    before, mode = node.meta("before"), node.meta("mode")
+    b = k.b
+    with k.nest(s.out.shape) as idx:
+        inside: ir.Value | None = None
+        sources = []
+        for i, n, lo in zip(idx, src, before, strict=True):
+            j = b.sub(i, k.i64(lo)) if lo else i
+            below, above = b.icmp_signed("<", j, k.i64(0)), b.icmp_signed(">", j, k.i64(n - 1))
+            if mode == "reflect":
+                j = b.select(below, b.neg(j), j)
+                j = b.select(b.icmp_signed(">", j, k.i64(n - 1)), b.sub(k.i64(2 * (n - 1)), j), j)
+            else:
+                if mode == "constant":
+                    ok = b.not_(b.or_(below, above))
+                    inside = ok if inside is None else b.and_(inside, ok)
+                j = b.select(above, k.i64(n - 1), b.select(below, k.i64(0), j))
+            sources.append(j)
+        value = k.load(s.args[0], k.linear_index(sources, strides(src)))
+        if inside is not None:
+            value = b.select(inside, value, k.const(node.meta("value")))
+        k.store(value, s.out, k.linear_index(idx, strides(s.out.shape)))
+
+
 @register(ops.BroadcastToOp)
 def _broadcast_to(k: KernelBuilder, s: Step) -> None:
     """Trailing alignment; extent-1 and missing source axes get step 0."""
@@ -365,6 +414,26 @@ def _concat(k: KernelBuilder, s: Step) -> None:
             dst = k.b.add(k.i64(start * out_steps[axis]), k.linear_index(idx, out_steps))
             k.store(k.load(part, k.linear_index(idx, strides(part.shape))), window, dst)
         start += part.shape[axis]
+
+
+@register(ops.GatherOp)
+def _gather(k: KernelBuilder, s: Step) -> None:
+    """Viewed as [pre, n, post] -> [pre, len(indices), post]: row j of each block is row
+    indices[j] of the input block, copied whole; the indices are a constant table."""
+    x, indices = s.args[0], s.node.meta("indices")
+    pre, n, post = split(x.shape, s.node.meta("axis"))
+    count = len(indices)
+    if not count or not post or not pre:
+        return
+    table = k.global_constant("indices", np.asarray(indices, dtype=np.int64), I64)
+    with k.loop(pre, "p") as p, k.loop(count, "j") as j:
+        row = k.b.load(k.b.gep(table, [j]))
+        src = k.b.mul(k.b.add(k.b.mul(p, k.i64(n)), row), k.i64(post))
+        dst = k.b.mul(k.b.add(k.b.mul(p, k.i64(count)), j), k.i64(post))
+        if post == 1:
+            k.store(k.load(x, src), s.out, dst)
+        else:
+            k.copy_run(s.out, dst, x, src, post)
 
 
 # --------------------------------------------------------------------------------------------
@@ -430,7 +499,8 @@ def _mse_loss(k: KernelBuilder, s: Step) -> None:
     with k.loop(a.size) as i:
         d = k.b.fsub(k.load(a, i), k.load(b, i))
         k.b.store(k.fadd_r(k.b.load(acc), k.b.fmul(d, d)), acc)
-    k.store(k.b.fdiv(k.b.load(acc), k.const(max(a.size, 1))), s.out, 0)
+    # The mean over no elements is 0/0 = NaN, as in the reference.
+    k.store(k.b.fdiv(k.b.load(acc), k.const(a.size)), s.out, 0)
 
 
 # --------------------------------------------------------------------------------------------

@@ -2,23 +2,25 @@
 
 `build_graph_module` checks the graph (shapes, payload, lowerability) and emits
 
-    i32 @tlc_<graph>(T* in, T* out)            ; or (T* in, T* out, T* params)
+    i32 @tlc_<graph>(T* in, T* out, i32 threads)            ; or (T* in, T* out, T* params, ..)
     i32 @tlc_<graph>_input_rank() / _output_rank()
     i32 @tlc_<graph>_input_shape(i64* dims) / _output_shape(i64* dims)
     i64 @tlc_<graph>_params_size()             ; --runtime-payload only
 
-The entry checks its pointers (status 1 on null), then runs every node in order. Views
-(input, const, reshape, flatten, detach, rand_uniform) alias their source; every other node gets
-a slice of one workspace, kept on the stack when small and malloc'ed otherwise (freed on every
-exit), so the code holds no global mutable state and is re-entrant. The output node writes
-straight into `out`. With `batch=N` the single-example body is called for each of N rows.
-Payload fields are private constants by default; with `runtime_payload` they are slices of the
-caller's `params` array, laid out by `ParamSlot`s (what the JIT and libraries use for payloads
-over `BAKE_LIMIT`, supplying the array themselves).
+The entry checks its pointers (status 1 on null), then runs every node in the order and the
+way the execution plan says (`tlc.codegen.plan`): views alias their source; other nodes call
+their kernel once, or as a parallel region of row tasks handed to the runtime's thread pool
+(`tlc_rt_parallel`, at most `threads` threads); values live in one workspace at offsets fixed
+by the plan (on the stack when small, else a block of the runtime's workspace cache, given back
+on every exit). The output node writes straight into `out`. With `batch=N` the kernels run over
+the batch (see the plan). Payload fields are private constants by default; with
+`runtime_payload` they are slices of the caller's `params` array, laid out by `ParamSlot`s (what
+the JIT and libraries use for payloads over `BAKE_LIMIT`, supplying the array themselves).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,6 +29,7 @@ from xdsl.dialects.builtin import ModuleOp
 
 from tlc.codegen.builder import I32, I64, Buf, KernelBuilder, Status, scalar_type
 from tlc.codegen.lower import EPILOGUES, LOWERINGS, ParamSpec, Step
+from tlc.codegen.plan import ALIGN, GraphPlan, Kernel, NodePlan, Rows, plan_graph
 from tlc.codegen.target import HOST, Target, TargetInfo, target_info
 from tlc.core.diagnostics import error
 from tlc.core.limits import LimitError, check_bytes
@@ -38,10 +41,9 @@ from tlc.dialect.shapes import Shape, ShapeError, numel
 from tlc.dialect.verify import graph_shapes
 from tlc.semantics.payload_check import prepare_records
 
-#: Workspaces up to this many bytes live on the stack; larger ones are malloc'ed per call.
+#: Workspaces up to this many bytes (without per-worker scratch) live on the stack; larger ones
+#: come from the runtime's workspace cache.
 STACK_LIMIT = 128 * 1024
-#: Workspace slices start on 64-byte boundaries (one AVX-512 vector).
-ALIGN = 64
 #: Payloads larger than this many bytes (in the compiled dtype) are never baked into the code:
 #: x86-64 code reaches its constants through 32-bit PC-relative relocations, which a
 #: gigabyte-sized constant section overflows (an LLVM abort when the JIT links it), and the IR
@@ -74,6 +76,8 @@ class GraphModule:
     output_shape: Shape
     dtype: np.dtype
     params: tuple[ParamSlot, ...] | None
+    #: How the nodes run and where their values live (`tlc.codegen.plan`).
+    plan: GraphPlan | None = None
 
     @property
     def params_size(self) -> int:
@@ -107,36 +111,40 @@ def node_function(
     module: ir.Module,
     name: str,
     node: NodeOp,
-    args: list[Buf],
-    params: dict[str, Buf],
-    out: Buf,
-    scratch: Buf | None,
+    arg_shapes: Sequence[Shape],
+    param_shapes: dict[str, Shape],
+    out_shape: Shape,
+    scratch: int,
     dtype: type,
     info: TargetInfo,
     *,
+    in_place: bool = False,
     packed: bool = False,
     fused: NodeOp | None = None,
 ) -> ir.Function:
     """`i32 name(args..., params..., out[, scratch])`: one node as an internal function of
     pointers, so the optimiser works on one node at a time and nodes that differ only in their
-    data share code (a graph of 1,000 nodes compiles in seconds). `packed` and `fused` as in
+    data share code (a graph of 1,000 nodes compiles in seconds). `out` is `noalias` unless the
+    plan has the node overwrite an operand (`in_place`); `packed` and `fused` as in
     `lower_node`."""
     T = scalar_type(dtype)
-    buffers = [*args, *params.values(), out, *([scratch] if scratch is not None else [])]
-    func = ir.Function(module, ir.FunctionType(I32, [T.as_pointer()] * len(buffers)), name)
+    shapes = [*arg_shapes, *param_shapes.values(), out_shape, *([(scratch,)] if scratch else [])]
+    func = ir.Function(module, ir.FunctionType(I32, [T.as_pointer()] * len(shapes)),
+                       module.get_unique_name(name))  # fmt: skip
     func.linkage = "internal"
     k = KernelBuilder(func, dtype, info)
-    inner = [Buf(arg, b.shape) for arg, b in zip(func.args, buffers, strict=True)]
-    n_args, n_params = len(args), len(params)
+    inner = [Buf(arg, shape) for arg, shape in zip(func.args, shapes, strict=True)]
+    n_args, n_params = len(arg_shapes), len(param_shapes)
     dest = inner[n_args + n_params]
-    func.args[n_args + n_params].add_attribute("noalias")
+    if not in_place:
+        func.args[n_args + n_params].add_attribute("noalias")
     value = lower_node(
         k,
         node,
         inner[:n_args],
-        dict(zip(params, inner[n_args : n_args + n_params], strict=True)),
+        dict(zip(param_shapes, inner[n_args : n_args + n_params], strict=True)),
         dest,
-        inner[-1] if scratch is not None else None,
+        inner[-1] if scratch else None,
         packed=packed,
         fused=fused,
     )
@@ -236,29 +244,37 @@ def build_graph_module(
     T = scalar_type(dtype)
     module = ir.Module(name=symbol)
     slots = _param_slots(graph, shapes) if runtime_payload else None
+    plan = plan_graph(graph, shapes, np.dtype(dtype).itemsize, batch, fusions(graph, out_node))
+    full_in = (batch, *in_shape) if batch is not None else in_shape
+    full_out = (batch, *out_shape) if batch is not None else out_shape
 
-    body_args = [T.as_pointer()] * (3 if runtime_payload else 2)
+    body_args = [T.as_pointer()] * (3 if runtime_payload else 2) + [I32]
     body = ir.Function(module, ir.FunctionType(I32, body_args), f"{symbol}.body")
     body.linkage = "internal"
-    for arg in body.args:
+    for arg in body.args[:-1]:
         arg.add_attribute("noalias")
     k = KernelBuilder(body, dtype, info)
-    x_ptr, out_ptr = body.args[0], body.args[1]
-    workspace = _Workspace(k, graph, shapes, out_node)
+    x_ptr, out_ptr, threads = body.args[0], body.args[1], body.args[-1]
+    arena = _Arena(k, graph, plan, threads)
+    emitter = _NodeEmitter(module, symbol, k, plan, info, separate=len(graph.nodes) > INLINE_NODES,
+                           packed=slots is None)  # fmt: skip
     values: list[Buf] = []
     slot_at = {(s.node, s.field): s for s in slots or ()}
-    separate = len(graph.nodes) > INLINE_NODES
-    functions: dict[tuple, ir.Function] = {}
-    fused = fusions(graph, out_node)
-    fused_into = {c.id: p for p, c in fused.items()}
-    for node in graph.nodes:
-        args = [values[p] for p in node.parent_ids()] or (
-            [Buf(x_ptr, in_shape)] if isinstance(node, ops.InputOp) else []
+    for p in plan.nodes:
+        node = p.node
+        args = [values[q] for q in node.parent_ids()] or (
+            [Buf(x_ptr, full_in)] if isinstance(node, ops.InputOp) else []
         )
-        if node.id in fused_into:  # computed by its producer, which wrote its slot
-            values.append(values[fused_into[node.id]])
+        if p.fused_into is not None:  # computed by its producer, which wrote its value
+            values.append(values[p.fused_into])
             continue
-        specs = param_specs(node, shapes)
+        # The fields as the kernel reads them: laid out for the shapes one call sees.
+        kernel = p.kernel or (p.rows.full if p.rows else None)
+        specs = (
+            LOWERINGS[type(node)].params(kernel.node, list(kernel.arg_shapes), kernel.out_shape)
+            if kernel is not None
+            else param_specs(node, shapes)
+        )
         if slots is not None:
             params = {
                 name: Buf(k.at(Buf(body.args[2], ()), slot_at[(node.id, name)].offset), spec.shape)
@@ -271,37 +287,31 @@ def build_graph_module(
                 if spec.pack is not None:
                     value = spec.pack(value, info)
                 params[name] = Buf(k.global_constant(f"p{node.id}.{name}", value), value.shape)
-        epilogue = fused.get(node.id)
-        target = epilogue or node
-        dest = Buf(out_ptr, out_shape) if target is out_node else workspace.slot(target)
-        if LOWERINGS[type(node)].view:
+        if node.id == plan.writer:
+            dest = Buf(out_ptr, p.shape)
+        elif p.offset is not None:
+            dest = arena.at(p.offset, p.shape)
+        else:  # a view: the rule returns the aliased buffer
+            dest = Buf(arena.base, p.shape)
+        if p.view:
             values.append(lower_node(k, node, args, params, dest))
-        else:
-            # Nodes that differ only in their data share code: parameters are arguments.
-            key = (type(node), repr(node.metadata()), tuple(b.shape for b in args),
-                   tuple((n, b.shape) for n, b in params.items()), dest.shape,
-                   type(epilogue))  # fmt: skip
-            func = functions.get(key)
-            scratch = workspace.scratch(node)
-            if func is None:
-                func = node_function(module, f"{symbol}.n{node.id}", node, args, params, dest,
-                                     scratch, dtype, info, packed=slots is None,
-                                     fused=epilogue)  # fmt: skip
-                functions[key] = func
-                if separate:
-                    func.attributes.add("noinline")
-            buffers = [*args, *params.values(), dest, *([scratch] if scratch else [])]
-            status = k.b.call(func, [b.ptr for b in buffers])
-            k.fail_if(k.b.icmp_signed("!=", status, ir.Constant(I32, 0)), status)
-            values.append(dest)
-    if values[out_node.id].ptr is not out_ptr:
-        k.copy(Buf(out_ptr, out_shape), values[out_node.id])
+            continue
+        scratch = arena.at(p.scratch_offset, (p.scratch,)) if p.scratch_offset is not None else None
+        status = emitter.run(p, args, params, dest, scratch, arena, threads)
+        k.fail_if(k.b.icmp_signed("!=", status, ir.Constant(I32, 0)), status)
+        values.append(dest)
+    result = values[out_node.id]
+    if not plan.nodes[out_node.id].batched and batch is not None:
+        # A value that does not depend on the input is the same for every row.
+        with k.loop(batch, "row") as row:
+            k.copy(Buf(k.at(Buf(out_ptr, ()), k.b.mul(row, k.i64(numel(out_shape)))), out_shape),
+                   result)  # fmt: skip
+    elif result.ptr is not out_ptr:
+        k.copy(Buf(out_ptr, full_out), result)
     k.exit_with(Status.OK)
-    workspace.finish()
+    arena.finish()
 
-    full_in = (batch, *in_shape) if batch is not None else in_shape
-    full_out = (batch, *out_shape) if batch is not None else out_shape
-    _entry(module, entry_symbol, body, T, batch, numel(in_shape), numel(out_shape))
+    _entry(module, entry_symbol, body, T)
     if queries:
         _shape_query(module, f"{symbol}_input", full_in)
         _shape_query(module, f"{symbol}_output", full_out)
@@ -317,6 +327,7 @@ def build_graph_module(
         full_out,
         np.dtype(dtype),
         tuple(slots) if slots is not None else None,
+        plan,
     )
 
 
@@ -350,11 +361,6 @@ def _check_addressable(
             check_bytes(numel(shapes[node.id]) * rows, itemsize, f"codegen: node {node.id}")
         except LimitError as exc:
             raise error(str(exc), node) from None
-
-
-def _aligned(elements: int, itemsize: int) -> int:
-    """`elements` rounded up so the next region starts on an ALIGN boundary."""
-    return -(-max(elements, 1) * itemsize // ALIGN) * ALIGN // itemsize
 
 
 class Allocation:
@@ -398,88 +404,205 @@ class Allocation:
         k.finish(free)
 
 
-class _Workspace:
-    """Storage for the nodes that compute into memory of their own, and their scratch."""
+class _Arena:
+    """The workspace of one call, laid out by the plan: the shared arena (`plan.arena`
+    elements) then one scratch region per worker. A small, fixed-size one lives on the stack;
+    otherwise the block comes from the runtime's cache (`tlc_rt_acquire`, status OUT_OF_MEMORY
+    if that fails) and goes back to it on every exit, so calls after the first reuse memory
+    already allocated and faulted in."""
 
-    def __init__(self, k: KernelBuilder, graph: GraphOp, shapes: list[Shape], out_node: NodeOp):
-        self.offsets: dict[int, int] = {}
-        self.scratch_offsets: dict[int, tuple[int, int]] = {}
-        total = 0
+    def __init__(self, k: KernelBuilder, graph: GraphOp, plan: GraphPlan, threads: ir.Value):
+        self.k, self.plan = k, plan
         itemsize = k.dtype.itemsize
-        for node in graph.nodes:
-            lowering = LOWERINGS[type(node)]
-            if lowering.view:
-                continue
-            if node is not out_node:
-                self.offsets[node.id] = total
-                total += _aligned(numel(shapes[node.id]), itemsize)
-            extra = lowering.scratch(node, [shapes[p] for p in node.parent_ids()], shapes[node.id])
-            if extra:
-                self.scratch_offsets[node.id] = (total, extra)
-                total += _aligned(extra, itemsize)
+        workers = plan.max_workers if plan.worker_scratch else 0
         try:
-            check_bytes(total, itemsize, f"codegen: graph @{graph.graph_name}: workspace")
+            check_bytes(plan.arena + workers * plan.worker_scratch, itemsize,
+                        f"codegen: graph @{graph.graph_name}: workspace")  # fmt: skip
         except LimitError as exc:
             raise error(str(exc), graph) from None
-        self.shapes = shapes
-        self.memory = Allocation(k, total)
+        b = k.b
+        self.raw: ir.Value | None = None
+        if not plan.worker_scratch and plan.arena_bytes <= STACK_LIMIT:
+            with b.goto_block(k.alloca_block):
+                array = b.alloca(ir.ArrayType(k.T, max(plan.arena, 1)), name="workspace")
+                array.align = ALIGN
+                self.base = b.bitcast(array, k.T.as_pointer())
+            self.workers = None
+            return
+        # Workers that can run at once: at least one, at most the tasks of the widest region.
+        wanted = b.sext(threads, I64)
+        one = k.i64(1)
+        wanted = b.select(b.icmp_signed("<", wanted, one), one, wanted)
+        most = k.i64(max(plan.max_workers, 1))
+        self.workers = b.select(b.icmp_signed(">", wanted, most), most, wanted)
+        size = b.add(k.i64(plan.arena * itemsize),
+                     b.mul(self.workers, k.i64(plan.worker_scratch * itemsize)))  # fmt: skip
+        self.raw = b.call(_runtime(k.module, "tlc_rt_acquire"), [size])
+        k.fail_if(b.icmp_unsigned("==", self.raw, ir.Constant(I8P, None)), Status.OUT_OF_MEMORY)
+        self.base = b.bitcast(self.raw, k.T.as_pointer())
 
-    def slot(self, node: NodeOp) -> Buf:
-        shape = self.shapes[node.id]
-        if node.id not in self.offsets:  # a view: the rule returns the aliased buffer
-            return Buf(self.memory.base, shape)
-        return self.memory.at(self.offsets[node.id], shape)
+    def at(self, offset: int, shape: Shape) -> Buf:
+        return Buf(self.k.at(Buf(self.base, ()), offset), shape)
 
-    def scratch(self, node: NodeOp) -> Buf | None:
-        if node.id not in self.scratch_offsets:
-            return None
-        offset, size = self.scratch_offsets[node.id]
-        return self.memory.at(offset, (size,))
+    def worker_base(self) -> ir.Value:
+        """Where worker 0's scratch starts (worker w's is `w * plan.worker_scratch` after)."""
+        return self.k.at(Buf(self.base, ()), self.plan.arena)
 
     def finish(self) -> None:
-        self.memory.finish()
+        """Close the body: the exit gives a cached block back (if it was acquired at all)."""
+        k, raw = self.k, self.raw
+        if raw is None:
+            k.finish()
+            return
+
+        def release() -> None:
+            got = k.b.icmp_unsigned("!=", raw, ir.Constant(I8P, None))
+            with k.b.if_then(got):
+                k.b.call(_runtime(k.module, "tlc_rt_release"), [raw])
+
+        k.finish(release)
 
 
-def _entry(
-    module: ir.Module,
-    symbol: str,
-    body: ir.Function,
-    T: ir.Type,
-    batch: int | None,
-    in_size: int,
-    out_size: int,
-) -> None:
-    """The exported entry: null checks, then the body once or once per batch row."""
+#: `i8*`, the runtime's untyped pointers.
+I8P = ir.IntType(8).as_pointer()
+_RUNTIME_TYPES = {
+    "tlc_rt_acquire": ir.FunctionType(I8P, [I64]),
+    "tlc_rt_release": ir.FunctionType(ir.VoidType(), [I8P]),
+    "tlc_rt_parallel": ir.FunctionType(I32, [I8P, I8P, I64, I32]),
+}
+
+
+def _runtime(module: ir.Module, name: str) -> ir.Function:
+    """A function of the C runtime (tlc.codegen.runtime), declared once per module."""
+    return module.globals.get(name) or ir.Function(module, _RUNTIME_TYPES[name], name)
+
+
+#: A row task: `i32 task(i8* ctx, i64 index, i64 worker)`.
+TASK_TYPE = ir.FunctionType(I32, [I8P, I64, I64])
+
+
+class _NodeEmitter:
+    """Calls of node kernels from the body: one call, or a parallel region of row tasks.
+
+    Each distinct kernel is one internal function of pointers (`node_function`), shared by the
+    nodes that differ only in their data; a row region also gets a task function that offsets
+    the pointers to its rows and picks the worker's scratch, and the body passes the region to
+    `tlc_rt_parallel` with the pointers in a context array."""
+
+    def __init__(self, module: ir.Module, symbol: str, k: KernelBuilder, plan: GraphPlan,
+                 info: TargetInfo, separate: bool, packed: bool):  # fmt: skip
+        self.module, self.symbol, self.k, self.plan, self.info = module, symbol, k, plan, info
+        #: Kernels no larger graph inlines; baked params in their packed layouts.
+        self.separate, self.packed = separate, packed
+        self.functions: dict[tuple, ir.Function] = {}
+
+    def kernel(self, p: NodePlan, kernel: Kernel, params: dict[str, Buf], scratch: int
+               ) -> ir.Function:  # fmt: skip
+        param_shapes = {name: b.shape for name, b in params.items()}
+        key = (type(kernel.node), repr(kernel.node.metadata()), kernel.arg_shapes,
+               tuple(param_shapes.items()), kernel.out_shape, scratch, p.in_place,
+               type(p.epilogue))  # fmt: skip
+        func = self.functions.get(key)
+        if func is None:
+            func = node_function(
+                self.module, f"{self.symbol}.n{p.node.id}", kernel.node, kernel.arg_shapes,
+                param_shapes, kernel.out_shape, scratch, self.k.dtype.type, self.info,
+                in_place=p.in_place, packed=self.packed, fused=p.epilogue,
+            )  # fmt: skip
+            if self.separate:
+                func.attributes.add("noinline")
+            self.functions[key] = func
+        return func
+
+    def run(self, p: NodePlan, args: list[Buf], params: dict[str, Buf], dest: Buf,
+            scratch: Buf | None, arena: _Arena, threads: ir.Value) -> ir.Value:  # fmt: skip
+        """Emit node `p`'s computation; returns its i32 status."""
+        k = self.k
+        if p.rows is None:
+            assert p.kernel is not None
+            func = self.kernel(p, p.kernel, params, p.scratch if scratch is not None else 0)
+            buffers = [*args, *params.values(), dest, *([scratch] if scratch is not None else [])]
+            return k.b.call(func, [b.ptr for b in buffers])
+        rows = p.rows
+        task = self.task(p, rows, params)
+        pointers = [b.ptr for b in (*args, *params.values(), dest)]
+        pointers.append(arena.worker_base() if p.scratch else ir.Constant(k.T.as_pointer(), None))
+        with k.b.goto_block(k.alloca_block):
+            ctx = k.b.alloca(ir.ArrayType(k.T.as_pointer(), len(pointers)), name=f"ctx{p.node.id}")
+        for i, ptr in enumerate(pointers):
+            k.b.store(ptr, k.b.gep(ctx, [ir.Constant(I32, 0), ir.Constant(I32, i)]))
+        if not rows.parallel:  # not worth threads: the tasks in order, on this thread
+            with k.loop(rows.tasks, "task") as index:
+                status = k.b.call(task, [k.b.bitcast(ctx, I8P), index, k.i64(0)])
+                k.fail_if(k.b.icmp_signed("!=", status, ir.Constant(I32, 0)), status)
+            return ir.Constant(I32, 0)
+        return k.b.call(
+            _runtime(self.module, "tlc_rt_parallel"),
+            [k.b.bitcast(task, I8P), k.b.bitcast(ctx, I8P), k.i64(rows.tasks), threads],
+        )
+
+    def task(self, p: NodePlan, rows: Rows, params: dict[str, Buf]) -> ir.Function:
+        """`i32 task(ctx, index, worker)`: kernel call on rows [index * chunk, ...)."""
+        full = self.kernel(p, rows.full, params, p.scratch)
+        last = self.kernel(p, rows.last, params, p.scratch) if rows.last else None
+        key = ("task", full.name, last.name if last else None, rows.chunk, rows.tasks,
+               rows.arg_rows, rows.out_row, self.plan.worker_scratch)  # fmt: skip
+        func = self.functions.get(key)
+        if func is not None:
+            return func
+        T = self.k.T.as_pointer()
+        func = ir.Function(self.module, TASK_TYPE, f"{self.symbol}.t{p.node.id}")
+        func.linkage = "internal"
+        ctx, index, worker = func.args
+        b = ir.IRBuilder(func.append_basic_block("entry"))
+        slots = b.bitcast(ctx, T.as_pointer())
+        n_args, n_params = len(rows.arg_rows), len(params)
+        loaded = [b.load(b.gep(slots, [ir.Constant(I64, i)])) for i in range(n_args + n_params + 2)]
+        first = b.mul(index, ir.Constant(I64, rows.chunk))
+
+        def offset(ptr: ir.Value, per_row: int) -> ir.Value:
+            if per_row == 0:
+                return ptr
+            return b.gep(ptr, [b.mul(first, ir.Constant(I64, per_row))], inbounds=True)
+
+        pointers = [offset(ptr, n) for ptr, n in zip(loaded, rows.arg_rows, strict=False)]
+        pointers += loaded[n_args : n_args + n_params]
+        pointers.append(offset(loaded[n_args + n_params], rows.out_row))
+        if p.scratch:
+            mine = b.mul(worker, ir.Constant(I64, self.plan.worker_scratch))
+            pointers.append(b.gep(loaded[-1], [mine], inbounds=True))
+        if last is None:
+            b.ret(b.call(full, pointers))
+        else:
+            is_last = b.icmp_signed("==", index, ir.Constant(I64, rows.tasks - 1))
+            with b.if_else(is_last) as (then, otherwise):
+                with then:
+                    tail = b.call(last, pointers)
+                    tail_block = b.block
+                with otherwise:
+                    head = b.call(full, pointers)
+                    head_block = b.block
+            status = b.phi(I32)
+            status.add_incoming(tail, tail_block)
+            status.add_incoming(head, head_block)
+            b.ret(status)
+        self.functions[key] = func
+        return func
+
+
+def _entry(module: ir.Module, symbol: str, body: ir.Function, T: ir.Type) -> None:
+    """The exported entry `i32 symbol(in, out[, params], i32 threads)`: null checks, then the
+    body. (Libraries wrap it in the C dispatcher, which passes the library's thread count.)"""
     entry = ir.Function(module, ir.FunctionType(I32, [a.type for a in body.args]), symbol)
     b = ir.IRBuilder(entry.append_basic_block("entry"))
     null = ir.Constant(T.as_pointer(), None)
-    bad = b.icmp_unsigned("==", entry.args[0], null)
-    for arg in entry.args[1:]:
+    pointers = entry.args[:-1]
+    bad = b.icmp_unsigned("==", pointers[0], null)
+    for arg in pointers[1:]:
         bad = b.or_(bad, b.icmp_unsigned("==", arg, null))
     with b.if_then(bad, likely=False):
         b.ret(ir.Constant(I32, int(Status.NULL_POINTER)))
-    if batch is None:
-        b.ret(b.call(body, list(entry.args)))
-        return
-    head, loop, done = (entry.append_basic_block(n) for n in ("row", "call", "done"))
-    pre = b.block
-    b.branch(head)
-    b.position_at_end(head)
-    row = b.phi(I64, "row")
-    row.add_incoming(ir.Constant(I64, 0), pre)
-    b.cbranch(b.icmp_signed("<", row, ir.Constant(I64, batch)), loop, done)
-    b.position_at_end(loop)
-    x = b.gep(entry.args[0], [b.mul(row, ir.Constant(I64, in_size))], inbounds=True)
-    y = b.gep(entry.args[1], [b.mul(row, ir.Constant(I64, out_size))], inbounds=True)
-    status = b.call(body, [x, y, *entry.args[2:]])
-    row.add_incoming(b.add(row, ir.Constant(I64, 1)), loop)
-    failed = b.icmp_signed("!=", status, ir.Constant(I32, 0))
-    fail = entry.append_basic_block("fail")
-    b.cbranch(failed, fail, head)
-    b.position_at_end(fail)
-    b.ret(status)
-    b.position_at_end(done)
-    b.ret(ir.Constant(I32, 0))
+    b.ret(b.call(body, list(entry.args)))
 
 
 def _shape_query(module: ir.Module, prefix: str, shape: Shape) -> None:
@@ -528,9 +651,10 @@ def build_node_module(
             value = spec.pack(value, k.info)
         params[name] = Buf(k.global_constant(name, value), value.shape)
     out = Buf(func.args[1], out_shape)
-    size = LOWERINGS[type(node)].scratch(node, parent_shapes, out_shape)
+    lowering = LOWERINGS[type(node)]
+    size = lowering.scratch(node, parent_shapes, out_shape)
     memory = Allocation(k, size)
-    scratch = memory.at(0, (size,)) if size else None
+    scratch = memory.at(0, (size,)) if lowering.uses_scratch else None
     value = lower_node(k, node, args, params, out, scratch, packed=True)
     if value.ptr is not out.ptr:
         k.copy(out, value)

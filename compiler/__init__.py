@@ -157,12 +157,14 @@ def compile(
     target_cpu: str = "host",
     target_features: str = "",
     target_triple: str = "",
+    threads: int | None = None,
 ) -> Any:
     """JIT-compile a graph to native code: returns a callable `f(x) -> output` on numpy arrays
     of `dtype` ("f64"/"f32" or a numpy float type). `payload` as in `tlc.run`; it is baked into
     the code. `batch=N` maps a single-example graph over a leading axis of N. `target_cpu`,
     `target_features` and `target_triple` choose the code (default: this CPU); a target this
-    machine cannot run is refused. See docs/codegen.md.
+    machine cannot run is refused. `threads` (default: every CPU this process may use) runs the
+    parallel regions; results are identical for any count. See docs/codegen.md.
     """
     from tlc.api.evaluate import choose, quoting, scalar_type
     from tlc.codegen.jit import compile_graph
@@ -172,16 +174,17 @@ def compile(
     target = resolve_target(target_cpu, target_features, target_triple)
     chosen, records = choose(source_or_module, graph, payload)
     with quoting(chosen):
-        return compile_graph(chosen, records, scalar, batch, target=target)
+        return compile_graph(chosen, records, scalar, batch, target=target, threads=threads)
 
 
-def load(path: str | os.PathLike[str]) -> Any:
+def load(path: str | os.PathLike[str], threads: int | None = None) -> Any:
     """Open a shared library written by tlc-compile as a callable on numpy arrays (one entry
-    point per graph: `lib(x)` for a single graph, `lib["name"](x)` otherwise). See docs/c-abi.md.
+    point per graph: `lib(x)` for a single graph, `lib["name"](x)` otherwise), its entry points
+    running on `threads` threads (default: every CPU this process may use). See docs/c-abi.md.
     """
     from tlc.codegen.loader import load as load_library
 
-    return load_library(os.fspath(path))
+    return load_library(os.fspath(path), threads)
 
 
 def trace(program: Any, input_shape: Any, params: Any = None, name: str | None = None) -> Any:

@@ -227,6 +227,76 @@ class MinElemOp(BinaryOp):
     EXACT_MONOTONE = True
 
 
+@irdl_op_definition
+class DivOp(BinaryOp):
+    """`%2 = div(%0, %1)` — elementwise a / b, IEEE division in the run's scalar type: x / 0 is
+    ±inf (NaN for 0 / 0), in float64 and float32 alike."""
+
+    name = "tl.div"
+    ONNX = OnnxSpelling("Div")
+    TORCH = TorchSpelling(
+        functions=("torch.div", "torch.true_divide", "operator.truediv"),
+        methods=("div", "true_divide"),
+    )
+    numpy = staticmethod(np.divide)
+
+
+@irdl_op_definition
+class LessOp(BinaryOp):
+    """`%2 = less(%0, %1)` — 1 where a < b, else 0 (also where either is NaN), in the run's
+    scalar type: ONNX's `Less` (whose booleans tl holds as 0 and 1), PyTorch's `<`; `Greater`
+    and `>` are it with the operands swapped. Its derivative is 0 (gradients stop)."""
+
+    name = "tl.less"
+    ONNX = OnnxSpelling("Less")
+    TORCH = TorchSpelling(functions=("torch.lt", "torch.less", "operator.lt"), methods=("lt",))
+
+    def numpy(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return (a < b).astype(a.dtype)
+
+
+@irdl_op_definition
+class WhereOp(NodeOp):
+    """`%3 = where(%0, %1, %2)` — a where the condition is not 0 (NaN counts as true), else b;
+    three parents of one shape (ONNX's `Where`, whose boolean condition tl holds as 0 and 1,
+    PyTorch's `where`; the importers broadcast explicitly)."""
+
+    name = "tl.where"
+    ARITY: ClassVar[tuple[int, int | None]] = (3, 3)
+
+    def infer(self, parents: list[Shape]) -> Shape:
+        """The condition and both values have the same shape (no implicit broadcasting); the
+        result has that shape."""
+        condition, a, b = parents
+        if not condition == a == b:
+            raise ShapeError(
+                f"where: shape mismatch: {fmt_shape(condition)}, {fmt_shape(a)}, {fmt_shape(b)}"
+            )
+        return a
+
+    def numpy(self, condition: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return np.where(condition != 0, a, b)
+
+
+@irdl_op_definition
+class PreluOp(BinaryOp):
+    """`%2 = prelu(%0, %1)` — x where x > 0, else slope · x, with the slope %1 of x's shape
+    (ONNX's `PRelu` broadcasts the slope, PyTorch's `prelu` holds one per channel of axis 1:
+    the importers broadcast it with an explicit `broadcast_to`, usually of a constant)."""
+
+    name = "tl.prelu"
+    ONNX = OnnxSpelling("PRelu")
+
+    def numpy(self, x: np.ndarray, slope: np.ndarray) -> np.ndarray:
+        return np.where(x > 0, x, x * slope)
+
+    def decompose(self, em: Any, x: Any, slope: Any) -> Any:
+        """relu(x) + slope · min(x, 0): the value `numpy` selects (x + 0 above 0, 0 + slope x
+        below), up to the sign of a zero result."""
+        below = em.mul(slope, em.bind(MinElemOp, [x, em.full_like(x, 0.0)]))
+        return em.add(em.unary(ReluOp, x), below)
+
+
 #: Error budgets (ULPs of the scalar type) of the numpy functions: libm functions are faithful to
 #: a few ULPs; the small compositions (sigmoid, softplus: an exp, a log1p and one or two
 #: correctly rounded operations) add at most a few ULPs each.
@@ -445,6 +515,54 @@ class InvOp(UnaryOp):
 
     def derivative(self, em: Any, x: Any, y: Any) -> Any:
         return em.neg(em.mul(y, y))
+
+
+@irdl_op_definition
+class PowOp(UnaryOp):
+    """`%1 = pow(%0) {exponent = 0.75}` — x to a constant power (C's `pow`: NaN for a negative x
+    and a non-integer exponent, ±inf for 0 to a negative power; x^0 = 1 everywhere). ONNX's
+    `Pow` with a constant exponent, PyTorch's `pow` and `**` with a number."""
+
+    name = "tl.pow"
+    FIELDS = (Field("exponent", Kind.FLOAT),)
+    TORCH = TorchSpelling(
+        functions=("torch.pow", "operator.pow"), methods=("pow",), arguments=("exponent",)
+    )
+    ULPS = LIBM_ULPS
+
+    def numpy(self, x: np.ndarray) -> np.ndarray:
+        return np.power(x, x.dtype.type(self.meta("exponent")))
+
+    def derivative(self, em: Any, x: Any, y: Any) -> Any:
+        """e x^(e-1) (0 for e = 0, as PyTorch)."""
+        e = self.meta("exponent")
+        if e == 0:
+            return em.full_like(x, 0.0)
+        return em.scale(em.bind(PowOp, [x], {"exponent": e - 1}), e)
+
+
+@irdl_op_definition
+class RsqrtOp(UnaryOp):
+    """`%1 = rsqrt(%0)` — 1 / sqrt(x) (PyTorch's `rsqrt`; ONNX has no op: its exporters write
+    Sqrt and Reciprocal, as the export of the decomposition does)."""
+
+    name = "tl.rsqrt"
+    TORCH = TorchSpelling(functions=("torch.rsqrt",), methods=("rsqrt",))
+    MONOTONE = Monotone.DECREASING
+    #: Two correctly rounded operations: a relative error below 1.5 u, at most 2 ULPs.
+    ULPS = 2
+    DOMAIN = (0.0, False)
+
+    def numpy(self, x: np.ndarray) -> np.ndarray:
+        return 1 / np.sqrt(x)
+
+    def derivative(self, em: Any, x: Any, y: Any) -> Any:
+        """-y^3 / 2."""
+        return em.scale(em.mul(y, em.mul(y, y)), -0.5)
+
+    def decompose(self, em: Any, x: Any) -> Any:
+        """inv(sqrt(x)): the operations `numpy` does."""
+        return em.unary(InvOp, em.unary(SqrtOp, x))
 
 
 @irdl_op_definition
@@ -720,6 +838,34 @@ class ClipOp(UnaryOp):
 
 
 @irdl_op_definition
+class SoftsignOp(UnaryOp):
+    """`%1 = softsign(%0)` — x / (1 + |x|) (ONNX's `Softsign`, PyTorch's `F.softsign`,
+    `nn.Softsign`), computed as x · (1 / (1 + |x|)), its decomposition: within 2 ULPs (three
+    correctly rounded operations)."""
+
+    name = "tl.softsign"
+    ONNX = OnnxSpelling("Softsign")
+    TORCH = TorchSpelling(
+        functions=("torch.nn.functional.softsign",), modules=("torch.nn.Softsign",)
+    )
+    MONOTONE = Monotone.INCREASING
+    ULPS = 2
+
+    def numpy(self, x: np.ndarray) -> np.ndarray:
+        one = x.dtype.type(1)
+        return x * (one / (one + np.abs(x)))
+
+    def derivative(self, em: Any, x: Any, y: Any) -> Any:
+        """1 / (1 + |x|)^2."""
+        d = em.add(em.full_like(x, 1.0), em.unary(AbsOp, x))
+        return em.unary(InvOp, em.mul(d, d))
+
+    def decompose(self, em: Any, x: Any) -> Any:
+        """x · inv(1 + abs(x))."""
+        return em.mul(x, em.unary(InvOp, em.add(em.full_like(x, 1.0), em.unary(AbsOp, x))))
+
+
+@irdl_op_definition
 class MaxPoolOp(PoolOp):
     """`%1 = max_pool(%0) {kernel = [2, 2], stride = [2, 2], padding = [0, 0]}`."""
 
@@ -751,6 +897,72 @@ class BroadcastToOp(NodeOp):
                 f"broadcast_to: invalid broadcast from {fmt_shape(src)} to {fmt_shape(dst)}"
             )
         return dst
+
+
+def before_default(fields: dict[str, Any], _declared: Shape | None) -> tuple[int, ...]:
+    """`before`"""
+    return tuple(fields["before"])
+
+
+#: numpy's names of the pad modes.
+NUMPY_PAD_MODES = {"constant": "constant", "reflect": "reflect", "edge": "edge"}
+
+
+@irdl_op_definition
+class PadOp(NodeOp):
+    """`%1 = pad(%0) {before = [0, 2], after = [1, 0], mode = "reflect"}` — each axis i grows
+    by before[i] elements in front and after[i] behind: `constant` ones hold `value`, `reflect`
+    ones mirror the axis about its end element (which is not repeated), `edge` ones repeat the
+    end element (ONNX's Pad modes; PyTorch's constant, reflect and replicate)."""
+
+    name = "tl.pad"
+    FIELDS = (
+        Field("before", Kind.INTS),
+        Field("after", Kind.INTS, before_default),
+        Field("mode", Kind.STR, "constant", ("constant", "reflect", "edge")),
+        Field("value", Kind.FLOAT, 0.0),
+    )
+
+    def infer(self, parents: list[Shape]) -> Shape:
+        """`before` and `after` have one entry per axis; a `reflect` pad is shorter than its
+        axis, an `edge` pad needs a non-empty axis. Axis i becomes `before[i] + s[i] +
+        after[i]`."""
+        (s,) = parents
+        before, after, mode = self.meta("before"), self.meta("after"), self.meta("mode")
+        if len(before) != len(s) or len(after) != len(s):
+            raise ShapeError(
+                f"pad: before/after ranks {len(before)}/{len(after)} differ from the input "
+                f"rank {len(s)}"
+            )
+        for axis, (n, lo, hi) in enumerate(zip(s, before, after, strict=True)):
+            if mode == "reflect" and max(lo, hi) >= n and max(lo, hi) > 0:
+                raise ShapeError(
+                    f"pad: reflect padding ({lo}, {hi}) of axis {axis} must be shorter than "
+                    f"its extent {n}"
+                )
+            if mode == "edge" and n == 0 and max(lo, hi) > 0:
+                raise ShapeError(f"pad: edge padding of the empty axis {axis}")
+        return tuple(lo + n + hi for n, lo, hi in zip(s, before, after, strict=True))
+
+    def numpy(self, x: np.ndarray) -> np.ndarray:
+        widths = list(zip(self.meta("before"), self.meta("after"), strict=True))
+        mode = self.meta("mode")
+        if mode == "constant":
+            return np.pad(x, widths, constant_values=x.dtype.type(self.meta("value")))
+        return np.pad(x, widths, mode=NUMPY_PAD_MODES[mode])
+
+    def sources(self, axis: int, n: int) -> np.ndarray:
+        """For each position along padded axis `axis` (input extent n), the input index it
+        copies; -1 where a `constant` pad holds the value."""
+        lo, hi = self.meta("before")[axis], self.meta("after")[axis]
+        j = np.arange(lo + n + hi) - lo
+        mode = self.meta("mode")
+        if mode == "edge":
+            return np.clip(j, 0, n - 1)
+        if mode == "reflect":
+            j = np.abs(j)
+            return np.where(j > n - 1, 2 * (n - 1) - j, j)
+        return np.where((j >= 0) & (j < n), j, -1)
 
 
 @irdl_op_definition
@@ -952,6 +1164,48 @@ class BatchNormEvalOp(NodeOp):
 
 
 @irdl_op_definition
+class LrnOp(NodeOp):
+    """`%1 = lrn(%0) {size = 5, alpha = 1.0e-4, beta = 0.75, k = 1.0}` — local response
+    normalisation across the channels (axis 1 of [N, C, ...]): x / (k + alpha/size · S)^beta,
+    S the sum of x² over channels c - floor((size-1)/2) .. c + ceil((size-1)/2) (ONNX's `LRN`,
+    whose `bias` is k; PyTorch's `local_response_norm` for odd sizes, where its window is the
+    same)."""
+
+    name = "tl.lrn"
+    FIELDS = (
+        Field("size", Kind.INT),
+        Field("alpha", Kind.FLOAT, 1e-4),
+        Field("beta", Kind.FLOAT, 0.75),
+        Field("k", Kind.FLOAT, 1.0),
+    )
+    ONNX = OnnxSpelling("LRN", {"size": "size", "alpha": "alpha", "beta": "beta", "bias": "k"})
+
+    def infer(self, parents: list[Shape]) -> Shape:
+        """Rank ≥ 2 ([N, C, ...]) and `size > 0`; s → s."""
+        (s,) = parents
+        check_positive("lrn", "size", self.meta("size"))
+        if len(s) < 2:
+            raise ShapeError(f"lrn: expected an [N, C, ...] input of rank≥2, got {fmt_shape(s)}")
+        return s
+
+    def decompose(self, em: Any, x: Any) -> Any:
+        """x / pow(k + alpha · avg, beta), avg the windowed mean of x² along the channels: an
+        `avg_pool` {kernel = [size, 1]} over [N, C, prod(spatial)] with zero padding counted
+        (floor((size-1)/2) zeros before, one more after for an even size)."""
+        size, alpha = self.meta("size"), self.meta("alpha")
+        shape = em.shape(x)
+        rows = (shape[0], shape[1], numel(shape[2:]))
+        square = em.reshape(em.mul(x, x), rows)
+        before = (size - 1) // 2
+        if size % 2 == 0:
+            square = em.bind(ConcatOp, [square, em.full((rows[0], 1, rows[2]), 0.0)], {"axis": 1})
+        window = {"kernel": (size, 1), "stride": (1, 1), "padding": (before, 0)}
+        mean = em.reshape(em.bind(AvgPoolOp, [square], window), shape)
+        base = em.add(em.full(shape, self.meta("k")), em.scale(mean, alpha))
+        return em.bind(DivOp, [x, em.bind(PowOp, [base], {"exponent": self.meta("beta")})])
+
+
+@irdl_op_definition
 class SafeLogOp(NodeOp):
     """`%2 = safe_log(%0, %1)` — log(softplus(x) + eps); the second parent is the scalar eps."""
 
@@ -1106,6 +1360,28 @@ class ConcatOp(NodeOp):
 
 
 @irdl_op_definition
+class GatherOp(NodeOp):
+    """`%1 = gather(%0) {axis = 1, indices = [2, 0, 0]}` — out[..., j, ...] = x[..., indices[j],
+    ...] along `axis` (PyTorch's `index_select`, ONNX's `Gather` with constant 1-D indices).
+    Slices, splits, integer indexing and nearest-neighbour resizing are gathers."""
+
+    name = "tl.gather"
+    FIELDS: ClassVar[tuple[Field, ...]] = (Field("axis", Kind.INT), Field("indices", Kind.INTS))
+
+    def infer(self, parents: list[Shape]) -> Shape:
+        """`axis < rank`, every index `< s[axis]`; the axis extent becomes `len(indices)`."""
+        (s,) = parents
+        axis, indices = self.meta("axis"), self.meta("indices")
+        check_axis(axis, s)
+        for index in indices:
+            if index >= s[axis]:
+                raise ShapeError(
+                    f"gather: index {index} out of range for axis {axis} of shape {fmt_shape(s)}"
+                )
+        return s[:axis] + (len(indices),) + s[axis + 1 :]
+
+
+@irdl_op_definition
 class MseLossOp(NodeOp):
     """`%2 = mse_loss(%0, %1) : []` — mean of (yhat - target)^2."""
 
@@ -1216,7 +1492,9 @@ FORWARD_OPS: tuple[type[NodeOp], ...] = (
     AddOp, SubOp, MulElemOp, MaxElemOp, MinElemOp,
     AbsOp, SqrtOp, NegOp, ReluOp, LeakyReluOp, TanhOp, SigmoidOp, SoftplusOp, ExpOp, LogOp, InvOp,
     SinOp, CosOp, GeluOp, ErfOp, EluOp, SeluOp, HardSigmoidOp, HardSwishOp, SiluOp, ClipOp,
+    SoftsignOp,
+    DivOp, PreluOp, PowOp, RsqrtOp, LrnOp, PadOp, LessOp, WhereOp,
     MaxPoolOp, AvgPoolOp, BroadcastToOp, ReduceSumOp, ReduceMeanOp, SumOp, MatmulOp,
     LinearOp, ConvOp, BatchNormEvalOp, SafeLogOp, SoftmaxOp, LogSoftmaxOp, HardMaskedSoftmaxOp,
-    LayernormOp, ReshapeOp, FlattenOp, ConcatOp, MseLossOp,
+    LayernormOp, ReshapeOp, FlattenOp, ConcatOp, MseLossOp, GatherOp,
 )  # fmt: skip

@@ -205,6 +205,18 @@ def _hard_masked(t: Any, xs: list[Any], r: dict[str, Any], m: Mapping[str, Any])
     return t.nan_to_num(y, nan=0.0)  # torch gives NaN on a fully blocked row; the IR gives 0
 
 
+def _lrn_onnx_window(t: Any, xs: list[Any], r: dict[str, Any], m: Mapping[str, Any]) -> Any:
+    """LRN with ONNX's window, channels c - floor((size-1)/2) .. c + ceil((size-1)/2), which
+    F.local_response_norm has for odd sizes only: the sum written out channel by channel."""
+    x, size = xs[0], m["size"]
+    channels = x.shape[1]
+    sums = []
+    for c in range(channels):
+        low, high = max(0, c - (size - 1) // 2), min(channels - 1, c + size // 2)
+        sums.append((x[:, low : high + 1] ** 2).sum(dim=1))
+    return x / (m["k"] + m["alpha"] / size * t.stack(sums, dim=1)) ** m["beta"]
+
+
 def _unary(name: str) -> TorchFn:
     return lambda t, xs, r, m: getattr(t, name)(xs[0])
 
@@ -239,6 +251,11 @@ HAND_RECORDS: tuple[OpRecord, ...] = (
     OpRecord("broadcast_to", ops.BroadcastToOp, ((2, 1, 4),), (3, 2, 5, 4),
              lambda t, xs, r, m: t.broadcast_to(xs[0], (3, 2, 5, 4)),
              fields={"from": (2, 1, 4), "to": (3, 2, 5, 4)}),
+    OpRecord("gather_interior", ops.GatherOp, ((2, 4, 3),), (2, 5, 3),
+             lambda t, xs, r, m: xs[0][:, [3, 0, 0, 2, 1]],
+             fields={"axis": 1, "indices": (3, 0, 0, 2, 1)}),
+    OpRecord("gather_last", ops.GatherOp, ((3, 4),), (3, 2),
+             lambda t, xs, r, m: xs[0][:, 1:4:2], fields={"axis": 1, "indices": (1, 3)}),
     OpRecord("concat_interior", ops.ConcatOp, ((2, 1, 3), (2, 2, 3), (2, 3, 3)), (2, 6, 3),
              lambda t, xs, r, m: t.cat(xs, dim=1), fields={"axis": 1}),
     OpRecord("concat_last", ops.ConcatOp, ((2, 3), (2, 1)), (2, 4),
@@ -299,6 +316,43 @@ HAND_RECORDS: tuple[OpRecord, ...] = (
     OpRecord("clip_below", ops.ClipOp, ((2, 3),), (2, 3),
              lambda t, xs, r, m: t.clamp(xs[0], min=m["min"]),
              fields={"min": 0.25, "max": math.inf}),
+    # div, prelu, pow, lrn: by their facts (div's interval, pow's interval and lowering
+    # explicit; prelu and lrn through their decompositions)
+    OpRecord("div", ops.DivOp, ((2, 3), (2, 3)), (2, 3), _binary("div"),
+             samplers=(normal, away_from_zero)),
+    OpRecord("prelu", ops.PreluOp, ((2, 3), (2, 3)), (2, 3),
+             lambda t, xs, r, m: t.where(xs[0] > 0, xs[0], xs[0] * xs[1]),
+             samplers=(away_from_zero, normal)),
+    OpRecord("pow_cube", ops.PowOp, ((2, 3),), (2, 3), lambda t, xs, r, m: xs[0] ** 3,
+             fields={"exponent": 3.0}),
+    OpRecord("pow_fraction", ops.PowOp, ((2, 3),), (2, 3), lambda t, xs, r, m: xs[0] ** 0.75,
+             fields={"exponent": 0.75}, samplers=(positive,)),
+    OpRecord("pow_inverse_square", ops.PowOp, ((2, 3),), (2, 3),
+             lambda t, xs, r, m: xs[0] ** -2.0, fields={"exponent": -2.0},
+             samplers=(away_from_zero,)),
+    OpRecord("lrn", ops.LrnOp, ((2, 5, 3, 2),), (2, 5, 3, 2),
+             lambda t, xs, r, m: t.nn.functional.local_response_norm(
+                 xs[0], m["size"], m["alpha"], m["beta"], m["k"]),
+             fields={"size": 3, "alpha": 0.5, "beta": 0.75, "k": 2.0},
+             tol64=SUMS64, tol32=SUMS32),
+    OpRecord("lrn_even", ops.LrnOp, ((2, 5, 4),), (2, 5, 4), _lrn_onnx_window,
+             fields={"size": 4, "alpha": 0.5, "beta": 0.6, "k": 1.0},
+             tol64=SUMS64, tol32=SUMS32),
+    OpRecord("pad_constant", ops.PadOp, ((2, 3, 4),), (3, 3, 7),
+             lambda t, xs, r, m: t.nn.functional.pad(xs[0], (2, 1, 0, 0, 1, 0), value=1.5),
+             fields={"before": (1, 0, 2), "after": (0, 0, 1), "mode": "constant", "value": 1.5}),
+    OpRecord("pad_reflect", ops.PadOp, ((2, 3, 4),), (2, 6, 7),
+             lambda t, xs, r, m: t.nn.functional.pad(xs[0], (1, 2, 2, 1), mode="reflect"),
+             fields={"before": (0, 2, 1), "after": (0, 1, 2), "mode": "reflect", "value": 0.0}),
+    OpRecord("pad_edge", ops.PadOp, ((2, 3, 4),), (2, 5, 4),
+             lambda t, xs, r, m: t.nn.functional.pad(xs[0], (0, 0, 0, 2), mode="replicate"),
+             fields={"before": (0, 0, 0), "after": (0, 2, 0), "mode": "edge", "value": 0.0}),
+    OpRecord("less", ops.LessOp, ((2, 3), (2, 3)), (2, 3),
+             lambda t, xs, r, m: (xs[0] < xs[1]).to(xs[0].dtype), smooth=False),
+    OpRecord("where", ops.WhereOp, ((2, 3), (2, 3), (2, 3)), (2, 3),
+             lambda t, xs, r, m: t.where(xs[0] != 0, xs[1], xs[2]),
+             samplers=(lambda rng, s: rng.choice([0.0, 1.0, -2.0], s), normal, normal),
+             smooth=False),
     OpRecord("safe_log", ops.SafeLogOp, ((2, 3), ()), (2, 3),
              lambda t, xs, r, m: t.log(t.nn.functional.softplus(xs[0]) + xs[1]),
              samplers=(normal, positive), tol32=COMPOSITE32),

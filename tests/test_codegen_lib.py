@@ -39,6 +39,9 @@ int main(void) {
     if (tlc_mlp_input_shape(NULL) != TLC_ERR_NULL_POINTER) return 14;
     int status = tlc_mlp(x, y);
     if (status != TLC_OK) return 15;
+    if (tlc_set_num_threads(3) != 3 || tlc_get_num_threads() != 3) return 17;
+    if (tlc_mlp(x, y) != TLC_OK) return 18;
+    if (tlc_set_num_threads(0) < 1) return 19;  /* back to the default: the CPUs available */
     printf("%.6f\n", y[0]);
     return fabs(y[0] - 0.027713) < 5e-7 ? 0 : 16;
 }

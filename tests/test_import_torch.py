@@ -140,9 +140,18 @@ class Pair(nn.Module):
         return x.relu(), x.tanh()
 
 
-class Slice(nn.Module):
+class Masked(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("keep", torch.tensor([True, False, True, False]))
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x[1:]
+        return x[:, self.keep]
+
+
+class Branch(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.relu() if x.sum() > 0 else x
 
 
 def _refusal(model: nn.Module, *examples: torch.Tensor) -> str:
@@ -160,8 +169,13 @@ def test_refusals_name_the_node_and_target() -> None:
     assert _refusal(Pair(), x) == (
         "PyTorch graph import: the model returns 2 values; tl graphs have one output"
     )
-    assert _refusal(Slice(), x) == (
-        "PyTorch graph import: FX node 'getitem' (_operator.getitem): indexing or slicing a tensor"
+    assert _refusal(Masked(), x) == (
+        "PyTorch graph import: FX node 'getitem': its shape or value depends on the tensor "
+        "values (the graph would hold only the example's)"
+    )
+    assert _refusal(Branch(), x) == (
+        "PyTorch graph import: torch.fx cannot trace Branch: Python control flow on the tensor "
+        "values of 'gt' (the graph would hold only the example's branch)"
     )
     assert _refusal(nn.Sequential(nn.BatchNorm1d(4)), x) == (
         "PyTorch graph import: FX node '_0' (torch.nn.modules.batchnorm.BatchNorm1d): "
@@ -258,7 +272,76 @@ FORMS: dict[str, tuple[Any, dict[str, nn.Module], list[str]]] = {
         {"h": nn.Hardtanh(-2.0, 0.5), "r": nn.ReLU6()},
         ["clip"] * 7,
     ),
+    "div": (
+        lambda x, m: x / 2.0 + torch.div(x, x + 10) * x.div(3.0) + torch.true_divide(1.0, x + 10),
+        {},
+        ["div"] * 4,
+    ),
+    "pow": (
+        lambda x, m: x**2 + torch.pow(x, 3) * x.pow(exponent=0.5 * 2) + (x * x + 1) ** -0.75,
+        {},
+        ["pow"] * 4,
+    ),
+    "rsqrt": (lambda x, m: torch.rsqrt(x * x + 1) + (x * x + 2).rsqrt(), {}, ["rsqrt"] * 2),
+    "less_and_where": (
+        lambda x, m: (
+            torch.where(x < 0.5, x, -x)
+            + (x > 1) * torch.where(torch.lt(x, 2), 2.0, x)
+            + x.lt(0)
+            + torch.gt(x, -1) * x.gt(0)
+        ),
+        {},
+        ["less", "where", "less", "less", "where", "less", "less", "less"],
+    ),
 }
+
+#: Forms of the op kinds that want an [N, C, H, W] input (compared alike, in float64).
+NCHW_FORMS: dict[str, tuple[Any, dict[str, nn.Module], list[str]]] = {
+    "pad": (
+        lambda x, m: (
+            F.pad(x, (1, 2, 1, 1), value=0.5)
+            + F.pad(x, (2, 1, 0, 2), mode="reflect")
+            + F.pad(x, (0, 3, 2, 0), mode="replicate")
+            + m["r"](x) + m["z"](x) + m["m"](x) + m["c"](x)
+        ),
+        {"r": nn.ReplicationPad2d((1, 2, 1, 1)), "z": nn.ZeroPad2d((3, 0, 1, 1)),
+         "m": nn.ReflectionPad2d((1, 2, 2, 0)), "c": nn.ConstantPad2d((1, 2, 0, 2), -1.0)},
+        ["pad"] * 7,
+    ),
+    "prelu": (
+        lambda x, m: (
+            m["one"](x) + m["per_channel"](x)
+            + F.prelu(x, torch.full((1,), 0.3, dtype=torch.float64))
+        ),
+        {"one": nn.PReLU(), "per_channel": nn.PReLU(4, init=-0.2)},
+        ["prelu"] * 3,
+    ),
+    "lrn": (
+        lambda x, m: m["lrn"](x) + F.local_response_norm(x, 3, alpha=0.5, beta=0.6, k=2.0),
+        {"lrn": nn.LocalResponseNorm(5)},
+        ["lrn"] * 2,
+    ),
+    "conv_transpose": (
+        lambda x, m: m["t"](x) + m["g"](x),
+        {"t": nn.ConvTranspose2d(4, 6, 3, stride=(3, 2), padding=1, output_padding=(1, 0)),
+         "g": nn.ConvTranspose2d(4, 6, 2, stride=(3, 2), padding=1, output_padding=(1, 0),
+                                 groups=2, dilation=2)},
+        ["conv"] * 2,
+    ),
+    "group_and_instance_norm": (
+        lambda x, m: m["g"](x) + m["i"](x) + F.group_norm(x, 2) + F.instance_norm(x),
+        {"g": nn.GroupNorm(2, 4), "i": nn.InstanceNorm2d(4, affine=True)},
+        ["layernorm"] * 4,
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(NCHW_FORMS))
+def test_nchw_op_forms_match_pytorch(name: str) -> None:
+    function, modules, tags = NCHW_FORMS[name]
+    x = torch.randn(2, 4, 5, 6, dtype=torch.float64)
+    traced = check_against_torch(Applied(function, modules).double(), x)
+    assert [n.TAG for n in traced.graph.nodes if n.TAG in set(tags)] == tags
 
 
 @pytest.mark.parametrize("name", sorted(FORMS))
@@ -381,6 +464,50 @@ def test_spelled_targets_refuse_what_the_spelling_does_not_name() -> None:
     )
 
 
+def test_refusals_of_the_real_model_rules() -> None:
+    """Each refusal of the FX rules added for real models names the node, the target and why."""
+    x = torch.randn(1, 4, 3)
+    cases = [
+        (
+            lambda x, m: F.pad(x, (1, 1), mode="circular"),
+            {},
+            "FX node 'pad' (torch.nn.functional.pad): mode='circular' (tl pads constant, reflect "
+            "or replicate)",
+        ),
+        (
+            lambda x, m: F.pad(x, (-1, 0)),
+            {},
+            "FX node 'pad' (torch.nn.functional.pad): negative pads (cropping)",
+        ),
+        (
+            lambda x, m: F.local_response_norm(x, 2),
+            {},
+            "FX node 'local_response_norm' (torch.nn.functional.local_response_norm): size=2: "
+            "PyTorch's window for an even size starts one channel before ONNX's, which tl's lrn "
+            "has",
+        ),
+        (
+            lambda x, m: m["t"](x.reshape(4, 3)),
+            {"t": nn.ConvTranspose1d(4, 2, 3)},
+            "FX node 'layers_t' (torch.nn.modules.conv.ConvTranspose1d): an input without a "
+            "batch axis",
+        ),
+        (
+            lambda x, m: m["i"](x.reshape(4, 3)),
+            {"i": nn.InstanceNorm1d(4)},
+            "FX node 'layers_i' (torch.nn.modules.instancenorm.InstanceNorm1d): an input "
+            "without a batch axis",
+        ),
+        (
+            lambda x, m: torch.where(x > 0),
+            {},
+            "FX node 'where' (torch.where): where without both values (the nonzero-indices form)",
+        ),
+    ]
+    for function, modules, message in cases:
+        assert _refusal(Applied(function, modules), x) == f"PyTorch graph import: {message}"
+
+
 def test_every_torch_spelling_is_imported() -> None:
     """Each callable an op kind's PyTorch spelling names is a target of the import table."""
     from tlc.dialect.registry import NODE_OPS
@@ -397,3 +524,44 @@ def test_every_torch_spelling_is_imported() -> None:
 def _named(target: object, dotted: str) -> bool:
     module, _, name = dotted.rpartition(".")
     return target is getattr(__import__(module, fromlist=[name]), name)
+
+
+def test_parameters_keep_their_state_dict_names() -> None:
+    """Payload fields that are the module's parameters or buffers are bound by their
+    state_dict names in a `tl.params` section; the payload built from the state_dict by those
+    names is the imported payload."""
+    from tlc.dialect.program_ops import ParamsOp
+    from tlc.semantics.program_run import payload_from_params
+
+    model = nn.Sequential(nn.Linear(4, 5), nn.BatchNorm1d(5), nn.ReLU(), nn.Linear(5, 2)).eval()
+    traced = tlc.from_torch(model, torch.randn(3, 4))
+    (binding,) = [op for op in traced.module.ops if isinstance(op, ParamsOp)]
+    state = {k: v.double().numpy() for k, v in model.state_dict().items()}
+    state.pop("1.num_batches_tracked")
+    assert sorted(binding.declared) == sorted(state)
+    by_name = payload_from_params(traced.module, traced.graph.graph_name, state)
+    for node_id, record in traced.payload.records.items():
+        for field, value in record.items():
+            if field != "eps":
+                np.testing.assert_array_equal(by_name.records[node_id][field], value)
+
+
+def test_params_file_fills_the_named_fields_over_the_inline_record(tmp_path: Path) -> None:
+    """A batch norm without affine parameters: mean and var are buffers (named), gamma and
+    beta the importer's ones and zeros (unnamed); `--params` replaces only the named fields."""
+    from xdsl.dialects.builtin import ModuleOp
+
+    from tlc.dialect.payload_section import payload_op
+    from tlc.tools.run_program import params_payload
+
+    model = nn.Sequential(nn.BatchNorm1d(3, affine=False)).eval()
+    traced = tlc.from_torch(model, torch.randn(2, 3))
+    bindings = [op.clone() for op in traced.module.ops if op is not traced.graph]
+    graph = traced.graph.clone()
+    module = ModuleOp([graph, payload_op(graph.graph_name, traced.payload), *bindings])
+    path = tmp_path / "p.npz"
+    np.savez(path, **{"0.running_mean": np.arange(3.0), "0.running_var": np.full(3, 2.0)})
+    (record,) = params_payload(module, graph, str(path)).records.values()
+    np.testing.assert_array_equal(record["mean"], np.arange(3.0))
+    np.testing.assert_array_equal(record["var"], np.full(3, 2.0))
+    np.testing.assert_array_equal(record["gamma"], np.ones(3))

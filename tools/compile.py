@@ -12,7 +12,8 @@ maps a single-example graph over a leading axis of N; `--runtime-payload` takes 
 as a third argument instead of baking them in. By default the library holds code for every
 x86-64 level (v2, v3/AVX2, v4/AVX-512) and picks one per CPU at call time; `--target-cpu` and
 `--target-features` build for exactly that target (the library then refuses other CPUs with
-TLC_ERR_UNSUPPORTED_CPU).
+TLC_ERR_UNSUPPORTED_CPU). The library runs its parallel regions on `tlc_set_num_threads(n)`
+threads (default: every CPU the process may run on), with the same results for any count.
 Exit codes: 0 success, 1 diagnostics, 2 usage error, 70 internal error.
 """
 

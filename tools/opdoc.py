@@ -32,11 +32,12 @@ END = "<!-- end of the generated op reference -->"
 SECTIONS: list[tuple[str, tuple[type[NodeOp], ...], tuple[str, ...]]] = [
     ("Sources", (DeclaredShapeOp,), ("const", "bernoulli_mask")),
     ("Elementwise unary", (UnaryOp,), ()),
-    ("Elementwise binary", (BinaryOp,), ("safe_log",)),
-    ("Layout", (), ("permute", "transpose", "broadcast_to", "reshape", "flatten", "concat")),
+    ("Elementwise binary", (BinaryOp,), ("safe_log", "where")),
+    ("Layout", (), ("permute", "transpose", "broadcast_to", "reshape", "flatten", "concat", "pad")),
+    ("Indexing", (), ("gather",)),
     ("Reductions", (ReductionOp,), ("sum", "mse_loss")),
     ("Contractions and layers", (PoolOp,), ("matmul", "linear", "conv", "batch_norm_eval")),
-    ("Normalisations", (AxisOp,), ("hard_masked_softmax", "layernorm")),
+    ("Normalisations", (AxisOp,), ("hard_masked_softmax", "layernorm", "lrn")),
 ]
 
 _EXPECTED = re.compile(r"expected-error @\S+ \{\{(.*)\}\}$")

@@ -54,7 +54,8 @@ def params_payload(module: ModuleOp, graph: GraphOp, params_path: str) -> Payloa
     """A lowered graph's payload: its inline records plus the parameters bound by name."""
     payload = payload_from_module(module, graph.graph_name)
     by_name = payload_from_params(module, graph.graph_name, load_params(params_path))
-    payload.records.update(by_name.records)
+    for node_id, record in by_name.records.items():  # fields by name over the inline ones
+        payload.records.setdefault(node_id, {}).update(record)
     payload.kinds.update(by_name.kinds)
     return payload
 

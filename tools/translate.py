@@ -112,8 +112,9 @@ def emit_imported(args: argparse.Namespace, traced: Traced) -> int:
     if args.payload_out:
         save_npz(traced.payload, args.payload_out)
     else:
+        bindings = [op.clone() for op in module.ops if op is not traced.graph]
         module = ModuleOp(
-            [traced.graph.clone(), payload_op(traced.graph.graph_name, traced.payload)]
+            [traced.graph.clone(), payload_op(traced.graph.graph_name, traced.payload), *bindings]
         )
     write_output(args.output, EMITTERS[args.emit](module))
     return 0

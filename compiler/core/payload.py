@@ -20,6 +20,27 @@ from tlc.core.npyio import read_npz
 Record = dict[str, np.ndarray]
 
 
+class SourceArray(np.ndarray):
+    """A parameter as the source model holds it, carrying its name there (`fc1.weight`, an
+    ONNX initializer's). Importers pass such arrays to the graph builder, which binds the
+    payload field to the name (a `tl.params` entry); an array computed from one (a transpose,
+    a reshape, a cast) is a new value with no name."""
+
+    source_name: str | None = None
+
+
+def named(values: np.ndarray, name: str) -> np.ndarray:
+    """`values` (not copied) marked as the source parameter `name`."""
+    view = np.asarray(values).view(SourceArray)
+    view.source_name = name
+    return view
+
+
+def source_name(value: object) -> str | None:
+    """The source parameter `value` is exactly, if it is one (see `SourceArray`)."""
+    return value.source_name if isinstance(value, SourceArray) else None
+
+
 @dataclass
 class Payload(Mapping[int, Record]):
     """Records by node id; `kinds` remembers the op kind a record was written for, if known."""

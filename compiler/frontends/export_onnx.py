@@ -169,6 +169,12 @@ def _broadcast(ex: Exporter, node: NodeOp, inputs: list[str]) -> str:
     return ex.add("Expand", [inputs[0], target], "broadcast")
 
 
+@EXPORT.register(tl.GatherOp)
+def _gather(ex: Exporter, node: NodeOp, inputs: list[str]) -> str:
+    indices = ex.constant(list(node.meta("indices")), "indices", np.int64)
+    return ex.add("Gather", [inputs[0], indices], "gather", axis=node.meta("axis"))
+
+
 @EXPORT.register(tl.ConcatOp)
 def _concat(ex: Exporter, node: NodeOp, inputs: list[str]) -> str:
     return ex.add("Concat", inputs, "concat", axis=node.meta("axis"))
@@ -293,6 +299,37 @@ def _pool(ex: Exporter, node: NodeOp, inputs: list[str]) -> str:
     return y if view == shape else ex.reshape(y, ex.shapes[node.id])
 
 
+@EXPORT.register(tl.PowOp)
+def _pow(ex: Exporter, node: NodeOp, inputs: list[str]) -> str:
+    """ONNX's Pow takes the exponent as an input: a scalar initializer."""
+    return ex.add("Pow", [inputs[0], ex.constant(node.meta("exponent"), "exponent")], "pow")
+
+
+@EXPORT.register(tl.LessOp)
+def _less(ex: Exporter, node: NodeOp, inputs: list[str]) -> str:
+    """ONNX's Less gives booleans; tl's 0 and 1 are them cast to the real type."""
+    real = helper.np_dtype_to_tensor_dtype(np.dtype(ex.dtype))
+    return ex.add("Cast", [ex.add("Less", inputs, "less")], "less_real", to=real)
+
+
+@EXPORT.register(tl.WhereOp)
+def _where(ex: Exporter, node: NodeOp, inputs: list[str]) -> str:
+    """The condition cast to BOOL (not 0, NaN included, is true)."""
+    condition = ex.add("Cast", [inputs[0]], "condition", to=TensorProto.BOOL)
+    return ex.add("Where", [condition, *inputs[1:]], "where")
+
+
+@EXPORT.register(tl.PadOp)
+def _pad(ex: Exporter, node: NodeOp, inputs: list[str]) -> str:
+    """Pad-11's form: pads [before..., after...] and the constant value as inputs."""
+    pads = ex.constant([*node.meta("before"), *node.meta("after")], "pads", np.int64)
+    mode = node.meta("mode")
+    if mode != "constant":
+        return ex.add("Pad", [inputs[0], pads], "pad", mode=mode)
+    value = ex.constant(node.meta("value"), "value")
+    return ex.add("Pad", [inputs[0], pads, value], "pad", mode=mode)
+
+
 # --------------------------------------------------------------------------------------------
 # Every other op kind: its ONNX spelling, or its decomposition
 # --------------------------------------------------------------------------------------------
@@ -377,6 +414,15 @@ def _derive(op: type[NodeOp]) -> Rule | None:
     if spelling is not None and {f.name for f in op.FIELDS} <= set(spelling.attributes.values()):
         return _spelled(spelling)
     return _decomposed if op.defines("decompose") else None
+
+
+@EXPORT.register(tl.LrnOp)
+def _lrn(ex: Exporter, node: NodeOp, inputs: list[str]) -> str:
+    """ONNX's LRN for an odd size; an even one as the decomposition (ONNX Runtime's LRN
+    requires an odd size)."""
+    if node.meta("size") % 2 == 0:
+        return _decomposed(ex, node, inputs)
+    return _spelled(tl.LrnOp.ONNX)(ex, node, inputs)
 
 
 EXPORT.derive(NODE_OPS, _derive)

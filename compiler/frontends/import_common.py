@@ -11,6 +11,7 @@ explicit `broadcast_to` node appears.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,7 +20,8 @@ from xdsl.ir import SSAValue
 
 from tlc.core.diagnostics import DiagnosticError, Location
 from tlc.dialect import ops as tl
-from tlc.dialect.shapes import Shape, fmt_shape
+from tlc.dialect.program_ops import BindOp, ParamsOp
+from tlc.dialect.shapes import Shape, fmt_shape, numel
 from tlc.semantics.program import GraphBuilder, Traced
 
 
@@ -50,7 +52,22 @@ def finish(builder: GraphBuilder, result: SSAValue) -> Traced:
     assert builder.at is not None, "new_builder sets the location"
     graph = builder.finish(result, builder.at)
     check_payload(graph, builder.payload, graph_shapes(graph))
-    return Traced(ModuleOp([graph]), graph, builder.payload)
+    binding = source_binding(builder)
+    return Traced(ModuleOp([graph, *binding]), graph, builder.payload)
+
+
+def source_binding(builder: GraphBuilder) -> list[ParamsOp]:
+    """The `tl.params` binding of the payload fields that are source parameters, by their
+    source names (`%fc1.weight`), so `tlc-run --params` takes the source model's own parameter
+    file; none where no field is one."""
+    declared: dict[str, Shape] = {}
+    binds = []
+    for node_id, fields in sorted(builder.sources.items()):
+        record = builder.payload.records[node_id]
+        for field, name in fields.items():
+            declared.setdefault(name, record[field].shape)
+        binds.append(BindOp(node_id, builder.payload.kinds[node_id], fields))
+    return [ParamsOp(builder.name, list(declared.items()), binds)] if binds else []
 
 
 def ints(values: Any) -> list[int]:
@@ -131,6 +148,77 @@ def pad(
     return value
 
 
+def channel_norm(
+    builder: GraphBuilder,
+    value: SSAValue,
+    groups: int,
+    scale: np.ndarray | None,
+    bias: np.ndarray | None,
+    eps: float,
+) -> SSAValue:
+    """Group normalisation of [N, C, ...] (instance norm: `groups` = C): each group of C / groups
+    channels of one sample is normalised over its channels and spatial extent (biased variance),
+    then `scale` and `bias` per channel. Exactly `layernorm` over the last axis of
+    [N, groups, C / groups · prod(spatial)], reshaped back, times scale plus bias."""
+    shape = builder.shape_of(value)
+    n, c = shape[0], shape[1]
+    rows = reshape(builder, value, (n, groups, numel(shape[1:]) // groups))
+    normed = reshape(builder, builder.layernorm(rows, None, None, eps, axis=2), shape)
+    per_channel = (c,) + (1,) * (len(shape) - 2)
+    if scale is not None:
+        normed = elementwise(builder, tl.MulElemOp, [normed, np.reshape(scale, per_channel)])
+    if bias is not None:
+        normed = elementwise(builder, tl.AddOp, [normed, np.reshape(bias, per_channel)])
+    return normed
+
+
+def conv_transpose(
+    builder: GraphBuilder,
+    value: SSAValue,
+    weight: np.ndarray,
+    bias: np.ndarray | None,
+    *,
+    stride: Sequence[int],
+    lo: Sequence[int],
+    hi: Sequence[int],
+    dilation: Sequence[int],
+    groups: int,
+) -> SSAValue:
+    """A transposed convolution of [N, C_in, ...] with `weight` [C_in, C_out / groups, k...]
+    (ONNX's and PyTorch's layout); `lo`/`hi` are the output's padding before and after each
+    spatial axis (hi already net of the output padding, so it may be negative only where
+    the caller refused). The convolution it transposes, written as one: s - 1 zeros inserted
+    after every input element along each strided axis (a reshape to [..., n, 1, ...], a
+    concat with zeros, a reshape to [..., n s, ...]), then a stride-1 convolution dilated as
+    the original, padded d (k-1) - lo before and d (k-1) - hi - (s-1) after (the trailing
+    zeros of the last element already count), with each group's kernel transposed to
+    [C_out / groups, C_in / groups] and flipped along every spatial axis. Exact: every
+    inserted zero adds 0 · w to a sum of the same products the transposed convolution adds."""
+    shape = builder.shape_of(value)
+    rank = len(shape) - 2
+    kernel = weight.shape[2:]
+    c_in, c_out_g = weight.shape[0], weight.shape[1]
+    for i, s in enumerate(stride):
+        if s == 1:
+            continue
+        axis = 2 + i
+        cur = list(builder.shape_of(value))
+        opened = reshape(builder, value, cur[: axis + 1] + [1] + cur[axis + 1 :])
+        zeros = builder.const(np.zeros(cur[: axis + 1] + [s - 1] + cur[axis + 1 :]))
+        joined = builder.concat(opened, zeros, axis=axis + 1)
+        value = reshape(builder, joined, cur[:axis] + [cur[axis] * s] + cur[axis + 1 :])
+    span = [d * (k - 1) for d, k in zip(dilation, kernel, strict=True)]
+    before = [sp - p for sp, p in zip(span, lo, strict=True)]
+    after = [sp - p - (s - 1) for sp, p, s in zip(span, hi, stride, strict=True)]
+    grouped = weight.reshape(groups, c_in // groups, c_out_g, *kernel).swapaxes(1, 2)
+    flipped = np.flip(grouped.reshape(groups * c_out_g, c_in // groups, *kernel),
+                      axis=tuple(range(2, 2 + rank)))  # fmt: skip
+    return builder.conv(
+        value, np.ascontiguousarray(flipped), bias, stride=[1] * rank, padding=before,
+        padding_after=after, dilation=list(dilation), groups=groups, channel_axis=1,
+    )  # fmt: skip
+
+
 def ceil_mode_extra(n: int, lo: int, hi: int, k: int, s: int) -> int:
     """Padding after an axis that makes tl's rounding down give the extent of ceil_mode in
     PyTorch and ONNX, whose last window must start inside the input or the padding before it."""
@@ -180,14 +268,120 @@ def matmul(builder: GraphBuilder, a: Any, b: Any) -> SSAValue:
     return reshape(builder, result, out)
 
 
+def take(builder: GraphBuilder, value: SSAValue, axis: int, indices: Any) -> SSAValue:
+    """NumPy's `take(value, indices, axis)` for constant integer indices of any shape (negative
+    ones count from the end): one `gather` of the flattened indices (none where they select
+    the whole axis in order), then a reshape putting the indices' shape in place of the axis."""
+    shape = builder.shape_of(value)
+    index = np.asarray(indices, dtype=np.int64)
+    n = shape[axis]
+    bad = index[(index < -n) | (index >= n)]
+    if bad.size:
+        raise DiagnosticError.simple(
+            f"index {int(bad[0])} out of range for axis {axis} of shape {fmt_shape(shape)}"
+        )
+    flat = ints(np.where(index < 0, index + n, index).reshape(-1))
+    if flat != list(range(n)):
+        value = builder.gather(value, axis=axis, indices=flat)
+    return reshape(builder, value, (*shape[:axis], *index.shape, *shape[axis + 1 :]))
+
+
+def tile(builder: GraphBuilder, value: SSAValue, repeats: Sequence[int]) -> SSAValue:
+    """NumPy's `tile` (ONNX Tile, PyTorch's `repeat` and `tile`; more repeats than axes add
+    leading axes, fewer repeat the trailing axes): a reshape to [.., 1, d, ..], a broadcast to
+    [.., r, d, ..], a reshape to [.., r d, ..], so the copies follow each other."""
+    shape = builder.shape_of(value)
+    repeats = (1,) * (len(shape) - len(repeats)) + tuple(repeats)
+    shape = (1,) * (len(repeats) - len(shape)) + tuple(shape)
+    if all(r == 1 for r in repeats):
+        return reshape(builder, value, shape)
+    split = [d for pair in ((1, n) for n in shape) for d in pair]
+    spread = [d for pair in zip(repeats, shape, strict=True) for d in pair]
+    value = broadcast_to(builder, reshape(builder, value, split), spread)
+    return reshape(builder, value, [r * n for r, n in zip(repeats, shape, strict=True)])
+
+
+def along(builder: GraphBuilder, weights: np.ndarray, axis: int, like: SSAValue) -> SSAValue:
+    """A constant holding `weights[i]` at every position whose index on `axis` is i."""
+    shape = builder.shape_of(like)
+    column = np.asarray(weights, dtype=np.float64).reshape((-1,) + (1,) * (len(shape) - axis - 1))
+    return broadcast_to(builder, column, shape)
+
+
+def interpolate(
+    builder: GraphBuilder, value: SSAValue, axis: int, position: np.ndarray
+) -> SSAValue:
+    """Linear interpolation along `axis` at the source coordinates `position` (one per output
+    index), edge values beyond the ends: x[i0] (1 - t) + x[i0 + 1] t with i0 = floor(position)
+    and t = position - i0, indices clamped into the axis (ONNX's `linear` and PyTorch's
+    bilinear, whose out-of-range neighbours are the edge element)."""
+    n = builder.shape_of(value)[axis]
+    low = np.floor(position)
+    t = position - low
+    first = take(builder, value, axis, np.clip(low, 0, n - 1).astype(np.int64))
+    if not np.any(t):
+        return first
+    second = take(builder, value, axis, np.clip(low + 1, 0, n - 1).astype(np.int64))
+    return builder.add(
+        builder.mul_elem(first, along(builder, 1 - t, axis, first)),
+        builder.mul_elem(second, along(builder, t, axis, second)),
+    )
+
+
+def window_bounds(size: int, out: int) -> tuple[np.ndarray, np.ndarray]:
+    """Adaptive pooling's windows: output i covers [floor(i n / o), ceil((i + 1) n / o))."""
+    i = np.arange(out)
+    return (i * size) // out, -((-(i + 1) * size) // out)
+
+
+def adaptive_pool(
+    builder: GraphBuilder, op: type[tl.PoolOp], value: SSAValue, sizes: Sequence[int]
+) -> SSAValue:
+    """PyTorch's adaptive average / max pooling of the trailing axes to `sizes`. Where every
+    extent divides evenly it is one plain pool; otherwise the windows differ in length, and
+    each axis is pooled alone (both reductions are separable over a rectangle): the window's
+    t-th element is gathered for every output (the last one again where a window is shorter)
+    and the gathered slices are combined, by max, or by a sum weighted 1/length (0 past a
+    window's end)."""
+    shape = builder.shape_of(value)
+    first = len(shape) - len(sizes)
+    spatial = shape[first:]
+    if all(o and n % o == 0 for n, o in zip(spatial, sizes, strict=True)):
+        kernel = [n // o for n, o in zip(spatial, sizes, strict=True)]
+        if kernel == [1] * len(kernel):
+            return value
+        return builder.apply(op, [value], {"kernel": kernel, "stride": kernel})
+    for i, (n, o) in enumerate(zip(spatial, sizes, strict=True)):
+        axis = first + i
+        if n == o:
+            continue
+        start, end = window_bounds(n, o)
+        length = end - start
+        parts = []
+        for t in range(int(length.max())):
+            part = take(builder, value, axis, np.minimum(start + t, end - 1))
+            if op is tl.AvgPoolOp:
+                weight = np.where(t < length, 1.0 / length, 0.0)
+                part = builder.mul_elem(part, along(builder, weight, axis, part))
+            parts.append(part)
+        combine = builder.max_elem if op is tl.MaxPoolOp else builder.add
+        value = functools.reduce(combine, parts)
+    return value
+
+
 __all__ = [
     "ImportFailure",
     "Traced",
+    "adaptive_pool",
+    "along",
     "broadcast_all",
     "broadcast_to",
+    "channel_norm",
+    "conv_transpose",
     "elementwise",
     "finish",
     "import_error",
+    "interpolate",
     "ints",
     "lift",
     "matmul",
@@ -195,4 +389,8 @@ __all__ = [
     "norm_axis",
     "reduce",
     "reshape",
+    "source_binding",
+    "take",
+    "tile",
+    "window_bounds",
 ]

@@ -41,6 +41,7 @@ from xdsl.ir import SSAValue
 
 from tlc.core.diagnostics import DiagnosticError, Location
 from tlc.core.limits import LimitError, check_elements
+from tlc.core.payload import named
 from tlc.dialect import ops as tl
 from tlc.dialect.families import BinaryOp, OnnxSpelling
 from tlc.dialect.metadata import Kind
@@ -48,11 +49,15 @@ from tlc.dialect.registry import NODE_OPS
 from tlc.dialect.shapes import Shape, fmt_shape
 from tlc.frontends.import_common import (
     ImportFailure,
+    broadcast_all,
     broadcast_to,
     ceil_mode_extra,
+    channel_norm,
+    conv_transpose,
     elementwise,
     finish,
     import_error,
+    interpolate,
     ints,
     lift,
     matmul,
@@ -61,6 +66,8 @@ from tlc.frontends.import_common import (
     pad,
     reduce,
     reshape,
+    take,
+    tile,
 )
 from tlc.frontends.onnx_prepare import check_strings, opset_of, prepare, unsupported_report
 from tlc.semantics.program import GraphBuilder, Traced
@@ -143,8 +150,9 @@ Rule = Callable[..., Value | list[Value | None]]
 class Entry:
     rule: Rule
     attributes: frozenset[str]
-    #: How many leading outputs the rule produces; later outputs must be unused.
-    outputs: int = 1
+    #: How many leading outputs the rule produces (None: all of them); later outputs must be
+    #: unused.
+    outputs: int | None = 1
 
 
 #: ONNX op type -> the rule and the attributes it understands.
@@ -152,7 +160,7 @@ RULES: dict[str, Entry] = {}
 
 
 def on(
-    *op_types: str, attributes: Sequence[str] = (), outputs: int = 1, **bound: Any
+    *op_types: str, attributes: Sequence[str] = (), outputs: int | None = 1, **bound: Any
 ) -> Callable[[Rule], Rule]:
     def add(rule: Rule) -> Rule:
         fn = functools.partial(rule, **bound) if bound else rule
@@ -212,7 +220,16 @@ def _to_real(call: NodeCall, value: Value | None, target: int) -> Value:
 
 @on("Cast", attributes=["to", "saturate", "round_mode"])
 def _cast(call: NodeCall) -> Value:
-    return _to_real(call, call.input(0), call.attr("to"))
+    """To BOOL: tl's booleans are 1 where the value is not 0 (NaN included) and 0 elsewhere,
+    a `where` of constants; to a real type: `_to_real`."""
+    value = call.input(0)
+    if call.attr("to") == TensorProto.BOOL and value is not None:
+        if isinstance(value, np.ndarray):
+            return (value != 0).astype(np.float64)
+        shape = call.shape(value)
+        ones, zeros = call.ops.const(np.ones(shape)), call.ops.const(np.zeros(shape))
+        return call.ops.apply(tl.WhereOp, [value, ones, zeros])
+    return _to_real(call, value, call.attr("to"))
 
 
 @on("CastLike", attributes=["saturate", "round_mode"])
@@ -380,18 +397,34 @@ def _pads(
     return pads[:rank], pads[rank:]
 
 
-@on("Conv", attributes=["auto_pad", "dilations", "group", "kernel_shape", "pads", "strides"])
-def _conv(call: NodeCall) -> SSAValue:
-    x = call.tensor(0)
+@dataclass(frozen=True)
+class ConvInputs:
+    """A Conv's or ConvTranspose's input, constant weight and bias, and window geometry."""
+
+    x: SSAValue
+    weight: np.ndarray
+    bias: np.ndarray | None
+    kernel: list[int]
+    stride: list[int]
+    dilation: list[int]
+
+
+def _conv_inputs(call: NodeCall) -> ConvInputs:
     weight = call.const(1, "W")
-    bias = call.const(2, "B", None)
     rank = weight.ndim - 2
     kernel = list(weight.shape[2:])
     if ints(call.attr("kernel_shape", kernel)) != kernel:
         raise call.refuse("kernel_shape disagrees with the weight's shape")
     stride = ints(call.attr("strides", [1] * rank))
     dilation = ints(call.attr("dilations", [1] * rank))
-    lo, hi = _pads(call, call.shape(x)[2:], kernel, stride, dilation)
+    return ConvInputs(call.tensor(0), weight, call.const(2, "B", None), kernel, stride, dilation)
+
+
+@on("Conv", attributes=["auto_pad", "dilations", "group", "kernel_shape", "pads", "strides"])
+def _conv(call: NodeCall) -> SSAValue:
+    c = _conv_inputs(call)
+    x, weight, bias, stride, dilation = c.x, c.weight, c.bias, c.stride, c.dilation
+    lo, hi = _pads(call, call.shape(x)[2:], c.kernel, stride, dilation)
     return call.ops.conv(
         x, weight, bias, stride=stride, padding=lo, padding_after=hi, dilation=dilation,
         groups=int(call.attr("group", 1)), channel_axis=1,
@@ -430,8 +463,11 @@ def _pool(call: NodeCall, op: type[tl.PoolOp]) -> SSAValue:
     stride = ints(call.attr("strides", [1] * rank))
     dilation = ints(call.attr("dilations", [1] * rank))
     dilated = dilation != [1] * rank
-    if dilated and op is tl.MaxPoolOp:
-        raise call.refuse("max pooling with dilations (tl's max pool has none)")
+    if dilated and op is tl.MaxPoolOp and any(s % d for s, d in zip(stride, dilation, strict=True)):
+        raise call.refuse(
+            "max pooling with a dilation that does not divide its stride (tl's max pool has no "
+            "dilation; it is written as two pools where each does)"
+        )
     spatial = call.shape(x)[-rank:]
     lo, hi = _pads(call, spatial, kernel, stride, dilation)
     counts_pad = op is tl.AvgPoolOp and call.attr("count_include_pad", 0)
@@ -443,7 +479,9 @@ def _pool(call: NodeCall, op: type[tl.PoolOp]) -> SSAValue:
                 "ceil_mode=1 where it adds a partial window, with count_include_pad=1"
             )
         hi = [h + e for h, e in zip(hi, extra, strict=True)]
-    if dilated:
+    if dilated and op is tl.MaxPoolOp:
+        y = _dilated_max_pool(call, x, rank, kernel, stride, dilation, lo, hi)
+    elif dilated:
         # An average is a depthwise convolution with uniform weights, and tl's conv dilates.
         channels = call.shape(x)[1]
         weight = np.full((channels, 1, *kernel), 1.0 / prod(kernel))
@@ -463,6 +501,31 @@ def _pool(call: NodeCall, op: type[tl.PoolOp]) -> SSAValue:
     if not counted.all():
         raise call.refuse("a window covers only padding (count_include_pad=0 divides by zero)")
     return elementwise(call.ops, tl.MulElemOp, [y, prod(kernel) / counted])
+
+
+def _dilated_max_pool(
+    call: NodeCall,
+    x: SSAValue,
+    rank: int,
+    kernel: list[int],
+    stride: list[int],
+    dilation: list[int],
+    lo: list[int],
+    hi: list[int],
+) -> SSAValue:
+    """A max pool dilated by d with a stride s that d divides: every window's taps i s + j d are
+    multiples of d, so the pool is a pool {kernel = 1, stride = d} (which keeps every d-th
+    element) followed by a pool {kernel = k, stride = s / d}; the padding, -inf, comes first.
+    Exact: each output is the max of the same elements."""
+    x = pad(call.ops, x, len(call.shape(x)) - rank, lo, hi, -np.inf)
+    ones, zeros = [1] * rank, [0] * rank
+    every = call.ops.apply(
+        tl.MaxPoolOp, [x], {"kernel": ones, "stride": dilation, "padding": zeros}
+    )
+    steps = [s // d for s, d in zip(stride, dilation, strict=True)]
+    return call.ops.apply(
+        tl.MaxPoolOp, [every], {"kernel": kernel, "stride": steps, "padding": zeros}
+    )
 
 
 def _window_counts(n: int, lo: int, hi: int, k: int, s: int, d: int) -> np.ndarray:
@@ -551,6 +614,198 @@ def _concat(call: NodeCall) -> SSAValue:
     return call.ops.concat(*parts, axis=axis)
 
 
+def _axes(call: NodeCall, index: int, rank: int) -> list[int] | None:
+    """Axes given as a constant input (opset 13 and later; older models are converted)."""
+    given = call.const(index, "axes", None)
+    return None if given is None else [norm_axis(a, rank) for a in ints(given.reshape(-1))]
+
+
+@on("Gather", attributes=["axis"])
+def _gather(call: NodeCall) -> SSAValue:
+    """Constant integer indices of any shape (NumPy's `take`): a `gather` of the flattened
+    indices, reshaped to the indices' shape in place of the axis."""
+    x = call.tensor(0)
+    indices = call.const(1, "indices")
+    if not np.issubdtype(indices.dtype, np.integer):
+        raise call.refuse(f"indices of type {indices.dtype} (integers only)")
+    return take(call.ops, x, norm_axis(call.attr("axis", 0), len(call.shape(x))), indices)
+
+
+def slice_indices(n: int, start: int, end: int, step: int) -> range:
+    """ONNX Slice's elements along an axis of extent n: negative starts/ends count from the end,
+    then both are clamped into [0, n] (step > 0) or [0, n - 1] and [-1, n - 1] (step < 0)."""
+    start, end = (v + n if v < 0 else v for v in (start, end))
+    if step > 0:
+        return range(min(max(start, 0), n), min(max(end, 0), n), step)
+    return range(min(max(start, 0), n - 1), min(max(end, -1), n - 1), step)
+
+
+@on("Slice")
+def _slice(call: NodeCall) -> SSAValue:
+    """Constant starts, ends, axes and steps: one `gather` per sliced axis."""
+    x = call.tensor(0)
+    shape = call.shape(x)
+    starts = ints(call.const(1, "starts").reshape(-1))
+    ends = ints(call.const(2, "ends").reshape(-1))
+    axes = _axes(call, 3, len(shape)) or list(range(len(starts)))
+    given = call.const(4, "steps", None)
+    steps = [1] * len(starts) if given is None else ints(given.reshape(-1))
+    if 0 in steps:
+        raise call.refuse("a step of 0")
+    for axis, start, end, step in zip(axes, starts, ends, steps, strict=True):
+        x = take(call.ops, x, axis, list(slice_indices(shape[axis], start, end, step)))
+    return x
+
+
+@on("Split", attributes=["axis", "num_outputs"], outputs=None)
+def _split(call: NodeCall) -> list[Value | None]:
+    """Several outputs, each one `gather` of its consecutive block (a node per used output).
+    Sizes from the constant `split` input, else `num_outputs` (opset 18) or the node's output
+    count: equal blocks, the last one smaller where the extent does not divide (ONNX's rule)."""
+    x = call.tensor(0)
+    shape = call.shape(x)
+    axis = norm_axis(call.attr("axis", 0), len(shape))
+    given = call.const(1, "split", None)
+    n = shape[axis]
+    if given is not None:
+        sizes = ints(given.reshape(-1))
+    else:
+        count = call.attr("num_outputs", len(call.node.output))
+        block = -(-n // count)
+        sizes = [min(block, n - i * block) for i in range(count)]
+    if sum(sizes) != n or any(s < 0 for s in sizes):
+        raise call.refuse(f"split sizes {sizes} do not add up to the extent {n}")
+    starts = np.cumsum([0, *sizes])
+    return [
+        take(call.ops, x, axis, list(range(starts[i], starts[i + 1]))) if call.used(i) else None
+        for i in range(len(sizes))
+    ]
+
+
+@on("Squeeze")
+def _squeeze(call: NodeCall) -> SSAValue:
+    x = call.tensor(0)
+    shape = call.shape(x)
+    axes = _axes(call, 1, len(shape))
+    axes = [i for i, d in enumerate(shape) if d == 1] if axes is None else axes
+    if any(shape[a] != 1 for a in axes):
+        raise call.refuse(f"squeezing an axis of extent > 1 in {fmt_shape(shape)}")
+    return reshape(call.ops, x, [d for i, d in enumerate(shape) if i not in axes])
+
+
+@on("Unsqueeze")
+def _unsqueeze(call: NodeCall) -> SSAValue:
+    x = call.tensor(0)
+    shape = list(call.shape(x))
+    given = ints(call.const(1, "axes").reshape(-1))
+    for a in sorted(norm_axis(a, len(shape) + len(given)) for a in given):
+        shape.insert(a, 1)
+    return reshape(call.ops, x, shape)
+
+
+@on("Tile")
+def _tile(call: NodeCall) -> SSAValue:
+    """Each axis repeated: a reshape to [.., 1, d, ..], a broadcast to [.., r, d, ..], a
+    reshape to [.., r d, ..] (the copies follow each other, as Tile lays them out)."""
+    x = call.tensor(0)
+    repeats = ints(call.const(1, "repeats").reshape(-1))
+    if len(repeats) != len(call.shape(x)):
+        raise call.refuse(f"{len(repeats)} repeats for an input of rank {len(call.shape(x))}")
+    return tile(call.ops, x, repeats)
+
+
+RESIZE_ATTRIBUTES = [
+    "antialias", "axes", "coordinate_transformation_mode", "cubic_coeff_a", "exclude_outside",
+    "extrapolation_value", "keep_aspect_ratio_policy", "mode", "nearest_mode",
+]  # fmt: skip
+
+
+def source_coordinates(mode: str, out: int, n: int, scale: float) -> np.ndarray:
+    """ONNX Resize's coordinate_transformation_mode: the input coordinate of each output index.
+    `scale` is the given scale, or out / n where sizes are given; the resized length the
+    formulas use is `scale * n`, which differs from `out` where the scale does not divide
+    (as ONNX's reference implementation computes it, in float64)."""
+    x = np.arange(out, dtype=np.float64)
+    width = scale * n
+    if mode == "half_pixel":
+        return (x + 0.5) / scale - 0.5
+    if mode == "pytorch_half_pixel":
+        return (x + 0.5) / scale - 0.5 if width != 1 else np.full(out, -0.5)
+    if mode == "half_pixel_symmetric":
+        return n / 2 * (1 - out / width) + (x + 0.5) / scale - 0.5
+    if mode == "align_corners":
+        return x * (n - 1) / (width - 1) if width != 1 else np.zeros(out)
+    return x / scale  # asymmetric
+
+
+def nearest_indices(rounding: str, position: np.ndarray, n: int) -> np.ndarray:
+    """ONNX Resize's nearest_mode, then clamped into the axis."""
+    if rounding == "floor":
+        index = np.floor(position)
+    elif rounding == "ceil":
+        index = np.ceil(position)
+    elif rounding == "round_prefer_ceil":
+        index = np.floor(position + 0.5)
+    else:  # round_prefer_floor
+        index = np.ceil(position - 0.5)
+    return np.clip(index, 0, n - 1).astype(np.int64)
+
+
+@on("Resize", attributes=RESIZE_ATTRIBUTES)
+def _resize(call: NodeCall) -> SSAValue:
+    """Nearest and linear modes, every coordinate transformation but tf_crop_and_resize, every
+    keep_aspect_ratio_policy (with sizes: not_larger / not_smaller take the smallest / largest
+    scale for every axis and round the extents half up, as ONNX's reference does); each
+    resized axis alone (linear interpolation is separable): nearest is a `gather`, linear two
+    gathers weighted by constants."""
+    x = call.tensor(0)
+    shape = call.shape(x)
+    mode = call.attr("mode", "nearest")
+    transform = call.attr("coordinate_transformation_mode", "half_pixel")
+    if mode not in ("nearest", "linear"):
+        raise call.refuse(f"mode '{mode}' (nearest and linear only)")
+    if transform == "tf_crop_and_resize":
+        raise call.refuse("coordinate_transformation_mode 'tf_crop_and_resize'")
+    if call.attr("antialias", 0):
+        raise call.refuse("antialias=1")
+    axes = call.attr("axes", None)
+    axes = list(range(len(shape))) if axes is None else [norm_axis(a, len(shape)) for a in axes]
+    scales, sizes = call.const(2, "scales", None), call.const(3, "sizes", None)
+    if sizes is not None and sizes.size:
+        out = ints(sizes.reshape(-1))
+        factors = [o / shape[a] for a, o in zip(axes, out, strict=True)]
+        policy = call.attr("keep_aspect_ratio_policy", "stretch")
+        if policy != "stretch":  # one scale for every axis, the output rounded half up
+            scale = min(factors) if policy == "not_larger" else max(factors)
+            factors = [scale] * len(axes)
+            out = [int(scale * shape[a] + 0.5) for a in axes]
+    elif scales is not None and scales.size:
+        factors = [float(f) for f in scales.reshape(-1)]
+        out = [int(np.floor(shape[a] * f)) for a, f in zip(axes, factors, strict=True)]
+    else:
+        raise call.refuse("neither scales nor sizes given")
+    for axis, o, factor in zip(axes, out, factors, strict=True):
+        n = shape[axis]
+        if o == n and factor == 1:
+            continue
+        position = source_coordinates(transform, o, n, factor)
+        if mode == "nearest":
+            rounding = call.attr("nearest_mode", "round_prefer_floor")
+            x = take(call.ops, x, axis, nearest_indices(rounding, position, n))
+        else:
+            x = interpolate(call.ops, x, axis, position)
+    return x
+
+
+def _given_axes(call: NodeCall, since: int) -> list[int] | None:
+    """A reduction's axes: an input from opset `since`, an attribute before (None or empty
+    where none are given)."""
+    if call.opset >= since:
+        given = call.const(1, "axes", None)
+        return None if given is None else ints(given.reshape(-1))
+    return call.attr("axes", None)
+
+
 @on("ReduceSum", attributes=["keepdims", "noop_with_empty_axes"], op=tl.ReduceSumOp, since=13)
 @on(
     "ReduceMean",
@@ -561,11 +816,7 @@ def _concat(call: NodeCall) -> SSAValue:
 def _reduce(call: NodeCall, op: type[tl.ReductionOp], since: int) -> SSAValue:
     """`since`: the opset from which the axes are an input rather than an attribute."""
     x = call.tensor(0)
-    if call.opset >= since:
-        given = call.const(1, "axes", None)
-        axes = None if given is None else ints(given.reshape(-1))
-    else:
-        axes = call.attr("axes", None)
+    axes = _given_axes(call, since)
     if not axes:
         if call.attr("noop_with_empty_axes", 0):
             return x
@@ -573,6 +824,42 @@ def _reduce(call: NodeCall, op: type[tl.ReductionOp], since: int) -> SSAValue:
     if any(d == 0 for d in call.shape(x)):
         raise call.refuse("reduction over an empty tensor")
     return reduce(call.ops, op, x, axes, bool(call.attr("keepdims", 1)))
+
+
+@on("ReduceMax", attributes=["axes", "keepdims", "noop_with_empty_axes"], negate=False)
+@on("ReduceMin", attributes=["axes", "keepdims", "noop_with_empty_axes"], negate=True)
+def _reduce_extreme(call: NodeCall, negate: bool) -> SSAValue:
+    """The reduced axes moved last and flattened into one of extent n, then a max pool
+    {kernel = n, stride = n}: exactly the max. The min is -max(-x) (negation is exact). Axes are
+    an input from opset 18. Over no elements the result is ONNX's -inf (+inf for the min), for
+    booleans False (True)."""
+    x = call.tensor(0)
+    shape = call.shape(x)
+    rank = len(shape)
+    axes = _given_axes(call, 18)
+    if not axes:
+        if call.attr("noop_with_empty_axes", 0):
+            return x
+        axes = list(range(rank))
+    chosen = sorted({norm_axis(a, rank) for a in axes})
+    kept = [a for a in range(rank) if a not in chosen]
+    n = prod(shape[a] for a in chosen)
+    keep = bool(call.attr("keepdims", 1))
+    out = (
+        [1 if a in chosen else d for a, d in enumerate(shape)] if keep else [shape[a] for a in kept]
+    )
+    if n == 0:  # ONNX: the max of no elements is -inf (False), the min +inf (True)
+        if call.node.input[0] in call.importer.bools:
+            return call.ops.const(np.full(out, 1.0 if negate else 0.0))
+        return call.ops.const(np.full(out, np.inf if negate else -np.inf))
+    if negate:
+        x = call.ops.apply(tl.NegOp, [x])
+    moved = x if kept + chosen == list(range(rank)) else call.ops.permute(x, perm=kept + chosen)
+    rows = reshape(call.ops, moved, [*(shape[a] for a in kept), n])
+    y = call.ops.apply(tl.MaxPoolOp, [rows], {"kernel": [n], "stride": [n], "padding": [0]})
+    if negate:
+        y = call.ops.apply(tl.NegOp, [y])
+    return reshape(call.ops, y, out)
 
 
 CONSTANT_ATTRIBUTES = ["value", "value_float", "value_floats", "value_int", "value_ints"]
@@ -585,6 +872,199 @@ def _constant(call: NodeCall) -> np.ndarray:
     if isinstance(value, TensorProto):
         return numpy_helper.to_array(value)
     return np.asarray(value)
+
+
+# --------------------------------------------------------------------------------------------
+# Ops of real models written with tl ops: Pow's exponent, Mean, Tile, normalisations,
+# transposed convolutions, Pad
+# --------------------------------------------------------------------------------------------
+
+
+#: The most distinct values a constant Pow exponent may hold (one `pow` node each).
+POW_EXPONENTS = 8
+
+
+@on("Pow")
+def _pow(call: NodeCall) -> SSAValue:
+    """Pow's exponent is an input; tl's pow has a constant one, so the exponent must be a
+    constant. One number is one `pow` (x broadcast to the exponent's shape where that is
+    larger); a few distinct numbers are a `pow` per number, each chosen where the exponent holds
+    it by a `where` with a constant mask (exact: every element is its own power)."""
+    exponent = call.const(1, "exponent")
+    values = np.unique(exponent)
+    if values.size > POW_EXPONENTS:
+        raise call.refuse(
+            f"exponent (input 1) holds {values.size} values (at most {POW_EXPONENTS}: one tl "
+            "pow node each)"
+        )
+    x = call.tensor(0)
+    target = np.broadcast_shapes(call.shape(x), exponent.shape)
+    x = broadcast_to(call.ops, x, target)
+    spread = np.broadcast_to(exponent, target)
+    y = call.ops.apply(tl.PowOp, [x], {"exponent": float(values[0])})
+    for value in values[1:]:
+        chosen = call.ops.const((spread == value).astype(np.float64))
+        power = call.ops.apply(tl.PowOp, [x], {"exponent": float(value)})
+        y = call.ops.apply(tl.WhereOp, [chosen, power, y])
+    return y
+
+
+@on("PRelu")
+def _prelu(call: NodeCall) -> SSAValue:
+    """The slope broadcasts to x (from opset 7 unidirectionally, by numpy's rule); a 1-D slope
+    that does not but has one entry per channel of axis 1 is opset 6's per-channel slope, which
+    the version converter passes on unchanged."""
+    x, slope = call.tensor(0), call.tensor(1)
+    shape, given = call.shape(x), call.shape(slope)
+    try:
+        np.broadcast_shapes(shape, given)
+    except ValueError:
+        if len(given) != 1 or len(shape) < 2 or given[0] != shape[1]:
+            raise call.refuse(
+                f"slope shape {fmt_shape(given)} neither broadcasts to {fmt_shape(shape)} nor "
+                "has one entry per channel"
+            ) from None
+        slope = reshape(call.ops, slope, (given[0],) + (1,) * (len(shape) - 2))
+    return call.ops.apply(tl.PreluOp, [x, broadcast_to(call.ops, slope, shape)])
+
+
+@on("Greater")
+def _greater(call: NodeCall) -> SSAValue:
+    """a > b is less(b, a) (both 0 where either is NaN)."""
+    a, b = call.inputs()
+    return elementwise(call.ops, tl.LessOp, [b, a])
+
+
+@on("Where")
+def _where(call: NodeCall) -> SSAValue:
+    """The condition (booleans as 0 and 1) and both values broadcast together."""
+    return call.ops.apply(tl.WhereOp, broadcast_all(call.ops, call.inputs()))
+
+
+@on("Mean")
+def _mean(call: NodeCall) -> Value:
+    """Variadic Mean: the broadcast sum left to right, divided by the number of inputs."""
+    total = _elementwise(call, tl.AddOp)
+    count = len(call.inputs())
+    return total if count == 1 else elementwise(call.ops, tl.DivOp, [total, np.float64(count)])
+
+
+@on("InstanceNormalization", attributes=["epsilon"])
+def _instance_norm(call: NodeCall) -> SSAValue:
+    x = call.tensor(0)
+    channels = call.shape(x)[1]
+    scale, bias = call.const(1, "scale"), call.const(2, "B")
+    eps = float(call.attr("epsilon", np.float32(1e-5)))  # ONNX's float32 default
+    return channel_norm(call.ops, x, channels, scale, bias, eps)
+
+
+@on("GroupNormalization", attributes=["epsilon", "num_groups", "stash_type"])
+def _group_norm(call: NodeCall) -> SSAValue:
+    """Opset 21's per-channel scale and bias (opset 18's per-group ones are converted first)."""
+    x = call.tensor(0)
+    channels, groups = call.shape(x)[1], int(call.attr("num_groups"))
+    if groups == 0 or channels % groups:
+        raise call.refuse(f"num_groups={groups} does not divide the {channels} channels")
+    scale, bias = call.const(1, "scale"), call.const(2, "bias")
+    if scale.size != channels or bias.size != channels:
+        raise call.refuse(f"scale and bias must have one entry per channel ({channels})")
+    eps = float(call.attr("epsilon", np.float32(1e-5)))
+    return channel_norm(call.ops, x, groups, scale, bias, eps)
+
+
+CONV_TRANSPOSE_ATTRIBUTES = [
+    "auto_pad", "dilations", "group", "kernel_shape", "output_padding", "output_shape", "pads",
+    "strides",
+]  # fmt: skip
+
+
+@on("ConvTranspose", attributes=CONV_TRANSPOSE_ATTRIBUTES)
+def _conv_transpose(call: NodeCall) -> SSAValue:
+    """Written as the convolution it transposes (`tlc.frontends.import_common.conv_transpose`).
+    The output's padding comes from `pads`, or from `output_shape` / `auto_pad` as ONNX states:
+    total = s (n - 1) + output_padding + d (k - 1) + 1 - output extent, the smaller half before
+    for SAME_UPPER, after otherwise (ONNX's rule, which ONNX Runtime follows)."""
+    c = _conv_inputs(call)
+    x, weight, bias, kernel, stride, dilation = (
+        c.x,
+        c.weight,
+        c.bias,
+        c.kernel,
+        c.stride,
+        c.dilation,
+    )
+    rank = len(kernel)
+    extra = ints(call.attr("output_padding", [0] * rank))
+    groups = int(call.attr("group", 1))
+    spatial = call.shape(x)[2:]
+    auto = call.attr("auto_pad", "NOTSET")
+    wanted = call.attr("output_shape", None)
+    if wanted is None and auto in ("SAME_UPPER", "SAME_LOWER"):
+        wanted = [n * s for n, s in zip(spatial, stride, strict=True)]
+    if wanted is not None:
+        wanted = ints(wanted)[-rank:]
+        geometry = zip(stride, spatial, extra, dilation, kernel, strict=True)
+        full = [s * (n - 1) + e + d * (k - 1) + 1 for s, n, e, d, k in geometry]
+        total = [f - w for f, w in zip(full, wanted, strict=True)]
+        if any(t < 0 for t in total):
+            raise call.refuse(f"output_shape {wanted} is larger than the full output {full}")
+        small = [t // 2 for t in total]
+        large = [t - t // 2 for t in total]
+        lo, hi = (small, large) if auto == "SAME_UPPER" else (large, small)
+    elif auto in ("NOTSET", "VALID"):
+        pads = ints(call.attr("pads", [0] * (2 * rank))) if auto == "NOTSET" else [0] * (2 * rank)
+        lo, hi = pads[:rank], pads[rank:]
+    else:
+        raise call.refuse(f"auto_pad='{auto}'")
+    hi = [h - e for h, e in zip(hi, extra, strict=True)]
+    span = [d * (k - 1) for d, k in zip(dilation, kernel, strict=True)]
+    if any(p > sp for p, sp in zip(lo, span, strict=True)) or any(
+        h + s - 1 > sp for h, s, sp in zip(hi, stride, span, strict=True)
+    ):
+        raise call.refuse(
+            "pads beyond the kernel's span d (k - 1) (the output would be cropped; tl's conv "
+            "pads only)"
+        )
+    return conv_transpose(
+        call.ops, x, weight, bias, stride=stride, lo=lo, hi=hi, dilation=dilation, groups=groups
+    )
+
+
+@on("Pad", attributes=["mode", "pads", "value"])
+def _pad(call: NodeCall) -> SSAValue:
+    """Pad-2's attribute form (opset < 11: `pads`, `value`) and Pad-11's inputs (pads, the
+    constant value, from opset 18 the axes), all constants; `wrap` mode and negative pads
+    (cropping) are refused."""
+    x = call.tensor(0)
+    rank = len(call.shape(x))
+    mode = call.attr("mode", "constant")
+    if mode not in ("constant", "reflect", "edge"):
+        raise call.refuse(f"mode='{mode}' (tl pads constant, reflect or edge)")
+    if call.opset < 11:
+        pads, value = ints(call.attr("pads")), float(call.attr("value", 0.0))
+    else:
+        pads = ints(call.const(1, "pads").reshape(-1))
+        given = call.const(2, "constant_value", None)
+        value = 0.0 if given is None or given.size == 0 else float(given.reshape(-1)[0])
+        axes = call.const(3, "axes", None)
+        if axes is not None:
+            chosen = [norm_axis(a, rank) for a in ints(axes.reshape(-1))]
+            if len(pads) != 2 * len(chosen):
+                raise call.refuse(
+                    f"{len(pads)} pads for {len(chosen)} axes (expected {2 * len(chosen)})"
+                )
+            full = [0] * (2 * rank)
+            for i, a in enumerate(chosen):
+                full[a], full[rank + a] = pads[i], pads[len(chosen) + i]
+            pads = full
+    if len(pads) != 2 * rank:
+        raise call.refuse(f"{len(pads)} pads for an input of rank {rank} (expected {2 * rank})")
+    if any(p < 0 for p in pads):
+        raise call.refuse("negative pads (cropping)")
+    if not any(pads):
+        return x
+    fields = {"before": pads[:rank], "after": pads[rank:], "mode": mode, "value": value}
+    return call.ops.apply(tl.PadOp, [x], fields)
 
 
 # --------------------------------------------------------------------------------------------
@@ -649,7 +1129,7 @@ class OnnxImporter:
         self.uses = Counter(
             name for node in model.graph.node for name in node.input if name
         ) + Counter(o.name for o in model.graph.output)
-        self.inferred = _inferred_shapes(model)
+        self.inferred, self.bools = _inferred_shapes(model)
 
     def describe(self, node: onnx.NodeProto, index: int) -> str:
         name = f"node '{node.name}'" if node.name else f"node #{index}"
@@ -689,7 +1169,7 @@ class OnnxImporter:
                     f"input '{name}' is not defined by a graph input, an initializer or an "
                     "earlier node"
                 )
-        for extra in node.output[entry.outputs :]:
+        for extra in [] if entry.outputs is None else node.output[entry.outputs :]:
             if extra and self.uses[extra]:
                 raise call.refuse(f"output '{extra}' is used (only the first is supported)")
         try:
@@ -721,18 +1201,21 @@ class OnnxImporter:
         return value.shape if isinstance(value, np.ndarray) else self.builder.shape_of(value)
 
 
-def _inferred_shapes(model: onnx.ModelProto) -> dict[str, Shape]:
-    """Static shapes ONNX's shape inference knows, by value name."""
+def _inferred_shapes(model: onnx.ModelProto) -> tuple[dict[str, Shape], frozenset[str]]:
+    """Static shapes ONNX's shape inference knows, by value name; and the values it knows to
+    be BOOL (tl holds them as 0 and 1, which only an empty reduction tells apart)."""
     try:
         inferred = onnx.shape_inference.infer_shapes(model)
     except Exception:  # inference is only a cross-check; a model it rejects is checked by us
-        return {}
+        return {}, frozenset()
     shapes = {}
-    for info in [*inferred.graph.value_info, *inferred.graph.output]:
+    infos = [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]
+    for info in infos[len(inferred.graph.input) :]:
         shape = _static_shape(info)
         if shape is not None:
             shapes[info.name] = shape
-    return shapes
+    bools = frozenset(i.name for i in infos if i.type.tensor_type.elem_type == TensorProto.BOOL)
+    return shapes, bools
 
 
 def _static_shape(info: onnx.ValueInfoProto) -> Shape | None:
@@ -746,13 +1229,13 @@ def _input_shape(info: onnx.ValueInfoProto, given: Shape | None) -> Shape:
     t = info.type.tensor_type
     if not info.type.HasField("tensor_type"):
         raise import_error(PREFIX, f"input '{info.name}' is not a tensor")
-    if t.elem_type not in REAL_TYPES:
+    if t.elem_type not in REAL_TYPES and t.elem_type != TensorProto.BOOL:
         known = t.elem_type in TensorProto.DataType.values()
         kind = TensorProto.DataType.Name(t.elem_type) if known else f"#{t.elem_type} (unknown)"
         raise import_error(
             PREFIX,
-            f"input '{info.name}' has element type {kind} (tl graph inputs are FLOAT/DOUBLE; "
-            "shapes and axes must be initializers)",
+            f"input '{info.name}' has element type {kind} (tl graph inputs are FLOAT/DOUBLE, "
+            "or BOOL as 0 and 1; shapes and axes must be initializers)",
         )
     shape = tuple(given) if given is not None else _static_shape(info)
     if shape is None:
@@ -817,6 +1300,20 @@ def _real(name: str, value: np.ndarray) -> np.ndarray:
     return value
 
 
+def _named(initializers: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Each initializer marked with its name, so a payload field that is one is bound by it
+    (`tl.params`); characters a .tlir parameter name cannot hold become `_`, and a name that
+    collides after that stays unbound."""
+    taken: set[str] = set()
+    out = {}
+    for name, value in initializers.items():
+        spelled = re.sub(r"[^A-Za-z0-9_.]", "_", name)
+        spelled = spelled if re.match(r"[A-Za-z_]", spelled) else f"_{spelled}"
+        out[name] = value if spelled in taken else named(value, spelled)
+        taken.add(spelled)
+    return out
+
+
 def load_model(source: str | bytes | onnx.ModelProto) -> tuple[onnx.ModelProto, str]:
     """The model and the name diagnostics use for it."""
     if isinstance(source, onnx.ModelProto):
@@ -857,7 +1354,7 @@ def from_onnx(
         raise import_error(PREFIX, f"the graph has {len(graph.output)} outputs; tl graphs have one")
     builder, values = new_builder(name or _graph_name(model), shapes, Location(where, 1, 1))
     importer = OnnxImporter(model, builder, opset)
-    importer.env.update(initializers)
+    importer.env.update(_named(initializers))
     importer.env.update(zip((i.name for i in inputs), values, strict=True))
     for index, node in enumerate(graph.node):
         importer.translate(node, index)

@@ -1,9 +1,11 @@
 """PyTorch import: a module traced by torch.fx becomes a tl graph plus its payload.
 
-`from_torch(module, example_input)` runs `torch.fx.symbolic_trace`, propagates the example's
-shapes through the trace (`ShapeProp`), then maps every FX node through `RULES`, one table keyed
-by the node's target: the submodule's class for `call_module` (`nn.Linear`), the function for
-`call_function` (`torch.relu`, `operator.add`), the method name for `call_method` (`"sum"`).
+`from_torch(module, example_input)` traces the module with `ConcreteTracer` (torch.fx's tracer
+whose proxies also carry their value on the example, so code branching on shapes runs as on the
+example), records each node's shape on the example, then maps every FX node through `RULES`, one
+table keyed by the node's target: the submodule's class for `call_module` (`nn.Linear`), the
+function for `call_function` (`torch.relu`, `operator.add`), the method name for `call_method`
+(`"sum"`).
 Parameters go to the payload keyed by node id, in PyTorch's layouts (`[out, in]`).
 
 The table is keyed by the source's vocabulary (several targets make one tl op, some make none,
@@ -26,34 +28,49 @@ graph: a model traced on [N, C, H, W] gives convolutions with `channel_axis = 1`
 from __future__ import annotations
 
 import builtins
+import contextlib
 import functools
 import importlib
 import inspect
 import operator
 import re
-from collections.abc import Callable, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
+from unittest import mock
 
 import numpy as np
 import torch
 import torch.fx as fx
 import torch.nn.functional as F
 from torch import nn
-from torch.fx.passes.shape_prop import ShapeProp
+from torch._subclasses.fake_tensor import (
+    DataDependentOutputException,
+    DynamicOutputShapeException,
+    FakeTensorMode,
+)
+from torch.fx.passes.shape_prop import _extract_tensor_metadata
 from xdsl.ir import SSAValue
 
 from tlc.core.diagnostics import DiagnosticError, Location
+from tlc.core.payload import named
 from tlc.dialect import ops as tl
 from tlc.dialect.families import BinaryOp
 from tlc.dialect.registry import NODE_OPS
 from tlc.dialect.shapes import Shape, fmt_shape
 from tlc.frontends.import_common import (
     ImportFailure,
+    adaptive_pool,
+    broadcast_all,
+    broadcast_to,
     ceil_mode_extra,
+    channel_norm,
+    conv_transpose,
     elementwise,
     finish,
     import_error,
+    interpolate,
     ints,
     lift,
     matmul,
@@ -62,6 +79,8 @@ from tlc.frontends.import_common import (
     pad,
     reduce,
     reshape,
+    take,
+    tile,
 )
 from tlc.semantics.program import GraphBuilder, Traced
 
@@ -72,9 +91,13 @@ _REQUIRED = object()
 
 @dataclass(frozen=True)
 class Constant:
-    """A tensor the module holds (a `get_attr` node): a `const` node once used as a value."""
+    """A tensor the module holds (a `get_attr` node): a `const` node once used as a value.
+    `dtype` is the tensor's own (an index buffer is int64, a mask bool)."""
 
     value: np.ndarray
+    dtype: torch.dtype = torch.float64
+    #: Its name in the module (`layers.0.self_attn.in_proj_weight`).
+    name: str = ""
 
 
 @dataclass
@@ -131,7 +154,14 @@ class Call:
             return None
         if not isinstance(raw, Constant):
             raise self.refuse(f"argument '{name}' must be a parameter or buffer of the module")
-        return raw.value
+        return named(raw.value, raw.name)
+
+    def param(self, attribute: str) -> np.ndarray | None:
+        """The called module's parameter or buffer `attribute` (None where it has none), named
+        as in the model's state_dict (`fc1.weight`)."""
+        assert self.module is not None
+        value = _param(getattr(self.module, attribute))
+        return None if value is None else named(value, f"{self.node.target}.{attribute}")
 
     def refuse(self, message: str) -> ImportFailure:
         return import_error(
@@ -242,6 +272,7 @@ def _with_alpha(call: Call, op: type[tl.BinaryOp]) -> Any:
 @on(operator.iadd, op=tl.AddOp)
 @on(operator.isub, op=tl.SubOp)
 @on(operator.imul, op=tl.MulElemOp)
+@on(operator.itruediv, op=tl.DivOp)
 def _in_place(call: Call, op: type[tl.BinaryOp]) -> Any:
     """`x += y` traces to `operator.iadd`: the value is x + y (tl graphs are functional)."""
     return _elementwise(call, op)
@@ -266,8 +297,7 @@ def _elementwise(call: Call, op: type[tl.BinaryOp]) -> Any:
 
 @on(nn.Linear)
 def _linear_module(call: Call) -> SSAValue:
-    m = call.module
-    return call.ops.linear(call.tensor(0), _param(m.weight), _param(m.bias))
+    return call.ops.linear(call.tensor(0), call.param("weight"), call.param("bias"))
 
 
 @on(F.linear)
@@ -296,13 +326,19 @@ def _conv_of(
     )  # fmt: skip
 
 
-@on(nn.Conv1d, nn.Conv2d, nn.Conv3d)
-def _conv_module(call: Call) -> SSAValue:
+def _zeros_padded(call: Call) -> nn.Module:
+    """The call's convolution module, which must pad with zeros."""
     m = call.module
     if m.padding_mode != "zeros":
         raise call.refuse(f"padding_mode='{m.padding_mode}' (only 'zeros')")
+    return m
+
+
+@on(nn.Conv1d, nn.Conv2d, nn.Conv3d)
+def _conv_module(call: Call) -> SSAValue:
+    m = _zeros_padded(call)
     return _conv_of(
-        call, _param(m.weight), _param(m.bias), m.stride, m.padding, m.dilation, m.groups
+        call, call.param("weight"), call.param("bias"), m.stride, m.padding, m.dilation, m.groups
     )
 
 
@@ -332,8 +368,8 @@ def _batch_norm_module(call: Call) -> SSAValue:
     if m.training:
         raise call.refuse("batch norm in training mode (call .eval() first)")
     return _batch_norm_of(
-        call, _param(m.running_mean), _param(m.running_var), _param(m.weight), _param(m.bias),
-        m.eps,
+        call, call.param("running_mean"), call.param("running_var"), call.param("weight"),
+        call.param("bias"), m.eps,
     )  # fmt: skip
 
 
@@ -359,7 +395,7 @@ def _layernorm_of(
 @on(nn.LayerNorm)
 def _layernorm_module(call: Call) -> SSAValue:
     m = call.module
-    return _layernorm_of(call, m.normalized_shape, _param(m.weight), _param(m.bias), m.eps)
+    return _layernorm_of(call, m.normalized_shape, call.param("weight"), call.param("bias"), m.eps)
 
 
 @on(F.layer_norm)
@@ -368,6 +404,202 @@ def _layernorm(call: Call) -> SSAValue:
         call, call.arg(1, "normalized_shape"), call.constant(2, "weight", None),
         call.constant(3, "bias", None), call.arg(4, "eps", 1e-5),
     )  # fmt: skip
+
+
+# --------------------------------------------------------------------------------------------
+# Padding, prelu, local response norm, transposed convolutions, group and instance norm
+# --------------------------------------------------------------------------------------------
+
+#: PyTorch's pad modes -> tl's (F.pad's `circular` has none).
+PAD_MODES = {"constant": "constant", "reflect": "reflect", "replicate": "edge"}
+
+
+@on(torch.gt, torch.greater, operator.gt, "gt")
+def _greater(call: Call) -> Any:
+    """a > b is less(b, a)."""
+    _check_arguments(call, 2, ())
+    a, b = call.arg(0, "input"), call.arg(1, "other")
+    return elementwise(call.ops, tl.LessOp, [call.value(b), call.value(a)])
+
+
+@on(torch.where)
+def _where(call: Call) -> SSAValue:
+    """torch.where(condition, a, b) (the one-argument form, nonzero indices, is refused)."""
+    if len(call.node.args) + len(call.node.kwargs) != 3:
+        raise call.refuse("where without both values (the nonzero-indices form)")
+    values = [
+        call.value(call.arg(i, name)) for i, name in enumerate(("condition", "input", "other"))
+    ]
+    return call.ops.apply(tl.WhereOp, broadcast_all(call.ops, values))
+
+
+def _pad_of(call: Call, widths: Sequence[int], mode: str, value: Any) -> SSAValue:
+    """F.pad's `pad` lists (before, after) from the last axis backwards; negative widths crop."""
+    x = call.tensor(0)
+    rank = len(call.ops.shape_of(x))
+    if mode not in PAD_MODES:
+        raise call.refuse(f"mode='{mode}' (tl pads constant, reflect or replicate)")
+    widths = ints(widths)
+    if len(widths) % 2 or len(widths) > 2 * rank:
+        raise call.refuse(f"{len(widths)} pad widths for an input of rank {rank}")
+    if any(w < 0 for w in widths):
+        raise call.refuse("negative pads (cropping)")
+    before, after = [0] * rank, [0] * rank
+    for i in range(len(widths) // 2):
+        before[rank - 1 - i], after[rank - 1 - i] = widths[2 * i], widths[2 * i + 1]
+    fields = {"before": before, "after": after, "mode": PAD_MODES[mode]}
+    fields["value"] = 0.0 if value is None else float(value)
+    return call.ops.apply(tl.PadOp, [x], fields)
+
+
+@on(F.pad)
+def _pad(call: Call) -> SSAValue:
+    _check_arguments(call, 1, ("pad", "mode", "value"))
+    mode, value = call.arg(2, "mode", "constant"), call.arg(3, "value", None)
+    return _pad_of(call, call.arg(1, "pad"), mode, value)
+
+
+PAD_MODULES = {
+    "constant": (nn.ZeroPad1d, nn.ZeroPad2d, nn.ZeroPad3d, nn.ConstantPad1d, nn.ConstantPad2d,
+                 nn.ConstantPad3d),
+    "reflect": (nn.ReflectionPad1d, nn.ReflectionPad2d, nn.ReflectionPad3d),
+    "replicate": (nn.ReplicationPad1d, nn.ReplicationPad2d, nn.ReplicationPad3d),
+}  # fmt: skip
+
+
+def _pad_module(call: Call, mode: str) -> SSAValue:
+    return _pad_of(call, call.module.padding, mode, getattr(call.module, "value", None))
+
+
+for _mode, _modules in PAD_MODULES.items():
+    on(*_modules, mode=_mode)(_pad_module)
+
+
+def _prelu_of(call: Call, weight: np.ndarray) -> SSAValue:
+    """PyTorch's slope has one entry, or one per channel of axis 1 (PyTorch checks which):
+    broadcast explicitly."""
+    x = call.tensor(0)
+    shape = call.ops.shape_of(x)
+    per_channel = (weight.size,) + (1,) * (len(shape) - 2)
+    slope = np.reshape(weight, (1,) if weight.size == 1 else per_channel)
+    return call.ops.apply(tl.PreluOp, [x, broadcast_to(call.ops, slope, shape)])
+
+
+@on(nn.PReLU)
+def _prelu_module(call: Call) -> SSAValue:
+    return _prelu_of(call, _param(call.module.weight))
+
+
+@on(F.prelu)
+def _prelu(call: Call) -> SSAValue:
+    return _prelu_of(call, call.constant(1, "weight"))
+
+
+def _lrn_of(call: Call, size: int, alpha: float, beta: float, k: float) -> SSAValue:
+    if int(size) % 2 == 0:
+        raise call.refuse(
+            f"size={size}: PyTorch's window for an even size starts one channel before ONNX's, "
+            "which tl's lrn has"
+        )
+    fields = {"size": int(size), "alpha": float(alpha), "beta": float(beta), "k": float(k)}
+    return call.ops.apply(tl.LrnOp, [call.tensor(0)], fields)
+
+
+@on(nn.LocalResponseNorm)
+def _lrn_module(call: Call) -> SSAValue:
+    m = call.module
+    return _lrn_of(call, m.size, m.alpha, m.beta, m.k)
+
+
+@on(F.local_response_norm)
+def _lrn(call: Call) -> SSAValue:
+    return _lrn_of(
+        call, call.arg(1, "size"), call.arg(2, "alpha", 1e-4), call.arg(3, "beta", 0.75),
+        call.arg(4, "k", 1.0),
+    )  # fmt: skip
+
+
+def _conv_transpose_of(
+    call: Call, weight: np.ndarray, bias: np.ndarray | None, stride: Any, padding: Any,
+    output_padding: Any, groups: int, dilation: Any,
+) -> SSAValue:  # fmt: skip
+    x = call.tensor(0)
+    rank = weight.ndim - 2
+    if len(call.ops.shape_of(x)) != rank + 2:
+        raise call.refuse("an input without a batch axis")
+    stride, dilation = _tuple(stride, rank), _tuple(dilation, rank)
+    lo = _tuple(padding, rank)
+    hi = [p - e for p, e in zip(lo, _tuple(output_padding, rank), strict=True)]
+    return conv_transpose(
+        call.ops, x, weight, bias, stride=stride, lo=lo, hi=hi, dilation=dilation,
+        groups=int(groups),
+    )  # fmt: skip
+
+
+@on(nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)
+def _conv_transpose_module(call: Call) -> SSAValue:
+    m = _zeros_padded(call)
+    if len(call.node.args) > 1 or call.node.kwargs:
+        raise call.refuse("an output_size argument")
+    return _conv_transpose_of(
+        call, _param(m.weight), _param(m.bias), m.stride, m.padding, m.output_padding,
+        m.groups, m.dilation,
+    )  # fmt: skip
+
+
+@on(F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d)
+def _conv_transpose(call: Call) -> SSAValue:
+    weight, bias = call.constant(1, "weight"), call.constant(2, "bias", None)
+    return _conv_transpose_of(
+        call, weight, bias, call.arg(3, "stride", 1), call.arg(4, "padding", 0),
+        call.arg(5, "output_padding", 0), call.arg(6, "groups", 1), call.arg(7, "dilation", 1),
+    )  # fmt: skip
+
+
+@on(nn.GroupNorm)
+def _group_norm_module(call: Call) -> SSAValue:
+    m = call.module
+    return channel_norm(
+        call.ops, call.tensor(0), m.num_groups, _param(m.weight), _param(m.bias), m.eps
+    )
+
+
+@on(F.group_norm)
+def _group_norm(call: Call) -> SSAValue:
+    weight, bias = call.constant(2, "weight", None), call.constant(3, "bias", None)
+    groups, eps = int(call.arg(1, "num_groups")), float(call.arg(4, "eps", 1e-5))
+    return channel_norm(call.ops, call.tensor(0), groups, weight, bias, eps)
+
+
+INSTANCE_NORM_RANKS = {nn.InstanceNorm1d: 3, nn.InstanceNorm2d: 4, nn.InstanceNorm3d: 5}
+
+
+@on(*INSTANCE_NORM_RANKS)
+def _instance_norm_module(call: Call) -> SSAValue:
+    """Statistics of each sample and channel; a module tracking running statistics uses those
+    in eval mode, which is batch norm's evaluation."""
+    m = call.module
+    x = call.tensor(0)
+    shape = call.ops.shape_of(x)
+    if len(shape) != INSTANCE_NORM_RANKS[type(m)]:
+        raise call.refuse("an input without a batch axis")
+    weight, bias = _param(m.weight), _param(m.bias)
+    if m.track_running_stats and not m.training:
+        return _batch_norm_of(call, _param(m.running_mean), _param(m.running_var), weight, bias,
+                              m.eps)  # fmt: skip
+    return channel_norm(call.ops, x, shape[1], weight, bias, m.eps)
+
+
+@on(F.instance_norm)
+def _instance_norm(call: Call) -> SSAValue:
+    if not call.arg(5, "use_input_stats", True):
+        mean, var = call.constant(1, "running_mean"), call.constant(2, "running_var")
+        weight, bias = call.constant(3, "weight", None), call.constant(4, "bias", None)
+        return _batch_norm_of(call, mean, var, weight, bias, call.arg(7, "eps", 1e-5))
+    x = call.tensor(0)
+    weight, bias = call.constant(3, "weight", None), call.constant(4, "bias", None)
+    eps = float(call.arg(7, "eps", 1e-5))
+    return channel_norm(call.ops, x, call.ops.shape_of(x)[1], weight, bias, eps)
 
 
 # --------------------------------------------------------------------------------------------
@@ -426,7 +658,7 @@ def _cat(call: Call) -> SSAValue:
 
 @on(
     nn.Flatten, nn.Unflatten, torch.flatten, torch.reshape, torch.squeeze, torch.unsqueeze,
-    "flatten", "reshape", "view", "squeeze", "unsqueeze",
+    "flatten", "reshape", "view", "squeeze", "unsqueeze", torch.unflatten, "unflatten",
 )  # fmt: skip
 def _reshape(call: Call) -> SSAValue:
     """Row-major reshapes; the target is the shape PyTorch produced on the example."""
@@ -550,26 +782,358 @@ def _avg_pool(call: Call, op: type[tl.PoolOp], rank: int) -> SSAValue:
     )  # fmt: skip
 
 
-@on(nn.AdaptiveAvgPool1d, rank=1)
-@on(nn.AdaptiveAvgPool2d, rank=2)
-def _adaptive_avg_pool(call: Call, rank: int) -> SSAValue:
-    """Adaptive pooling is a plain average pool where each input extent divides evenly."""
+def _adaptive_of(call: Call, op: type[tl.PoolOp], rank: int, output_size: Any) -> SSAValue:
+    """Adaptive pooling to `output_size` (None keeps an extent): a plain pool where every extent
+    divides evenly, PyTorch's variable windows otherwise (`import_common.adaptive_pool`)."""
+    if call.module is not None and getattr(call.module, "return_indices", False):
+        raise call.refuse("return_indices=True")
     x = call.tensor(0)
     spatial = call.ops.shape_of(x)[-rank:]
     wanted = [
-        s if o is None else o
-        for s, o in zip(spatial, _tuple_none(call.module.output_size, rank), strict=True)
+        n if o is None else int(o)
+        for n, o in zip(spatial, _tuple_none(output_size, rank), strict=True)
     ]
-    if any(s % o for s, o in zip(spatial, wanted, strict=True)):
-        raise call.refuse(
-            f"adaptive pooling of {fmt_shape(spatial)} to {fmt_shape(wanted)} (uneven windows)"
-        )
-    kernel = [s // o for s, o in zip(spatial, wanted, strict=True)]
-    return call.ops.avg_pool(x, kernel=kernel, stride=kernel, padding=[0] * rank)
+    return adaptive_pool(call.ops, op, x, wanted)
+
+
+@on(nn.AdaptiveAvgPool1d, op=tl.AvgPoolOp, rank=1)
+@on(nn.AdaptiveAvgPool2d, op=tl.AvgPoolOp, rank=2)
+@on(nn.AdaptiveMaxPool1d, op=tl.MaxPoolOp, rank=1)
+@on(nn.AdaptiveMaxPool2d, op=tl.MaxPoolOp, rank=2)
+def _adaptive_pool_module(call: Call, op: type[tl.PoolOp], rank: int) -> SSAValue:
+    return _adaptive_of(call, op, rank, call.module.output_size)
+
+
+@on(F.adaptive_avg_pool1d, op=tl.AvgPoolOp, rank=1)
+@on(F.adaptive_avg_pool2d, op=tl.AvgPoolOp, rank=2)
+@on(F.adaptive_max_pool1d, op=tl.MaxPoolOp, rank=1)
+@on(F.adaptive_max_pool2d, op=tl.MaxPoolOp, rank=2)
+def _adaptive_pool(call: Call, op: type[tl.PoolOp], rank: int) -> SSAValue:
+    if call.arg(2, "return_indices", False):
+        raise call.refuse("return_indices=True")
+    return _adaptive_of(call, op, rank, call.arg(1, "output_size"))
 
 
 def _tuple_none(value: Any, rank: int) -> list[Any]:
     return list(value) if isinstance(value, Sequence) else [value] * rank
+
+
+# --------------------------------------------------------------------------------------------
+# Indexing, splitting, stacking, repeating: gathers with constant indices, reshapes, broadcasts
+# --------------------------------------------------------------------------------------------
+
+
+def _indices(call: Call, raw: Any) -> np.ndarray:
+    """Constant integer indices: a Python int or list, or an integer buffer of the module."""
+    if isinstance(raw, Constant):  # (a boolean mask never gets here: its shape is data's)
+        if raw.dtype.is_floating_point:
+            raise call.refuse(f"indices of type {raw.dtype}")
+        return raw.value.astype(np.int64)
+    if isinstance(raw, SSAValue):
+        raise call.refuse("indices computed by the model (tl's gather indices are constants)")
+    if isinstance(raw, bool) or not isinstance(raw, int | list | tuple):
+        raise call.refuse(f"indexing with {type(raw).__name__}")
+    return np.asarray(raw, dtype=np.int64)
+
+
+def _axis(call: Call, x: SSAValue, dim: Any) -> int:
+    return norm_axis(dim, len(call.ops.shape_of(x)))
+
+
+@on(operator.getitem)
+def _getitem(call: Call) -> Any:
+    """`x[...]` with ints, slices, None, `...` and at most one list or integer buffer of indices
+    (NumPy's basic indexing and its one-array case): one `gather` per indexed axis. Indexing a
+    tuple or list (of sizes, or the pieces of a split) picks the element."""
+    container = call.arg(0, "a")
+    key = call.arg(1, "b")
+    if not isinstance(container, SSAValue | Constant):
+        return container[key]
+    x = call.value(container)
+    key = key if isinstance(key, tuple) else (key,)
+    rank = len(call.ops.shape_of(x))
+    used = sum(1 for k in key if k is not None and k is not Ellipsis)
+    if key.count(Ellipsis) > 1:
+        raise call.refuse("more than one '...'")
+    if Ellipsis in key:
+        at = key.index(Ellipsis)
+        key = key[:at] + (slice(None),) * (rank - used) + key[at + 1 :]
+    if used > rank:
+        raise call.refuse(f"{used} indices for a tensor of rank {rank}")
+    if sum(1 for k in key if isinstance(k, list | Constant | SSAValue)) > 1:
+        raise call.refuse("more than one index list or tensor (NumPy's advanced indexing)")
+    axis = 0
+    for k in key:
+        shape = call.ops.shape_of(x)
+        if k is None:
+            x = reshape(call.ops, x, (*shape[:axis], 1, *shape[axis:]))
+            axis += 1
+        elif isinstance(k, slice):
+            x = take(call.ops, x, axis, list(range(*k.indices(shape[axis]))))
+            axis += 1
+        else:
+            index = _indices(call, k)
+            x = take(call.ops, x, axis, index)
+            axis += index.ndim
+    return x
+
+
+@on(torch.index_select, "index_select")
+def _index_select(call: Call) -> SSAValue:
+    x = call.tensor(0)
+    index = _indices(call, call.arg(2, "index"))
+    if index.ndim != 1:
+        raise call.refuse("index_select with indices that are not a vector")
+    return take(call.ops, x, _axis(call, x, call.arg(1, "dim")), index)
+
+
+@on(torch.select, "select")
+def _select(call: Call) -> SSAValue:
+    x = call.tensor(0)
+    return take(call.ops, x, _axis(call, x, call.arg(1, "dim")), int(call.arg(2, "index")))
+
+
+@on(torch.narrow, "narrow")
+def _narrow(call: Call) -> SSAValue:
+    x = call.tensor(0)
+    axis = _axis(call, x, call.arg(1, "dim"))
+    start = norm_axis(call.arg(2, "start"), call.ops.shape_of(x)[axis])
+    return take(call.ops, x, axis, list(range(start, start + int(call.arg(3, "length")))))
+
+
+def _pieces(call: Call, x: SSAValue, axis: int, sizes: Sequence[int]) -> list[SSAValue]:
+    """Consecutive blocks along `axis`, one `gather` each."""
+    starts = np.cumsum([0, *sizes])
+    return [
+        take(call.ops, x, axis, list(range(starts[i], starts[i + 1]))) for i in range(len(sizes))
+    ]
+
+
+@on(torch.split, "split")
+def _split(call: Call) -> list[SSAValue]:
+    """Blocks of one size (the last one smaller) or of the given sizes."""
+    x = call.tensor(0)
+    axis = _axis(call, x, call.arg(2, "dim", 0))
+    n = call.ops.shape_of(x)[axis]
+    size = call.arg(1, "split_size_or_sections")
+    sizes = list(size) if isinstance(size, list | tuple) else [
+        min(size, n - start) for start in range(0, n, size)
+    ]  # fmt: skip
+    if sum(sizes) != n:
+        raise call.refuse(f"split sizes {sizes} do not add up to the extent {n}")
+    return _pieces(call, x, axis, sizes)
+
+
+@on(torch.chunk, "chunk")
+def _chunk(call: Call) -> list[SSAValue]:
+    """PyTorch's chunks: ceil(n / chunks) elements each, the last smaller (and fewer chunks
+    than asked where that runs out)."""
+    x = call.tensor(0)
+    axis = _axis(call, x, call.arg(2, "dim", 0))
+    n = call.ops.shape_of(x)[axis]
+    block = -(-n // int(call.arg(1, "chunks")))
+    return _pieces(call, x, axis, [min(block, n - start) for start in range(0, n, block)])
+
+
+@on(torch.unbind, "unbind")
+def _unbind(call: Call) -> list[SSAValue]:
+    x = call.tensor(0)
+    axis = _axis(call, x, call.arg(1, "dim", 0))
+    return [take(call.ops, x, axis, i) for i in range(call.ops.shape_of(x)[axis])]
+
+
+@on(torch.stack)
+def _stack(call: Call) -> SSAValue:
+    """Each tensor reshaped with a new axis of extent 1, then concatenated along it."""
+    parts = [call.value(t) for t in call.arg(0, "tensors")]
+    shape = call.ops.shape_of(parts[0])
+    axis = norm_axis(call.arg(1, "dim", 0), len(shape) + 1)
+    parts = [reshape(call.ops, p, (*shape[:axis], 1, *shape[axis:])) for p in parts]
+    return parts[0] if len(parts) == 1 else call.ops.concat(*parts, axis=axis)
+
+
+@on(torch.flip, "flip")
+def _flip(call: Call) -> SSAValue:
+    x = call.tensor(0)
+    for dim in call.rest(1, "dims"):
+        axis = _axis(call, x, dim)
+        x = take(call.ops, x, axis, list(range(call.ops.shape_of(x)[axis] - 1, -1, -1)))
+    return x
+
+
+@on("expand", "expand_as", torch.broadcast_to, "broadcast_to")
+def _expand(call: Call) -> SSAValue:
+    """Broadcasting to the shape PyTorch produced on the example."""
+    return broadcast_to(call.ops, call.tensor(0), call.out_shape)
+
+
+@on("repeat", torch.tile, "tile")
+def _repeat(call: Call) -> SSAValue:
+    """`x.repeat(sizes)` and `torch.tile`: NumPy's tile (reshape, broadcast, reshape)."""
+    return tile(call.ops, call.tensor(0), ints(call.rest(1, "dims")))
+
+
+@on(torch.repeat_interleave, "repeat_interleave")
+def _repeat_interleave(call: Call) -> SSAValue:
+    """Each element repeated `repeats` times in place (a number: the same for every one)."""
+    x = call.tensor(0)
+    repeats = call.arg(1, "repeats")
+    dim = call.arg(2, "dim", None)
+    if dim is None:
+        x, dim = reshape(call.ops, x, [int(np.prod(call.ops.shape_of(x)))]), 0
+    axis = _axis(call, x, dim)
+    n = call.ops.shape_of(x)[axis]
+    counts = _indices(call, repeats) if not isinstance(repeats, int) else np.full(n, repeats)
+    return take(call.ops, x, axis, np.repeat(np.arange(n), counts))
+
+
+# --------------------------------------------------------------------------------------------
+# Resampling
+# --------------------------------------------------------------------------------------------
+
+
+@on(F.interpolate)
+def _interpolate(call: Call) -> SSAValue:
+    """PyTorch's nearest, nearest-exact, (bi/tri)linear and area modes, each axis alone.
+    The source index of output i uses PyTorch's scale: 1 / scale_factor where one is given
+    (and not recomputed), else in / out; nearest computes it in float32 as PyTorch does."""
+    x = call.tensor(0)
+    mode = call.arg(3, "mode", "nearest")
+    align = call.arg(4, "align_corners", None)
+    factor = call.arg(2, "scale_factor", None)
+    if call.arg(5, "recompute_scale_factor", None):
+        factor = None
+    if call.arg(6, "antialias", False):
+        raise call.refuse("antialias=True")
+    shape = call.ops.shape_of(x)
+    rank = len(shape) - 2
+    out = call.out_shape[2:]
+    if mode == "area":
+        return adaptive_pool(call.ops, tl.AvgPoolOp, x, out)
+    if mode not in ("nearest", "nearest-exact", "linear", "bilinear", "trilinear"):
+        raise call.refuse(f"mode '{mode}'")
+    factors = _tuple_none(factor, rank)
+    for i, (n, o, f) in enumerate(zip(shape[2:], out, factors, strict=True)):
+        axis = 2 + i
+        if mode.startswith("nearest"):
+            if o == n:
+                continue
+            scale = np.float32(1 / f if f else n / o)
+            offset = np.float32(0.5 if mode == "nearest-exact" else 0.0)
+            position = np.floor((np.arange(o, dtype=np.float32) + offset) * scale)
+            x = take(call.ops, x, axis, np.minimum(position.astype(np.int64), n - 1))
+        elif align:
+            scale = (n - 1) / (o - 1) if o > 1 else 0.0
+            x = interpolate(call.ops, x, axis, scale * np.arange(o, dtype=np.float64))
+        else:
+            scale = 1 / f if f else n / o
+            position = np.maximum(scale * (np.arange(o, dtype=np.float64) + 0.5) - 0.5, 0.0)
+            x = interpolate(call.ops, x, axis, position)
+    return x
+
+
+# --------------------------------------------------------------------------------------------
+# Attention and einsum
+# --------------------------------------------------------------------------------------------
+
+
+@on(F.scaled_dot_product_attention)
+def _attention(call: Call) -> SSAValue:
+    """softmax(q k^T scale + mask) v (PyTorch's math form): a boolean mask or `is_causal`
+    adds -inf where attention is not allowed, a float mask is added; `enable_gqa` repeats
+    each key/value head for its group of query heads."""
+    q, k, v = call.tensor(0), call.tensor(1, "key"), call.tensor(2, "value")
+    mask = call.arg(3, "attn_mask", None)
+    if call.arg(4, "dropout_p", 0.0):
+        raise call.refuse("dropout_p > 0")
+    causal = call.arg(5, "is_causal", False)
+    scale = call.arg(6, "scale", None)
+    sq, sk = call.ops.shape_of(q), call.ops.shape_of(k)
+    if call.arg(7, "enable_gqa", False) and sq[-3] != sk[-3]:
+        group = np.arange(sq[-3]) // (sq[-3] // sk[-3])
+        k = take(call.ops, k, len(sk) - 3, group)
+        v = take(call.ops, v, len(sk) - 3, group)
+        sk = call.ops.shape_of(k)
+    scale = 1 / np.sqrt(sq[-1]) if scale is None else float(scale)
+    scores = matmul(call.ops, q, call.ops.transpose(k, axis1=len(sk) - 2, axis2=len(sk) - 1))
+    scores = elementwise(call.ops, tl.MulElemOp, [scores, np.float64(scale)])
+    if causal:
+        allowed = np.tril(np.ones((sq[-2], sk[-2]), dtype=bool))
+        scores = elementwise(call.ops, tl.AddOp, [scores, np.where(allowed, 0.0, -np.inf)])
+    if mask is not None:
+        if isinstance(mask, Constant) and mask.dtype == torch.bool:
+            additive: Any = np.where(mask.value != 0, 0.0, -np.inf)
+        elif isinstance(mask, Constant | SSAValue):
+            additive = call.value(mask)
+        else:
+            raise call.refuse(f"attn_mask of type {type(mask).__name__}")
+        scores = elementwise(call.ops, tl.AddOp, [scores, additive])
+    rank = len(call.ops.shape_of(scores))
+    weights = call.ops.softmax(scores, axis=rank - 1)
+    return matmul(call.ops, weights, v)
+
+
+@on(torch.einsum)
+def _einsum(call: Call) -> SSAValue:
+    """One or two operands without `...` or repeated labels within an operand: labels only
+    one operand has and the output lacks are summed first; then the operands, permuted to
+    [batch, kept, contracted] and [batch, contracted, kept] and reshaped to three axes, are one
+    batched `matmul`, reshaped and permuted to the output's labels."""
+    equation = str(call.node.args[0]).replace(" ", "")
+    operands = call.rest(1, "operands")
+    tensors = [call.value(t) for t in operands]
+    if "..." in equation or len(tensors) not in (1, 2):
+        raise call.refuse("einsum with '...' or more than two operands")
+    inputs, _, output = equation.partition("->")
+    labels = inputs.split(",")
+    if not _:
+        counts = Counter("".join(labels))
+        output = "".join(sorted(c for c, n in counts.items() if n == 1))
+    if any(len(set(a)) != len(a) for a in labels) or len(labels) != len(tensors):
+        raise call.refuse(f"einsum '{equation}' (repeated labels in one operand)")
+    extents: dict[str, int] = {}
+    for a, t in zip(labels, tensors, strict=True):
+        for c, d in zip(a, call.ops.shape_of(t), strict=True):
+            if extents.setdefault(c, d) != d:
+                raise call.refuse(f"label '{c}' has extents {extents[c]} and {d}")
+    parts = []
+    for i, (a, t) in enumerate(zip(labels, tensors, strict=True)):
+        others = "".join(labels[:i] + labels[i + 1 :])
+        keep = [c for c in a if c in output or c in others]
+        t = reduce(call.ops, tl.ReduceSumOp, t, [a.index(c) for c in a if c not in keep], False)
+        parts.append(("".join(keep), t))
+    if len(parts) == 1:
+        a, t = parts[0]
+        return call.ops.permute(t, perm=[a.index(c) for c in output]) if a != output else t
+    (a, ta), (b, tb) = parts
+    batch = [c for c in a if c in b and c in output]
+    summed = [c for c in a if c in b and c not in output]
+    left = [c for c in a if c not in b]
+    right = [c for c in b if c not in a]
+
+    def arranged(t: SSAValue, have: str, order: list[str], groups: list[list[str]]) -> SSAValue:
+        if list(have) != order:
+            t = call.ops.permute(t, perm=[have.index(c) for c in order])
+        return reshape(call.ops, t, [int(np.prod([extents[c] for c in g])) for g in groups])
+
+    ta = arranged(ta, a, batch + left + summed, [batch, left, summed])
+    tb = arranged(tb, b, batch + summed + right, [batch, summed, right])
+    product = call.ops.matmul(ta, tb)
+    order = batch + left + right
+    product = reshape(call.ops, product, [extents[c] for c in order])
+    return (
+        call.ops.permute(product, perm=[order.index(c) for c in output])
+        if order != list(output)
+        else product
+    )
+
+
+@on("torchvision.ops.stochastic_depth.stochastic_depth")
+def _stochastic_depth(call: Call) -> SSAValue:
+    """torchvision's stochastic depth: the identity at inference (`training=False`)."""
+    if call.arg(3, "training", True) and call.arg(1, "p") > 0:
+        raise call.refuse("stochastic depth in training mode (call .eval() first)")
+    return call.tensor(0)
 
 
 # --------------------------------------------------------------------------------------------
@@ -595,14 +1159,6 @@ def _getattr(call: Call) -> Any:
     if name != "shape":
         raise call.refuse(f"attribute '{name}'")
     return torch.Size(call.ops.shape_of(call.tensor(0)))
-
-
-@on(operator.getitem)
-def _getitem(call: Call) -> Any:
-    container = call.arg(0, "a")
-    if isinstance(container, SSAValue | Constant):
-        raise call.refuse("indexing or slicing a tensor")
-    return container[call.arg(1, "b")]
 
 
 # --------------------------------------------------------------------------------------------
@@ -711,6 +1267,39 @@ class TorchImporter:
             self.consts[key] = self.builder.const(constant.value)
         return self.consts[key]
 
+    def fold(self, node: fx.Node) -> Any:
+        """A call on the module's tensors alone (`in_proj_bias.chunk(3)`), computed by PyTorch
+        in float64 once: constants, like the parameters themselves (None: not such a call)."""
+        inputs = [self.env[n] for n in node.all_input_nodes]
+        if node.op not in ("call_function", "call_method") or not inputs:
+            return None
+        if not all(isinstance(v, Constant) for v in inputs) or str(node.target).endswith("_"):
+            return None
+
+        def tensor(raw: Any) -> Any:
+            if isinstance(raw, fx.Node):
+                constant = self.env[raw]
+                return torch.from_numpy(constant.value).to(
+                    torch.float64 if constant.dtype.is_floating_point else constant.dtype
+                )
+            return raw
+
+        args, kwargs = fx.node.map_aggregate((node.args, node.kwargs), tensor)
+        with torch.no_grad():
+            if node.op == "call_method":
+                result = getattr(args[0], str(node.target))(*args[1:], **kwargs)
+            else:
+                result = node.target(*args, **kwargs)
+
+        def constant(value: Any) -> Any:
+            if isinstance(value, torch.Tensor):
+                return Constant(_param(value), value.dtype)
+            if isinstance(value, list | tuple):
+                return type(value)(constant(v) for v in value)
+            return value
+
+        return constant(result)
+
     def traced_shape(self, node: fx.Node) -> Shape:
         meta = node.meta.get("tensor_meta")
         if meta is None or not hasattr(meta, "shape"):
@@ -731,6 +1320,8 @@ class TorchImporter:
         module = self.gm.get_submodule(str(node.target)) if node.op == "call_module" else None
         key = type(module) if module is not None else node.target
         rule = RULES.get(key)
+        if rule is None and node.op == "call_function":  # a function of an optional package
+            rule = RULES.get(fx.node._get_qualified_name(node.target))
         if rule is None:
             raise import_error(
                 PREFIX,
@@ -743,7 +1334,12 @@ class TorchImporter:
             value = self.gm
             for part in str(node.target).split("."):
                 value = getattr(value, part)
-            return Constant(_param(value)) if isinstance(value, torch.Tensor) else value
+            if isinstance(value, torch.Tensor):
+                return Constant(_param(value), value.dtype, str(node.target))
+            return value
+        folded = self.fold(node)
+        if folded is not None:
+            return folded
         rule, module = self.rule_for(node)
         call = Call(self, node, module)
         try:
@@ -759,13 +1355,193 @@ class TorchImporter:
     def _check(self, call: Call, result: SSAValue) -> None:
         expected = call.out_shape  # refuses a call whose value is not one tensor
         meta = call.node.meta["tensor_meta"]
-        if not meta.dtype.is_floating_point:
+        if not meta.dtype.is_floating_point and meta.dtype != torch.bool:  # bools as 0 and 1
             raise call.refuse(f"produces {meta.dtype} values (tl graphs compute on reals)")
         ours = self.builder.shape_of(result)
         if ours != expected:
             raise call.refuse(
                 f"tl shape {fmt_shape(ours)} differs from the traced shape {fmt_shape(expected)}"
             )
+
+
+class ConcreteTracer(fx.Tracer):
+    """torch.fx's tracer, with every proxy also carrying its value on the example inputs, as a
+    fake tensor (`FakeTensorMode`: shapes, dtypes and flags, no values computed, so tracing
+    costs no forward pass).
+
+    Python code that inspects shapes or flags (`if x.dim() == 3`, `tgt_len, bsz, e =
+    x.shape`, `len(x.shape)`) then runs as it would on the example, which is what a graph of
+    static shapes means: a shape, a size or a flag derived from them is a Python value in the
+    trace, not a node. A branch on tensor values (`if x.sum() > 0`, `.item()`) is refused: it
+    would specialise the graph to the example's data.
+
+    Modules the importer has a rule for are leaves (`call_module` nodes); every other module,
+    PyTorch's own included (`nn.MultiheadAttention`, `nn.TransformerEncoderLayer`), is traced
+    through. `F.multi_head_attention_forward`, the one functional that dispatches on
+    `has_torch_function` of its tensors, is traced into as well.
+    """
+
+    def __init__(self, examples: Sequence[Any]) -> None:
+        super().__init__()
+        self.fake = FakeTensorMode(allow_non_fake_inputs=True)
+        self.examples = [
+            self.fake.from_tensor(e) if isinstance(e, torch.Tensor) else e for e in examples
+        ]
+        self.placeholders = 0
+
+    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
+        return type(m) in RULES
+
+    def proxy(self, node: fx.Node) -> fx.Proxy:
+        return ExampleProxy(node, self)
+
+    def create_proxy(self, kind: str, target: Any, args: Any, kwargs: Any, *rest: Any, **kw: Any):  # type: ignore[no-untyped-def]
+        proxy = super().create_proxy(kind, target, args, kwargs, *rest, **kw)
+        node = proxy.node
+        node.meta["example"] = value = self._run(node)
+        # a size, shape or flag (fake tensors hold no data, so none comes from tensor values)
+        static = value is not None and _static(value) and target is not builtins.getattr
+        if kind in ("call_function", "call_method") and static:
+            self.graph.erase_node(node)
+            return value
+        return proxy
+
+    def _run(self, node: fx.Node) -> Any:
+        if node.op == "placeholder":
+            index, self.placeholders = self.placeholders, self.placeholders + 1
+            return self.examples[index] if index < len(self.examples) else node.args[0]
+        if node.op == "get_attr":
+            return _attribute(self.root, str(node.target))
+        args, kwargs = fx.node.map_arg((node.args, node.kwargs), self._example)
+        try:
+            with torch.no_grad(), _modules_unpatched(), self.fake:
+                if node.op == "call_module":
+                    return self.root.get_submodule(str(node.target))(*args, **kwargs)
+                if node.op == "call_method":
+                    return getattr(args[0], str(node.target))(*args[1:], **kwargs)
+                return node.target(*args, **kwargs)
+        except (DataDependentOutputException, DynamicOutputShapeException):
+            raise import_error(
+                PREFIX,
+                f"FX node '{node.name}': its shape or value depends on the tensor values "
+                "(the graph would hold only the example's)",
+            ) from None
+        except Exception as exc:  # whatever the model's code raises on the example
+            raise ExampleFailure(str(exc)) from None
+
+    def _example(self, node: fx.Node) -> Any:
+        if "example" not in node.meta:  # a tensor constant FX made an attribute itself
+            node.meta["example"] = _attribute(self.root, str(node.target))
+        return node.meta["example"]
+
+    def to_bool(self, obj: fx.Proxy) -> bool:
+        value = obj.node.meta["example"]
+        if isinstance(value, torch.Tensor):
+            raise fx.proxy.TraceError(
+                f"Python control flow on the tensor values of '{obj.node.name}' (the graph "
+                "would hold only the example's branch)"
+            )
+        return bool(value)
+
+    def iter(self, obj: fx.Proxy) -> Any:
+        return iter([obj[i] for i in range(len(obj.node.meta["example"]))])
+
+
+@contextlib.contextmanager
+def _modules_unpatched() -> Iterator[None]:
+    """Module calls and attribute reads as outside a trace (FX patches both while tracing), to
+    run a leaf module on its example."""
+    patched = nn.Module.__call__, nn.Module.__getattr__
+    nn.Module.__call__ = fx._symbolic_trace._orig_module_call  # type: ignore[method-assign]
+    nn.Module.__getattr__ = fx._symbolic_trace._orig_module_getattr  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        nn.Module.__call__, nn.Module.__getattr__ = patched  # type: ignore[method-assign]
+
+
+def _attribute(root: nn.Module, path: str) -> Any:
+    """The attribute at a dotted path, read past the module `__getattr__` FX patches while
+    tracing (which would record the read)."""
+    value: Any = root
+    for part in path.split("."):
+        if isinstance(value, nn.Module) and part not in value.__dict__:
+            value = fx._symbolic_trace._orig_module_getattr(value, part)
+        else:
+            value = getattr(value, part)
+    return value
+
+
+def _static(value: Any) -> bool:
+    """A value the trace keeps as Python data: sizes, shapes, flags, dtypes."""
+    if isinstance(value, list | tuple):
+        return all(_static(v) for v in value)
+    return value is None or isinstance(value, int | float | bool | str | torch.dtype | torch.device)
+
+
+class ExampleFailure(Exception):
+    """The model's own code failed on the example inputs while being traced."""
+
+
+class ExampleProxy(fx.Proxy):
+    """A proxy whose shape, rank, dtype and flags are its example's (see ConcreteTracer)."""
+
+    def __getattr__(self, name: str) -> Any:
+        example = self.node.meta.get("example")
+        if isinstance(example, torch.Tensor) and name in STATIC_ATTRIBUTES:
+            return getattr(example, name)
+        return super().__getattr__(name)
+
+    def __len__(self) -> int:
+        return len(self.node.meta["example"])
+
+
+#: Tensor attributes that are shapes or flags, read from the example.
+STATIC_ATTRIBUTES = frozenset(
+    {"shape", "ndim", "dtype", "device", "is_nested", "requires_grad", "layout", "is_sparse",
+     "is_cuda", "is_quantized", "is_meta"}
+)  # fmt: skip
+
+
+#: The checks FX adds that a parameter bound to its default keeps that value.
+SPECIALISATION_CHECKS = (torch._assert, fx._symbolic_trace._assert_is_none)
+
+
+def trace(module: nn.Module, examples: Sequence[Any]) -> fx.GraphModule:
+    """`ConcreteTracer` on `module` called with `examples`; the forward's other parameters
+    take their defaults (the checks FX adds for them are dropped)."""
+    signature = inspect.signature(module.forward)
+    parameters = list(signature.parameters.values())
+    extra = parameters[len(examples) :]
+    if any(p.default is inspect.Parameter.empty for p in extra):
+        names = [p.name for p in parameters if p.default is inspect.Parameter.empty]
+        raise import_error(
+            PREFIX,
+            f"the model takes {len(names)} inputs ({', '.join(names)}), "
+            f"{len(examples)} example inputs given",
+        )
+    concrete = {p.name: p.default for p in extra if p.default is not inspect.Parameter.empty}
+    tracer = ConcreteTracer(examples)
+    with mock.patch.object(F, "has_torch_function", lambda *_: False):
+        graph = tracer.trace(module, concrete_args=concrete or None)
+    gm = fx.GraphModule(tracer.root, graph, type(module).__name__)
+    for node in reversed(graph.nodes):
+        if node.op == "call_function" and node.target in (
+            torch._assert,
+            fx._symbolic_trace._assert_is_none,
+        ):
+            graph.erase_node(node)
+    graph.eliminate_dead_code()
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    for node in placeholders[len(examples) :]:  # FX passed the defaults themselves on
+        assert not node.users, f"{node.target} is read only by the checks just dropped"
+        graph.erase_node(node)
+    for node in graph.nodes:  # the shapes the importer checks every node against
+        example = node.meta.pop("example", None)
+        if isinstance(example, torch.Tensor):
+            node.meta["tensor_meta"] = _extract_tensor_metadata(example)
+    gm.recompile()
+    return gm
 
 
 def _graph_name(module: nn.Module) -> str:
@@ -788,7 +1564,13 @@ def from_torch(module: nn.Module, example_input: Any, name: str | None = None) -
     several inputs) and translate it: a `Traced` (module, graph, payload keyed by node id)."""
     examples = tuple(example_input) if isinstance(example_input, list | tuple) else (example_input,)
     try:
-        gm = fx.symbolic_trace(module)
+        gm = trace(module, examples)
+    except ImportFailure:
+        raise
+    except ExampleFailure as exc:  # the model's own error on the example (shapes, dtypes, ...)
+        raise import_error(
+            PREFIX, f"running the model on the example failed: {str(exc).splitlines()[0]}"
+        ) from None
     except Exception as exc:  # FX raises many kinds (TraceError, TypeError, ...)
         raise import_error(
             PREFIX, f"torch.fx cannot trace {type(module).__name__}: {exc}"
@@ -803,13 +1585,6 @@ def from_torch(module: nn.Module, example_input: Any, name: str | None = None) -
     for node, example in zip(placeholders, examples, strict=True):
         if not isinstance(example, torch.Tensor) or not example.dtype.is_floating_point:
             raise import_error(PREFIX, f"input '{node.name}': expected a floating-point tensor")
-    try:
-        with torch.no_grad():
-            ShapeProp(gm).propagate(*examples)
-    except Exception as exc:  # the model's own error on the example (shapes, dtypes, ...)
-        raise import_error(
-            PREFIX, f"running the model on the example failed: {str(exc).splitlines()[0]}"
-        ) from None
     at = _location(module)
     builder, inputs = new_builder(
         name or _graph_name(module), [tuple(e.shape) for e in examples], at

@@ -54,6 +54,20 @@ PARAMETER_INPUTS: dict[str, tuple[int, ...]] = {
     "ReduceSum": (1,),
     "ReduceMean": (1,),
     "Clip": (1, 2),
+    "Gather": (1,),
+    "Slice": (1, 2, 3, 4),
+    "Split": (1,),
+    "Squeeze": (1,),
+    "Unsqueeze": (1,),
+    "Tile": (1,),
+    "Resize": (1, 2, 3),
+    "Pow": (1,),
+    "ConvTranspose": (1, 2),
+    "InstanceNormalization": (1, 2),
+    "GroupNormalization": (1, 2),
+    "Pad": (1, 2, 3),
+    "ReduceMax": (1,),
+    "ReduceMin": (1,),
 }
 
 

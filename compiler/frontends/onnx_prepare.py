@@ -216,7 +216,40 @@ def convert(model: onnx.ModelProto, where: str, min_opset: int) -> onnx.ModelPro
             f"onnx.version_converter could not convert it to opset {min_opset}: "
             f"{_one_line(exc)}",
         ) from None
+    if opset < 11:
+        _keep_asymmetric_resize(converted, where)
     return converted
+
+
+def _keep_asymmetric_resize(model: onnx.ModelProto, where: str) -> None:
+    """Upsample (opsets 7-9) and Resize-10 map input coordinates as `x / scale` and round
+    nearest neighbours down when upsampling (up when downsampling: ONNX Runtime's "simple"
+    rounding); the converter's Resize-11+ nodes leave out coordinate_transformation_mode, whose
+    default (half_pixel) computes other values. So every converted Resize gets the old rule
+    stated (`asymmetric`, and `floor` or `ceil`)."""
+    constants = {t.name: t for t in model.graph.initializer}
+    for node in model.graph.node:
+        if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
+            constants[node.output[0]] = node.attribute[0].t
+    for node in model.graph.node:
+        if node.op_type != "Resize" or any(
+            a.name == "coordinate_transformation_mode" for a in node.attribute
+        ):
+            continue
+        node.attribute.append(helper.make_attribute("coordinate_transformation_mode", "asymmetric"))
+        mode = next((a.s.decode() for a in node.attribute if a.name == "mode"), "nearest")
+        scales = constants.get(node.input[2]) if len(node.input) > 2 else None
+        given = np.ones(1) if scales is None else numpy_helper.to_array(scales)
+        if mode != "nearest":
+            continue
+        if np.any(given < 1) and np.any(given > 1):
+            raise import_error(
+                PREFIX,
+                f"'{where}': Resize-10 node '{node.name or node.output[0]}': nearest resizing "
+                "that both up- and downsamples (its rounding differs per axis)",
+            )
+        rounding = "ceil" if np.any(given < 1) else "floor"
+        node.attribute.append(helper.make_attribute("nearest_mode", rounding))
 
 
 def fix_input_shapes(model: onnx.ModelProto, shapes: Sequence[Shape]) -> None:

@@ -512,7 +512,7 @@ def _gather_map(step: Step, parent_shapes: list[Shape]) -> np.ndarray:
 
 @register(
     ops.DetachOp, ops.PermuteOp, ops.TransposeOp, ops.ReshapeOp, ops.FlattenOp, ops.ConcatOp,
-    ops.BroadcastToOp,
+    ops.BroadcastToOp, ops.GatherOp,
 )  # fmt: skip
 def _moves(step: Step, lam: np.ndarray, parents: list[Box], own: Box, out: Outward) -> Back:
     """Each output element is one parent element: its coefficient goes back to that element

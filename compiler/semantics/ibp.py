@@ -205,7 +205,7 @@ def _unit(node: NodeOp, boxes: list[Box], record: Any, out: Outward) -> Box | No
 
 @register(
     ops.PermuteOp, ops.TransposeOp, ops.ReshapeOp, ops.FlattenOp, ops.BroadcastToOp,
-    ops.ConcatOp, ops.MaxPoolOp,
+    ops.ConcatOp, ops.MaxPoolOp, ops.GatherOp,
 )  # fmt: skip
 def _exact_monotone(node: NodeOp, boxes: list[Box], record: Any, out: Outward) -> Box | None:
     """Non-decreasing in every argument and exact: the reference rule on lo and on hi."""
@@ -246,6 +246,76 @@ def _inv(node: NodeOp, boxes: list[Box], record: Any, out: Outward) -> Box | Non
     (a,) = boxes
     one = Box.point(np.ones(a.shape))
     return out.div(one, a)
+
+
+@register(ops.DivOp)
+def _div(node: NodeOp, boxes: list[Box], record: Any, out: Outward) -> Box | None:
+    """a / b elementwise: the four endpoint quotients, rounded outward, where b's box excludes
+    0; where it holds 0 the box is unbounded, [-inf, inf], which holds every real quotient of
+    the box (at b = 0 itself the value is ±inf or NaN, not a real number, outside every box as
+    after an overflow)."""
+    a, b = boxes
+    excludes = (b.lo > 0) | (b.hi < 0)
+    divisor = Box(np.where(excludes, b.lo, 1.0), np.where(excludes, b.hi, 1.0))
+    quotient = out.div(a, divisor)
+    assert quotient is not None, "the divisor box excludes 0"
+    return Box(np.where(excludes, quotient.lo, -np.inf), np.where(excludes, quotient.hi, np.inf))
+
+
+@register(ops.PowOp)
+def _pow(node: NodeOp, boxes: list[Box], record: Any, out: Outward) -> Box | None:
+    """x^e for a constant e. An integer e is monotone on each side of 0, so on a box excluding
+    0 the values at its ends bound it; a box holding 0 adds 0 for an even positive e (the
+    minimum), +inf for an even negative one (the pole) and [-inf, inf] for an odd negative one.
+    A non-integer e is monotone on x >= 0, its domain: no box where a box reaches below 0.
+    The ends are stepped `ULPS` outward (libm's pow), over the float64 and the run's values."""
+    (a,) = boxes
+    e = node.meta("exponent")
+    if e == 0:
+        return Box.point(np.ones(a.shape))
+    integer = float(e).is_integer()
+    if not integer and not np.all(a.lo >= 0):
+        return None
+    ends = [reference(node, v) for v in (a.lo, a.hi)]
+    if out.dtype is not F64:
+        ends += [
+            np.asarray(reference(node, v.astype(out.dtype), dtype=out.dtype), dtype=F64)
+            for v in (a.lo, a.hi)
+        ]
+    low, high = np.minimum.reduce(ends), np.maximum.reduce(ends)
+    holds_zero = (a.lo <= 0) & (a.hi >= 0)
+    if integer and e % 2 == 0:
+        if e > 0:
+            low = np.where(holds_zero, 0.0, low)
+        else:
+            high = np.where(holds_zero, np.inf, high)
+    elif integer and e < 0:
+        low, high = np.where(holds_zero, -np.inf, low), np.where(holds_zero, np.inf, high)
+    return Box(out.down(low, ops.PowOp.ULPS), out.up(high, ops.PowOp.ULPS))
+
+
+@register(ops.LessOp)
+def _less(node: NodeOp, boxes: list[Box], record: Any, out: Outward) -> Box | None:
+    """1 where every a of its box is below every b, 0 where none is, else [0, 1] (exact)."""
+    a, b = boxes
+    surely, never = a.hi < b.lo, a.lo >= b.hi
+    return Box(np.where(surely, 1.0, 0.0), np.where(never, 0.0, 1.0))
+
+
+@register(ops.WhereOp)
+def _where(node: NodeOp, boxes: list[Box], record: Any, out: Outward) -> Box | None:
+    """a's box where the condition's box excludes 0, b's where it is the point 0, else the hull
+    of both (the value is one of them; exact)."""
+    condition, a, b = boxes
+    true = (condition.lo > 0) | (condition.hi < 0)
+    false = (condition.lo == 0) & (condition.hi == 0)
+    low = np.where(true, a.lo, np.where(false, b.lo, np.minimum(a.lo, b.lo)))
+    high = np.where(true, a.hi, np.where(false, b.hi, np.maximum(a.hi, b.hi)))
+    return Box(low, high)
+
+
+#: pad moves values and adds constants: the reference rule on lo and on hi.
+register(ops.PadOp)(_exact_monotone)
 
 
 @register(ops.SafeLogOp)

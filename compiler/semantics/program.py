@@ -36,7 +36,7 @@ from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import SSAValue
 
 from tlc.core.diagnostics import DiagnosticError, Location, error
-from tlc.core.payload import Payload
+from tlc.core.payload import Payload, source_name
 from tlc.dialect import ops as tl
 from tlc.dialect.metadata import MetadataError, check_value
 from tlc.dialect.ops import GraphOp, NodeOp, OutputOp
@@ -405,6 +405,9 @@ class GraphBuilder(Ops):
         self.emitter = GraphEmitter(self.graph.body.block, self.payload)
         #: node id -> (op tag, {payload field: parameter name}) for `Param` arguments.
         self.bound: dict[int, tuple[str, dict[str, str]]] = {}
+        #: node id -> {payload field: source name} for values that are a source model's
+        #: parameters (`tlc.core.payload.named`), which importers bind by that name.
+        self.sources: dict[int, dict[str, str]] = {}
         self.inputs: list[SSAValue] = []
         for shape in input_shapes:
             source = self.emitter.bind(tl.InputOp, [], None, tuple(shape))
@@ -432,6 +435,8 @@ class GraphBuilder(Ops):
                 self.bound.setdefault(node.id, (node.TAG, {}))[1][name] = p.name
             else:
                 arrays[name] = np.array(p, np.float64)
+                if source_name(p) is not None:
+                    self.sources.setdefault(node.id, {})[name] = source_name(p)
         parents = [a.owner for a in args]
         return self.emitter.evaluate(node, parents, arrays or None).result
 

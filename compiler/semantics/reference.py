@@ -166,6 +166,12 @@ def _broadcast(node: NodeOp, args: list[np.ndarray], record: Any, dtype: Any) ->
     return np.array(np.broadcast_to(args[0], node.meta("to")))
 
 
+@register(ops.GatherOp)
+def _gather(node: NodeOp, args: list[np.ndarray], record: Any, dtype: Any) -> np.ndarray:
+    indices = np.asarray(node.meta("indices"), dtype=np.int64)
+    return np.take(args[0], indices, axis=node.meta("axis"))
+
+
 @register(ops.ConcatOp)
 def _concat(node: NodeOp, args: list[np.ndarray], record: Any, dtype: Any) -> np.ndarray:
     return np.concatenate(args, axis=node.meta("axis"))

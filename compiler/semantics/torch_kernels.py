@@ -98,6 +98,46 @@ def _hardsigmoid(t: Any, node: NodeOp, args: list[Any], record: Any) -> Any:
     return t.clamp(args[0] * node.meta("alpha") + node.meta("beta"), 0, 1)
 
 
+register(ops.PreluOp)(
+    lambda t, node, args, record: t.where(args[0] > 0, args[0], args[0] * args[1])
+)
+
+
+register(ops.LessOp)(lambda t, node, args, record: (args[0] < args[1]).to(args[0].dtype))
+register(ops.WhereOp)(lambda t, node, args, record: t.where(args[0] != 0, args[1], args[2]))
+
+
+@register(ops.LrnOp)
+def _lrn(t: Any, node: NodeOp, args: list[Any], record: Any) -> Any:
+    """ONNX's channel window (F.local_response_norm pads size // 2 channels first, which is
+    ONNX's window for odd sizes only): the windowed mean of x² by avg_pool2d."""
+    (x,) = args
+    size, alpha, beta, k = (node.meta(f) for f in ("size", "alpha", "beta", "k"))
+    square = (x * x).reshape(x.shape[0], 1, x.shape[1], -1)
+    padded = t.nn.functional.pad(square, (0, 0, (size - 1) // 2, size // 2))
+    mean = t.nn.functional.avg_pool2d(padded, (size, 1), stride=1).reshape(x.shape)
+    return x / (k + alpha * mean) ** beta
+
+
+@register(ops.PadOp)
+def _pad(t: Any, node: NodeOp, args: list[Any], record: Any) -> Any:
+    """index_select of each axis's sources (F.pad's reflect/replicate take only the last
+    1-3 axes of batched inputs); a constant pad's positions then hold the value."""
+    y = args[0]
+    for axis in range(y.dim()):
+        sources = t.as_tensor(node.sources(axis, y.shape[axis]))
+        if len(sources) == y.shape[axis] and bool((sources == t.arange(len(sources))).all()):
+            continue
+        taken = y.index_select(axis, sources.clamp(min=0))
+        if node.meta("mode") == "constant":
+            view = [1] * y.dim()
+            view[axis] = len(sources)
+            fill = t.full((), node.meta("value"), dtype=y.dtype)
+            taken = t.where((sources >= 0).reshape(view), taken, fill)
+        y = taken
+    return y
+
+
 register(ops.SumOp)(lambda t, node, args, record: t.sum(args[0]))
 register(ops.MatmulOp)(lambda t, node, args, record: t.matmul(*args))
 register(ops.FlattenOp)(lambda t, node, args, record: args[0].reshape(-1))
@@ -142,6 +182,12 @@ def _reshape(t: Any, node: NodeOp, args: list[Any], record: Any) -> Any:
 @register(ops.BroadcastToOp)
 def _broadcast(t: Any, node: NodeOp, args: list[Any], record: Any) -> Any:
     return t.broadcast_to(args[0], node.meta("to"))
+
+
+@register(ops.GatherOp)
+def _gather(t: Any, node: NodeOp, args: list[Any], record: Any) -> Any:
+    indices = t.tensor(node.meta("indices"), dtype=t.int64, device=args[0].device)
+    return t.index_select(args[0], node.meta("axis"), indices)
 
 
 @register(ops.ConcatOp)

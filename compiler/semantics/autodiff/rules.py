@@ -210,11 +210,66 @@ def _min_partials(em: Emitter, a: Any, b: Any, y: Any) -> tuple[Any, Any]:
 
 
 binary(ops.MulElemOp, lambda em, a, b, y: (b, a))
+
+
+def _div_partials(em: Emitter, a: Any, b: Any, y: Any) -> tuple[Any, Any]:
+    """d (a / b) / da = 1 / b, d (a / b) / db = -(a / b) / b."""
+    inverse = em.unary(ops.InvOp, b)
+    return inverse, em.neg(em.mul(y, inverse))
+
+
+binary(ops.DivOp, _div_partials)
 binary(ops.MaxElemOp, _max_partials)
 binary(ops.MinElemOp, _min_partials)
 
 linear_op(ops.AddOp, lambda em, node, shapes, g: [g, g])
+
 linear_op(ops.SubOp, lambda em, node, shapes, g: [g, em.neg(g)])
+stop_gradient("piecewise constant (0 or 1): derivative 0 wherever it exists", ops.LessOp)
+
+
+@defjvp(ops.WhereOp)
+def _where_jvp(em, node, ins, out, ts, record, rt):  # type: ignore[no-untyped-def]
+    """The tangent of the value chosen (the condition, piecewise constant, carries none)."""
+    return np.where(ins[0] != 0, ts[1], ts[2])
+
+
+@defvjp(ops.WhereOp)
+def _where_vjp(em, node, ins, out, g, record):  # type: ignore[no-untyped-def]
+    """g to the value chosen at each element, 0 to the other: two wheres (exact)."""
+    zero = em.full_like(g, 0.0)
+    return [
+        None,
+        em.bind(ops.WhereOp, [ins[0], g, zero]),
+        em.bind(ops.WhereOp, [ins[0], zero, g]),
+    ], {}
+
+
+@defjvp(ops.PadOp)
+def _pad_jvp(em, node, ins, out, ts, record, rt):  # type: ignore[no-untyped-def]
+    """The same pad of the tangent, constant pads holding 0 (the value does not vary)."""
+    widths = list(zip(node.meta("before"), node.meta("after"), strict=True))
+    mode = ops.NUMPY_PAD_MODES[node.meta("mode")]
+    return np.pad(ts[0], widths, mode=mode)
+
+
+@defvjp(ops.PadOp)
+def _pad_vjp(em, node, ins, out, g, record):  # type: ignore[no-untyped-def]
+    """The transpose of the pad, axis by axis (last first): along axis a the pad is the 0/1
+    matrix P [padded, n] with P[i, source(i)] = 1, so the cotangent is g P, a `linear` with
+    weight P^T over the axis moved last (positions of a constant pad have no source and send
+    nothing back; reflected and repeated ones add up)."""
+    shape = em.shape(ins[0])
+    for axis in reversed(range(len(shape))):
+        if node.meta("before")[axis] == 0 and node.meta("after")[axis] == 0:
+            continue
+        sources = node.sources(axis, shape[axis])
+        select = np.zeros((len(sources), shape[axis]))
+        kept = sources >= 0
+        select[np.arange(len(sources))[kept], sources[kept]] = 1.0
+        last = len(shape) - 1
+        g = em.transpose(em.linear(em.transpose(g, axis, last), select.T), axis, last)
+    return [g], {}
 
 
 def _safe_log_pieces(em: Emitter, x: Any, eps: Any) -> tuple[Any, Any]:
@@ -279,6 +334,16 @@ def _concat_transpose(em: Emitter, node: NodeOp, shapes: list[Any], g: Any) -> l
     return parts
 
 
+def _gather_transpose(em: Emitter, node: NodeOp, shapes: list[Any], g: Any) -> list[Any]:
+    """Each input element receives the sum of the cotangents of the outputs it was copied to:
+    the selection matrix's transpose applied along the axis (a `linear` on the last axis)."""
+    axis, indices = node.meta("axis"), node.meta("indices")
+    last = len(shapes[0]) - 1
+    scatter = np.zeros((shapes[0][axis], len(indices)))
+    np.add.at(scatter, (np.asarray(indices, dtype=np.int64), np.arange(len(indices))), 1.0)
+    return [em.transpose(em.linear(em.transpose(g, axis, last), scatter), axis, last)]
+
+
 def _reduce_transpose(em: Emitter, node: NodeOp, shapes: list[Any], g: Any) -> list[Any]:
     return [em.unreduce(g, node.meta("axis"), shapes[0])]
 
@@ -300,6 +365,7 @@ linear_op(ops.SumOp, lambda em, node, shapes, g: [em.broadcast_to(g, shapes[0])]
 linear_op(ops.ReduceSumOp, _reduce_transpose)
 linear_op(ops.ReduceMeanOp, _mean_transpose)
 linear_op(ops.ConcatOp, _concat_transpose)
+linear_op(ops.GatherOp, _gather_transpose)
 linear_op(
     ops.AvgPoolOp,
     lambda em, node, shapes, g: [em.bind(bw.AvgPoolGradOp, [g], _pool_fields(node), shapes[0])],

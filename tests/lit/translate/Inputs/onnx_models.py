@@ -1,15 +1,12 @@
-"""Writes ONNX models for the import tests: `zoo NAME OUT` copies a zoo "light" model shipped in
-the onnx wheel (opset 9), `nhwc OUT` builds an NHWC model with a symbolic batch whose reshape
-target is computed by Shape -> Gather -> Unsqueeze -> Concat."""
+"""Writes ONNX models for the import tests: `nhwc OUT` builds an NHWC model with a symbolic
+batch whose reshape target is computed by Shape -> Gather -> Unsqueeze -> Concat, `gaps OUT` a
+model of opset 11 with two op types tl lacks (Hardmax twice, Det)."""
 
-import shutil
 import sys
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
-
-from tlc.tools.onnx_models import model_name, model_paths
 
 
 def nhwc() -> onnx.ModelProto:
@@ -35,9 +32,24 @@ def nhwc() -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
 
 
+def gaps() -> onnx.ModelProto:
+    nodes = [
+        helper.make_node("Relu", ["x"], ["r"], name="relu"),
+        helper.make_node("Hardmax", ["r"], ["h"], name="hard1"),
+        helper.make_node("Hardmax", ["h"], ["m"], name="hard2"),
+        helper.make_node("Det", ["m"], ["y"], name="det"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "gaps",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)])
+
+
 if __name__ == "__main__":
-    if sys.argv[1] == "zoo":
-        (path,) = [p for p in model_paths("light") if model_name(p) == sys.argv[2]]
-        shutil.copy(path, sys.argv[3])
+    if sys.argv[1] == "gaps":
+        onnx.save(gaps(), sys.argv[2])
     else:
         onnx.save(nhwc(), sys.argv[2])

@@ -1,0 +1,72 @@
+"""The ONNX model zoo's "light" models (inside the onnx wheel) against ONNX Runtime in float32,
+through tlc's reference interpreter and its compiled code, with the time each step takes.
+
+    python bench/zoo.py [--model NAME ...] [--no-compile]
+
+Each model's stored weight shapes are filled with random values (`tlc.tools.onnx_models.
+fill_weights`), ONNX Runtime runs the filled model on a random input (float32), and tlc imports
+it (`tlc.from_onnx`), evaluates it by the reference denotation in float32 and JIT-compiles it in
+float32 (`tlc.compile`; payloads over 16 MiB passed by pointer). Errors are the largest absolute
+difference from ONNX Runtime's output, also relative to its largest magnitude. A row per model:
+
+    | model | params | import s | reference f32 error | compile s | compiled f32 error | run ms |
+
+The tolerance docs/onnx-models.md states is ONNX's backend-test one, rtol 1e-3 and atol 1e-7
+per element; the relative figures here are far inside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+import onnx
+
+import tlc
+from tlc.semantics.interpret import interpret
+from tlc.tools.onnx_models import _light_data, fill_weights, model_name, model_paths
+
+
+def measure(path: str, compile_it: bool) -> str:
+    model = fill_weights(onnx.load(path))
+    (x,), (expected,) = _light_data(model)
+    params = sum(int(np.prod(t.dims)) for t in model.graph.initializer)
+    start = time.perf_counter()
+    traced = tlc.from_onnx(model)
+    imported = time.perf_counter() - start
+    scale = float(np.max(np.abs(expected)))
+
+    def error(got: np.ndarray) -> str:
+        e = float(np.max(np.abs(np.asarray(got, np.float64) - expected)))
+        return f"{e:.1e} ({e / scale:.1e} rel.)"
+
+    ref = interpret(traced.graph, traced.payload, x, np.float32).output
+    row = f"| {model_name(path)} | {params / 1e6:.1f} M | {imported:.1f} | {error(ref)} |"
+    if not compile_it:
+        return row + " - | - | - |"
+    start = time.perf_counter()
+    fn = tlc.compile(traced.module, traced.payload, dtype="f32")
+    compiled = time.perf_counter() - start
+    start = time.perf_counter()
+    got = fn(x)
+    ran = time.perf_counter() - start
+    return row + f" {compiled:.1f} | {error(got)} | {ran * 1e3:.0f} |"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", nargs="*", help="names (default: all nine)")
+    parser.add_argument("--no-compile", action="store_true")
+    args = parser.parse_args()
+    print("| model | params | import s | reference f32 error | compile s | compiled f32 error "
+          "| run ms |")  # fmt: skip
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for path in model_paths("light"):
+        if args.model and model_name(path) not in args.model:
+            continue
+        print(measure(path, not args.no_compile), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,397 @@
+"""The execution plan of a compiled graph: how each node runs and where its value lives.
+
+Decided at compile time from the shapes alone, before any IR is emitted:
+
+- **How a node runs.** A view (input, const, reshape, ...) computes nothing. Any other node is
+  either one call of its kernel (`Kernel`: the node and the shapes one call sees) or a region
+  of tasks over leading rows (`Rows`): task t computes rows [t*chunk, (t+1)*chunk) of the value
+  from the same rows of the parents that have them (`arg_rows`) and the whole of those that do
+  not (shared operands, scalars). A node is split into rows when its leading axis is
+  independent (`leading_rows`) and it has enough work to be worth threads (`PARALLEL_WORK`).
+  The tasks are fixed here, never by the thread count at run time, so results are identical
+  for any number of threads: a worker only chooses which task it runs.
+- **Batch as a loop dimension** (`batch=N`). Every value that depends on the input gains a
+  leading axis of N. A node whose kernel computes each leading row on its own given that axis
+  (`batched_node`: elementwise maps, linear, convolution, pooling, batch norm, softmax, layer
+  norm, matmul; for some with its axis metadata shifted by one) is one kernel over the batch,
+  so a linear over N rows is one matrix product with M = N, split into row chunks only for
+  threads; any other node runs its single-example kernel once per row, as tasks. Values that do
+  not depend on the input (constants) are computed once, without the axis.
+- **Memory.** The output node writes the caller's `out`. Every other computed value, and the
+  scratch of every node that runs as one call, gets a region of one arena, assigned by liveness:
+  a value lives from its node to the last node that reads it (through views of it, which alias
+  it), and regions whose lifetimes do not overlap share memory (placed greedily by size, largest
+  first, at the lowest offset free during the whole lifetime). An elementwise map
+  (`lower.IN_PLACE`) overwrites its input when the input dies at the node and has the same size.
+  Scratch of row regions is per worker (`worker_scratch` elements each, after the arena), since
+  tasks run at once.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from tlc.codegen.lower import IN_PLACE, LOWERINGS
+from tlc.dialect import ops
+from tlc.dialect.families import AxisOp, BinaryOp, PoolOp, UnaryOp
+from tlc.dialect.ops import GraphOp, NodeOp
+from tlc.dialect.shapes import Shape, numel
+
+#: Arena regions start on 64-byte boundaries (one AVX-512 vector).
+ALIGN = 64
+#: Estimated work (about one unit per flop or element moved) below which a node stays one
+#: call: waking the pool costs microseconds, more than such a node takes on one core.
+PARALLEL_WORK = 1 << 20
+#: Tasks a node with enough work is split into (independent of the thread count, so results
+#: do not depend on it; enough to balance 2-4 threads).
+TASKS = 8
+#: Fewest rows of a linear's matrix product per task: fewer would leave the register tiles of
+#: the matrix kernels mostly empty.
+MATRIX_ROWS = 16
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One call of a node's kernel: the node (its axis metadata shifted where a batch axis was
+    added) and the shapes of its operands and result in that call."""
+
+    node: NodeOp
+    arg_shapes: tuple[Shape, ...]
+    out_shape: Shape
+
+
+@dataclass(frozen=True)
+class Rows:
+    """A node run as tasks over `rows` leading rows, `chunk` per task (the last may have
+    fewer, computed by `last`)."""
+
+    rows: int
+    chunk: int
+    #: Elements per row of each operand; 0 for an operand every task reads whole.
+    arg_rows: tuple[int, ...]
+    out_row: int
+    full: Kernel
+    last: Kernel | None
+    #: Whether the tasks are worth threads (else they run on the calling thread).
+    parallel: bool
+
+    @property
+    def tasks(self) -> int:
+        return -(-self.rows // self.chunk)
+
+
+@dataclass
+class NodePlan:
+    node: NodeOp
+    #: The value's shape in this build (with the batch axis when `batched`).
+    shape: Shape
+    batched: bool
+    view: bool
+    kernel: Kernel | None = None
+    rows: Rows | None = None
+    #: Arena offset (elements) of the value; None for views and the output node.
+    offset: int | None = None
+    #: The value overwrites its input's region (kernel compiled without `noalias` on out).
+    in_place: bool = False
+    #: Scratch elements one kernel call needs, and where (arena offset; row regions use the
+    #: per-worker scratch instead).
+    scratch: int = 0
+    scratch_offset: int | None = None
+    #: The elementwise node this node's kernel applies as it stores (`module.fusions`), whose
+    #: value it writes; on that node, the producer (the node is then a view of it).
+    epilogue: NodeOp | None = None
+    fused_into: int | None = None
+
+
+@dataclass
+class GraphPlan:
+    nodes: list[NodePlan]
+    #: Elements of the shared arena (values and one-call scratch, reused by liveness).
+    arena: int
+    #: Elements of scratch per worker, and the most workers a region can use.
+    worker_scratch: int
+    max_workers: int
+    #: Elements the same values and scratch would take without reuse (one region each).
+    unshared: int
+    #: The node that writes the caller's `out`: the output node, or the producer it is fused
+    #: into.
+    writer: int
+    itemsize: int = field(default=8)
+
+    @property
+    def arena_bytes(self) -> int:
+        return self.arena * self.itemsize
+
+    @property
+    def unshared_bytes(self) -> int:
+        return self.unshared * self.itemsize
+
+
+def aligned(elements: int, itemsize: int) -> int:
+    """`elements` rounded up so the next region starts on an ALIGN boundary."""
+    return -(-max(elements, 1) * itemsize // ALIGN) * ALIGN // itemsize
+
+
+def work(node: NodeOp, args: list[Shape], out: Shape) -> int:
+    """About how many flops (or elements moved) one kernel call does."""
+    if isinstance(node, ops.LinearOp):
+        return 2 * numel(out) * args[0][-1]
+    if isinstance(node, ops.MatmulOp):
+        return 2 * numel(out) * args[0][-1]
+    if isinstance(node, ops.ConvOp):
+        m = node.metadata()
+        return 2 * numel(out) * m["in_channels"] // m["groups"] * math.prod(m["kernel"])
+    if isinstance(node, PoolOp):
+        return numel(out) * math.prod(node.meta("kernel"))
+    return numel(out) + sum(numel(a) for a in args)
+
+
+def leading_rows(node: NodeOp, args: list[Shape], out: Shape) -> bool:
+    """Whether row r of the node's value (along axis 0) depends only on row r of its operands
+    of the same leading extent (and on whole operands of size 1), so it can be computed in
+    slices of rows by the same kernel."""
+    if not out or any(not (_sliced(a, out) or numel(a) == 1) for a in args):
+        return False
+    if isinstance(node, UnaryOp | BinaryOp | ops.SafeLogOp) or type(node) in IN_PLACE:
+        return True
+    if isinstance(node, ops.LinearOp | ops.MatmulOp):
+        return len(out) >= (2 if isinstance(node, ops.LinearOp) else 3)
+    if isinstance(node, ops.ConvOp | ops.BatchNormEvalOp):
+        return node.meta("channel_axis") >= 1
+    if isinstance(node, PoolOp):
+        return len(out) > len(node.meta("kernel"))
+    if isinstance(node, AxisOp | ops.LayernormOp):
+        return node.meta("axis") >= 1
+    return False
+
+
+def _sliced(arg: Shape, out: Shape) -> bool:
+    return len(arg) == len(out) and arg[:1] == out[:1]
+
+
+def batched_node(node: NodeOp, batched: list[bool], args: list[Shape]) -> NodeOp | None:
+    """The node whose kernel, given the operands marked `batched` with a new leading axis,
+    computes the single-example node for every row of it (None: run it once per row)."""
+    if not any(batched):
+        return None
+    if isinstance(node, UnaryOp | BinaryOp | ops.SafeLogOp) or type(node) in IN_PLACE:
+        ok = all(b or numel(a) == 1 for a, b in zip(args, batched, strict=True))
+        return node if ok else None
+    if not all(batched):
+        return None
+    if isinstance(node, ops.LinearOp | PoolOp | ops.MatmulOp):
+        return node
+    if isinstance(node, ops.ConvOp | ops.BatchNormEvalOp):
+        return _shifted(node, "channel_axis")
+    if isinstance(node, AxisOp | ops.LayernormOp):
+        return _shifted(node, "axis")
+    return None
+
+
+def _shifted(node: NodeOp, name: str) -> NodeOp:
+    fields = node.metadata()
+    fields[name] += 1
+    return type(node)(node.id, [], None, fields)
+
+
+def _with_rows(shape: Shape, rows: int) -> Shape:
+    return (rows, *shape[1:])
+
+
+def plan_graph(
+    graph: GraphOp,
+    shapes: list[Shape],
+    itemsize: int,
+    batch: int | None = None,
+    fused: dict[int, NodeOp] | None = None,
+) -> GraphPlan:
+    """The plan of `graph` (see the module docstring); `shapes` are the single-example shapes,
+    `fused` maps a producer's id to the elementwise node fused into its kernel's stores."""
+    output = graph.output
+    assert output is not None
+    out_id = output.value.owner.id  # type: ignore[union-attr]
+    fused = fused or {}
+    fused_into = {e.id: producer for producer, e in fused.items()}
+    writer = fused_into.get(out_id, out_id)
+    plans: list[NodePlan] = []
+    for node in graph.nodes:
+        parents = node.parent_ids()
+        lowering = LOWERINGS[type(node)]
+        is_batched = batch is not None and (
+            isinstance(node, ops.InputOp) or any(plans[p].batched for p in parents)
+        )
+        shape = (batch, *shapes[node.id]) if is_batched else shapes[node.id]
+        folded = fused_into.get(node.id)
+        p = NodePlan(node, shape, is_batched, lowering.view or folded is not None,
+                     epilogue=fused.get(node.id), fused_into=folded)  # fmt: skip
+        if not p.view:
+            _choose_kernel(p, [plans[q] for q in parents], shapes, batch)
+        plans.append(p)
+    arena, unshared = _assign_memory(plans, writer, itemsize)
+    worker = max((p.scratch for p in plans if p.rows is not None), default=0)
+    workers = max((p.rows.tasks for p in plans if p.rows and p.rows.parallel), default=1)
+    return GraphPlan(plans, arena, aligned(worker, itemsize) if worker else 0, workers, unshared,
+                     writer, itemsize)  # fmt: skip
+
+
+def _choose_kernel(p: NodePlan, parents: list[NodePlan], shapes: list[Shape], batch: int | None):
+    node = p.node
+    single = [shapes[q.node.id] for q in parents]
+    args = [q.shape for q in parents]
+    if p.batched:
+        assert batch is not None
+        flags = [q.batched for q in parents]
+        fused = batched_node(node, flags, single)
+        row_sizes = tuple(numel(s) if b else 0 for s, b in zip(single, flags, strict=True))
+        if fused is not None:
+
+            def kernel(c: int) -> Kernel:
+                return Kernel(fused, tuple((c, *s) if b else s for s, b in zip(single, flags,
+                              strict=True)), (c, *shapes[node.id]))  # fmt: skip
+
+            total = work(fused, list(kernel(batch).arg_shapes), p.shape)
+            _set_rows(p, batch, row_sizes, numel(shapes[node.id]), kernel, total)
+        else:
+            one = Kernel(node, tuple(single), shapes[node.id])
+            total = batch * work(node, single, shapes[node.id])
+            if batch == 1:
+                p.kernel = one
+            else:
+                p.rows = Rows(batch, 1, row_sizes, numel(shapes[node.id]), one, None,
+                              total >= PARALLEL_WORK)  # fmt: skip
+    elif leading_rows(node, args, p.shape) and p.shape[0] > 1:
+        rows = p.shape[0]
+        sliced = [_sliced(a, p.shape) for a in args]
+
+        def kernel(c: int) -> Kernel:
+            shaped = tuple(_with_rows(a, c) if s else a for a, s in zip(args, sliced, strict=True))
+            return Kernel(node, shaped, _with_rows(p.shape, c))
+
+        row_sizes = tuple(numel(a) // rows if s else 0 for a, s in zip(args, sliced, strict=True))
+        _set_rows(p, rows, row_sizes, numel(p.shape) // rows, kernel, work(node, args, p.shape))
+    else:
+        p.kernel = Kernel(node, tuple(args), p.shape)
+    kernels = [p.kernel] if p.kernel else [k for k in (p.rows.full, p.rows.last) if k]
+    lowering = LOWERINGS[type(node)]
+    if lowering.uses_scratch:  # at least one element: an empty one is still a buffer
+        p.scratch = max(
+            max(lowering.scratch(k.node, list(k.arg_shapes), k.out_shape) for k in kernels), 1
+        )
+
+
+def _set_rows(p: NodePlan, rows: int, arg_rows: tuple[int, ...], out_row: int, kernel, total: int):
+    """One call when the work is small, else about TASKS chunks of rows (of a linear, at least
+    MATRIX_ROWS each; of a node with payload fields, all of equal size)."""
+    if total < PARALLEL_WORK or rows < 2:
+        p.kernel = kernel(rows)
+        return
+    chunk = -(-rows // TASKS)
+    if isinstance(p.node, ops.LinearOp):  # its rows are the M rows of one matrix product
+        chunk = max(chunk, MATRIX_ROWS)
+    if LOWERINGS[type(p.node)].params(p.node, list(kernel(rows).arg_shapes), p.shape):
+        # Payload fields are laid out once for the kernel's shapes (packed panels may depend
+        # on the rows), so every task must have the same rows: a chunk dividing them.
+        while chunk < rows and rows % chunk:
+            chunk += 1
+    if chunk >= rows:
+        p.kernel = kernel(rows)
+        return
+    tail = rows % chunk
+    p.rows = Rows(rows, chunk, arg_rows, out_row, kernel(chunk), kernel(tail) if tail else None,
+                  True)  # fmt: skip
+
+
+@dataclass
+class _Region:
+    start: int
+    end: int
+    size: int
+    offset: int = 0
+
+
+def _assign_memory(plans: list[NodePlan], out_id: int, itemsize: int) -> tuple[int, int]:
+    """Arena offsets by liveness (see the module docstring); returns (arena, unshared) sizes.
+    `out_id` is the node writing `out` (a fused epilogue is a view of its producer)."""
+    n = len(plans)
+    root: list[int | None] = []
+    for p in plans:
+        if p.view:
+            parents = p.node.parent_ids()
+            root.append(root[parents[0]] if parents else None)
+        else:
+            root.append(p.node.id if p.node.id != out_id else None)
+    last = list(range(n))
+    for p in plans:
+        for q in p.node.parent_ids():
+            r = root[q]
+            if r is not None:
+                last[r] = max(last[r], p.node.id)
+    if root[out_id] is not None:  # the output is a view of a computed value: copied at the end
+        last[root[out_id]] = n  # type: ignore[index]
+    regions: dict[int, _Region] = {}
+    scratch: list[tuple[NodePlan, _Region]] = []
+    unshared = 0
+    for p in plans:
+        i = p.node.id
+        if root[i] == i:
+            size = aligned(numel(p.shape), itemsize)
+            unshared += size
+            shared = _in_place_source(p, plans, root, last)
+            if shared is not None:
+                region = regions[shared]
+                region.end = max(region.end, last[i])
+                regions[i] = region
+                p.in_place = True
+            else:
+                regions[i] = _Region(i, last[i], size)
+        if p.scratch and p.rows is None:
+            region = _Region(i, i, aligned(p.scratch, itemsize))
+            unshared += region.size
+            scratch.append((p, region))
+    distinct = list({id(r): r for r in regions.values()}.values()) + [r for _, r in scratch]
+    arena = _place(distinct)
+    for i, region in regions.items():
+        plans[i].offset = region.offset
+    for p, region in scratch:
+        p.scratch_offset = region.offset
+    return arena, unshared
+
+
+def _in_place_source(
+    p: NodePlan, plans: list[NodePlan], root: list[int | None], last: list[int]
+) -> int | None:
+    """The region an elementwise node may overwrite: an operand's, dying here, of equal size
+    (and, for row tasks, sliced the same way)."""
+    if type(p.node) not in IN_PLACE:
+        return None
+    for j, q in enumerate(p.node.parent_ids()):
+        r = root[q]
+        if r is None or last[r] != p.node.id or numel(plans[q].shape) != numel(p.shape):
+            continue
+        if p.rows is not None and p.rows.arg_rows[j] != p.rows.out_row:
+            continue
+        return r
+    return None
+
+
+def _place(regions: list[_Region]) -> int:
+    """Offsets for `regions` such that regions alive at the same time never overlap: largest
+    first, each at the lowest offset free over its lifetime. Returns the arena size."""
+    placed: list[_Region] = []
+    top = 0
+    for region in sorted(regions, key=lambda r: (-r.size, r.start)):
+        busy = sorted(
+            (o.offset, o.offset + o.size)
+            for o in placed
+            if o.start <= region.end and region.start <= o.end
+        )
+        offset = 0
+        for lo, hi in busy:
+            if offset + region.size <= lo:
+                break
+            offset = max(offset, hi)
+        region.offset = offset
+        top = max(top, offset + region.size)
+        placed.append(region)
+    return top

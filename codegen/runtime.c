@@ -1,0 +1,290 @@
+/* The runtime of tlc-compiled code: a thread pool, the thread-count setting and a cache of
+ * workspace arenas. Compiled into every library tlc-compile writes (its internal functions
+ * hidden, so two libraries in one process each keep their own pool), and built once as a
+ * helper shared object for the JIT (TLC_RT_EXPORT: every function visible). docs/codegen.md
+ * ("Threads and memory") describes how generated code uses it.
+ *
+ * State, all of it here, each piece behind its own mutex:
+ *   - the thread count new calls use (tlc_set_num_threads; default: the CPUs this process may
+ *     run on);
+ *   - the pool: worker threads created on the first parallel region that needs them, and the
+ *     one region they run at a time (a region started while another runs, e.g. by a second
+ *     calling thread, runs on its caller alone: same results, no waiting);
+ *   - the arena cache: workspace blocks returned by finished calls, handed to the next call
+ *     that fits, so a graph's workspace is allocated (and page-faulted) once, not per call.
+ *     Concurrent calls take different blocks, so the cache holds at most as many as calls ever
+ *     ran at once.
+ * Results never depend on the thread count: a region's tasks are fixed by the compiled code,
+ * each writes its own part of the output, and a worker only chooses which task it runs. */
+
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <sched.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#ifdef TLC_RT_EXPORT
+#define RT __attribute__((visibility("default")))
+#else
+#define RT __attribute__((visibility("hidden")))
+#endif
+
+typedef int32_t (*tlc_task)(void *ctx, int64_t index, int64_t worker);
+
+/* -- the thread count ------------------------------------------------------------------------ */
+
+static pthread_mutex_t setting_lock = PTHREAD_MUTEX_INITIALIZER;
+static int32_t setting; /* 0: not chosen yet */
+
+static int32_t available_cpus(void) {
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0)
+        return CPU_COUNT(&set);
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int32_t)n : 1;
+}
+
+/* Threads a call uses: n >= 1 sets the count, n <= 0 restores the default (every CPU this
+ * process may run on). Returns the count now in force. */
+int tlc_set_num_threads(int n) {
+    pthread_mutex_lock(&setting_lock);
+    int32_t now = n >= 1 ? n : available_cpus();
+    __atomic_store_n(&setting, now, __ATOMIC_RELAXED);
+    pthread_mutex_unlock(&setting_lock);
+    return now;
+}
+
+/* Read on every call of an entry point: a plain atomic load once the count is known. */
+int tlc_get_num_threads(void) {
+    int32_t now = __atomic_load_n(&setting, __ATOMIC_RELAXED);
+    if (now > 0) return now;
+    pthread_mutex_lock(&setting_lock);
+    if (setting == 0) __atomic_store_n(&setting, available_cpus(), __ATOMIC_RELAXED);
+    now = setting;
+    pthread_mutex_unlock(&setting_lock);
+    return now;
+}
+
+RT int32_t tlc_rt_threads(void) { return tlc_get_num_threads(); }
+
+/* -- the pool -------------------------------------------------------------------------------- */
+
+static pthread_mutex_t region_lock = PTHREAD_MUTEX_INITIALIZER; /* one region at a time */
+static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER;   /* guards the fields below */
+static pthread_cond_t wake = PTHREAD_COND_INITIALIZER;
+static pthread_cond_t idle = PTHREAD_COND_INITIALIZER;
+static pthread_t *workers;
+static int64_t n_workers;
+static int64_t generation; /* bumped for every region the workers join */
+static int stopping;
+/* The region running: task(ctx, i, worker) for i < count, by workers 0 .. helpers. */
+static tlc_task job_task;
+static void *job_ctx;
+static int64_t job_count;
+static int64_t job_helpers;  /* pool workers taking part (worker ids 1 .. job_helpers) */
+static int64_t job_pending;  /* helpers not finished yet */
+static int64_t job_next;     /* next task index (atomic) */
+static int64_t job_failed;   /* lowest failing task index, or job_count */
+static int32_t job_status;   /* its status */
+
+static void record_failure(int64_t index, int32_t status) {
+    pthread_mutex_lock(&pool_lock);
+    if (index < job_failed) {
+        job_failed = index;
+        job_status = status;
+    }
+    pthread_mutex_unlock(&pool_lock);
+}
+
+static void run_tasks(int64_t worker) {
+    for (;;) {
+        int64_t i = __atomic_fetch_add(&job_next, 1, __ATOMIC_RELAXED);
+        if (i >= job_count) return;
+        int32_t status = job_task(job_ctx, i, worker);
+        if (status != 0) record_failure(i, status);
+    }
+}
+
+/* Iterations a worker (or the caller, waiting for the workers) polls before it sleeps on a
+ * condition variable: consecutive regions of one call follow each other within microseconds,
+ * and a futex wake-up costs more than that. */
+#define SPINS 4000
+
+static void pause_briefly(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
+static void *worker_main(void *arg) {
+    int64_t id = (int64_t)(intptr_t)arg;
+    /* Created for the region being posted: it joins that one first. */
+    int64_t seen = -1;
+    pthread_mutex_lock(&pool_lock);
+    for (;;) {
+        if (generation == seen && !stopping) {
+            pthread_mutex_unlock(&pool_lock);
+            for (int i = 0; i < SPINS && __atomic_load_n(&generation, __ATOMIC_RELAXED) == seen;
+                 i++)
+                pause_briefly();
+            pthread_mutex_lock(&pool_lock);
+        }
+        while (generation == seen && !stopping) pthread_cond_wait(&wake, &pool_lock);
+        if (stopping) break;
+        seen = generation;
+        if (id > job_helpers) continue;
+        pthread_mutex_unlock(&pool_lock);
+        run_tasks(id);
+        pthread_mutex_lock(&pool_lock);
+        if (__atomic_sub_fetch(&job_pending, 1, __ATOMIC_RELEASE) == 0) pthread_cond_signal(&idle);
+    }
+    pthread_mutex_unlock(&pool_lock);
+    return NULL;
+}
+
+/* Grow the pool to `wanted` workers (pool_lock held); returns how many there are. */
+static int64_t grow_pool(int64_t wanted) {
+    if (wanted <= n_workers) return n_workers;
+    pthread_t *grown = realloc(workers, (size_t)wanted * sizeof *grown);
+    if (grown == NULL) return n_workers;
+    workers = grown;
+    while (n_workers < wanted) {
+        if (pthread_create(&workers[n_workers], NULL, worker_main,
+                           (void *)(intptr_t)(n_workers + 1)) != 0)
+            break;
+        n_workers++;
+    }
+    return n_workers;
+}
+
+static int32_t run_serially(tlc_task task, void *ctx, int64_t count) {
+    for (int64_t i = 0; i < count; i++) {
+        int32_t status = task(ctx, i, 0);
+        if (status != 0) {
+            /* The lowest failing index, as in a parallel run: run the rest, report this one. */
+            for (int64_t j = i + 1; j < count; j++) task(ctx, j, 0);
+            return status;
+        }
+    }
+    return 0;
+}
+
+/* Run task(ctx, i, worker) for every i < count on at most `threads` threads (worker ids
+ * 0 .. threads-1, the caller being 0); returns the status of the lowest failing index, or 0. */
+RT int32_t tlc_rt_parallel(tlc_task task, void *ctx, int64_t count, int32_t threads) {
+    int64_t helpers = (threads < count ? threads : count) - 1;
+    if (helpers <= 0 || pthread_mutex_trylock(&region_lock) != 0)
+        return run_serially(task, ctx, count);
+    pthread_mutex_lock(&pool_lock);
+    helpers = grow_pool(helpers) < helpers ? n_workers : helpers;
+    job_task = task;
+    job_ctx = ctx;
+    job_count = count;
+    job_helpers = helpers;
+    job_pending = helpers;
+    job_failed = count;
+    job_status = 0;
+    __atomic_store_n(&job_next, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&generation, generation + 1, __ATOMIC_RELEASE);
+    pthread_cond_broadcast(&wake);
+    pthread_mutex_unlock(&pool_lock);
+    run_tasks(0);
+    for (int i = 0; i < SPINS && __atomic_load_n(&job_pending, __ATOMIC_ACQUIRE) > 0; i++)
+        pause_briefly();
+    pthread_mutex_lock(&pool_lock);
+    while (job_pending > 0) pthread_cond_wait(&idle, &pool_lock);
+    int32_t status = job_status;
+    pthread_mutex_unlock(&pool_lock);
+    pthread_mutex_unlock(&region_lock);
+    return status;
+}
+
+/* -- the arena cache ------------------------------------------------------------------------- */
+
+#define ARENA_ALIGN 64
+
+typedef struct block {
+    struct block *next;
+    int64_t bytes; /* usable bytes after the header */
+} block;
+
+static pthread_mutex_t arena_lock = PTHREAD_MUTEX_INITIALIZER;
+static block *free_blocks;
+
+/* A workspace of at least `bytes` bytes, 64-byte aligned: a cached block that fits, else a
+ * new one (a cached block too small to serve is freed first, so the cache does not grow with
+ * every larger graph). NULL when memory is exhausted. */
+RT void *tlc_rt_acquire(int64_t bytes) {
+    pthread_mutex_lock(&arena_lock);
+    block **best = NULL, **smallest = NULL;
+    for (block **p = &free_blocks; *p != NULL; p = &(*p)->next) {
+        if ((*p)->bytes >= bytes && (best == NULL || (*p)->bytes < (*best)->bytes)) best = p;
+        if (smallest == NULL || (*p)->bytes < (*smallest)->bytes) smallest = p;
+    }
+    block *found = NULL, *drop = NULL;
+    if (best != NULL) {
+        found = *best;
+        *best = found->next;
+    } else if (smallest != NULL) {
+        drop = *smallest;
+        *smallest = drop->next;
+    }
+    pthread_mutex_unlock(&arena_lock);
+    free(drop);
+    if (found == NULL) {
+        void *raw = NULL;
+        if (bytes < 0 || posix_memalign(&raw, ARENA_ALIGN, ARENA_ALIGN + (size_t)bytes) != 0)
+            return NULL;
+        found = raw;
+        found->bytes = bytes;
+    }
+    return (char *)found + ARENA_ALIGN;
+}
+
+/* Give a workspace from tlc_rt_acquire back to the cache. */
+RT void tlc_rt_release(void *memory) {
+    block *b = (block *)((char *)memory - ARENA_ALIGN);
+    pthread_mutex_lock(&arena_lock);
+    b->next = free_blocks;
+    free_blocks = b;
+    pthread_mutex_unlock(&arena_lock);
+}
+
+/* -- process events -------------------------------------------------------------------------- */
+
+/* A forked child has none of the parent's worker threads: start from an empty pool (the locks
+ * are re-initialised, since another thread of the parent may have held one at the fork). */
+static void after_fork_in_child(void) {
+    pthread_mutex_init(&region_lock, NULL);
+    pthread_mutex_init(&pool_lock, NULL);
+    pthread_mutex_init(&arena_lock, NULL);
+    pthread_mutex_init(&setting_lock, NULL);
+    pthread_cond_init(&wake, NULL);
+    pthread_cond_init(&idle, NULL);
+    free(workers);
+    workers = NULL;
+    n_workers = 0;
+}
+
+__attribute__((constructor)) static void loaded(void) {
+    pthread_atfork(NULL, NULL, after_fork_in_child);
+}
+
+/* Unloading (dlclose, exit) stops the workers before their code goes away and frees the
+ * cached arenas. */
+__attribute__((destructor)) static void unloaded(void) {
+    pthread_mutex_lock(&pool_lock);
+    stopping = 1;
+    pthread_cond_broadcast(&wake);
+    pthread_mutex_unlock(&pool_lock);
+    for (int64_t i = 0; i < n_workers; i++) pthread_join(workers[i], NULL);
+    free(workers);
+    workers = NULL;
+    n_workers = 0;
+    for (block *b = free_blocks, *next; b != NULL; b = next) {
+        next = b->next;
+        free(b);
+    }
+    free_blocks = NULL;
+}

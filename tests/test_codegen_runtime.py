@@ -1,0 +1,401 @@
+"""The runtime of compiled code: memory plan, row tasks on the thread pool, batch as a kernel
+dimension, the workspace cache, and the JIT's runtime helper in its private cache."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import stat
+import threading
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tlc
+from tlc.api.evaluate import checked_graph
+from tlc.codegen import runtime
+from tlc.codegen.jit import compile_graph
+from tlc.codegen.module import build_graph_module
+from tlc.codegen.plan import PARALLEL_WORK
+from tlc.codegen.shared_lib import build_library
+from tlc.core.payload import Payload
+from tlc.dialect.payload_section import payload_from_module
+from tlc.semantics.interpret import EvalError, interpret
+
+needs_cc = pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler")
+
+
+def wide_mlp(batch: int, rng: np.random.Generator) -> tuple[str, Payload]:
+    sizes = [256, 512, 256, 10]
+    lines, payload, nid = [f"  %0 = input : [{batch}, 256]"], Payload(), 0
+    for i, (n_in, n_out) in enumerate(zip(sizes, sizes[1:], strict=False)):
+        lines.append(f"  %{nid + 1} = linear(%{nid}) : [{batch}, {n_out}]")
+        payload.records[nid + 1] = {
+            "weight": rng.normal(size=(n_out, n_in)) / np.sqrt(n_in),
+            "bias": rng.normal(size=n_out),
+        }
+        nid += 1
+        if i < 2:
+            lines.append(f"  %{nid + 1} = relu(%{nid}) : [{batch}, {n_out}]")
+            nid += 1
+    return "tl.graph @wide {\n" + "\n".join(lines) + f"\n  output %{nid}\n}}\n", payload
+
+
+def conv_fields(cin: int, cout: int, stride: int = 1) -> str:
+    return (f"{{kernel = [3, 3], stride = [{stride}, {stride}], padding = [1, 1], "
+            f"channel_axis = 1, in_channels = {cin}, out_channels = {cout}}}")  # fmt: skip
+
+
+def residual_cnn(n: int, rng: np.random.Generator) -> tuple[str, Payload]:
+    """A resnet-shaped graph: a stem, two residual blocks (the skip keeps a value alive across
+    the block), a strided convolution, pooling, a linear head."""
+    c, s = 16, 16
+    text = f"""tl.graph @res {{
+  %0 = input : [{n}, 3, {s}, {s}]
+  %1 = conv(%0) {conv_fields(3, c)} : [{n}, {c}, {s}, {s}]
+  %2 = relu(%1) : [{n}, {c}, {s}, {s}]
+  %3 = conv(%2) {conv_fields(c, c)} : [{n}, {c}, {s}, {s}]
+  %4 = batch_norm_eval(%3) {{channel_axis = 1, channels = {c}}} : [{n}, {c}, {s}, {s}]
+  %5 = relu(%4) : [{n}, {c}, {s}, {s}]
+  %6 = conv(%5) {conv_fields(c, c)} : [{n}, {c}, {s}, {s}]
+  %7 = add(%6, %2) : [{n}, {c}, {s}, {s}]
+  %8 = relu(%7) : [{n}, {c}, {s}, {s}]
+  %9 = conv(%8) {conv_fields(c, c)} : [{n}, {c}, {s}, {s}]
+  %10 = relu(%9) : [{n}, {c}, {s}, {s}]
+  %11 = conv(%10) {conv_fields(c, c)} : [{n}, {c}, {s}, {s}]
+  %12 = add(%11, %8) : [{n}, {c}, {s}, {s}]
+  %13 = relu(%12) : [{n}, {c}, {s}, {s}]
+  %14 = conv(%13) {conv_fields(c, 2 * c, 2)} : [{n}, {2 * c}, {s // 2}, {s // 2}]
+  %15 = max_pool(%14) {{kernel = [2, 2]}} : [{n}, {2 * c}, {s // 4}, {s // 4}]
+  %16 = reshape(%15) {{from = [{n}, {2 * c}, {s // 4}, {s // 4}], to = [{n}, {2 * c * s * s // 16}]}} : [{n}, {2 * c * s * s // 16}]
+  %17 = linear(%16) : [{n}, 10]
+  %18 = softmax(%17) {{axis = 1}} : [{n}, 10]
+  output %18
+}}
+"""  # noqa: E501
+    payload = Payload()
+    for node, (cin, cout) in {1: (3, c), 3: (c, c), 6: (c, c), 9: (c, c), 11: (c, c),
+                              14: (c, 2 * c)}.items():  # fmt: skip
+        payload.records[node] = {
+            "weight": rng.normal(size=(cout, cin, 3, 3)) / np.sqrt(9 * cin),
+            "bias": rng.normal(size=cout) * 0.1,
+        }
+    payload.records[4] = {
+        "gamma": rng.uniform(0.5, 1.5, c),
+        "beta": rng.normal(size=c) * 0.1,
+        "mean": rng.normal(size=c) * 0.1,
+        "var": rng.uniform(0.5, 1.5, c),
+    }
+    payload.records[17] = {"weight": rng.normal(size=(10, 2 * c * s * s // 16)) * 0.05}
+    return text, payload
+
+
+def graph_of(text: str):
+    return checked_graph(tlc.parse(text))
+
+
+def test_the_plan_reuses_memory_by_liveness() -> None:
+    text, payload = residual_cnn(4, np.random.default_rng(0))
+    plan = build_graph_module(graph_of(text), payload, np.float32).plan
+    assert plan is not None and plan.arena < plan.unshared / 2
+    nodes = plan.nodes
+    # relu overwrites the conv it follows when nothing else reads it...
+    assert nodes[5].in_place and nodes[5].offset == nodes[4].offset
+    # ...and the residual add overwrites one of its operands, both dying there; but no node
+    # of the block takes the region of %2, the skip the add still reads.
+    assert nodes[7].in_place and nodes[7].offset in (nodes[6].offset, nodes[2].offset)
+    live = {2: range(2, 8), 6: range(6, 8)}
+    for a, span in live.items():
+        for b in span:
+            if b != a and nodes[b].offset is not None and not nodes[b].in_place:
+                assert nodes[b].offset != nodes[a].offset, (a, b)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32], ids=["f64", "f32"])
+def test_a_planned_residual_graph_matches_the_reference(dtype: type) -> None:
+    rng = np.random.default_rng(1)
+    text, payload = residual_cnn(4, rng)
+    graph = graph_of(text)
+    x = rng.normal(size=(4, 3, 16, 16)).astype(dtype)
+    expected = interpret(graph, payload, x, dtype).output
+    got = compile_graph(graph, payload, dtype, threads=2)(x)
+    # Convolutions are contractions: the op records' summation-order tolerance.
+    np.testing.assert_allclose(got, expected, rtol=1e-11 if dtype == np.float64 else 2e-5,
+                               atol=1e-14 if dtype == np.float64 else 2e-6)  # fmt: skip
+
+
+def bits(x: np.ndarray) -> bytes:
+    return np.ascontiguousarray(x).tobytes()
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32], ids=["f64", "f32"])
+def test_results_do_not_depend_on_the_thread_count(dtype: type) -> None:
+    rng = np.random.default_rng(2)
+    # 100 rows of an elementwise map: chunks of 13 rows and a last one of 9 (its own kernel).
+    tail = "tl.graph @t {\n  %0 = input : [100, 6000]\n  %1 = exp(%0) : [100, 6000]\n" \
+        "  %2 = tanh(%1) : [100, 6000]\n  output %2\n}\n"  # fmt: skip
+    for text, payload, x in (
+        (*wide_mlp(64, rng), rng.normal(size=(64, 256))),
+        (*residual_cnn(8, rng), rng.normal(size=(8, 3, 16, 16))),
+        (tail, None, rng.normal(size=(100, 6000))),
+    ):
+        graph = graph_of(text)
+        plan = build_graph_module(graph, payload, dtype).plan
+        assert plan is not None and any(p.rows and p.rows.parallel for p in plan.nodes)
+        x = x.astype(dtype)
+        outputs = {t: bits(compile_graph(graph, payload, dtype, threads=t)(x)) for t in (1, 2, 3)}
+        assert outputs[1] == outputs[2] == outputs[3]
+
+
+@needs_cc
+def test_library_threads_and_concurrent_callers(tmp_path: Path) -> None:
+    rng = np.random.default_rng(3)
+    text, payload = residual_cnn(8, rng)
+    graph = graph_of(text)
+    built = build_library([(graph, payload)], str(tmp_path / "libres.so"), np.float32)
+    assert "int tlc_set_num_threads(int n);" in Path(built.header).read_text()
+    xs = [rng.normal(size=(8, 3, 16, 16)).astype(np.float32) for _ in range(4)]
+    results = {}
+    for t in (1, 2, 3):
+        lib = tlc.load(built.library, threads=t)
+        assert lib.num_threads == t
+        results[t] = [bits(lib(x)) for x in xs]
+    assert results[1] == results[2] == results[3]
+    # Calls from several threads at once: each takes its own workspace, and a region started
+    # while another runs goes on its caller alone; the results are the same bytes.
+    lib = tlc.load(built.library, threads=2)
+    got: dict[int, list[bytes]] = {}
+
+    def work(i: int) -> None:
+        got[i] = [bits(lib(xs[(i + j) % 4])) for j in range(8)]
+
+    callers = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for c in callers:
+        c.start()
+    for c in callers:
+        c.join()
+    for i in range(4):
+        assert got[i] == [results[1][(i + j) % 4] for j in range(8)]
+    with pytest.raises(ValueError, match="threads must be at least 1, got 0"):
+        lib.set_num_threads(0)
+
+
+def test_small_graphs_do_not_call_the_runtime() -> None:
+    """A small workspace is a stack array and nothing is split: the code needs no helper."""
+    seed = (Path(__file__).parent.parent / "examples" / "mlp.tlir").read_text(encoding="utf-8")
+    module = tlc.parse(seed)
+    ir = build_graph_module(checked_graph(module), payload_from_module(module, "mlp")).ir
+    assert "tlc_rt_" not in ir
+    text, payload = wide_mlp(64, np.random.default_rng(6))
+    ir = build_graph_module(graph_of(text), payload, np.float32).ir
+    assert all(f"tlc_rt_{name}" in ir for name in ("parallel", "acquire", "release"))
+
+
+def test_threads_must_be_positive() -> None:
+    text, payload = wide_mlp(2, np.random.default_rng(4))
+    with pytest.raises(tlc.DiagnosticError, match="threads must be at least 1, got 0"):
+        tlc.compile(text, payload, dtype="f32", threads=0)
+
+
+PER_EXAMPLE = """
+tl.graph @m {
+  %0 = input : [32]
+  %1 = linear(%0) : [64]
+  %2 = relu(%1) : [64]
+  %3 = reshape(%2) {from = [64], to = [8, 8]} : [8, 8]
+  %4 = transpose(%3) {axis1 = 0, axis2 = 1} : [8, 8]
+  %5 = flatten(%4) {shape = [8, 8]} : [64]
+  %6 = linear(%5) : [10]
+  %7 = softmax(%6) {axis = 0} : [10]
+  output %7
+}
+"""
+
+
+def per_example_payload(rng: np.random.Generator) -> Payload:
+    return Payload({1: {"weight": rng.normal(size=(64, 32)), "bias": rng.normal(size=64)},
+                    6: {"weight": rng.normal(size=(10, 64)) * 0.3}})  # fmt: skip
+
+
+@pytest.mark.parametrize("n", [1, 3, 256, 4096])
+def test_batch_runs_the_kernels_over_the_batch(n: int) -> None:
+    rng = np.random.default_rng(5)
+    graph, payload = graph_of(PER_EXAMPLE), per_example_payload(rng)
+    plan = build_graph_module(graph, payload, np.float64, batch=n).plan
+    assert plan is not None
+    linear = plan.nodes[1]
+    if n * 2 * 64 * 32 < PARALLEL_WORK:  # one matrix product of M = n rows
+        assert linear.rows is None and linear.kernel.arg_shapes == ((n, 32),)
+    else:  # the same product in fixed row chunks, for threads
+        assert linear.rows.full.arg_shapes == ((-(-n // 8), 32),) and linear.rows.tasks == 8
+    # transpose has no batch form: its single-example kernel runs once per row, as tasks.
+    transpose = plan.nodes[4]
+    if n == 1:
+        assert transpose.rows is None and transpose.kernel.out_shape == (8, 8)
+    else:
+        assert transpose.rows.chunk == 1 and transpose.rows.full.out_shape == (8, 8)
+    # softmax's axis moves past the batch axis.
+    assert plan.nodes[7].kernel.node.meta("axis") == 1 or plan.nodes[7].rows is not None
+    x = rng.normal(size=(n, 32))
+    single = compile_graph(graph, payload, np.float64)
+    expected = np.stack([single(row) for row in x])
+    got = {t: compile_graph(graph, payload, np.float64, batch=n, threads=t)(x) for t in (1, 2)}
+    assert bits(got[1]) == bits(got[2])
+    np.testing.assert_allclose(got[1], expected, rtol=1e-12, atol=1e-15)
+
+
+def test_batch_of_a_graph_with_constants() -> None:
+    """Values that do not depend on the input are computed once, without the batch axis."""
+    text = """
+tl.graph @c {
+  %0 = input : [3]
+  %1 = const : [3]
+  %2 = exp(%1) : [3]
+  %3 = add(%0, %2) : [3]
+  output %3
+}
+tl.payload @c {
+  %1 = const {value = [1.0, 2.0, 3.0]}
+}
+"""
+    f = tlc.compile(text, batch=4, threads=2)
+    x = np.arange(12.0).reshape(4, 3)
+    np.testing.assert_allclose(f(x), x + np.exp([1.0, 2.0, 3.0]), rtol=1e-15)
+    only = """
+tl.graph @k {
+  %0 = input : [2]
+  %1 = const : [2]
+  %2 = exp(%1) : [2]
+  output %2
+}
+tl.payload @k {
+  %1 = const {value = [0.0, 1.0]}
+}
+"""
+    np.testing.assert_allclose(tlc.compile(only, batch=3)(np.zeros((3, 2))),
+                               np.tile(np.exp([0.0, 1.0]), (3, 1)), rtol=1e-15)  # fmt: skip
+
+
+@needs_cc
+def test_workspace_blocks_are_reused() -> None:
+    lib = runtime.helper()
+    acquire, release = lib.tlc_rt_acquire, lib.tlc_rt_release
+    acquire.restype, acquire.argtypes = ctypes.c_void_p, [ctypes.c_int64]
+    release.argtypes = [ctypes.c_void_p]
+    first = acquire(1 << 20)
+    assert first % 64 == 0
+    release(first)
+    assert acquire(1000) == first  # the cached block serves a smaller request
+    second = acquire(1000)  # while the first is taken, another block
+    assert second != first
+    release(first)
+    release(second)
+
+
+def test_the_runtime_cache_must_be_private(tmp_path: Path, monkeypatch) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    (shared / "tlc").mkdir(mode=0o777)
+    os.chmod(shared / "tlc", 0o777)  # the umask may have cleared bits
+    monkeypatch.setenv("XDG_CACHE_HOME", str(shared))
+    assert runtime.cache_dir() is None  # others can write it: never loaded from
+    private = tmp_path / "private"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(private))
+    path = runtime.cache_dir()
+    assert path is not None and stat.S_IMODE(os.stat(path).st_mode) == 0o700
+    planted = Path(path) / "libtlcrt-x.so"
+    planted.write_bytes(b"not a library")
+    os.chmod(planted, 0o666)
+    assert not runtime._own_file(str(planted))  # writable by others: rebuilt, not loaded
+    os.chmod(planted, 0o644)
+    assert runtime._own_file(str(planted))
+
+
+ZERO_SIZE = {
+    "sum of nothing is 0": ("%1 = sum(%0) : []", "[0]", None),
+    "mse_loss of nothing is NaN": ("%1 = mse_loss(%0, %0) : []", "[0]", None),
+    "linear of no features is the bias": (
+        "%1 = linear(%0) : [3]", "[0]",
+        "%1 = linear {weight = [[], [], []], bias = [1.0, 2.0, 3.0]}",
+    ),
+    "linear of no rows": (
+        "%1 = linear(%0) : [0, 2]", "[0, 3]",
+        "%1 = linear {weight = [[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]]}",
+    ),
+    "relu of no rows": ("%1 = relu(%0) : [0, 4]", "[0, 4]", None),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", ZERO_SIZE, ids=list(ZERO_SIZE))
+@pytest.mark.parametrize("dtype", ["f64", "f32"])
+def test_zero_size_tensors_match_the_reference(case: str, dtype: str) -> None:
+    line, shape, payload = ZERO_SIZE[case]
+    text = f"tl.graph @z {{\n  %0 = input : {shape}\n  {line}\n  output %1\n}}\n"
+    if payload:
+        text += f"tl.payload @z {{\n  {payload}\n}}\n"
+    dims = tuple(int(d) for d in shape.strip("[]").split(","))
+    x = np.zeros(dims, dtype=np.float32 if dtype == "f32" else np.float64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # numpy: "Mean of empty slice"
+        expected = tlc.run(text, x, dtype=dtype).output
+    got = tlc.compile(text, dtype=dtype)(x)
+    assert got.shape == expected.shape
+    np.testing.assert_array_equal(got, expected)  # NaN equals NaN here
+
+
+EMPTY_POOL = """
+tl.graph @p {
+  %0 = input : [1, 0, 4]
+  %1 = avg_pool(%0) {kernel = [2, 2], stride = [2, 2]} : [1, 0, 2]
+  %2 = max_pool(%0) {kernel = [2, 2], stride = [2, 2]} : [1, 0, 2]
+  %3 = add(%1, %2) : [1, 0, 2]
+  %4 = sum(%3) : []
+  output %4
+}
+"""
+
+
+def test_gradient_through_an_empty_pool_compiles(capsys: pytest.CaptureFixture[str],
+                                                 tmp_path: Path) -> None:  # fmt: skip
+    from tlc.tools.run import main as run_main
+
+    source, x = tmp_path / "p.tlir", tmp_path / "x.npy"
+    source.write_text(EMPTY_POOL)
+    np.save(x, np.zeros((1, 0, 4)))
+    printed = []
+    for backend in ("reference", "llvm"):
+        assert run_main([str(source), "--input", str(x), "--grad", "--backend", backend]) == 0
+        printed.append(capsys.readouterr().out)
+    assert printed[0] == printed[1] == "output: 0.000000\ngrad input: [[]]\n"
+
+
+def test_a_failing_task_fails_the_call_with_the_reference_error() -> None:
+    text = "tl.graph @l {\n  %0 = input : [64, 20000]\n  %1 = log(%0) : [64, 20000]\n" \
+        "  output %1\n}\n"  # fmt: skip
+    graph = graph_of(text)
+    plan = build_graph_module(graph, None, np.float32).plan
+    assert plan is not None and plan.nodes[1].rows.parallel
+    x = np.ones((64, 20000), np.float32)
+    x[40, 7] = -1.0  # in a task other than the first
+    with pytest.raises(EvalError) as reference:
+        interpret(graph, None, x, np.float32)
+    single = graph_of(text.replace("[64, 20000]", "[20000]"))
+    for threads in (1, 2):
+        for f in (compile_graph(graph, None, np.float32, threads=threads),
+                  compile_graph(single, None, np.float32, batch=64, threads=threads)):  # fmt: skip
+            with pytest.raises(EvalError) as failed:
+                f(x)
+            assert failed.value.diagnostics == reference.value.diagnostics
+
+
+def test_a_linear_of_few_rows_stays_one_call() -> None:
+    """Enough work for threads but fewer rows than one task takes (MATRIX_ROWS)."""
+    text = "tl.graph @f {\n  %0 = input : [8, 400]\n  %1 = linear(%0) : [8, 400]\n  output %1\n}\n"
+    rng = np.random.default_rng(7)
+    payload = Payload({1: {"weight": rng.normal(size=(400, 400))}})
+    plan = build_graph_module(graph_of(text), payload, np.float32).plan
+    assert plan is not None and plan.nodes[1].rows is None
+    assert plan.nodes[1].kernel.out_shape == (8, 400)

@@ -1,0 +1,75 @@
+"""torchvision models and a transformer encoder stack, with random weights, through the FX
+import and through `torch.onnx.export` (TorchScript-based `dynamo=False` and `dynamo=True`),
+against PyTorch.
+
+Tolerances, relative to the largest output magnitude:
+- FX, float64 against the model converted to float64: 1e-9. Both compute the same formulas in
+  double; only summation orders differ (a few ulp per layer over some 50 layers, measured up to
+  3e-15).
+- float32: the FX graph run by the reference denotation in float32, and the float32 model
+  exported to ONNX and imported (float32 weights widened exactly) run in float64, against
+  PyTorch's float32 output: 1e-4. The difference is float32 rounding (PyTorch's, and tl's in
+  the first case): about sqrt(reduction length) * 2^-24 per layer relative, over convolutions
+  reducing up to 4608 products and some 50 layers, measured up to 1.6e-6.
+
+Inputs are 32x32 (the smallest every model accepts: their last features are 1x1), one forward
+each; vgg11 64x64 through FX (its adaptive pool then has uneven windows, 2 to 7) and 224x224
+through ONNX (see below).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("onnx")
+from torchvision_models import NETWORKS, network  # noqa: E402
+
+import tlc  # noqa: E402
+from tlc.semantics.interpret import interpret  # noqa: E402
+
+MODELS = NETWORKS
+
+
+def relative_error(got: np.ndarray, expected: np.ndarray) -> float:
+    assert got.shape == expected.shape
+    return float(np.max(np.abs(got - expected)) / np.max(np.abs(expected)))
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_fx_matches_torch_in_float64_and_float32(name: str) -> None:
+    net, x = network(name, 64 if name == "vgg11" else 32)
+    with torch.no_grad():
+        expected32 = net(x).numpy()
+    net = net.double()  # the float32 weights widened exactly: the same payload either way
+    traced = tlc.from_torch(net, x.double())
+    with torch.no_grad():
+        expected = net(x.double()).numpy()
+    got = interpret(traced.graph, traced.payload, x.double().numpy()).output
+    assert relative_error(got, expected) < 1e-9
+    got32 = interpret(traced.graph, traced.payload, x.numpy(), np.float32).output
+    assert relative_error(got32, expected32) < 1e-4
+
+
+@pytest.mark.parametrize("dynamo", [False, True], ids=["torchscript", "dynamo"])
+@pytest.mark.parametrize("name", MODELS)
+def test_onnx_export_matches_torch_in_float32(name: str, dynamo: bool, tmp_path: Path) -> None:
+    if dynamo:
+        pytest.importorskip("onnxscript")
+    # vgg11 at 224x224: its features are then 7x7, which both exporters write; smaller, the
+    # TorchScript exporter refuses the uneven adaptive pool and dynamo writes it with ops tl
+    # lacks (GatherND, Where)
+    net, x = network(name, 224 if name == "vgg11" else 32)
+    path = tmp_path / f"{name}.onnx"
+    with contextlib.redirect_stdout(io.StringIO()):
+        torch.onnx.export(net, (x,), str(path), dynamo=dynamo)
+    traced = tlc.from_onnx(str(path))
+    with torch.no_grad():
+        expected = net(x).numpy()
+    got = interpret(traced.graph, traced.payload, x.double().numpy()).output
+    assert relative_error(got, expected) < 1e-4
