@@ -18,6 +18,7 @@ import pytest
 from lark import Lark
 
 import tlc
+from tlc.core.diagnostics import DiagnosticError
 from tlc.core.payload import save_npz
 from tlc.dialect import grammar
 from tlc.dialect.payload_section import payload_from_module
@@ -138,11 +139,30 @@ def test_output_over_the_element_budget_is_refused_before_allocating(tmp_path: P
     args = [str(doc), "-o", str(lib), "--batch", str(2**40), "--target-cpu", "x86-64-v2"]
     assert compile_main(args) == 0
     entry = tlc.load(str(lib))["g"]
-    with pytest.raises(ValueError) as info:
+    with pytest.raises(DiagnosticError) as info:
         entry(np.zeros((2**40, 2, 0)))
-    assert str(info.value) == (
+    assert info.value.diagnostics[0].message == (
         "tlc_g: output: tensor of shape [1099511627776] has 1,099,511,627,776 elements, over the "
         "element budget of 268,435,456 (set TLC_MAX_ELEMENTS to change it)"
+    )
+
+
+def test_llvm_backend_output_over_the_budget_is_a_diagnostic(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The same check under `tlc-run --backend llvm` is a diagnostic, exit 1 (found by
+    tlc.tools.fuzz when the check first raised a bare LimitError)."""
+    from tlc.tools.run import main as run_main
+
+    doc = tmp_path / "bc.tlir"
+    doc.write_text(
+        "tl.graph @g {\n  %0 = input : [1]\n"
+        "  %1 = broadcast_to(%0) {from = [1], to = [2147483648]}\n  output %1\n}\n"
+    )
+    assert run_main([str(doc), "--input", "0.5", "--backend", "llvm"]) == 1
+    assert capsys.readouterr().err == (
+        "error: tlc_g: output: tensor of shape [2147483648] has 2,147,483,648 elements, over "
+        "the element budget of 268,435,456 (set TLC_MAX_ELEMENTS to change it)\n"
     )
 
 
