@@ -1,25 +1,43 @@
-"""The front end on a large graph: parse, verify-structure, infer-shapes and print a generated
-10,000-node graph, timing each phase.
+"""The front end on a large graph and on a large inline payload.
 
     python bench/frontend.py [--nodes N] [--repeats R]
+    python bench/frontend.py --payload-mb M [--repeats R]
 
-The graph cycles through elementwise, axis, binary and layout ops on [8, 16] tensors, half of
-them with the shape left out (so infer-shapes has work to do). Times are the best of
-`--repeats` runs, as wall time and as this process's CPU time (on a shared machine the wall
-time also counts other processes); the aim is all four phases under 2 s in total.
+Graph mode: parse, verify-structure, infer-shapes and print a generated N-node graph (default
+100,000), as `tlc-opt -p verify-structure,infer-shapes` runs them: one module, the phases in
+turn. The graph cycles through elementwise, axis, binary and layout ops on [8, 16] tensors,
+half of them with the shape left out (so infer-shapes has work to do). The aim (issue 14): all
+four phases under 5 s at 100,000 nodes.
+
+Payload mode: an MLP whose linear weights take M MB of .tlir text (default 30), read with the
+weights inline (`tl.payload`) and with the same weights in an .npz file beside a document
+without them, each up to a `Payload` of arrays. The aim: inline within 2x of the .npz.
+
+Times are the best of R runs (default 3), as wall time and as this process's CPU time (on a
+shared machine the wall time also counts other processes). Each run starts from a collected
+heap, so one run's garbage is not scanned in the next.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
+import os
+import tempfile
 import time
 from collections.abc import Callable
 
+import numpy as np
+from xdsl.dialects.builtin import ModuleOp
+
+from tlc.api.evaluate import resolve_payload
+from tlc.core.payload import Payload, save_npz
 from tlc.dialect.ops import GraphOp
 from tlc.dialect.printer import print_tlir
 from tlc.frontends.text import context, parse_source
 from tlc.passes.infer_shapes import InferShapesPass
 from tlc.passes.verify_structure import VerifyStructurePass
+from tlc.tools.common import tool_collector
 
 PATTERN = [
     "relu(%{a})",
@@ -31,6 +49,8 @@ PATTERN = [
     "layernorm(%{a}) {{axis = 1}}",
     "mul_elem(%{a}, %{b})",
 ]
+
+Times = tuple[float, float]
 
 
 def generate(nodes: int) -> str:
@@ -49,42 +69,115 @@ def generate(nodes: int) -> str:
     return "\n".join(lines)
 
 
-def best_of(repeats: int, run: Callable[[], object]) -> tuple[tuple[float, float], object]:
-    """(best wall time, best CPU time of this process) and the last result."""
-    wall, cpu, result = float("inf"), float("inf"), None
+def timed(run: Callable[[], object]) -> tuple[Times, object]:
+    start, start_cpu = time.perf_counter(), time.process_time()
+    result = run()
+    return (time.perf_counter() - start, time.process_time() - start_cpu), result
+
+
+def best(runs: list[Times]) -> Times:
+    return min(r[0] for r in runs), min(r[1] for r in runs)
+
+
+def report(title: str, phases: list[tuple[str, list[Times]]]) -> None:
+    print(title)
+    print(f"  {'phase':17} {'wall s':>7} {'cpu s':>7}")
+    for name, runs in phases:
+        wall, cpu = best(runs)
+        print(f"  {name:17} {wall:7.3f} {cpu:7.3f}")
+
+
+def graph_mode(nodes: int, repeats: int) -> None:
+    text = generate(nodes)
+    names = ["parse", "verify-structure", "infer-shapes", "print", "total"]
+    runs: dict[str, list[Times]] = {name: [] for name in names}
     for _ in range(repeats):
-        start, start_cpu = time.perf_counter(), time.process_time()
-        result = run()
-        wall = min(wall, time.perf_counter() - start)
-        cpu = min(cpu, time.process_time() - start_cpu)
-    return (wall, cpu), result
+        gc.collect()
+        with tool_collector():  # as tlc-opt runs them
+            times = pipeline(text, nodes)
+        for name, t in zip(names, times, strict=True):
+            runs[name].append(t)
+    mb = len(text) / 1e6
+    report(f"{nodes} nodes, {mb:.2f} MB of .tlir, best of {repeats}", list(runs.items()))
+
+
+def pipeline(text: str, nodes: int) -> list[Times]:
+    """One run of the four phases on one module, and their total."""
+    ctx = context()
+    t_parse, module = timed(lambda: parse_source(text, "big.tlir"))
+    assert isinstance(module, ModuleOp)
+    t_verify, _ = timed(lambda: VerifyStructurePass().apply(ctx, module))
+    t_infer, _ = timed(lambda: InferShapesPass().apply(ctx, module))
+    t_print, printed = timed(lambda: print_tlir(module))
+    graph = next(op for op in module.ops if isinstance(op, GraphOp))
+    assert len(graph.nodes) == nodes and isinstance(printed, str)
+    phases = [t_parse, t_verify, t_infer, t_print]
+    return [*phases, (sum(t[0] for t in phases), sum(t[1] for t in phases))]
+
+
+def payload_documents(megabytes: float, directory: str) -> tuple[str, str, str]:
+    """(document with the weights inline, document without them, the .npz of the weights)."""
+    rng = np.random.default_rng(0)
+    width = 512
+    per_layer = width * (width + 1) * 19  # about 19 bytes of text per float64
+    layers = max(1, round(megabytes * 1e6 / per_layer))
+    lines = ["tl.graph @mlp {", f"  %0 = input : [{width}]"]
+    payload = Payload()
+    for i in range(1, layers + 1):
+        lines.append(f"  %{i} = linear(%{i - 1}) : [{width}]")
+        payload.records[i] = {
+            "weight": rng.normal(0, 0.05, (width, width)),
+            "bias": rng.normal(0, 0.05, width),
+        }
+        payload.kinds[i] = "linear"
+    lines += [f"  output %{layers}", "}", ""]
+    bare = "\n".join(lines)
+    records = [
+        f"  %{i} = linear {{weight = {r['weight'].tolist()}, bias = {r['bias'].tolist()}}}"
+        for i, r in payload.records.items()
+    ]
+    inline = bare + "tl.payload @mlp {\n" + "\n".join(records) + "\n}\n"
+    npz = os.path.join(directory, "weights.npz")
+    save_npz(payload, npz)
+    return inline, bare, npz
+
+
+def payload_mode(megabytes: float, repeats: int) -> None:
+    with tempfile.TemporaryDirectory(prefix="tlc-bench-") as tmp:
+        inline, bare, npz = payload_documents(megabytes, tmp)
+
+        def read(text: str, source: str | None) -> Payload:
+            module = parse_source(text, "mlp.tlir")
+            graph = next(op for op in module.ops if isinstance(op, GraphOp))
+            return resolve_payload(module, graph, source)
+
+        runs: dict[str, list[Times]] = {"inline tl.payload": [], "weights in .npz": []}
+        for _ in range(repeats):
+            gc.collect()
+            t_inline, a = timed(lambda: read(inline, None))
+            gc.collect()
+            t_npz, b = timed(lambda: read(bare, npz))
+            assert isinstance(a, Payload) and isinstance(b, Payload)
+            assert all(np.array_equal(a[i]["weight"], b[i]["weight"]) for i in b.records)
+            runs["inline tl.payload"].append(t_inline)
+            runs["weights in .npz"].append(t_npz)
+            del a, b
+        title = f"inline payload of {len(inline) / 1e6:.1f} MB of .tlir, best of {repeats}"
+        report(title, list(runs.items()))
+        ratio = best(runs["inline tl.payload"])[1] / best(runs["weights in .npz"])[1]
+        print(f"  inline / npz (cpu): {ratio:.2f}x")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--nodes", type=int, default=10_000)
+    parser.add_argument("--nodes", type=int, default=100_000)
+    parser.add_argument("--payload-mb", type=float, help="payload mode: MB of inline weights")
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
-    text = generate(args.nodes)
-    ctx = context()
-
-    def parsed() -> object:
-        return parse_source(text, "big.tlir")
-
-    t_parse, module = best_of(args.repeats, parsed)
-    t_verify, _ = best_of(args.repeats, lambda: VerifyStructurePass().apply(ctx, module))
-    fresh = [parse_source(text, "big.tlir") for _ in range(args.repeats)]
-    t_infer, _ = best_of(args.repeats, lambda: InferShapesPass().apply(ctx, fresh.pop()))
-    t_print, printed = best_of(args.repeats, lambda: print_tlir(module))
-    graph = next(op for op in module.ops if isinstance(op, GraphOp))
-    assert len(graph.nodes) == args.nodes and isinstance(printed, str)
-    phases = [("parse", t_parse), ("verify-structure", t_verify),
-              ("infer-shapes", t_infer), ("print", t_print)]  # fmt: skip
-    total = (sum(t[0] for _, t in phases), sum(t[1] for _, t in phases))
-    print(f"{args.nodes} nodes, {len(text) / 1e6:.2f} MB of .tlir, best of {args.repeats}")
-    print(f"  {'phase':17} {'wall s':>7} {'cpu s':>7}")
-    for name, (wall, cpu) in [*phases, ("total", total)]:
-        print(f"  {name:17} {wall:7.3f} {cpu:7.3f}")
+    if args.payload_mb:
+        payload_mode(args.payload_mb, args.repeats)
+    else:
+        graph_mode(args.nodes, args.repeats)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ import numpy as np
 
 from tlc.codegen.builder import Status
 from tlc.core.diagnostics import DiagnosticError, did_you_mean
+from tlc.core.limits import LimitError, check_elements
 from tlc.dialect.shapes import Shape, fmt_shape, numel
 from tlc.semantics.reference import LOG_MESSAGE, EvalError
 
@@ -101,7 +102,11 @@ class EntryPoint:
         """Run on `x`; `params` (runtime-payload builds) is the flat parameter array; `out`, if
         given, is filled in place (C-contiguous, output shape and dtype)."""
         x = self.check(x, self.input_shape, "input")
-        if out is None:
+        if out is None:  # the element budget, before allocating (a --batch build may be huge)
+            try:
+                check_elements(self.output_shape, f"{self.symbol}: output")
+            except LimitError as exc:
+                raise DiagnosticError.simple(str(exc)) from None
             out = np.empty(self.output_shape, dtype=self.dtype)
         else:
             self.check_out(out)

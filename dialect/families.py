@@ -24,14 +24,14 @@ from enum import Enum
 from typing import Any, ClassVar, TypeVar
 
 import numpy as np
-from xdsl.dialects.builtin import IntegerAttr, i64
-from xdsl.ir import Attribute, SSAValue
+from xdsl.dialects.builtin import IntegerAttr, LocationAttr, i64
+from xdsl.ir import Attribute, Operation, SSAValue
 from xdsl.irdl import IRDLOperation, attr_def, result_def, var_operand_def
-from xdsl.rewriter import Rewriter
 
+from tlc.core.attrs import id_attr
 from tlc.dialect.metadata import Field, Kind, MetadataError, fmt_value, from_attr, to_attr
 from tlc.dialect.shapes import Shape, ShapeError, check_axis, fmt_ids, fmt_shape
-from tlc.dialect.types import TensorType, shape_of_type, type_for
+from tlc.dialect.types import shape_of_type, type_for
 
 # --------------------------------------------------------------------------------------------
 # Facts an op kind may declare
@@ -161,37 +161,60 @@ class NodeOp(IRDLOperation):
         parents: list[SSAValue],
         shape: Shape | None,
         fields: dict[str, Any] | None = None,
+        location: LocationAttr | None = None,
     ):
-        attrs: dict[str, Attribute] = {"id": IntegerAttr(node_id, i64)}
+        in_range = 0 <= node_id < 2**63  # else IntegerAttr raises xDSL's range error
+        attrs: dict[str, Attribute] = {
+            "id": id_attr(node_id) if in_range else IntegerAttr(node_id, i64)
+        }
         for f in self.FIELDS:
             if fields is not None and f.name in fields:
                 attrs[f.name] = to_attr(f, fields[f.name])
-        super().__init__(operands=[parents], result_types=[type_for(shape)], attributes=attrs)
+        # A node has exactly one variadic operand group and one result, which is all IRDL's
+        # generic builder (`irdl_op_init`, half the cost of building a node) would arrange.
+        Operation.__init__(
+            self,
+            operands=[p.results[0] if isinstance(p, Operation) else p for p in parents],
+            result_types=[type_for(shape)],
+            attributes=attrs,
+            location=location,
+        )
 
     # -- reading the node ------------------------------------------------------------------
 
+    # The accessors below read the op's storage (`attributes`, `operands`, `results`) rather
+    # than the IRDL descriptors (`node_id`, `parents`, `result`), which locate their field
+    # anew at every access; the passes call them several times per node.
+
     @property
     def id(self) -> int:
-        return self.node_id.value.data
+        return self.attributes["id"].value.data  # type: ignore[attr-defined]
 
     @property
     def declared_shape(self) -> Shape | None:
-        return shape_of_type(self.result.type)
+        (result,) = self.results
+        return shape_of_type(result.type)
 
     def meta(self, name: str) -> Any:
         """The value of metadata field `name` (raises MetadataError if missing or mistyped)."""
-        field = next(f for f in self.FIELDS if f.name == name)
-        attr = self.attributes.get(name)
-        if attr is None:
-            raise MetadataError(f"{self.TAG}: missing metadata field '{name}'")
-        return from_attr(field, attr)
+        return self._read(next(f for f in self.FIELDS if f.name == name))
 
     def metadata(self) -> dict[str, Any]:
-        return {f.name: self.meta(f.name) for f in self.FIELDS}
+        return {f.name: self._read(f) for f in self.FIELDS}
+
+    def _read(self, field: Field) -> Any:
+        attr = self.attributes.get(field.name)
+        if attr is None:
+            raise MetadataError(f"{self.TAG}: missing metadata field '{field.name}'")
+        return from_attr(field, attr)
 
     def set_declared_shape(self, shape: Shape) -> None:
         """Give the node a declared shape; uses of its result see the new value."""
-        Rewriter.replace_value_with_new_type(self.result, TensorType(shape))
+        (result,) = self.results
+        # The value keeps its identity and its uses: `Rewriter.replace_value_with_new_type`
+        # would make a new value and rebuild every user's operand list (a third of
+        # infer-shapes on a large graph) to the same effect. xDSL keeps the type in `_type`.
+        result._type = type_for(tuple(shape))
 
     # -- the op's contract -----------------------------------------------------------------
 
@@ -212,7 +235,7 @@ class NodeOp(IRDLOperation):
 
     def parent_ids(self) -> list[int]:
         """The node ids of the parents (the `id` of each operand's defining node)."""
-        return [node_id_of(v) for v in self.parents]
+        return [node_id_of(v) for v in self.operands]
 
     def summary(self) -> str:
         """`Node(id=2, kind=relu, parents=#[1], outShape=[4])`, quoted by structure errors."""
@@ -229,9 +252,8 @@ class NodeOp(IRDLOperation):
 
 
 def node_id_of(value: SSAValue) -> int:
-    owner = value.owner
-    assert isinstance(owner, NodeOp), "node operands are always results of node ops"
-    return owner.id
+    """The id of the node defining `value` (node operands are always results of node ops)."""
+    return value.owner.attributes["id"].value.data  # type: ignore[union-attr,attr-defined]
 
 
 class DeclaredShapeOp(NodeOp):

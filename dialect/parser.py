@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gc
 import re
+import warnings
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from functools import cache
@@ -19,9 +20,17 @@ import numpy as np
 from lark import Lark, Token, Transformer, Tree, v_args
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, VisitError
 from lark.lexer import PatternStr
-from xdsl.dialects.builtin import DenseIntOrFPElementsAttr, ModuleOp, TensorType, f64
+from xdsl.dialects.builtin import (
+    BytesAttr,
+    DenseIntOrFPElementsAttr,
+    ModuleOp,
+    StringAttr,
+    TensorType,
+    f64,
+)
 from xdsl.ir import Operation, SSAValue
 
+from tlc.core.attrs import file_loc
 from tlc.core.diagnostics import DiagnosticError, Location, did_you_mean, error
 from tlc.dialect.grammar import build_parser
 from tlc.dialect.metadata import MAX_INT, MetadataError, check_value
@@ -46,6 +55,9 @@ def parse_tlir(text: str, filename: str = "<stdin>", line_offset: int = 0) -> Mo
     carry the physical line numbers of the whole file).
     """
     with _collector_paused():
+        module = _Scanner(text, filename, line_offset).module()
+        if module is not None:
+            return module
         try:
             tree = _lark().parse(text)
         except UnexpectedInput as exc:
@@ -64,19 +76,27 @@ def parse_tlir(text: str, filename: str = "<stdin>", line_offset: int = 0) -> Mo
 
 @contextmanager
 def _collector_paused() -> Iterator[None]:
-    """Pause Python's cyclic garbage collector while a document is parsed.
+    """Pause Python's cyclic garbage collector while a document is parsed, and hand what was
+    built to its oldest generation.
 
-    Parsing allocates a few objects per character (tokens, tree nodes, attributes, ops) and
-    frees almost none of them, so the collector keeps triggering and rescans the growing heap:
-    on bench/frontend.py's 10,000-node graph that was half of the parse time (1.9 s -> 1.0 s
-    without it). Everything built here is either kept or freed by reference counting; cyclic
-    garbage, if any, is collected as usual once the collector runs again.
+    Parsing allocates several objects per node and frees almost none of them, so the collector
+    keeps triggering and rescans the growing heap: on bench/frontend.py's 10,000-node graph that
+    was half of the parse time (1.9 s -> 1.0 s without it). Pausing alone only defers the work:
+    everything allocated meanwhile sits in the youngest generation, and the first collection
+    after the pause scans all of it (0.3 s for 100,000 nodes). `gc.freeze()` followed by
+    `gc.unfreeze()` moves every tracked object to the oldest generation instead, which is
+    where a survivor of two collections would end up anyway, and which is scanned only after
+    the heap has grown by a quarter. Cyclic garbage, if any, is collected as usual by the next
+    full collection. (Skipped if the application itself has frozen objects.)
     """
     was_enabled = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
+        if gc.get_freeze_count() == 0:
+            gc.freeze()
+            gc.unfreeze()
         if was_enabled:
             gc.enable()
 
@@ -152,12 +172,18 @@ def _join_or(items: list[str]) -> str:
 
 
 class _Builder(ProgramRules, Transformer[Token, ModuleOp]):
-    """Builds ops bottom-up; a graph resolves its operands once all its nodes exist."""
+    """Builds ops bottom-up; a graph resolves its operands once all its nodes exist.
+
+    Nodes come in document order, so a node whose operands are all defined above it gets them
+    when it is built (`values`, reset by each graph); only forward references, which
+    verify-structure then reports, are bound by the graph."""
 
     def __init__(self, filename: str, line_offset: int):
         super().__init__()
         self.filename = filename
         self.offset = line_offset
+        self.file_attr = StringAttr(filename)
+        self.values: dict[str, SSAValue] = {}
 
     def _loc(self, meta: Any) -> Location:
         return Location(self.filename, meta.line + self.offset, meta.column)
@@ -221,17 +247,26 @@ class _Builder(ProgramRules, Transformer[Token, ModuleOp]):
     # -- graphs ----------------------------------------------------------------------------
 
     @v_args(meta=True)
-    def node(self, meta: Any, items: list[Any]) -> tuple[NodeOp, list[Token]]:
+    def node(self, meta: Any, items: list[Any]) -> tuple[NodeOp, list[Token] | None]:
         value, kind, operands, attrs, shape, kernel = items
         op_class = OPS_BY_TAG.get(str(kind))
         if op_class is None:
             hint = did_you_mean(str(kind), OPS_BY_TAG)
             raise error(f"unknown op kind '{kind}'{hint}", self._tok_loc(kind))
-        fields = self._fields(op_class, attrs or [], shape, self._tok_loc(kind))
-        op = op_class(self._index(value, str(value)[1:]), [], shape, fields)
-        op.location = self._loc(meta).to_attr()
+        fields = self._fields(op_class, attrs or [], shape, kind)
+        location = file_loc(self.file_attr, meta.line + self.offset, meta.column)
+        node_id = self._index(value, str(value)[1:])
+        refs: list[Token] | None = operands or []
+        parents = [self.values.get(str(t)) for t in refs]
+        if None in parents:
+            parents = []  # a forward reference: the graph binds the operands
+        else:
+            refs = None
+        op = op_class(node_id, parents, shape, fields, location)
+        (result,) = op.results
+        self.values.setdefault(f"%{node_id}", result)
         set_kernel(op, kernel)
-        return op, operands or []
+        return op, refs
 
     def kernel(self, items: list[Token]) -> str:
         return self.string(items)
@@ -253,8 +288,10 @@ class _Builder(ProgramRules, Transformer[Token, ModuleOp]):
         op_class: type[NodeOp],
         attrs: list[tuple[str, Any, Location]],
         declared: tuple[int, ...] | None,
-        where: Location,
+        kind: Token,
     ) -> dict[str, Any]:
+        if not op_class.FIELDS and not attrs:
+            return {}
         known = {f.name: f for f in op_class.FIELDS}
         given: dict[str, Any] = {}
         for name, value, loc in attrs:
@@ -269,12 +306,11 @@ class _Builder(ProgramRules, Transformer[Token, ModuleOp]):
                 raise error(f"{op_class.TAG}: {exc}", loc) from None
         fields: dict[str, Any] = {}
         for f in op_class.FIELDS:
-            if f.name in given:
-                fields[f.name] = given[f.name]
-            elif f.default_value(fields, declared) is not None:
-                fields[f.name] = f.default_value(fields, declared)
-            else:
+            value = given[f.name] if f.name in given else f.default_value(fields, declared)
+            if value is None:
+                where = self._tok_loc(kind)
                 raise error(f"op '{op_class.TAG}' requires metadata field '{f.name}'", where)
+            fields[f.name] = value
         return fields
 
     @v_args(meta=True)
@@ -300,10 +336,13 @@ class _Builder(ProgramRules, Transformer[Token, ModuleOp]):
             target = defined.get(str(tok))
             if target is None:
                 raise error(f"use of undefined value {tok}", self._tok_loc(tok))
-            return target.result
+            (result,) = target.results
+            return result
 
+        self.values = {}
         for op, refs in nodes:
-            op.operands = [lookup(t) for t in refs]
+            if refs is not None:  # not bound when the node was built
+                op.operands = [lookup(t) for t in refs]
         output = OutputOp(lookup(output_ref))
         output.location = output_stub.location
         graph = GraphOp(str(symbol)[1:], [op for op, _ in nodes] + [output])
@@ -361,13 +400,319 @@ def _all_numbers(raw: Any) -> bool:
 
 
 def dense_attr(raw: Any, name: str, loc: Location | None) -> DenseIntOrFPElementsAttr:
-    """A payload field (number or nested list) as a dense f64 tensor attribute."""
-    try:
-        if not _all_numbers(raw):
-            raise ValueError
-        array = np.asarray(raw, dtype=np.float64)
-    except ValueError:
-        raise error(f"payload field '{name}' is not a rectangular array of numbers", loc) from None
-    return DenseIntOrFPElementsAttr.from_list(
-        TensorType(f64, array.shape), array.reshape(-1).tolist()
-    )
+    """A payload field (number, nested list, or the float64 array the scanner read) as a dense
+    f64 tensor attribute; its data are the array's bytes."""
+    if isinstance(raw, np.ndarray) and raw.dtype == np.float64:
+        array = raw
+    else:
+        try:
+            if not _all_numbers(raw):
+                raise ValueError
+            array = np.asarray(raw, dtype=np.float64)
+        except ValueError:
+            raise error(
+                f"payload field '{name}' is not a rectangular array of numbers", loc
+            ) from None
+        except OverflowError:  # an integer literal beyond float64's range
+            raise error(f"payload field '{name}' has a number out of float64 range", loc) from None
+    data = BytesAttr(np.ascontiguousarray(array, dtype="<f8").tobytes())
+    return DenseIntOrFPElementsAttr(TensorType(f64, array.shape), data)
+
+
+# --------------------------------------------------------------------------------------------
+# The scanner: the fast path for graphs and payloads
+# --------------------------------------------------------------------------------------------
+#
+# Lark's LALR parser costs about 4 us per token and its tree another 5 us per node, which made a
+# 100,000-node graph take 13 s to read and an inline payload ~900 bytes and 40 us per number. The
+# scanner reads the common documents (graphs and payloads; no programs, parameter bindings or
+# kernel policies) with one regular expression per node and numpy for dense number lists, and
+# hands the pieces to the same `_Builder` methods the Lark tree goes through, so ops, metadata
+# checks and defaults are built by one code path. It only ever accepts: whatever it does not
+# recognise, and every error it meets (syntax or meaning), makes it give up, and the document is
+# read again by Lark, which reports the located diagnostic. tests/test_parser.py checks that
+# both paths build the same module from every lit test and example.
+
+_WS = r"(?:[ \t\f\r\n]|//[^\n]*)*+"
+_NAME_RE = r"[A-Za-z_][A-Za-z0-9_]*"
+_STRING_RE = r'"(?:[^"\\]|\\.)*"'
+_ITEM = re.compile(_WS + r"(tl\.graph|tl\.payload)" + _WS + "@(" + _NAME_RE + ")" + _WS + r"\{")
+_NODE = re.compile(
+    _WS + "(%([0-9]+))" + _WS + "=" + _WS + "(" + _NAME_RE + ")"
+    + "(?:" + _WS + r"\(([^()]*)\))?"
+    + "(?:" + _WS + r"\{((?:[^{}\"]|" + _STRING_RE + r")*+)\})?"
+    + "(?:" + _WS + ":" + _WS + r"\[([^\[\]]*)\])?"
+    + "(?:" + _WS + "kernel" + _WS + "(" + _STRING_RE + "))?"
+)  # fmt: skip
+_OUTPUT = re.compile(_WS + "(output)" + _WS + "%([0-9]+)" + _WS + r"\}")
+_RECORD = re.compile(_WS + "(%([0-9]+))" + _WS + "=" + _WS + "(" + _NAME_RE + ")" + _WS + r"\{")
+_END = re.compile(_WS + r"\}")
+_EOF = re.compile(_WS + r"\Z")
+# Operand lists and shapes as the node pattern captured them, read only without comments: a
+# comment there may hide the `)` or `]` the pattern stopped at.
+_BLANK = "[ \t\f\r\n]*"
+_VALUES = re.compile(_BLANK + "(?:%[0-9]+" + _BLANK + "(?:," + _BLANK + "%[0-9]+" + _BLANK + ")*)?")
+_VALUE_IDS = re.compile("%([0-9]+)")
+_INTS = re.compile(_BLANK + "(?:[0-9]+" + _BLANK + "(?:," + _BLANK + "[0-9]+" + _BLANK + ")*)?")
+_DIGITS = re.compile("[0-9]+")
+_TOKEN = re.compile(
+    _WS + r"(?:(?P<num>-?(?:inf|nan|(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?))"
+    + "|(?P<str>" + _STRING_RE + ")|(?P<name>" + _NAME_RE + r")|(?P<punct>[\[\],=}]))"
+)  # fmt: skip
+#: A dense number list: brackets, commas, blanks and number characters only.
+_DENSE = re.compile(r"\[[-+0-9.eEinfa\[\], \t\r\n]*")
+_BRACKETS = re.compile(r"[\[\]]")
+_STRAY_PLUS = re.compile(r"(?<![eE])\+")
+_STRUCTURE = str.maketrans("", "", "0123456789.eEinfa+- \t\r\n")
+_UNBRACKET = str.maketrans("[]", "  ")
+#: The deepest number list read by numpy (tensors have a handful of axes).
+MAX_DENSE_RANK = 32
+
+
+class _Tok(str):
+    """A token for the `_Builder` methods: the text, without a position (the builder reads one
+    only to report an error, and on any error the document is read again by Lark)."""
+
+    line = column = start_pos = None
+
+
+class _GiveUp(Exception):
+    """The scanner does not read this document; Lark will."""
+
+
+class _Meta:
+    """The position `_Builder` methods read from Lark's `meta`."""
+
+    __slots__ = ("column", "line")
+
+    def __init__(self, line: int, column: int):
+        self.line, self.column = line, column
+
+
+class _Scanner:
+    def __init__(self, text: str, filename: str, line_offset: int):
+        self.text = text
+        self.builder = _Builder(filename, line_offset)
+        self.line, self.line_start, self.counted = 1, 0, 0
+        self.attr_cache: dict[str, list[tuple[str, Any, None]]] = {}
+        self.shape_cache: dict[str, tuple[int, ...]] = {}
+
+    def module(self) -> ModuleOp | None:
+        try:
+            return self._document()
+        except (_GiveUp, DiagnosticError, RecursionError):
+            return None
+
+    def _meta(self, pos: int) -> _Meta:
+        """Line and column of `pos` (positions only increase, so newlines are counted once)."""
+        text = self.text
+        self.line += text.count("\n", self.counted, pos)
+        newline = text.rfind("\n", self.counted, pos)
+        if newline >= 0:
+            self.line_start = newline + 1
+        self.counted = pos
+        return _Meta(self.line, pos - self.line_start + 1)
+
+    def _document(self) -> ModuleOp:
+        text, pos, items = self.text, 0, []
+        while _EOF.match(text, pos) is None:
+            m = _ITEM.match(text, pos)
+            if m is None:
+                raise _GiveUp
+            meta, symbol = self._meta(m.start(1)), _Tok("@" + m.group(2))
+            if m.group(1) == "tl.graph":
+                graph, pos = self._graph(m.end())
+                items.append(self.builder.graph(meta, [symbol, None, *graph]))
+            else:
+                records, pos = self._records(m.end())
+                items.append(self.builder.payload(meta, [symbol, *records]))
+        return self.builder.start(items)
+
+    def _graph(self, pos: int) -> tuple[list[Any], int]:
+        text, builder, nodes = self.text, self.builder, []
+        shapes, attrs = self.shape_cache, self.attr_cache
+        node_re, node = _NODE.match, builder.node
+        while (m := node_re(text, pos)) is not None:
+            value, _, kind, operands, body, shape, kernel = m.groups()
+            if operands is not None:
+                if _VALUES.fullmatch(operands) is None:
+                    raise _GiveUp
+                operands = [_Tok("%" + d) for d in _VALUE_IDS.findall(operands)]
+            if body is not None:
+                if body not in attrs:
+                    entries, end = self._attrs(body + "}", 0, dense=False)
+                    if end != len(body) + 1:  # a `}` inside a comment ended the entries early
+                        raise _GiveUp
+                    attrs[body] = entries
+                body = attrs[body]
+            if shape is not None:
+                if shape not in shapes:
+                    shapes[shape] = self._shape(shape)
+                shape = shapes[shape]
+            if kernel is not None:
+                kernel = builder.string([_Tok(kernel)])
+            items = [_Tok(value), _Tok(kind), operands, body, shape, kernel]
+            nodes.append(node(self._meta(m.start(1)), items))
+            pos = m.end()
+        m = _OUTPUT.match(text, pos)
+        if m is None:
+            raise _GiveUp
+        output = builder.output(self._meta(m.start(1)), [None])
+        return [*nodes, (output[0], _Tok("%" + m.group(2)))], m.end()
+
+    def _shape(self, text: str) -> tuple[int, ...]:
+        if _INTS.fullmatch(text) is None:
+            raise _GiveUp
+        digits = _DIGITS.findall(text)
+        if any(len(d) > 18 and (len(d) > 19 or int(d) > MAX_INT) for d in digits):
+            raise _GiveUp  # over i64: the builder's message, located by Lark
+        return tuple(int(d) for d in digits)
+
+    def _records(self, pos: int) -> tuple[list[RecordOp], int]:
+        text, records = self.text, []
+        while (m := _RECORD.match(text, pos)) is not None:
+            attrs, pos = self._attrs(text, m.end(), dense=True)
+            items = [_Tok(m.group(1)), _Tok(m.group(3)), attrs]
+            records.append(self.builder.record(self._meta(m.start(1)), items))
+        m = _END.match(text, pos)
+        if m is None:
+            raise _GiveUp
+        return records, m.end()
+
+    def _attrs(self, text: str, pos: int, dense: bool) -> tuple[list[Any], int]:
+        """`name = value, ...}` from `pos` (just after the `{`): the entries and the position
+        after the `}`. With `dense`, number lists are read by numpy into float64 arrays."""
+        entries: list[Any] = []
+        while True:
+            m = _TOKEN.match(text, pos)
+            if m is None:
+                raise _GiveUp
+            pos = m.end()
+            if m.group("punct") == "}" and not entries:
+                return entries, pos
+            name = m.group("name")
+            m = _TOKEN.match(text, pos)
+            if name is None or m is None or m.group("punct") != "=":
+                raise _GiveUp
+            value, pos = self._value(text, m.end(), dense)
+            entries.append((name, value, None))
+            pos, closed = _comma_or(text, pos, "}")
+            if closed:
+                return entries, pos
+
+    def _value(self, text: str, pos: int, dense: bool) -> tuple[Any, int]:
+        m = _TOKEN.match(text, pos)
+        if m is None:
+            raise _GiveUp
+        if m.group("punct") == "[":
+            if dense:
+                found = self._dense(text, m.start("punct"))
+                if found is not None:
+                    return found
+            return self._list(text, m.end(), dense)
+        if m.group("num") is not None:
+            return self.builder.number([_Tok(m.group("num"))]), m.end()
+        if m.group("str") is not None:
+            return self.builder.string([_Tok(m.group("str"))]), m.end()
+        if m.group("name") in ("true", "false"):
+            return m.group("name") == "true", m.end()
+        raise _GiveUp
+
+    def _list(self, text: str, pos: int, dense: bool) -> tuple[list[Any], int]:
+        items: list[Any] = []
+        m = _TOKEN.match(text, pos)
+        if m is not None and m.group("punct") == "]":
+            return items, m.end()
+        while True:
+            value, pos = self._value(text, pos, dense)
+            items.append(value)
+            pos, closed = _comma_or(text, pos, "]")
+            if closed:
+                return items, pos
+
+    def _dense(self, text: str, start: int) -> tuple[np.ndarray, int] | None:
+        """A rectangular list of numbers at `start` as a float64 array read by numpy, and the
+        position after it; None where it is not one (strings, booleans, ragged, odd numbers),
+        which the token-by-token reader then takes."""
+        run = _DENSE.match(text, start)
+        assert run is not None
+        end = run.end()
+        while text[end - 1] in ", \t\r\n":
+            end -= 1
+        literal = text[start:end]
+        skeleton = literal.translate(_STRUCTURE)
+        if skeleton.count("[") != skeleton.count("]"):  # the run went past the list's end
+            balanced = _balanced_end(text, start, run.end())
+            if balanced is None:
+                return None
+            end = balanced
+            literal = text[start:end]
+            skeleton = literal.translate(_STRUCTURE)
+        if "+" in literal and _STRAY_PLUS.search(literal):
+            return None
+        shape = _dense_shape(literal, skeleton)
+        if shape is None or skeleton != _skeleton(shape):
+            return None
+        count = int(np.prod(shape))
+        if count == 0:
+            values = np.zeros(0)
+        else:
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                try:
+                    values = np.fromstring(literal.translate(_UNBRACKET), np.float64, sep=",")
+                except (ValueError, DeprecationWarning):
+                    return None
+            if values.size != count:
+                return None
+            # A value that is not finite without an `inf` or `nan` literal was a number out of
+            # float64's range: Lark's path reports an integer one as an error.
+            infinite = count - int(np.count_nonzero(np.isfinite(values)))
+            if infinite and infinite > literal.count("inf") + literal.count("nan"):
+                return None
+        return values.reshape(shape), end
+
+
+def _comma_or(text: str, pos: int, closer: str) -> tuple[int, bool]:
+    """After an item at `pos`: `,` or `closer` (which ends the list); the position after it."""
+    m = _TOKEN.match(text, pos)
+    if m is None or m.group("punct") not in (",", closer):
+        raise _GiveUp
+    return m.end(), m.group("punct") == closer
+
+
+def _balanced_end(text: str, start: int, stop: int) -> int | None:
+    """The position after the `]` closing the `[` at `start`, looking no further than `stop`."""
+    depth = 0
+    for b in _BRACKETS.finditer(text, start, stop):
+        depth += 1 if b.group() == "[" else -1
+        if depth == 0:
+            return b.end()
+    return None
+
+
+def _dense_shape(literal: str, skeleton: str) -> tuple[int, ...] | None:
+    """The shape a rectangular literal has, read off its first element at every depth
+    (`_skeleton` then checks the whole literal against it)."""
+    depth = len(skeleton) - len(skeleton.lstrip("["))
+    if depth > MAX_DENSE_RANK:  # Lark's path says the document nests too deeply
+        return None
+    shape = []
+    for level in range(1, depth):
+        close = skeleton.find("]" * (depth - level + 1), level - 1)
+        if close < 0:
+            return None
+        separator = "]" * (depth - level) + "," + "[" * (depth - level)
+        shape.append(skeleton.count(separator, level - 1, close) + 1)
+    first = literal.find("]")
+    innermost = literal[literal.rfind("[", 0, first) + 1 : first]
+    shape.append(innermost.count(",") + 1 if innermost.strip() else 0)
+    return tuple(shape)
+
+
+def _skeleton(shape: tuple[int, ...]) -> str:
+    """The brackets and commas of a literal of `shape` (`[[,],[,]]` for [2, 2])."""
+    if not shape:
+        return ""
+    inner = _skeleton(shape[1:])
+    return "[" + ",".join([inner] * shape[0]) + "]"

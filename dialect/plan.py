@@ -31,7 +31,7 @@ Policy = dict[str, str | bool]
 
 def kernel_of(node: Operation) -> str | None:
     attr = node.attributes.get(KERNEL_ATTR)
-    return attr.data if isinstance(attr, StringAttr) else None
+    return None if attr is None else attr.data if isinstance(attr, StringAttr) else None
 
 
 def set_kernel(node: Operation, name: str | None) -> None:

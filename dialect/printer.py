@@ -57,12 +57,13 @@ def _value_id(owner: object) -> int:
 
 def node_tlir(node: NodeOp) -> str:
     text = f"%{node.id} = {node.TAG}"
-    if node.parents or node.ARITY[0] > 0:
-        text += "(" + ", ".join(f"%{pid}" for pid in node.parent_ids()) + ")"
-    fields = _non_default_fields(node)
-    if fields:
-        text += " {" + ", ".join(f"{name} = {value}" for name, value in fields) + "}"
+    if node.operands or node.ARITY[0] > 0:
+        text += "(" + ", ".join([f"%{pid}" for pid in node.parent_ids()]) + ")"
     declared = node.declared_shape
+    if node.FIELDS:
+        fields = _non_default_fields(node, declared)
+        if fields:
+            text += " {" + ", ".join(f"{name} = {value}" for name, value in fields) + "}"
     if declared is not None:
         text += f" : {fmt_shape(declared)}"
     kernel = kernel_of(node)
@@ -71,13 +72,13 @@ def node_tlir(node: NodeOp) -> str:
     return text
 
 
-def _non_default_fields(node: NodeOp) -> list[tuple[str, str]]:
+def _non_default_fields(node: NodeOp, declared: tuple[int, ...] | None) -> list[tuple[str, str]]:
     values = node.metadata()
     shown: list[tuple[str, str]] = []
     seen: dict[str, object] = {}
     for f in node.FIELDS:
         value = values[f.name]
-        default = f.default_value(seen, node.declared_shape)
+        default = f.default_value(seen, declared)
         seen[f.name] = value
         if default is None or tuple_or(value) != tuple_or(default):
             shown.append((f.name, fmt_value(f, value)))
@@ -105,8 +106,13 @@ def _record_tlir(record: RecordOp) -> str:
 
 
 def dense_to_numpy(attr: DenseIntOrFPElementsAttr) -> np.ndarray:
-    values = np.array(attr.get_values(), dtype=np.float64)
-    return values.reshape(attr.get_shape())
+    """The attribute's values as a float64 array (a copy, so callers may write to it); f64 data
+    is read straight from the attribute's bytes."""
+    shape = attr.get_shape()
+    data = attr.data.data
+    if isinstance(attr.get_element_type(), Float64Type) and len(data) == 8 * math.prod(shape):
+        return np.frombuffer(data, dtype="<f8").astype(np.float64).reshape(shape)
+    return np.array(attr.get_values(), dtype=np.float64).reshape(shape)
 
 
 def _array_text(array: np.ndarray) -> str:

@@ -30,7 +30,14 @@ class TensorType(ParametrizedAttribute, TypeAttribute):
 
     @property
     def shape(self) -> Shape:
-        return tuple(d.data for d in self.dims.data)
+        """The extents, computed once per type object (one is shared by every node of a shape,
+        and the passes read it several times per node). The cache is not a parameter: equality,
+        hashing and printing see only `dims`."""
+        shape = self.__dict__.get("_shape")
+        if shape is None:
+            shape = tuple([d.data for d in self.dims.data])
+            object.__setattr__(self, "_shape", shape)
+        return shape
 
     @classmethod
     def parse_parameters(cls, parser: AttrParser) -> Sequence[Attribute]:

@@ -11,7 +11,9 @@ Python attribute of the graph op, not IR: it never prints, and a clone or a newl
 starts without it. Every pass that rewrites builds new graph ops (decompose, grad,
 lower-program), so its output is verified afresh; the passes that keep graphs (verify-structure,
 infer-shapes filling in omitted shapes, select-kernels attaching a plan) keep the mark valid.
-Code that edits a verified graph in place calls `forget_verified`.
+Code that edits a verified graph in place calls `forget_verified`. Likewise a graph that passed
+`check_structure` (the verify-structure pass) carries a mark, so that infer-shapes right after
+it does not check the structure again.
 """
 
 from __future__ import annotations
@@ -26,30 +28,67 @@ from tlc.dialect.ops import GraphOp, NodeOp, OutputOp
 from tlc.dialect.shapes import Shape, ShapeError, fmt_shape
 
 
-def check_metadata(graph: GraphOp) -> None:
+def check_metadata(graph: GraphOp, nodes: list[NodeOp] | None = None) -> None:
     """Every node's metadata present and typed. The .tlir parser guarantees this; a document
     read from the MLIR form is checked on loading (tlc.frontends.text), since no printer or pass can
     work on a node whose metadata cannot be read."""
-    for i, node in enumerate(graph.nodes):
+    for i, node in enumerate(graph.nodes if nodes is None else nodes):
+        if not node.FIELDS:
+            continue
         try:
             node.metadata()
         except MetadataError as exc:
             raise error(f"IR graph: node {i}: {exc}", node) from None
 
 
+#: The attribute of a graph op that passed check_structure (see the module doc).
+_STRUCTURE_CHECKED = "_tlc_structure_checked"
+
+
+def check_operands(graph: GraphOp) -> None:
+    """Every operand of the graph's nodes and output is the result of a node of this graph.
+    The .tlir parser only builds such graphs; the MLIR form can name a block argument or a
+    value of another region, which no pass or backend could read (tlc.frontends.text checks
+    it on loading)."""
+    block = graph.body.block
+    for op in block.ops:
+        for k, value in enumerate(op.operands):
+            owner = value.owner
+            if not isinstance(owner, NodeOp) or owner.parent is not block:
+                what = f"node {op.id}" if isinstance(op, NodeOp) else "the output"
+                raise error(
+                    f"IR graph: {what}: operand {k} is not the result of a node of graph "
+                    f"@{graph.graph_name}",
+                    op,
+                )
+
+
 def check_structure(graph: GraphOp) -> None:
-    """Raise a located DiagnosticError for the first structural fault of `graph`."""
-    for op in graph.body.block.ops:
+    """Raise a located DiagnosticError for the first structural fault of `graph`; a graph that
+    checks out gets the structure mark (see the module doc)."""
+    _structure(graph, trust_mark=False)
+
+
+def _structure(graph: GraphOp, trust_mark: bool = True) -> list[tuple[NodeOp, list[int]]]:
+    """check_structure's work (skipped for a graph with the structure mark, if `trust_mark`);
+    each node with its parent ids, read once, for infer_graph_shapes."""
+    if trust_mark and getattr(graph, _STRUCTURE_CHECKED, False):
+        return [(node, node.parent_ids()) for node in graph.nodes]
+    ops = list(graph.body.block.ops)
+    for op in ops:
         if not isinstance(op, NodeOp | OutputOp):
             raise error(f"IR graph: unexpected op '{op.name}' in graph @{graph.graph_name}", op)
-    check_metadata(graph)
-    for i, node in enumerate(graph.nodes):
+    nodes = [op for op in ops if isinstance(op, NodeOp)]
+    check_metadata(graph, nodes)
+    checked: list[tuple[NodeOp, list[int]]] = []
+    for i, node in enumerate(nodes):
         if node.id != i:
             raise error(
                 f"IR graph: id discipline violated at index {i}: nodes[{i}].id = {node.id}", node
             )
+        parents = node.parent_ids()
         low, high = node.ARITY
-        got = len(node.parents)
+        got = len(parents)
         if got < low or (high is not None and got > high):
             expected = f"{low}..{high}" if high is not None else f"at least {low}"
             raise error(
@@ -57,19 +96,22 @@ def check_structure(graph: GraphOp) -> None:
                 f"got {got} ({node.summary()})",
                 node,
             )
-        for pid in node.parent_ids():
-            if pid >= node.id:
+        for pid in parents:
+            if pid >= i:
                 raise error(
                     f"IR graph: node {i}: parent id {pid} is not < {node.id} ({node.summary()})",
                     node,
                 )
-    outputs = [op for op in graph.body.block.ops if isinstance(op, OutputOp)]
+        checked.append((node, parents))
+    outputs = [op for op in ops if isinstance(op, OutputOp)]
     if len(outputs) != 1:
         raise error(
             f"IR graph: graph @{graph.graph_name} must select exactly one output, "
             f"found {len(outputs)}",
             graph,
         )
+    setattr(graph, _STRUCTURE_CHECKED, True)
+    return checked
 
 
 def run_on_graphs(module: ModuleOp, check: Callable[[GraphOp], object]) -> None:
@@ -95,19 +137,19 @@ def verified_shapes(graph: GraphOp) -> tuple[Shape, ...] | None:
 
 
 def forget_verified(graph: GraphOp) -> None:
-    """Drop the verified mark (after an edit in place): the next reader infers and checks."""
-    if hasattr(graph, _VERIFIED):
-        delattr(graph, _VERIFIED)
+    """Drop the verified marks (after an edit in place): the next reader infers and checks."""
+    for mark in (_VERIFIED, _STRUCTURE_CHECKED):
+        if hasattr(graph, mark):
+            delattr(graph, mark)
 
 
 def infer_graph_shapes(graph: GraphOp) -> list[Shape]:
     """The inferred output shape of every node, or a located DiagnosticError. A graph that
     checks out gets the verified mark (see the module doc)."""
-    check_structure(graph)
     inferred: list[Shape] = []
-    for i, node in enumerate(graph.nodes):
+    for i, (node, parents) in enumerate(_structure(graph)):
         try:
-            out = node.infer([inferred[pid] for pid in node.parent_ids()])
+            out = node.infer([inferred[pid] for pid in parents])
         except ShapeError as exc:
             raise error(str(exc), node) from None
         declared = node.declared_shape

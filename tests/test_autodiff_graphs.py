@@ -186,3 +186,35 @@ def test_grad_api_and_pass_build_the_same_graph() -> None:
 def test_tlc_run_grad_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert tlc_run([str(MLP), "--input", "0.3,-0.2,0.1,0.4", "--grad", "--arithmetic", "f32"]) == 2
     assert "--grad computes f64 gradients" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("op", ["softmax", "log_softmax", "hard_masked_softmax"])
+def test_gradient_through_a_softmax_over_an_empty_axis_is_empty(op: str) -> None:
+    """Found by tlc.tools.fuzz: the softmax family's VJP summed the cotangent over the axis, and
+    a reduction over an empty axis is refused by its shape rule (a ShapeError traceback from
+    `tlc-run --grad`); the gradient over an empty axis is empty."""
+    fields = "{axis = 1}" if op != "hard_masked_softmax" else "{mask_shape = [2, 0], allowed = []}"
+    text = (
+        f"tl.graph @g {{\n  %0 = input : [2, 0]\n  %1 = {op}(%0) {fields}\n"
+        "  %2 = sum(%1) : []\n  output %2\n}\n"
+    )
+    graph = checked_graph(parse_source(text, "g.tlir"))
+    assert vjp(graph, Payload(), np.zeros((2, 0))).input.shape == (2, 0)
+
+
+def test_gradient_through_a_broadcast_from_nothing_and_linear_without_inputs() -> None:
+    """Found by tlc.tools.fuzz: broadcasting a scalar to [0] and a linear layer with no input
+    features; the gradient summed over the empty axis (a ShapeError traceback from --grad).
+    The output is the bias whatever x is: x's gradient is 0, the bias's -1."""
+    text = (
+        "tl.graph @g {\n  %0 = input : [5]\n  %1 = sum(%0) : []\n"
+        "  %2 = broadcast_to(%1) {from = [], to = [0]}\n  %3 = linear(%2) : [2]\n"
+        "  %4 = reduce_sum(%3) {axis = 0}\n  %5 = neg(%4)\n  output %5\n}\n"
+        "tl.payload @g {\n  %3 = linear {weight = [[], []], bias = [0.0, 0.01]}\n}\n"
+    )
+    module = parse_source(text, "g.tlir")
+    graph = checked_graph(module)
+    grads = vjp(graph, payload_from_module(module, "g"), np.ones(5))
+    assert np.array_equal(grads.input, np.zeros(5))
+    assert grads.params[3]["weight"].shape == (2, 0)
+    assert np.array_equal(grads.params[3]["bias"], [-1.0, -1.0])

@@ -195,15 +195,27 @@ def test_failed_conversion_says_what_was_tried() -> None:
     assert "Gemm input A must have exactly 2 dimensions" in message
 
 
-def test_a_string_that_is_not_utf8_is_a_diagnostic(tmp_path) -> None:
-    """Found by fuzzing: onnx.checker raised UnicodeDecodeError when its complaint quoted a
-    name that is not UTF-8 (here an undefined input; protobuf strings must be UTF-8)."""
-    data = model([helper.make_node("Relu", ["QQQQ"], ["y"], name="r")], [("x", (3,))])
+@pytest.mark.parametrize(
+    ("inputs", "name", "text", "bad", "reason"),
+    [
+        # Found by fuzzing: onnx.checker raised UnicodeDecodeError when its complaint quoted a
+        # name that is not UTF-8 (here an undefined input; protobuf strings must be UTF-8).
+        (["QQQQ"], "", b"QQQQ", b"Q\xcfQQ", "invalid continuation byte"),
+        # Found by tlc.tools.fuzz: protobuf hands such a string over as bytes, and the checker
+        # does not read the graph name: `re.sub` raised TypeError on it.
+        (["x"], "GRAPHNAME", b"GRAPHNAME", b"GRAPH\x8dAME", "invalid start byte"),
+    ],
+)
+def test_a_string_that_is_not_utf8_is_a_diagnostic(
+    tmp_path, inputs: list[str], name: str, text: bytes, bad: bytes, reason: str
+) -> None:
+    data = model([helper.make_node("Relu", inputs, ["y"], name="r")], [("x", (3,))])
+    if name:
+        data.graph.name = name
     path = tmp_path / "bad.onnx"
-    path.write_bytes(data.SerializeToString().replace(b"QQQQ", b"Q\xcfQQ"))
+    path.write_bytes(data.SerializeToString().replace(text, bad))
     with pytest.raises(DiagnosticError) as info:
         tlc.from_onnx(str(path))
     assert info.value.diagnostics[0].message == (
-        f"ONNX import: '{path}' is not a valid ONNX model: a string is not UTF-8 "
-        "(invalid continuation byte)"
+        f"ONNX import: '{path}' is not a valid ONNX model: a string is not UTF-8 ({reason})"
     )

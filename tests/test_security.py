@@ -18,6 +18,7 @@ import pytest
 from lark import Lark
 
 import tlc
+from tlc.core.diagnostics import DiagnosticError
 from tlc.core.payload import save_npz
 from tlc.dialect import grammar
 from tlc.dialect.payload_section import payload_from_module
@@ -127,6 +128,42 @@ def test_out_buffers_the_code_cannot_write_are_refused(tmp_path: Path) -> None:
         entry(X0, out=np.zeros(2))
     out = np.zeros(())
     assert entry(X0, out=out) is out and f"{float(out):.6f}" == MLP_AT_X0
+
+
+def test_output_over_the_element_budget_is_refused_before_allocating(tmp_path: Path) -> None:
+    """Found by tlc.tools.fuzz: a `--batch 2^40` build of a graph with an empty input holds an
+    8 TiB output; calling it without `out` raised numpy's MemoryError from the allocation."""
+    doc = tmp_path / "empty.tlir"
+    doc.write_text("tl.graph @g {\n  %0 = input : [2, 0]\n  %1 = sum(%0) : []\n  output %1\n}\n")
+    lib = tmp_path / "libg.so"
+    args = [str(doc), "-o", str(lib), "--batch", str(2**40), "--target-cpu", "x86-64-v2"]
+    assert compile_main(args) == 0
+    entry = tlc.load(str(lib))["g"]
+    with pytest.raises(DiagnosticError) as info:
+        entry(np.zeros((2**40, 2, 0)))
+    assert info.value.diagnostics[0].message == (
+        "tlc_g: output: tensor of shape [1099511627776] has 1,099,511,627,776 elements, over the "
+        "element budget of 268,435,456 (set TLC_MAX_ELEMENTS to change it)"
+    )
+
+
+def test_llvm_backend_output_over_the_budget_is_a_diagnostic(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The same check under `tlc-run --backend llvm` is a diagnostic, exit 1 (found by
+    tlc.tools.fuzz when the check first raised a bare LimitError)."""
+    from tlc.tools.run import main as run_main
+
+    doc = tmp_path / "bc.tlir"
+    doc.write_text(
+        "tl.graph @g {\n  %0 = input : [1]\n"
+        "  %1 = broadcast_to(%0) {from = [1], to = [2147483648]}\n  output %1\n}\n"
+    )
+    assert run_main([str(doc), "--input", "0.5", "--backend", "llvm"]) == 1
+    assert capsys.readouterr().err == (
+        "error: tlc_g: output: tensor of shape [2147483648] has 2,147,483,648 elements, over "
+        "the element budget of 268,435,456 (set TLC_MAX_ELEMENTS to change it)\n"
+    )
 
 
 def test_batch_beyond_64_bits_is_a_usage_error(

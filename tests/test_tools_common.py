@@ -55,3 +55,22 @@ def test_digits_out_of_range_is_a_usage_error(
     err = capsys.readouterr().err
     assert "argument --digits: expected an integer in [0, 100], got" in err
     assert "Traceback" not in err
+
+
+def test_tool_runs_make_full_collections_rare() -> None:
+    """During a tool run the collector's oldest generation is collected rarely (a parsed module
+    is not rescanned); the thresholds are restored afterwards, also when the body fails."""
+    import gc
+
+    from tlc.tools.common import FULL_COLLECTION_EVERY
+
+    before = gc.get_threshold()
+    seen: list[tuple[int, int, int]] = []
+
+    def body() -> int:
+        seen.append(gc.get_threshold())
+        raise ValueError("a bug")
+
+    assert run_tool(body, "tlc-test") == 70
+    assert seen == [(before[0], before[1], max(before[2], FULL_COLLECTION_EVERY))]
+    assert gc.get_threshold() == before

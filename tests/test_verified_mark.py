@@ -98,3 +98,24 @@ def test_rewriting_passes_output_graphs_without_the_mark() -> None:
     (rewritten,) = [g for g in leaky.ops if isinstance(g, GraphOp)]
     assert [n.TAG for n in rewritten.nodes] == ["input", "const", "mul_elem", "max_elem"]
     assert verify.verified_shapes(rewritten) is None
+
+
+def test_infer_shapes_after_verify_structure_checks_the_structure_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """verify-structure leaves the structure mark; infer-shapes right after it does not walk
+    the structure checks again, and forget_verified drops that mark too."""
+    module, graph = _parsed("verify-structure")
+    calls: list[int] = []
+    checked = verify.check_metadata
+
+    def counted(*args: object) -> None:
+        calls.append(1)
+        checked(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(verify, "check_metadata", counted)
+    build_pipeline("infer-shapes")[0].apply(context(), module)
+    assert calls == []
+    verify.forget_verified(graph)
+    build_pipeline("infer-shapes")[0].apply(context(), module)
+    assert calls == [1]

@@ -165,6 +165,32 @@ def test_vnnlib_errors_are_located() -> None:
         parse_vnnlib("(declare-const X_0 Real)\n(declare-const X_0 Real)\n")
 
 
+def test_number_out_of_float64_range_is_a_diagnostic() -> None:
+    """Found by tlc.tools.fuzz: a bound of 10^4500 became inf, and Fraction(inf) raised
+    OverflowError when the box was made exact."""
+    text = "(declare-const X_0 Real)\n(declare-const Y_0 Real)\n(assert (>= X_0 1" + "0" * 400
+    with pytest.raises(DiagnosticError) as info:
+        parse_vnnlib(text + "))\n(assert (<= X_0 1))\n(assert (<= Y_0 0))\n", "p.vnnlib")
+    diag = info.value.diagnostics[0]
+    assert (str(diag.location), diag.message) == (
+        "p.vnnlib:3:17",
+        "number 10000000000000000000... is out of float64 range",
+    )
+
+
+def test_huge_variable_index_is_a_diagnostic() -> None:
+    """Found by tlc.tools.fuzz: `X_` followed by 4,500 digits reached int() (ValueError)."""
+    with pytest.raises(DiagnosticError) as info:
+        parse_vnnlib(
+            "(declare-const X_0 Real)\n(declare-const X_" + "9" * 4500 + " Real)\n", "p.vnnlib"
+        )
+    diag = info.value.diagnostics[0]
+    assert (str(diag.location), diag.message) == (
+        "p.vnnlib:2:16",
+        "variable index of 4500 digits is too long (at most 18)",
+    )
+
+
 def test_instances_csv_in_parallel(acas, tmp_path: Path) -> None:
     layers, net = acas
     centre = np.full(5, 0.2)

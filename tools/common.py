@@ -9,11 +9,13 @@ no message.
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import re
 import sys
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from tlc.core.diagnostics import DiagnosticError, SourceManager
@@ -105,8 +107,37 @@ def write_output(path: str, text: str) -> None:
         raise DiagnosticError.simple(f"cannot write '{path}': {exc.strerror}") from None
 
 
+#: Gen-1 collections between full collections during a tool run (CPython's default is 10).
+FULL_COLLECTION_EVERY = 10_000
+
+
+@contextmanager
+def tool_collector() -> Iterator[None]:
+    """The cyclic garbage collector's policy for a tool run: young garbage is collected as
+    usual, the oldest generation is left alone.
+
+    A tool reads one document, works on it and ends. The parser hands the module it built to
+    the collector's oldest generation (tlc.dialect.parser), and with CPython's thresholds the
+    first passes after it trigger a full collection that rescans the whole module for nothing:
+    0.8 s of a 100,000-node graph's 4 s. During a tool run, full collections are made rare
+    instead (every `FULL_COLLECTION_EVERY` gen-1 collections); the thresholds are restored
+    when the run ends.
+    """
+    thresholds = gc.get_threshold()
+    gc.set_threshold(thresholds[0], thresholds[1], max(thresholds[2], FULL_COLLECTION_EVERY))
+    try:
+        yield
+    finally:
+        gc.set_threshold(*thresholds)
+
+
 def run_tool(body: Callable[[], int], prog: str, sources: SourceManager | None = None) -> int:
     """Run a tool's body, mapping diagnostics to exit 1 and anything unexpected to exit 70."""
+    with tool_collector():
+        return _run_tool(body, prog, sources)
+
+
+def _run_tool(body: Callable[[], int], prog: str, sources: SourceManager | None) -> int:
     try:
         code = body()
         sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's final flush

@@ -13,8 +13,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cache
 
-from xdsl.dialects.builtin import FileLineColLoc, IntAttr, StringAttr
+from xdsl.dialects.builtin import FileLineColLoc, StringAttr
 from xdsl.ir import Operation
+
+from tlc.core.attrs import file_loc
 
 
 @dataclass(frozen=True)
@@ -24,7 +26,7 @@ class Location:
     col: int
 
     def to_attr(self) -> FileLineColLoc:
-        return FileLineColLoc(_file_attr(self.file), IntAttr(self.line), IntAttr(self.col))
+        return file_loc(_file_attr(self.file), self.line, self.col)
 
     def __str__(self) -> str:
         return f"{self.file}:{self.line}:{self.col}"
@@ -94,11 +96,15 @@ class SourceManager:
     the text); the tools give it every text they read and quote nothing else."""
 
     def __init__(self, from_disk: bool = False) -> None:
+        self._texts: dict[str, str] = {}
         self._lines: dict[str, list[str]] = {}
         self._from_disk = from_disk
 
     def add(self, name: str, text: str) -> None:
-        self._lines[name] = text.splitlines()
+        """Remember `text` (split into lines only if a diagnostic quotes it: a 30 MB document
+        that reads fine is never split)."""
+        self._texts[name] = text
+        self._lines.pop(name, None)
 
     def render(self, diag: Diagnostic) -> str:
         out = [self._render_one(diag)]
@@ -116,6 +122,8 @@ class SourceManager:
         return f"{head}\n{source}\n{' ' * (loc.col - 1)}^"
 
     def _line(self, loc: Location) -> str | None:
+        if loc.file in self._texts and loc.file not in self._lines:
+            self._lines[loc.file] = self._texts[loc.file].splitlines()
         lines = self._lines.get(loc.file)
         if lines is None:
             line = linecache.getline(loc.file, loc.line) if self._from_disk else ""

@@ -69,7 +69,7 @@ from tlc.frontends.import_common import (
     take,
     tile,
 )
-from tlc.frontends.onnx_prepare import opset_of, prepare, unsupported_report
+from tlc.frontends.onnx_prepare import check_strings, opset_of, prepare, unsupported_report
 from tlc.semantics.program import GraphBuilder, Traced
 
 PREFIX = "ONNX import"
@@ -1331,6 +1331,7 @@ def from_onnx(
 ) -> Traced:
     """Import an ONNX model (a path or a `ModelProto`): a `Traced` (module, graph, payload)."""
     model, where = load_model(source)
+    check_strings(model, where)  # before anything reads a name
     _check_model(model)  # initializers valid and within the budget before anything reads them
     prepared = prepare(model, where, MIN_OPSET, input_shapes)
     model = prepared.model  # large initializers are stubs: their values are in `initializers`

@@ -29,6 +29,7 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from math import prod
+from typing import Any
 
 import numpy as np
 import onnx
@@ -150,6 +151,7 @@ def check(model: onnx.ModelProto, where: str) -> None:
     Graph inputs and outputs without a shape field (unknown rank, which exporters and ONNX
     Runtime accept although the IR spec asks for one) are not complained about: the checker
     sees them with an empty shape."""
+    check_strings(model, where)
     for info in [*model.graph.input, *model.graph.output]:
         if info.type.HasField("tensor_type") and not info.type.tensor_type.HasField("shape"):
             info.type.tensor_type.shape.SetInParent()
@@ -161,6 +163,36 @@ def check(model: onnx.ModelProto, where: str) -> None:
     except UnicodeDecodeError as exc:  # protobuf strings (names, attributes) must be UTF-8
         message = f"'{where}' is not a valid ONNX model: a string is not UTF-8 ({exc.reason})"
         raise import_error(PREFIX, message) from None
+
+
+def check_strings(model: onnx.ModelProto, where: str) -> None:
+    """Every string of the model is UTF-8, as protobuf requires (else a diagnostic)."""
+    bad = _non_utf8_string(model)
+    if bad is not None:
+        message = f"'{where}' is not a valid ONNX model: a string is not UTF-8 ({bad.reason})"
+        raise import_error(PREFIX, message)
+
+
+def _non_utf8_string(message: Any) -> UnicodeDecodeError | None:
+    """The decoding error of the first string field of `message` (recursively) that is not
+    UTF-8. Protobuf hands such a field over as bytes rather than failing, and the checker does
+    not look at every string (a graph name of bytes reached `re.sub`, found by tlc.tools.fuzz)."""
+    for fd, value in message.ListFields():
+        if fd.type not in (fd.TYPE_STRING, fd.TYPE_MESSAGE):
+            continue
+        repeated = hasattr(value, "__len__") and not isinstance(value, str | bytes)
+        for item in value if repeated else [value]:
+            if fd.type == fd.TYPE_MESSAGE:
+                found = _non_utf8_string(item)
+                if found is not None:
+                    return found
+            elif isinstance(item, bytes):
+                try:
+                    item.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    return exc
+                return UnicodeDecodeError("utf-8", item, 0, 1, "not decoded by protobuf")
+    return None
 
 
 def opset_of(model: onnx.ModelProto) -> int:

@@ -15,7 +15,7 @@ from tlc.core.diagnostics import DiagnosticError, Location, error
 from tlc.dialect.parser import parse_tlir
 from tlc.dialect.program_ops import TL_PROGRAM, ProgramOp
 from tlc.dialect.registry import TL
-from tlc.dialect.verify import check_metadata, run_on_graphs
+from tlc.dialect.verify import check_metadata, check_operands, run_on_graphs
 from tlc.semantics.program_run import check_program
 
 
@@ -69,6 +69,7 @@ def _parse_mlir(text: str, filename: str, line_offset: int) -> ModuleOp:
         except VerifyException as exc:
             raise error(str(exc), op) from None
     run_on_graphs(module, check_metadata)
+    run_on_graphs(module, check_operands)
     return module
 
 

@@ -13,6 +13,7 @@ undeclared or non-contiguous variables (`file:line:col: error: ...`). The gramma
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from fractions import Fraction
 from functools import cache
@@ -27,6 +28,8 @@ from tlc.core.diagnostics import DiagnosticError, Location, error
 
 #: The largest number of cases a property may expand to (`or` inside `and` multiplies).
 MAX_CASES = 10_000
+#: Longest variable index read (X_i, Y_i): more variables than a network could have.
+MAX_INDEX_DIGITS = 18
 
 
 @dataclass(frozen=True)
@@ -138,6 +141,9 @@ class _Reader:
                 name = command.children[0]
                 if name in self.declared:
                     raise error(f"'{name}' is declared twice", self.at(name))
+                if len(name) - 2 > MAX_INDEX_DIGITS:  # int() refuses over 4,300 digits
+                    raise error(f"variable index of {len(name) - 2} digits is too long "
+                                f"(at most {MAX_INDEX_DIGITS})", self.at(name))  # fmt: skip
                 self.declared[str(name)] = self.at(name)
             else:
                 formulas.append(command.children[0])
@@ -192,7 +198,11 @@ class _Reader:
     def term(self, term: Tree) -> _Linear:
         kind, children = term.data, term.children
         if kind == "num":
-            return _Linear({}, float(children[0]))
+            value = float(children[0])
+            if not math.isfinite(value):  # e.g. 10^400: bounds are float64 numbers
+                shown = str(children[0]) if len(children[0]) <= 40 else f"{children[0][:20]}..."
+                raise error(f"number {shown} is out of float64 range", self.at(children[0]))
+            return _Linear({}, value)
         if kind == "var":
             name = str(children[0])
             if name not in self.declared:

@@ -198,6 +198,13 @@ class Emitter(ABC, Generic[V]):
     # -- reductions ------------------------------------------------------------------------
 
     def reduce_sum(self, a: V, axis: int) -> V:
+        """The sum along `axis`. Over an empty axis it is zeros (the empty sum), built as a
+        constant: the op's shape rule refuses an empty axis, as TorchLean's does, but the
+        rules written in this vocabulary (gradients through broadcasts, softmax, linear with
+        no inputs) reduce over whatever axes their operands have."""
+        shape = self.shape(a)
+        if shape[axis] == 0:
+            return self.full(shape[:axis] + shape[axis + 1 :], 0.0)
         return self.bind(ops.ReduceSumOp, [a], {"axis": axis})
 
     def sum_all(self, a: V) -> V:
