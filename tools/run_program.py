@@ -61,7 +61,17 @@ def params_payload(module: ModuleOp, graph: GraphOp, params_path: str) -> Payloa
 
 
 def run_program_lines(args: argparse.Namespace, program: ProgramOp) -> list[str]:
-    for flag, given in (("--payload", args.payload), ("--samples", args.samples)):
+    per_coordinate = args.radius is not None and (
+        "," in args.radius or args.radius.endswith(".npy")
+    )
+    for flag, given in (
+        ("--payload", args.payload),
+        ("--samples", args.samples),
+        ("--lo/--hi", args.lo or args.hi),
+        ("a per-coordinate --radius", per_coordinate or None),
+        ("--method", args.method),
+        ("--spec", args.spec),
+    ):
         if given is not None:
             raise DiagnosticError.simple(f"{flag} applies to graphs: lower the program first")
     if args.backend != "reference":
@@ -81,7 +91,7 @@ def run_program_lines(args: argparse.Namespace, program: ProgramOp) -> list[str]
     result = owner.let_name if isinstance(owner, CallOp) else names[ret.value]
     digits = args.digits
     if args.arithmetic == "interval":
-        run = _interval(program, params, x, args.radius or 0.0)
+        run = _interval(program, params, x, float(args.radius or 0.0))
         show: Callable[[Any], str] = lambda v: format_box(v.box, digits)  # noqa: E731
     else:
         dtype = {"f64": np.float64, "f32": np.float32}[args.arithmetic]
