@@ -3,9 +3,12 @@
 Every entry point that takes a document accepts .tlir/.mlir text, the path of such a file (a str
 ending in .tlir/.mlir, or an `os.PathLike`), a parsed module, or the `Traced` object that
 `tlc.trace`, `tlc.from_torch` and `tlc.from_onnx` return (with its payload). `dtype` is "f64" or
-"f32" (or `numpy.float64`/`numpy.float32`) everywhere; inputs may be numbers, nested lists, numpy
-arrays or torch tensors, read as float64 and rounded to `dtype`. A `DiagnosticError` (bad input)
-prints as the tools print it: `file:line:col: error: message`, the source line and a caret.
+"f32" (or `numpy.float64`/`numpy.float32`) everywhere: the reference (`tlc.run`, `tlc.ibp`)
+defaults to "f64", compiled code (`tlc.compile`) to "f32" like PyTorch and ONNX Runtime. Inputs,
+to every entry point including compiled and loaded code, may be numbers, nested lists, numpy
+arrays of any real dtype or torch tensors, read as float64 and rounded to `dtype`
+(`tlc.core.arrays`). A `DiagnosticError` (bad input) prints as the tools print it:
+`file:line:col: error: message`, the source line and a caret.
 """
 
 from __future__ import annotations
@@ -150,7 +153,7 @@ def execute_plan(
 def compile(
     source_or_module: Source,
     payload: Any = None,
-    dtype: Any = "f64",
+    dtype: Any = "f32",
     graph: str | None = None,
     batch: int | None = None,
     *,
@@ -158,11 +161,12 @@ def compile(
     target_features: str = "",
     target_triple: str = "",
 ) -> Any:
-    """JIT-compile a graph to native code: returns a callable `f(x) -> output` on numpy arrays
-    of `dtype` ("f64"/"f32" or a numpy float type). `payload` as in `tlc.run`; it is baked into
-    the code. `batch=N` maps a single-example graph over a leading axis of N. `target_cpu`,
-    `target_features` and `target_triple` choose the code (default: this CPU); a target this
-    machine cannot run is refused. See docs/codegen.md.
+    """JIT-compile a graph to native code: a callable `f(x) -> output` computing in `dtype`
+    ("f32", the default as in PyTorch and ONNX Runtime, or "f64"; or a numpy float type). Inputs
+    are cast by the module's rule; `f(x, out=y)` fills `y`. `payload` as in `tlc.run`; it is
+    baked into the code. `batch=N` maps a single-example graph over a leading axis of N.
+    `target_cpu`, `target_features` and `target_triple` choose the code (default: this CPU); a
+    target this machine cannot run is refused. See docs/codegen.md.
     """
     from tlc.api.evaluate import choose, quoting, scalar_type
     from tlc.codegen.jit import compile_graph

@@ -18,6 +18,7 @@ import numpy as np
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import Operation
 
+from tlc.core.arrays import as_float_array
 from tlc.core.diagnostics import DiagnosticError, SourceManager, did_you_mean
 from tlc.core.npyio import read_npy
 from tlc.core.payload import Payload, load_npz
@@ -204,12 +205,9 @@ def dtype_of(arithmetic: str) -> type:
 
 
 def as_array(x: Any) -> np.ndarray:
-    """The one rule by which the Python API reads an input value: anything `numpy.asarray`
-    takes (numbers, nested lists, numpy arrays of any real dtype) or a torch tensor (detached,
-    moved to the CPU), as float64; the entry point then rounds it to its own `dtype`."""
-    if hasattr(x, "detach") and hasattr(x, "cpu"):  # a torch.Tensor, without importing torch
-        x = x.detach().cpu().numpy()
-    return np.asarray(x, dtype=np.float64)
+    """An input value read by the API's one rule (`tlc.core.arrays.as_float_array`), as
+    float64; the entry point then rounds it to its own `dtype`."""
+    return as_float_array(x)
 
 
 def parse_input_text(text: str) -> np.ndarray:

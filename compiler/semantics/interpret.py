@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from tlc.core.arrays import as_float_array
 from tlc.core.limits import LimitError, check_elements
 from tlc.core.payload import Payload
 from tlc.dialect import ops
@@ -183,7 +184,7 @@ def bind_inputs(graph: GraphOp, shapes: list[Shape], x: Inputs, dtype: type) -> 
     for node in input_nodes:
         if node.id not in given:
             raise eval_error(f"IR eval: no value given for input node {node.id}", node)
-        value = np.asarray(given[node.id], dtype=dtype)
+        value = as_float_array(given[node.id], dtype)
         if value.shape != shapes[node.id]:
             raise eval_error(
                 f"IR eval: input {node.id}: shape mismatch: given {fmt_shape(value.shape)}, "
