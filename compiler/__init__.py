@@ -222,18 +222,22 @@ def grad(graph: Any, payload: Any = None, params: bool = True) -> Any:
     return gradient_graph(graph, payload, params)
 
 
-def from_torch(module: Any, example_input: Any, name: str | None = None) -> Any:
+def from_torch(
+    module: Any, example_input: Any, name: str | None = None, dynamic_batch: bool = False
+) -> Any:
     """Trace a PyTorch module with torch.fx on `example_input` (a tensor, or a tuple for several
-    inputs): a `tlc.semantics.program.Traced` (module, graph, payload keyed by node id). See
-    docs/importing.md."""
+    inputs): a `tlc.semantics.program.Traced` (module, graph, payload keyed by node id). With
+    `dynamic_batch=True` the inputs' leading dimension is the batch extent `N`, so the graph
+    runs at any batch size. See docs/importing.md."""
     from tlc.frontends.import_torch import from_torch as import_module
 
-    return import_module(module, example_input, name)
+    return import_module(module, example_input, name, dynamic_batch)
 
 
 def from_onnx(model: Any, input_shapes: Any = None, name: str | None = None) -> Any:
     """Import an ONNX model (a path or an `onnx.ModelProto`): a `tlc.semantics.program.Traced`.
-    `input_shapes` fixes symbolic input dimensions. See docs/importing.md."""
+    A symbolic leading (batch) dimension becomes the batch extent `N`; `input_shapes` fixes
+    symbolic input dimensions instead. See docs/importing.md."""
     from tlc.frontends.import_onnx import from_onnx as import_model
 
     return import_model(model, input_shapes, name)

@@ -29,6 +29,7 @@ from tlc.dialect.ops import GraphOp, NodeOp, OutputOp, PayloadOp, RecordOp
 from tlc.dialect.plan import Policy, check_policy_field, set_kernel, set_policy
 from tlc.dialect.program_parser import ProgramRules
 from tlc.dialect.registry import OPS_BY_TAG
+from tlc.dialect.shapes import BATCH
 
 #: Longest integer literal read: Python's int() refuses more than 4,300 digits.
 MAX_LITERAL_DIGITS = 4000
@@ -130,6 +131,7 @@ _TERMINAL_PHRASES = {
     "VALUE": "a value like %0",
     "SYMBOL": "a symbol like @name",
     "NAME": "a name",
+    "BATCH_EXTENT": "N (the batch size)",
     "INT": "a non-negative integer",
     "NUMBER": "a number",
     "STRING": "a string",
@@ -193,6 +195,9 @@ class _Builder(ProgramRules, Transformer[Token, ModuleOp]):
             raise error(f"integer {shown} is too large (at most {MAX_INT})", self._tok_loc(tok))
         return value
 
+    def batch_extent(self, _items: list[Any]) -> int:
+        return BATCH
+
     def true(self, _items: list[Any]) -> bool:
         return True
 
@@ -203,7 +208,18 @@ class _Builder(ProgramRules, Transformer[Token, ModuleOp]):
         return [] if items == [None] else items
 
     def shape(self, items: list[Token | None]) -> tuple[int, ...]:
-        return tuple(self._index(t, str(t)) for t in items if t is not None)
+        return tuple(self._extent(t) for t in items if t is not None)
+
+    def _extent(self, tok: Token) -> int:
+        if tok.type == "INT":
+            return self._index(tok, str(tok))
+        if str(tok) != "N":
+            raise error(
+                f"unknown extent '{tok}': an extent is a number or N (the batch size, the only "
+                "symbolic extent)",
+                self._tok_loc(tok),
+            )
+        return BATCH
 
     def shape_decl(self, items: list[tuple[int, ...]]) -> tuple[int, ...]:
         return items[0]

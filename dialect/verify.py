@@ -76,8 +76,17 @@ def run_on_graphs(module: ModuleOp, check: Callable[[GraphOp], object]) -> None:
 
 
 def infer_graph_shapes(graph: GraphOp) -> list[Shape]:
-    """The inferred output shape of every node, or a located DiagnosticError."""
+    """The inferred output shape of every node, or a located DiagnosticError. A graph declaring
+    the batch extent `N` is checked at two batch sizes (`tlc.dialect.batch`)."""
+    from tlc.dialect.batch import has_batch, infer_at_probes
+
     check_structure(graph)
+    if has_batch(graph):
+        return infer_at_probes(graph, _infer_static)
+    return _infer_static(graph)
+
+
+def _infer_static(graph: GraphOp) -> list[Shape]:
     inferred: list[Shape] = []
     for i, node in enumerate(graph.nodes):
         try:
