@@ -64,19 +64,25 @@ def specialise(graph: GraphOp, batch: int) -> GraphOp:
 
 def infer_at_probes(graph: GraphOp, infer: Callable[[GraphOp], list[Shape]]) -> list[Shape]:
     """The shapes of a graph with `N`: `infer` (the static shape check) on the graph specialised
-    to each of `PROBES`, joined by `join`. A rule failing at one batch size fails here with its
-    message and that batch size."""
-    inferred = []
+    to each of `PROBES`, joined by `join`. A rule failing at one batch size only (or with a
+    message that quotes the batch size) fails here with that batch size named."""
+    inferred: list[list[Shape]] = []
+    failures: list[tuple[int, DiagnosticError]] = []
     for probe in PROBES:
         try:
             inferred.append(infer(specialise(graph, probe)))
         except DiagnosticError as exc:
+            failures.append((probe, exc))
+    if failures:
+        probe, exc = failures[0]
+        messages = {tuple(d.message for d in e.diagnostics) for _, e in failures}
+        if len(failures) < len(PROBES) or len(messages) > 1:
             exc.diagnostics = [
                 replace(d, message=f"{d.message} (with the batch size N = {probe})")
                 for d in exc.diagnostics
             ]
             exc.args = ("\n".join(d.message for d in exc.diagnostics),)
-            raise
+        raise exc
     return [join(node, *shapes) for node, *shapes in zip(graph.nodes, *inferred, strict=True)]
 
 
