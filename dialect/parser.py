@@ -211,15 +211,7 @@ class _Builder(ProgramRules, Transformer[Token, ModuleOp]):
         return tuple(self._extent(t) for t in items if t is not None)
 
     def _extent(self, tok: Token) -> int:
-        if tok.type == "INT":
-            return self._index(tok, str(tok))
-        if str(tok) != "N":
-            raise error(
-                f"unknown extent '{tok}': an extent is a number or N (the batch size, the only "
-                "symbolic extent)",
-                self._tok_loc(tok),
-            )
-        return BATCH
+        return self._index(tok, str(tok)) if tok.type == "INT" else BATCH
 
     def shape_decl(self, items: list[tuple[int, ...]]) -> tuple[int, ...]:
         return items[0]

@@ -78,8 +78,8 @@ def test_shape_metadata_may_hold_n() -> None:
 
 def test_another_name_for_an_extent_is_refused() -> None:
     assert refusal(MLP.replace("[N, 4]", "[B, 4]")) == (
-        "<string>:2:17: error: unknown extent 'B': an extent is a number or N (the batch size, "
-        "the only symbolic extent)\n"
+        "<string>:2:17: error: unexpected 'B'; expected ']', N (the batch size) or a "
+        "non-negative integer\n"
         "  %0 = input : [B, 4]\n"
         "                ^"
     )
