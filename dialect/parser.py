@@ -16,6 +16,10 @@ from functools import cache
 from typing import Any
 
 import numpy as np
+
+from tlc.dialect.grammar import build_parser  # first: it imports Lark (LARK_OPTIONAL hidden)
+
+# isort: split
 from lark import Lark, Token, Transformer, Tree, v_args
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, VisitError
 from lark.lexer import PatternStr
@@ -23,7 +27,6 @@ from xdsl.dialects.builtin import DenseIntOrFPElementsAttr, ModuleOp, TensorType
 from xdsl.ir import Operation, SSAValue
 
 from tlc.core.diagnostics import DiagnosticError, Location, did_you_mean, error
-from tlc.dialect.grammar import build_parser
 from tlc.dialect.metadata import MAX_INT, MetadataError, check_value
 from tlc.dialect.ops import GraphOp, NodeOp, OutputOp, PayloadOp, RecordOp
 from tlc.dialect.plan import Policy, check_policy_field, set_kernel, set_policy
