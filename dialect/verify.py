@@ -2,6 +2,16 @@
 
 These are the checks behind the verify-structure and infer-shapes passes; the front end, the
 interpreters and the importers call them directly on one graph.
+
+A verified graph is trusted: once `infer_graph_shapes` has checked a graph (its structure and
+every node's shape rule), the graph carries a mark holding every node's shape, and
+`graph_shapes`, which every interpreter, pass and backend reads shapes with, returns it instead
+of inferring again. Only a graph never verified is inferred (and checked) there. The mark is a
+Python attribute of the graph op, not IR: it never prints, and a clone or a newly built graph
+starts without it. Every pass that rewrites builds new graph ops (decompose, grad,
+lower-program), so its output is verified afresh; the passes that keep graphs (verify-structure,
+infer-shapes filling in omitted shapes, select-kernels attaching a plan) keep the mark valid.
+Code that edits a verified graph in place calls `forget_verified`.
 """
 
 from __future__ import annotations
@@ -75,15 +85,31 @@ def run_on_graphs(module: ModuleOp, check: Callable[[GraphOp], object]) -> None:
         raise DiagnosticError(*diagnostics)
 
 
+#: The attribute of a verified graph op holding every node's shape (see the module doc).
+_VERIFIED = "_tlc_verified_shapes"
+
+
+def verified_shapes(graph: GraphOp) -> tuple[Shape, ...] | None:
+    """Every node's shape if `graph` carries the verified mark, else None."""
+    return getattr(graph, _VERIFIED, None)
+
+
+def forget_verified(graph: GraphOp) -> None:
+    """Drop the verified mark (after an edit in place): the next reader infers and checks."""
+    if hasattr(graph, _VERIFIED):
+        delattr(graph, _VERIFIED)
+
+
 def infer_graph_shapes(graph: GraphOp) -> list[Shape]:
-    """The inferred output shape of every node, or a located DiagnosticError. A graph declaring
-    the batch extent `N` is checked at two batch sizes (`tlc.dialect.batch`)."""
+    """The inferred output shape of every node, or a located DiagnosticError. A graph that
+    checks out gets the verified mark (see the module doc). A graph declaring the batch extent
+    `N` is checked at two batch sizes (`tlc.dialect.batch`)."""
     from tlc.dialect.batch import has_batch, infer_at_probes
 
     check_structure(graph)
-    if has_batch(graph):
-        return infer_at_probes(graph, _infer_static)
-    return _infer_static(graph)
+    inferred = infer_at_probes(graph, _infer_static) if has_batch(graph) else _infer_static(graph)
+    setattr(graph, _VERIFIED, tuple(inferred))
+    return inferred
 
 
 def _infer_static(graph: GraphOp) -> list[Shape]:
@@ -105,9 +131,7 @@ def _infer_static(graph: GraphOp) -> list[Shape]:
 
 
 def graph_shapes(graph: GraphOp) -> list[Shape]:
-    """Every node's output shape, trusting a verified graph: the declared shapes when every
-    node declares one (infer-shapes checked them), else `infer_graph_shapes`, which checks."""
-    declared = [node.declared_shape for node in graph.nodes]
-    if all(shape is not None for shape in declared):
-        return declared  # type: ignore[return-value]
-    return infer_graph_shapes(graph)
+    """Every node's output shape, trusting a verified graph (its mark); a graph never verified
+    is checked by `infer_graph_shapes` (structure, shape rules), which marks it."""
+    marked = verified_shapes(graph)
+    return list(marked) if marked is not None else infer_graph_shapes(graph)

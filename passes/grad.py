@@ -35,7 +35,7 @@ from tlc.dialect import ops
 from tlc.dialect.ops import GraphOp, NodeOp, OutputOp
 from tlc.dialect.payload_section import payload_from_module, payload_op
 from tlc.dialect.shapes import Shape, numel
-from tlc.dialect.verify import infer_graph_shapes
+from tlc.dialect.verify import graph_shapes
 from tlc.semantics.autodiff.modes import backprop, input_ids, output_id, param_fields
 from tlc.semantics.emitter import GraphEmitter
 from tlc.semantics.payload_check import prepare_records
@@ -62,7 +62,7 @@ def build_grad_graph(
 ) -> tuple[GraphOp, Payload, GradLayout]:
     """The gradient graph of `graph` (checked first), its payload and its output layout."""
     payload = payload or Payload()
-    shapes = infer_graph_shapes(graph)
+    shapes = graph_shapes(graph)
     records = prepare_records(graph, payload, np.float64, shapes)
     grad = graph.clone()
     grad.sym_name = StringAttr(name or f"{graph.graph_name}_grad")

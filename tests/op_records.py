@@ -23,12 +23,16 @@ comparing against it in float64 and float32. Reuse it for any backend or derived
   summation-order difference), `tol32` for float32 and for f32-vs-f64 agreement (a few float32
   ulp per step; contractions and normalisations accumulate rounding over their reduction length).
 
+Elementwise ops that state a numpy function and a PyTorch spelling get a derived record
+(`derived_record`: default metadata, inputs from the op's DOMAIN, EXACT tolerances); records
+are written by hand (`HAND_RECORDS`) only for ops that need special inputs or tolerances.
 `NOT_IN_TABLE` lists the op kinds without a record and why; a test checks every op in
 `NODE_OPS` is in one or the other.
 """
 
 from __future__ import annotations
 
+import importlib
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -41,9 +45,11 @@ from tlc.core.payload import Payload
 from tlc.dialect import backward_ops as bw
 from tlc.dialect import ops
 from tlc.dialect.backward_ops import BACKWARD_OPS
-from tlc.dialect.ops import GraphOp, NodeOp, OutputOp
+from tlc.dialect.families import BinaryOp, UnaryOp
+from tlc.dialect.ops import FORWARD_OPS, GraphOp, NodeOp, OutputOp
 from tlc.dialect.printer import print_tlir
 from tlc.dialect.shapes import Shape
+from tlc.semantics.emitter import fill_defaults
 
 Sampler = Callable[[np.random.Generator, Shape], np.ndarray]
 
@@ -216,11 +222,12 @@ def _unary_record(
 
 _MASK = (True, False, True, True, False, False, False, True, True, True, True, False)
 
-RECORDS: tuple[OpRecord, ...] = (
+#: The records written by hand: ops that need special inputs (a domain, kinks, a payload,
+#: metadata, a looser tolerance). `RECORDS` adds the derived ones.
+HAND_RECORDS: tuple[OpRecord, ...] = (
     # sources and layout
     OpRecord("const", ops.ConstOp, (), (2, 3), lambda t, xs, r, m: r["value"].reshape(2, 3),
              fields={"shape": (2, 3)}, payload={"value": (6,)}),
-    OpRecord("detach", ops.DetachOp, ((2, 3),), (2, 3), lambda t, xs, r, m: xs[0].detach()),
     OpRecord("permute", ops.PermuteOp, ((2, 3, 4),), (4, 2, 3),
              lambda t, xs, r, m: xs[0].permute(2, 0, 1), fields={"perm": (2, 0, 1)}),
     OpRecord("transpose", ops.TransposeOp, ((2, 3, 4),), (4, 3, 2),
@@ -236,30 +243,17 @@ RECORDS: tuple[OpRecord, ...] = (
              lambda t, xs, r, m: t.cat(xs, dim=1), fields={"axis": 1}),
     OpRecord("concat_last", ops.ConcatOp, ((2, 3), (2, 1)), (2, 4),
              lambda t, xs, r, m: t.cat(xs, dim=1), fields={"axis": 1}),
-    # elementwise binary
-    OpRecord("add", ops.AddOp, ((2, 3), (2, 3)), (2, 3), _binary("add")),
-    OpRecord("sub", ops.SubOp, ((2, 3), (2, 3)), (2, 3), _binary("sub")),
-    OpRecord("mul_elem", ops.MulElemOp, ((2, 3), (2, 3)), (2, 3), _binary("mul")),
-    OpRecord("max_elem", ops.MaxElemOp, ((2, 3), (2, 3)), (2, 3), _binary("maximum")),
-    OpRecord("min_elem", ops.MinElemOp, ((2, 3), (2, 3)), (2, 3), _binary("minimum")),
-    # elementwise unary
+    # elementwise unary ops that need their own inputs (kinks, poles, metadata, a looser
+    # float32 tolerance); every other elementwise op's record is derived (`derived_record`)
     _unary_record(ops.AbsOp, "abs", away_from_zero),
-    _unary_record(ops.SqrtOp, "sqrt", positive),
-    _unary_record(ops.NegOp, "neg"),
     _unary_record(ops.ReluOp, "relu", away_from_zero),
-    _unary_record(ops.TanhOp, "tanh"),
-    _unary_record(ops.SigmoidOp, "sigmoid"),
     OpRecord("softplus", ops.SoftplusOp, ((2, 3),), (2, 3),
              lambda t, xs, r, m: t.nn.functional.softplus(xs[0])),
     OpRecord("softplus_wide", ops.SoftplusOp, ((20,),), (20,),
              lambda t, xs, r, m: t.nn.functional.softplus(xs[0]),
              samplers=(lambda rng, s: rng.uniform(-18, 18, s),)),
-    _unary_record(ops.ExpOp, "exp"),
-    _unary_record(ops.LogOp, "log", positive),
     OpRecord("inv", ops.InvOp, ((2, 3),), (2, 3), lambda t, xs, r, m: 1 / xs[0],
              samplers=(away_from_zero,)),
-    _unary_record(ops.SinOp, "sin"),
-    _unary_record(ops.CosOp, "cos"),
     OpRecord("gelu", ops.GeluOp, ((2, 3),), (2, 3),
              lambda t, xs, r, m: t.nn.functional.gelu(xs[0]), fields={"approximate": "none"},
              tol32=COMPOSITE32),
@@ -277,8 +271,7 @@ RECORDS: tuple[OpRecord, ...] = (
     OpRecord("leaky_relu_steep", ops.LeakyReluOp, ((2, 3),), (2, 3),
              lambda t, xs, r, m: t.nn.functional.leaky_relu(xs[0], m["negative_slope"]),
              fields={"negative_slope": 2.5}, samplers=(away_from_zero,)),
-    # defined by their facts (plus an erf lowering, a hardsigmoid torch kernel)
-    _unary_record(ops.ErfOp, "erf"),
+    # defined by their facts (plus a hardsigmoid torch kernel)
     OpRecord("elu", ops.EluOp, ((2, 3),), (2, 3),
              lambda t, xs, r, m: t.nn.functional.elu(xs[0], m["alpha"]),
              fields={"alpha": 1.0}, samplers=(away_from_zero,)),
@@ -402,6 +395,75 @@ RECORDS: tuple[OpRecord, ...] = (
              fields={"kernel": (2, 2, 2), "stride": (2, 2, 2), "padding": (0, 0, 0)},
              tol64=SUMS64, tol32=SUMS32),
 )  # fmt: skip
+
+# --------------------------------------------------------------------------------------------
+# Derived records: an elementwise op stating its numpy function and its PyTorch spelling needs
+# no hand-written record. Its record is the op at its default metadata on [2, 3] operands,
+# drawn from the op's DOMAIN (else standard normal), compared with its spelling's first
+# function (or module) at EXACT64 / EXACT32: the same formula as torch, up to a few ulp of
+# libm (an op that needs more, or other inputs, gets a hand record).
+# --------------------------------------------------------------------------------------------
+
+
+def _dotted(name: str) -> Any:
+    module, _, attr = name.rpartition(".")
+    return getattr(importlib.import_module(module), attr)
+
+
+def spelled_reference(op: type[NodeOp]) -> TorchFn:
+    """The op's PyTorch spelling as its reference: the first function called with the tensors
+    and the spelling's `arguments` (metadata fields, by keyword), else the first module built
+    from them."""
+    spelling = op.TORCH
+    assert spelling is not None and (spelling.functions or spelling.modules), op.TAG
+
+    def reference(t: Any, xs: list[Any], r: dict[str, Any], m: Mapping[str, Any]) -> Any:
+        args = {a: m[a] for a in spelling.arguments}
+        if spelling.functions:
+            return _dotted(spelling.functions[0])(*xs, **args)
+        return _dotted(spelling.modules[0])(**args)(*xs)
+
+    return reference
+
+
+def derivable(op: type[NodeOp]) -> bool:
+    """An elementwise op whose record follows from its facts: a numpy function, a PyTorch
+    function or module, no payload, a default for every metadata field."""
+    spelling = op.TORCH
+    return (
+        issubclass(op, (UnaryOp, BinaryOp))
+        and op.defines("numpy")
+        and spelling is not None
+        and bool(spelling.functions or spelling.modules)
+        and not op.PAYLOAD
+        and all(f.default is not None for f in op.FIELDS)
+    )
+
+
+def _above(low: float) -> Sampler:
+    """Inside a DOMAIN bounded below by `low`: low + [0.1, 3)."""
+    if low == 0.0:
+        return positive
+    return lambda rng, shape: low + positive(rng, shape)
+
+
+def derived_record(op: type[NodeOp]) -> OpRecord:
+    shape = (2, 3)
+    arity = op.ARITY[0]
+    domain = getattr(op, "DOMAIN", None)
+    sampler = normal if domain is None else _above(domain[0])
+    return OpRecord(op.TAG, op, (shape,) * arity, shape, spelled_reference(op),
+                    fields=fill_defaults(op, {}, shape), samplers=(sampler,) * arity)  # fmt: skip
+
+
+#: Every forward op's records: the hand-written ones, then one derived record for each
+#: derivable op kind without a hand record.
+RECORDS: tuple[OpRecord, ...] = HAND_RECORDS + tuple(
+    derived_record(op)
+    for op in FORWARD_OPS
+    if derivable(op) and op not in {r.op for r in HAND_RECORDS}
+)
+
 
 # --------------------------------------------------------------------------------------------
 # The windowed backward ops (tlc.dialect.backward_ops): kept out of RECORDS (they are not

@@ -383,7 +383,7 @@ def test_prepared_ibp_converts_once_and_matches_ibp(
         raise AssertionError("a prepared call redid per-graph work")
 
     monkeypatch.setattr(ibp_module, "prepare_records", unused)
-    monkeypatch.setattr(ibp_module, "infer_graph_shapes", unused)
+    monkeypatch.setattr(ibp_module, "graph_shapes", unused)
     for (lo, hi), expected in zip(balls, fresh, strict=True):
         for got, want in zip(propagate(lo, hi), expected, strict=True):
             assert got is not None and want is not None

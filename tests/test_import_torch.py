@@ -269,6 +269,79 @@ def test_op_kind_forms_match_pytorch(name: str) -> None:
     assert [n.TAG for n in traced.graph.nodes if n.TAG in set(tags)] == tags
 
 
+def _spelled_forms(op: Any) -> bool:
+    """An elementwise op kind with PyTorch forms and no hand-written FORMS entry: its forms
+    are derived from its spelling (`SpelledForms`)."""
+    from tlc.dialect.families import BinaryOp, UnaryOp
+
+    return (
+        issubclass(op, (UnaryOp, BinaryOp))
+        and op.TORCH is not None
+        and op.TAG not in FORMS
+        and all(f.default is not None for f in op.FIELDS)
+    )
+
+
+def _dotted(name: str) -> Any:
+    module, _, attr = name.rpartition(".")
+    return getattr(__import__(module, fromlist=[attr]), attr)
+
+
+class SpelledForms(nn.Module):
+    """Every form an op kind's PyTorch spelling names, at the op's default metadata (passed by
+    keyword as the spelling's `arguments`): each function on the tensors, each method on the
+    first, each module built from the arguments; the results concatenated (so no other
+    elementwise op joins them)."""
+
+    def __init__(self, op: Any) -> None:
+        super().__init__()
+        spelling = op.TORCH
+        self.args = {f.name: f.default for f in op.FIELDS if f.name in spelling.arguments}
+        self.functions = [_dotted(n) for n in spelling.functions]
+        self.methods = list(spelling.methods)
+        self.layers = nn.ModuleList(_dotted(n)(**self.args) for n in spelling.modules)
+
+    def apply(self, xs: list[torch.Tensor]) -> torch.Tensor:
+        parts = [f(*xs, **self.args) for f in self.functions]
+        parts += [getattr(xs[0], m)(*xs[1:], **self.args) for m in self.methods]
+        parts += [layer(*xs) for layer in self.layers]
+        return torch.cat(parts)
+
+
+class UnaryForms(SpelledForms):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.apply([x])
+
+
+class BinaryForms(SpelledForms):
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return self.apply([x, y])
+
+
+#: The op kinds whose forms are derived from their spelling.
+SPELLED = {op.TAG: op for op in tlc.dialect.ops.FORWARD_OPS if _spelled_forms(op)}
+
+
+@pytest.mark.parametrize("tag", sorted(SPELLED))
+def test_spelled_forms_match_pytorch(tag: str) -> None:
+    """Each form of the spelling imports as one node of the op kind (inputs drawn inside the
+    op's DOMAIN); values agree with PyTorch in float64 (`check_against_torch`)."""
+    op = SPELLED[tag]
+    generator = torch.Generator().manual_seed(0)
+    low = op.DOMAIN[0] + 0.1 if getattr(op, "DOMAIN", None) else None
+    xs = [
+        torch.randn(3, 5, dtype=torch.float64, generator=generator) * 3
+        if low is None
+        else low + 3 * torch.rand(3, 5, dtype=torch.float64, generator=generator)
+        for _ in range(op.ARITY[0])
+    ]
+    forms = (UnaryForms if len(xs) == 1 else BinaryForms)(op)
+    traced = check_against_torch(forms, *xs)
+    count = len(forms.functions) + len(forms.methods) + len(forms.layers)
+    made = [n.TAG for n in traced.graph.nodes if n.TAG not in ("input", "concat")]
+    assert made == [tag] * count
+
+
 class MaxAlongDim(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.max(x, 1)[0]

@@ -157,8 +157,8 @@ def test_training_dropout_is_not_removed() -> None:
 
 
 def test_every_unsupported_op_is_listed_at_once() -> None:
-    nodes = [helper.make_node("Softsign", ["x"], ["e0"], name="soft0")]
-    nodes += [helper.make_node("Softsign", [f"e{i}"], [f"e{i + 1}"], name=f"soft{i + 1}")
+    nodes = [helper.make_node("Hardmax", ["x"], ["e0"], name="hard0")]
+    nodes += [helper.make_node("Hardmax", [f"e{i}"], [f"e{i + 1}"], name=f"hard{i + 1}")
               for i in range(6)]  # fmt: skip
     nodes += [
         helper.make_node("Shrink", ["e6"], ["n"]),
@@ -167,8 +167,8 @@ def test_every_unsupported_op_is_listed_at_once() -> None:
     ]
     assert refusal(model(nodes, [("x", (3,))])) == (
         "ONNX import: '<onnx model>' uses 3 unsupported op types:\n"
+        "  Hardmax: 7 nodes ('hard0', 'hard1', 'hard2', 'hard3', 'hard4', ... (2 more))\n"
         "  Shrink: 1 node (#7)\n"
-        "  Softsign: 7 nodes ('soft0', 'soft1', 'soft2', 'soft3', 'soft4', ... (2 more))\n"
         "  ThresholdedRelu: 1 node ('thresholded')"
     )
 

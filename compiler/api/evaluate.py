@@ -129,12 +129,13 @@ def select_graph(module: ModuleOp, name: str | None = None, how: str = CHOOSE_FL
 
 def checked_graph(module: ModuleOp, name: str | None = None, how: str = CHOOSE_FLAG) -> GraphOp:
     """The graph to run (see `select_graph`), checked as verify-structure and infer-shapes
-    would, with omitted shapes filled in. Other graphs of the document are left alone, so one
-    broken graph does not stop its neighbours from running."""
-    from tlc.dialect.verify import infer_graph_shapes
+    would (once: a verified graph is trusted), with omitted shapes filled in. Other graphs of
+    the document are left alone, so one broken graph does not stop its neighbours from
+    running."""
+    from tlc.dialect.verify import graph_shapes
 
     graph = select_graph(module, name, how)
-    for node, shape in zip(graph.nodes, infer_graph_shapes(graph), strict=True):
+    for node, shape in zip(graph.nodes, graph_shapes(graph), strict=True):
         if node.declared_shape is None:
             node.set_declared_shape(shape)
     return graph

@@ -41,7 +41,7 @@ from tlc.dialect.metadata import Kind
 from tlc.dialect.ops import GraphOp, NodeOp
 from tlc.dialect.registry import NODE_OPS
 from tlc.dialect.shapes import Shape
-from tlc.dialect.verify import infer_graph_shapes
+from tlc.dialect.verify import graph_shapes
 from tlc.semantics.emitter import Emitter
 from tlc.semantics.payload_check import check_payload
 
@@ -393,7 +393,7 @@ def to_onnx(
     checked by `onnx.checker`. The op kinds in `decompose` are written as their decomposition
     even where ONNX has the operator (for a runtime that lacks it)."""
     payload = payload or Payload()
-    shapes = infer_graph_shapes(graph)
+    shapes = graph_shapes(graph)
     check_payload(graph, payload, shapes)
     np_dtype = np.dtype(dtype)
     if np_dtype not in ELEMENT_TYPES:
@@ -414,7 +414,7 @@ def to_onnx(
             continue
         ex.export(node)
     output = graph.output
-    assert output is not None, "infer_graph_shapes checked the structure"
+    assert output is not None, "graph_shapes checked the structure"
     out_id = output.value.owner.id  # type: ignore[union-attr]
     ex.nodes.append(helper.make_node("Identity", [ex.names[out_id]], ["y"], name="output"))
     onnx_graph = helper.make_graph(

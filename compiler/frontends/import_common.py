@@ -2,11 +2,11 @@
 PyTorch/NumPy conventions tl spells out explicitly (broadcasting, multi-axis reductions,
 matmul on vectors and batches).
 
-Both importers build through `tlc.semantics.program.GraphBuilder`, so every node they make is
-checked by
-its op's own shape rule and every payload record by the reference denotation's payload check
-as it is made; an importer never assembles nodes by hand. tl has no implicit broadcasting: where
-the source framework broadcasts, an explicit `broadcast_to` node appears.
+Both importers build through `tlc.semantics.program.GraphBuilder` (the program interface over a
+`GraphEmitter`), so every node they make is checked by its op's own shape rule and every payload
+record by the reference denotation's payload check as it is made; an importer never assembles
+nodes by hand. tl has no implicit broadcasting: where the source framework broadcasts, an
+explicit `broadcast_to` node appears.
 """
 
 from __future__ import annotations
@@ -36,15 +36,9 @@ def new_builder(
 ) -> tuple[GraphBuilder, list[SSAValue]]:
     """A builder whose first nodes are one input node per shape (ids 0, 1, ...), none for a
     graph without inputs (a constant)."""
-    builder = GraphBuilder(name, (), at)
+    builder = GraphBuilder(name, input_shapes, at)
     builder.at = at
-    builder.nodes, builder.next_id = [], 0
-    for shape in input_shapes:
-        node = tl.InputOp(builder.next_id, [], tuple(shape))
-        node.location = at.to_attr()
-        builder.nodes.append(node)
-        builder.next_id += 1
-    return builder, [n.result for n in builder.nodes]
+    return builder, list(builder.inputs)
 
 
 def finish(builder: GraphBuilder, result: SSAValue) -> Traced:

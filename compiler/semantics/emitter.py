@@ -9,7 +9,9 @@ interpretation) and hands the node to the instance (`evaluate`):
 - `NumpyEmitter(rules, dtype)` evaluates the node at once with its reference rule, in `dtype`;
 - `IntervalEmitter(rules, outward)` evaluates it on boxes with its interval rule;
 - `GraphEmitter(block, payload)` appends it as a node to a `tl.graph` block and records the
-  payload of the nodes it creates (constants, transposed weights).
+  payload of the nodes it creates (constants, transposed weights); it is the one way nodes join
+  a graph: programs, `trace` and the importers build through it too (their
+  `tlc.semantics.program.GraphBuilder` is the program interface over a `GraphEmitter`).
 
 So a decomposition or a derivative is written once and means the same in each interpretation
 (JAX's rules-as-primitives, in miniature). The helpers below the primitive (`em.mul`,
@@ -319,7 +321,9 @@ class GraphEmitter(Emitter[NodeOp]):
         node.operands = [p.result for p in operands]
         self.block.add_op(node)
         if record is not None:
-            self.payload.records[node.id] = {k: np.asarray(v) for k, v in record.items()}
+            self.payload.records[node.id] = {
+                k: np.asarray(v, np.float64) for k, v in record.items()
+            }
             self.payload.kinds[node.id] = node.TAG
         self._next_id += 1
         return node

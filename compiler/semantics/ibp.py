@@ -42,7 +42,7 @@ from tlc.dialect.families import BinaryOp, Monotone, UnaryOp
 from tlc.dialect.ops import GraphOp, NodeOp
 from tlc.dialect.registry import NODE_OPS
 from tlc.dialect.shapes import Shape, numel
-from tlc.dialect.verify import infer_graph_shapes
+from tlc.dialect.verify import graph_shapes
 from tlc.semantics.emitter import IntervalEmitter, NoBox
 from tlc.semantics.interpret import REFERENCE, bind_inputs, check_sizes
 from tlc.semantics.interval_arith import COMPOSITE_ULPS, F64, LIBM_ULPS, Box, Outward, sanitize
@@ -128,7 +128,7 @@ class PreparedIBP:
 def prepare_ibp(graph: GraphOp, payload: Payload | None, dtype: type = np.float64) -> PreparedIBP:
     """Check `graph` and `payload` (the same checks and messages as `interpret`) and build each
     node's interval record (`interval_record`), once, for repeated propagation in `dtype`."""
-    shapes = infer_graph_shapes(graph)
+    shapes = graph_shapes(graph)
     check_sizes(graph, shapes)
     records = prepare_records(graph, payload or Payload(), dtype, shapes)
     steps = [

@@ -26,7 +26,7 @@ from tlc.dialect import ops
 from tlc.dialect.batch import PROBES, PerBatch, has_batch
 from tlc.dialect.ops import GraphOp, NodeOp
 from tlc.dialect.shapes import Shape, fmt_shape
-from tlc.dialect.verify import infer_graph_shapes
+from tlc.dialect.verify import graph_shapes
 
 # The backward ops' reference rules join `REFERENCE` when their module is imported: imported
 # here, so `REFERENCE` as this module exports it is the complete table.
@@ -129,7 +129,7 @@ def prepare(
     graph with the batch extent `N` is prepared per batch size its inputs give."""
     if has_batch(graph):
         return PreparedPerBatch(graph, payload, dtype)
-    shapes = infer_graph_shapes(graph)
+    shapes = graph_shapes(graph)
     check_sizes(graph, shapes)
     records = prepare_records(graph, payload or Payload(), dtype, shapes)
     steps = [
@@ -150,7 +150,7 @@ class PreparedPerBatch:
     once per batch size)."""
 
     def __init__(self, graph: GraphOp, payload: Payload | None, dtype: type):
-        infer_graph_shapes(graph)
+        graph_shapes(graph)  # checks an unverified graph at the probe batch sizes
         self.graph = graph
         self.dtype = dtype
         self.per_batch = PerBatch(graph, lambda g: prepare(g, payload, dtype))

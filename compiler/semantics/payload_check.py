@@ -25,7 +25,7 @@ from tlc.dialect import ops
 from tlc.dialect.ops import GraphOp, NodeOp
 from tlc.dialect.registry import NODE_OPS
 from tlc.dialect.shapes import Shape, fmt_shape, numel
-from tlc.dialect.verify import infer_graph_shapes
+from tlc.dialect.verify import graph_shapes
 from tlc.semantics.reference import EvalError, eval_error
 
 #: `check(node, parent shapes, output shape, record or None)`; raises EvalError.
@@ -41,10 +41,11 @@ SCALAR_FIELDS = frozenset(p.name for op in NODE_OPS for p in op.PAYLOAD if p.sca
 def check_payload(graph: GraphOp, payload: Payload, shapes: list[Shape] | None = None) -> None:
     """Raise a located EvalError for the first record that disagrees with `graph`.
 
-    `shapes` are the nodes' inferred shapes (computed, with the structure check, if omitted).
+    `shapes` are the nodes' inferred shapes (if omitted: a verified graph's, else inferred with
+    the structure check).
     """
     if shapes is None:
-        shapes = infer_graph_shapes(graph)
+        shapes = graph_shapes(graph)
     nodes = graph.nodes
     for nid in sorted(payload):
         if nid >= len(nodes):

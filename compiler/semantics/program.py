@@ -8,8 +8,8 @@ A program is written once against the operations interface `Ops`:
 
 and means what the instance passed as `ops` makes of it (the seed's `TorchLean.Runtime.Program`):
 `Eager` computes numpy values in float64 or float32, `Interval` propagates boxes, and
-`GraphBuilder` records one `tl` node per call, which is how `trace` turns the program into a
-graph plus a payload (the seed's `lowerForwardToIR`).
+`GraphBuilder` records one `tl` node per call (through a `GraphEmitter`), which is how `trace`
+turns the program into a graph plus a payload (the seed's `lowerForwardToIR`).
 
 Every method of the interface reduces to one primitive, `Ops.apply(op class, values, fields,
 parameters)`, which builds the op's node, checks its shape with the op's own rule and its
@@ -43,7 +43,14 @@ from tlc.dialect.ops import GraphOp, NodeOp, OutputOp
 from tlc.dialect.registry import NODE_OPS
 from tlc.dialect.shapes import Shape, ShapeError
 from tlc.dialect.types import shape_of_type
-from tlc.semantics.emitter import IntervalEmitter, NoBox, NumpyEmitter, fill_defaults, make_node
+from tlc.semantics.emitter import (
+    GraphEmitter,
+    IntervalEmitter,
+    NoBox,
+    NumpyEmitter,
+    fill_defaults,
+    make_node,
+)
 
 #: Ops that are not methods of the interface, and why. A plain reason map, not a rule table:
 #: the interface is a vocabulary (every op kind's method is generated and reduces to `apply`),
@@ -385,21 +392,29 @@ class IntervalOps(Ops):
 
 
 class GraphBuilder(Ops):
-    """Records one node per call; parameters become payload records, or bindings by name."""
+    """Records one node per call: the program's checked node goes to a `GraphEmitter` on the
+    graph's block, the one way a node and its payload record join a graph (the grad pass,
+    decompositions and codegen use it too). Parameters become payload records, or bindings by
+    name (`Param`). The graph's inputs are nodes 0, 1, ... (one per shape in `input_shapes`)."""
 
-    def __init__(self, name: str, input_shape: Shape, at: Location) -> None:
+    def __init__(self, name: str, input_shapes: Sequence[Shape], at: Location) -> None:
         super().__init__()
         self.name = name
-        source = tl.InputOp(0, [], tuple(input_shape))
-        source.location = at.to_attr()
-        self.nodes: list[NodeOp] = [source]
+        self.graph = GraphOp(name, [])
         self.payload = Payload()
+        self.emitter = GraphEmitter(self.graph.body.block, self.payload)
         #: node id -> (op tag, {payload field: parameter name}) for `Param` arguments.
         self.bound: dict[int, tuple[str, dict[str, str]]] = {}
+        self.inputs: list[SSAValue] = []
+        for shape in input_shapes:
+            source = self.emitter.bind(tl.InputOp, [], None, tuple(shape))
+            source.location = at.to_attr()
+            self.inputs.append(source.result)
+        self.next_id = self.emitter.next_id()
 
     @property
     def input(self) -> SSAValue:
-        return self.nodes[0].result
+        return self.inputs[0]
 
     def lift(self, value: Any) -> SSAValue:
         return value if isinstance(value, SSAValue) else self.const(value)
@@ -410,15 +425,15 @@ class GraphBuilder(Ops):
         return shape
 
     def evaluate(self, node: NodeOp, args: list[Any], record: dict[str, Any]) -> SSAValue:
-        node.operands = args
-        self.nodes.append(node)
+        assert node.id == self.emitter.next_id(), "apply numbers nodes as the graph does"
+        arrays: dict[str, np.ndarray] = {}
         for name, p in record.items():
             if isinstance(p, Param):
                 self.bound.setdefault(node.id, (node.TAG, {}))[1][name] = p.name
             else:
-                self.payload.records.setdefault(node.id, {})[name] = np.array(p, np.float64)
-                self.payload.kinds[node.id] = node.TAG
-        return node.result
+                arrays[name] = np.array(p, np.float64)
+        parents = [a.owner for a in args]
+        return self.emitter.evaluate(node, parents, arrays or None).result
 
     def finish(self, result: Any, at: Location) -> GraphOp:
         """The graph whose output is `result`, selected `at` the program's return (checked by
@@ -429,9 +444,9 @@ class GraphBuilder(Ops):
         self.at = at
         output = OutputOp(self.lift(result))
         output.location = at.to_attr()
-        graph = GraphOp(self.name, [*self.nodes, output])
-        infer_graph_shapes(graph)
-        return graph
+        self.graph.body.block.add_op(output)
+        infer_graph_shapes(self.graph)
+        return self.graph
 
 
 # --------------------------------------------------------------------------------------------
@@ -495,7 +510,7 @@ def trace(
     code = program.__code__
     at = Location(code.co_filename, code.co_firstlineno, 1)
     try:
-        builder = GraphBuilder(name or program.__name__, tuple(input_shape), at)
+        builder = GraphBuilder(name or program.__name__, [tuple(input_shape)], at)
         graph = builder.finish(program(builder, builder.input, params), at)
         check_payload(graph, builder.payload, graph_shapes(graph))
     except DiagnosticError as exc:

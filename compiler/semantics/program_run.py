@@ -131,7 +131,9 @@ def lower_program(program: ProgramOp) -> Lowered:
             check_elements(shape, f"program @{program.graph_name}: {name}")
         except LimitError as exc:
             raise error(str(exc), program) from None
-    builder = GraphBuilder(program.graph_name, program.shape_of_arg(program.input), _where(program))
+    builder = GraphBuilder(
+        program.graph_name, [program.shape_of_arg(program.input)], _where(program)
+    )
     run = run_program(
         program, builder, builder.input, {n: Param(n, s) for n, s in declared.items()}
     )

@@ -24,7 +24,7 @@ from tlc.core.payload import Payload, Record
 from tlc.dialect import ops
 from tlc.dialect.ops import GraphOp, NodeOp
 from tlc.dialect.shapes import Shape, fmt_shape
-from tlc.dialect.verify import infer_graph_shapes
+from tlc.dialect.verify import graph_shapes
 from tlc.semantics.autodiff.rules import JVP, PARAMS, VJP
 from tlc.semantics.emitter import Emitter, NumpyEmitter
 from tlc.semantics.interpret import REFERENCE, interpret
@@ -106,7 +106,7 @@ def jvp(
 ) -> Tangents:
     """The output at x and its directional derivative along (tangent, param_tangents)."""
     table = interpret(graph, payload, x)
-    shapes = infer_graph_shapes(graph)
+    shapes = graph_shapes(graph)
     records = prepare_records(graph, payload or Payload(), np.float64, shapes)
     given = param_tangents or {}
     _check_param_tangents(graph, records, given)
@@ -194,7 +194,7 @@ def vjp(graph: GraphOp, payload: Payload | None, x: Any, cotangent: Any = None) 
     """Cotangents of the input and parameters for `cotangent` at the output (default: ones,
     which for a scalar output is the gradient)."""
     table = interpret(graph, payload, x)
-    records = prepare_records(graph, payload or Payload(), np.float64, infer_graph_shapes(graph))
+    records = prepare_records(graph, payload or Payload(), np.float64, graph_shapes(graph))
     out = table.output
     seed = np.ones_like(out) if cotangent is None else np.asarray(cotangent, dtype=np.float64)
     _check_shape("vjp: cotangent", seed.shape, out.shape)
