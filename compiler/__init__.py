@@ -243,10 +243,12 @@ def from_onnx(model: Any, input_shapes: Any = None, name: str | None = None) -> 
     return import_model(model, input_shapes, name)
 
 
-def to_onnx(graph: Any, payload: Any = None, dtype: Any = "f32") -> Any:
+def to_onnx(graph: Any, payload: Any = None, dtype: Any = "f32", batch: int | None = None) -> Any:
     """An `onnx.ModelProto` computing `graph` (a tl.graph op or a document) with `payload`
-    (default: the document's inline payload), in float32 ("f32") or float64 ("f64")."""
+    (default: the document's inline payload), in float32 ("f32") or float64 ("f64"); a graph
+    with the batch extent `N` is exported for `batch` rows."""
     from tlc.api.evaluate import choose, scalar_type
+    from tlc.dialect.batch import has_batch, specialise
     from tlc.dialect.ops import GraphOp
     from tlc.frontends.export_onnx import to_onnx as export
 
@@ -254,4 +256,6 @@ def to_onnx(graph: Any, payload: Any = None, dtype: Any = "f32") -> Any:
     chosen = graph
     if not isinstance(graph, GraphOp):
         chosen, payload = choose(graph, None, payload)
+    if batch is not None and has_batch(chosen):
+        chosen = specialise(chosen, batch)
     return export(chosen, payload, scalar)

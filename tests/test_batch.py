@@ -242,3 +242,31 @@ def test_fx_import_of_a_model_computing_with_its_batch_size_is_refused() -> None
     assert str(info.value).endswith(
         "; import it without dynamic_batch (the example's batch size is then fixed)"
     )
+
+
+def test_crown_bounds_and_kernel_plans_at_any_batch_size() -> None:
+    x = RNG.normal(size=(3, 4))
+    result = tlc.bounds(MLP, center=x, radius=0.01, method="crown", payload=PAYLOAD)
+    assert np.all(result.lower <= numpy_mlp(x)) and np.all(numpy_mlp(x) <= result.upper)
+    batched = tlc.bounds(MLP, center=np.stack([x, x]), radius=0.01, payload=PAYLOAD)
+    assert batched.upper.shape == (2, 3)
+    plan = tlc.plan(MLP)
+    np.testing.assert_allclose(tlc.execute_plan(plan, x, PAYLOAD).output, numpy_mlp(x), rtol=1e-12)
+
+
+def test_onnx_export_and_gradients_need_one_batch_size() -> None:
+    pytest.importorskip("onnx")
+    with pytest.raises(DiagnosticError) as info:
+        tlc.to_onnx(MLP, PAYLOAD)
+    assert str(info.value).splitlines()[0] == (
+        "<string>:1:1: error: ONNX export: graph @mlp has the batch extent N; export it for one "
+        "batch size (tlc.to_onnx(..., batch=64))"
+    )
+    model = tlc.to_onnx(MLP, PAYLOAD, batch=5)
+    assert [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim] == [5, 4]
+    with pytest.raises(DiagnosticError) as info:
+        tlc.grad(MLP, PAYLOAD)
+    assert str(info.value).splitlines()[0] == (
+        "<string>:1:1: error: grad: graph @mlp has the batch extent N; a gradient graph is built "
+        "for one batch size (write it, or import the model, with a fixed batch)"
+    )
