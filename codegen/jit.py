@@ -32,7 +32,7 @@ from tlc.codegen.target import HOST, Target, compile_ir, emit_object, host_lacks
 from tlc.core.arrays import as_float_array
 from tlc.core.diagnostics import DiagnosticError
 from tlc.core.payload import Payload, Record
-from tlc.dialect.batch import PROBES, PerBatch, batch_of_value, has_batch
+from tlc.dialect.batch import PROBES, PerBatch, batch_of_value, has_batch, specialise
 from tlc.dialect.ops import GraphOp, InputOp, NodeOp
 from tlc.dialect.printer import print_mlir_op
 from tlc.dialect.shapes import Shape, fmt_shape
@@ -151,7 +151,12 @@ class CompiledPerBatch:
         self.per_batch = PerBatch(
             graph, lambda g: compile_graph(g, payload, dtype, None, runtime_payload, target)
         )
-        self.per_batch.at(PROBES[0])  # refuses a bad graph or payload now, not on first call
+        # A bad graph or payload is refused now, not on the first call: building the IR for
+        # one batch size checks both (LLVM, the costly part, runs per batch size on first use).
+        build_graph_module(
+            specialise(graph, PROBES[0]), payload, dtype, runtime_payload=runtime_payload,
+            target=target,
+        )  # fmt: skip
 
     def __repr__(self) -> str:
         out = self.graph.output

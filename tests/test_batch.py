@@ -184,7 +184,7 @@ def test_compiled_code_is_specialised_per_batch_size() -> None:
     for batch in (1, 5, 5, 2):
         x = RNG.normal(size=(batch, 4))
         np.testing.assert_allclose(f(x), numpy_mlp(x), rtol=1e-12)
-    assert sorted(f.per_batch.built) == [1, 2, 5]  # one compile per batch size (2: the check)
+    assert sorted(f.per_batch.built) == [1, 2, 5]  # one compile per batch size
     with pytest.raises(ValueError, match=r"^tlc_mlp: input has shape \[2, 3\], expected \[N, 4\]$"):
         f(np.zeros((2, 3)))
 

@@ -58,7 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--batch",
         type=positive,
         metavar="N",
-        help="map a single-example graph over a leading batch axis of N",
+        help="map a single-example graph over a leading batch axis of N, or fix the batch "
+        "extent N of a graph that declares one",
     )
     p.add_argument(
         "--runtime-payload",
