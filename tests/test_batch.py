@@ -14,6 +14,7 @@ import tlc
 from tlc.core.diagnostics import DiagnosticError
 from tlc.dialect.printer import print_tlir
 from tlc.dialect.shapes import BATCH
+from tlc.semantics.ibp import ibp
 from tlc.semantics.interpret import interpret
 from tlc.tools.compile import main as compile_main
 
@@ -154,9 +155,11 @@ def test_inputs_disagreeing_on_n_are_refused() -> None:
 def test_interval_bounds_at_any_batch_size() -> None:
     x = RNG.normal(size=(3, 4))
     box = tlc.ibp(MLP, x, 0.01, PAYLOAD)[-1]
-    assert (
-        box.lo.shape == (3,) and np.all(box.lo <= numpy_mlp(x)) and np.all(numpy_mlp(x) <= box.hi)
-    )
+    assert box.lo.shape == (3,)
+    assert np.all(box.lo <= numpy_mlp(x)) and np.all(numpy_mlp(x) <= box.hi)
+    chosen, payload = graph()
+    direct = ibp(chosen, payload, x - 0.01, x + 0.01)[-1]  # the semantics' own entry point
+    assert np.all(direct.lo <= numpy_mlp(x)) and np.all(numpy_mlp(x) <= direct.hi)
 
 
 def test_tlc_run_takes_the_batch_size_from_input(tmp_path: Path) -> None:

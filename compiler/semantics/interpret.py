@@ -158,8 +158,12 @@ class PreparedPerBatch:
 
     def __call__(self, x: Inputs) -> ValueTable:
         given = given_inputs(self.graph, x)
-        shapes = {nid: np.shape(as_float_array(v)) for nid, v in given.items()}
-        return self.per_batch.for_inputs(shapes)(given)
+        return self.per_batch.for_inputs(input_shapes(given))(given)
+
+
+def input_shapes(given: Mapping[int, Any]) -> dict[int, Shape]:
+    """The shape of each given input value (node id -> value, as `given_inputs` returns)."""
+    return {nid: np.shape(as_float_array(v)) for nid, v in given.items()}
 
 
 def check_sizes(graph: GraphOp, shapes: list[Shape]) -> None:
