@@ -197,8 +197,17 @@ class KernelBuilder:
     # -- math ------------------------------------------------------------------------------
 
     def intrinsic(self, name: str, *args: ir.Value) -> ir.Value:
-        """`llvm.<name>.f32|f64`, e.g. exp, log, sqrt, fabs, maximum, sin."""
-        return self._call(f"llvm.{name}.{self._suffix}", args)
+        """`llvm.<name>.f32|f64`, e.g. exp, log, sqrt, fabs, maximum, sin (`.v16f32` etc.
+        on vectors)."""
+        kind = args[0].type
+        lanes = f"v{kind.count}" if isinstance(kind, ir.VectorType) else ""
+        return self._call(f"llvm.{name}.{lanes}{self._suffix}", args)
+
+    def like(self, value: float, x: ir.Value) -> ir.Constant:
+        """`value` as a constant of x's type (a scalar, or a vector of it in every lane)."""
+        if isinstance(x.type, ir.VectorType):
+            return ir.Constant(x.type, [float(value)] * x.type.count)
+        return self.const(value)
 
     def libm(self, name: str, *args: ir.Value) -> ir.Value:
         """A C math library function (`tanh`/`tanhf`); the JIT and `-lm` resolve it."""
@@ -207,7 +216,8 @@ class KernelBuilder:
     def _call(self, symbol: str, args: Sequence[ir.Value]) -> ir.Value:
         func = self.module.globals.get(symbol)
         if func is None:
-            func = ir.Function(self.module, ir.FunctionType(self.T, [self.T] * len(args)), symbol)
+            kind = args[0].type
+            func = ir.Function(self.module, ir.FunctionType(kind, [kind] * len(args)), symbol)
         return self.b.call(func, list(args))
 
     def sum_over(self, count: int, term: Callable[[ir.Value], ir.Value]) -> ir.Value:

@@ -15,11 +15,16 @@ micro-kernel instead: one element of A broadcast against vectors of a row of B.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cache
 
+import numpy as np
 from llvmlite import ir
 
-from tlc.codegen.builder import REASSOC, Buf, KernelBuilder
+from tlc.codegen.builder import I1, I32, REASSOC, Buf, KernelBuilder
+from tlc.codegen.target import TargetInfo
 
 #: Rows of A per cache block: the block (64 x k) stays in L2 while W's tiles pass over it.
 ROW_BLOCK = 64
@@ -219,3 +224,355 @@ def _broadcast_tile(
                 value = b.fadd(value, shift)
             ptr = b.bitcast(k.at(out, b.add(row, k.i64(v * lanes))), vptr)
             b.store(value, ptr, align=k.dtype.itemsize)
+
+
+# --------------------------------------------------------------------------------------------
+# Packed products: B in panels of the micro-kernel's width, A broadcast one scalar at a time
+# --------------------------------------------------------------------------------------------
+
+#: Bytes of the slice of a B panel (kc rows of NR columns) one K block multiplies, at most
+#: 1024 rows: on Zen 4, kc = 128 (a 16 KiB slice in L1) gave 92 GFLOP/s on a 256 x 784 x 1024
+#: product, 512 gave 101-104 and 1024 gave 110: every K block but the last sends the partial
+#: sums of C through memory, which costs more than B's L1 misses (L2 serves them in time).
+PANEL_BYTES = 128 * 1024
+#: Bytes of the packed rows of A (mc x kc) that stay in L2 while the panels pass by.
+L2_BLOCK = 512 * 1024
+#: The issue model the micro-kernel is chosen by: vector FMAs and loads a core starts per
+#: cycle, and the cycles a step along k takes at least (each accumulator takes one FMA per
+#: step: the FMA latency of 4, plus one cycle of slack, as a tile that only just covers the
+#: latency stalls on any delay).
+FMA_PER_CYCLE, LOADS_PER_CYCLE, MIN_STEP = 2, 2, 5
+
+#: A vector -> vector map applied to the finished tile before it is stored (a fused relu).
+Epilogue = Callable[[ir.Value], ir.Value]
+
+
+@dataclass(frozen=True)
+class MicroKernel:
+    """The register tile of the packed products: MR rows, each one element of A broadcast per
+    step along k, by NV vectors of LANES columns of B (NR = NV * LANES), so MR * NV
+    accumulators, NV loaded vectors and one broadcast live in registers. `kc` is the K block
+    (`PANEL_BYTES`)."""
+
+    mr: int
+    nv: int
+    lanes: int
+    kc: int
+
+    @property
+    def nr(self) -> int:
+        return self.nv * self.lanes
+
+
+def _reserved(nv: int) -> int:
+    """Vector registers a tile of NV vectors of columns needs beside its accumulators: the NV
+    loaded vectors and a broadcast; with a single vector, LLVM's unrolled loop keeps several
+    broadcasts live (tiles of 10 or more rows spilled on 16 registers), so 7."""
+    return nv + 1 if nv > 1 else 7
+
+
+@cache
+def micro_kernel(info: TargetInfo, itemsize: int, m: int, n: int) -> MicroKernel:
+    """The tile for an m x n product on the target. Every MR x NV whose MR*NV accumulators
+    and `_reserved` registers fit the target's (16 on AVX2/SSE, 32 on AVX-512) is scored by the
+    cycles its tiles take per step along k to cover m x n (rows and columns past the edge
+    included): max(FMAs / FMA_PER_CYCLE, loads / LOADS_PER_CYCLE, MIN_STEP) per tile; ties
+    go to fewer rows past the edge, more accumulators, then more rows. For the wide layers
+    that is 6 x 2 vectors (6x16 f32) or 4 x 3 on AVX2 and 8 x 2 vectors (8x32) on AVX-512;
+    a single row (batch 1) gets 4 vectors."""
+    lanes = max(info.vector_bytes // itemsize, 1)
+    regs = info.vector_registers
+
+    def cycles(mr: int, nv: int) -> float:
+        per_step = max(mr * nv / FMA_PER_CYCLE, (mr + nv) / LOADS_PER_CYCLE, MIN_STEP)
+        return math.ceil(m / mr) * math.ceil(n / (nv * lanes)) * per_step
+
+    shapes = [(mr, nv) for nv in range(1, 5) for mr in range(1, regs)
+              if mr * nv + _reserved(nv) <= regs]  # fmt: skip
+    mr, nv = min(shapes, key=lambda s: (cycles(*s), -(-m // s[0]) * s[0], -s[0] * s[1], -s[0]))
+    return MicroKernel(mr, nv, lanes, min(max(PANEL_BYTES // (nv * lanes * itemsize), 8), 1024))
+
+
+def pack_panels(b: np.ndarray, width: int) -> np.ndarray:
+    """B [k, n] as ceil(n / width) panels of [k, width] (columns past n are zero), one after
+    the other: row p of panel j holds B[p, j*width : (j+1)*width] contiguously, the order
+    the micro-kernel reads it in."""
+    kk, n = b.shape
+    panels = -(-n // width)
+    padded = np.zeros((kk, panels * width), b.dtype)
+    padded[:, :n] = b
+    return np.ascontiguousarray(padded.reshape(kk, panels, width).transpose(1, 0, 2))
+
+
+def pad_to(values: np.ndarray, size: int) -> np.ndarray:
+    out = np.zeros(size, values.dtype)
+    out[: values.size] = values.reshape(-1)
+    return out
+
+
+def splat(k: KernelBuilder, vec: ir.VectorType, x: ir.Value) -> ir.Value:
+    """x in every lane of `vec`."""
+    b = k.b
+    one = b.insert_element(ir.Constant(vec, ir.Undefined), x, k.i64(0))
+    mask = ir.Constant(ir.VectorType(I32, vec.count), [0] * vec.count)
+    return b.shuffle_vector(one, ir.Constant(vec, ir.Undefined), mask)
+
+
+def _masked(k: KernelBuilder, vec: ir.VectorType, store: bool) -> ir.Function:
+    mask = ir.VectorType(I1, vec.count)
+    kind = "store" if store else "load"
+    name = f"llvm.masked.{kind}.v{vec.count}{'f32' if k.dtype.itemsize == 4 else 'f64'}.p0"
+    args = [vec, vec.as_pointer(), I32, mask] if store else [vec.as_pointer(), I32, mask, vec]
+    func = k.module.globals.get(name)
+    result = ir.VoidType() if store else vec
+    return func or ir.Function(k.module, ir.FunctionType(result, args), name)
+
+
+def _prefix(vec: ir.VectorType, count: int) -> ir.Constant:
+    """The mask of the first `count` lanes."""
+    return ir.Constant(ir.VectorType(I1, vec.count), [lane < count for lane in range(vec.count)])
+
+
+def lane_mask(k: KernelBuilder, vec: ir.VectorType, lo: ir.Value, hi: ir.Value) -> ir.Value:
+    """The <lanes x i1> mask of lanes l with lo <= l < hi (i32 bounds)."""
+    b, lanes = k.b, vec.count
+    iota = ir.Constant(ir.VectorType(I32, lanes), list(range(lanes)))
+    ivec = ir.VectorType(I32, lanes)
+    return b.and_(b.icmp_signed(">=", iota, splat(k, ivec, lo)),
+                  b.icmp_signed("<", iota, splat(k, ivec, hi)))  # fmt: skip
+
+
+def store_vector(
+    k: KernelBuilder, value: ir.Value, ptr: ir.Value, count: int, mask: ir.Value | None = None
+) -> None:
+    """Store the first `count` lanes of `value` at `ptr` (a masked store when not all; or
+    under `mask` when given)."""
+    vec = value.type
+    vptr = k.b.bitcast(ptr, vec.as_pointer())
+    align = ir.Constant(I32, k.dtype.itemsize)
+    if mask is None and count >= vec.count:
+        k.b.store(value, vptr, align=k.dtype.itemsize)
+        return
+    k.b.call(_masked(k, vec, True), [value, vptr, align, mask or _prefix(vec, count)])
+
+
+def load_vector(k: KernelBuilder, vec: ir.VectorType, ptr: ir.Value, count: int) -> ir.Value:
+    """The first `count` lanes at `ptr` (the others zero)."""
+    vptr = k.b.bitcast(ptr, vec.as_pointer())
+    if count >= vec.count:
+        return k.b.load(vptr, align=k.dtype.itemsize)
+    zero = ir.Constant(vec, [0.0] * vec.count)
+    align = ir.Constant(I32, k.dtype.itemsize)
+    return k.b.call(_masked(k, vec, False), [vptr, align, _prefix(vec, count), zero])
+
+
+def packed_tile(
+    k: KernelBuilder,
+    mk: MicroKernel,
+    mr: int,
+    a_at: Callable[[int, ir.Value], ir.Value],
+    b_at: Callable[[int, ir.Value], ir.Value],
+    klen: ir.Value,
+    start: Callable[[int, int], ir.Value],
+    finish: Callable[[int, int, ir.Value], None],
+) -> None:
+    """The micro-kernel: acc[r][v] = start(r, v); for p < klen, acc[r][v] += A(r, p) * B(v, p)
+    with A(r, p) the scalar at `a_at(r, p)` broadcast and B(v, p) the vector at `b_at(v, p)`
+    (a packed panel row); then finish(r, v, acc[r][v]). The MR * NV accumulators are stack
+    slots SROA keeps in registers. Loads claim only element alignment: a malloc'ed workspace
+    is 16-byte aligned (unaligned vector loads of aligned data cost nothing extra)."""
+    b = k.b
+    vec = ir.VectorType(k.T, mk.lanes)
+    acc = [[k.local(start(r, v), "vacc") for v in range(mk.nv)] for r in range(mr)]
+    fma, vptr = _fma(k, vec), vec.as_pointer()
+    align = k.dtype.itemsize
+    with k.loop(klen, "p") as p:
+        bs = [b.load(b.bitcast(b_at(v, p), vptr), align=align) for v in range(mk.nv)]
+        for r in range(mr):
+            x = splat(k, vec, b.load(a_at(r, p), align=k.dtype.itemsize))
+            for v in range(mk.nv):
+                b.store(b.call(fma, [x, bs[v], b.load(acc[r][v])]), acc[r][v])
+    for r in range(mr):
+        for v in range(mk.nv):
+            finish(r, v, b.load(acc[r][v]))
+
+
+def linear_scratch(m: int, kk: int) -> int:
+    """Elements of scratch `emit_packed_linear` may need on any target, for m rows of k: the
+    packed rows of A of one cache block (at most L2_BLOCK bytes of float32 plus one row
+    tile of at most 32 rows; kc <= 1024)."""
+    return min(L2_BLOCK // 4 + 32 * 1024, (m + 32) * min(kk, 1024))
+
+
+def emit_packed_linear(
+    k: KernelBuilder,
+    x: Buf,
+    panels: Buf,
+    bias: Buf,
+    out: Buf,
+    scratch: Buf,
+    *,
+    m: int,
+    n: int,
+    kk: int,
+    epilogue: Epilogue | None,
+) -> None:
+    """out[i, j] = epilogue(sum_p x[i, p] W[j, p] + bias[j]) with W^T packed at compile time
+    (`pack_panels(W.T, NR)`, bias zero-padded to whole panels).
+
+    Blocked for the caches: K in blocks of kc (the panel's kc x NR slice stays in L2 while
+    every row tile of the block passes over it), rows in blocks of mc, packed into `scratch`
+    as [tile][p][MR] (mc x kc, in L2) so that a tile's broadcasts read consecutive memory
+    (x's rows are k apart: a power-of-two k puts every row of a tile in one L1 set); each
+    K block but the first adds onto the partial sums in `out`, the last adds the bias and
+    applies the epilogue as it stores. Rows past the last whole tile get a tile of their own
+    height, columns past the last whole panel are computed on the zero padding and stored
+    under a mask."""
+    mk = micro_kernel(k.info, k.dtype.itemsize, m, n)
+    b, lanes, nr, kc, MR = k.b, mk.lanes, mk.nr, min(mk.kc, kk), mk.mr
+    vec = ir.VectorType(k.T, lanes)
+    zero = ir.Constant(vec, [0.0] * lanes)
+    full, tail = divmod(n, nr)
+    m_main = m - m % MR
+    mc = max(L2_BLOCK // (max(kc, 1) * k.dtype.itemsize) // MR, 1) * MR
+    assert min(mc, -(-m // MR) * MR) * kc <= scratch.size <= linear_scratch(m, kk)
+    blocked = kk > kc
+
+    def k_block(pc: ir.Value, klen: ir.Value, first: ir.Value | None, last: ir.Value | None):
+        def pack(i_lo: ir.Value, tiles: ir.Value, mr: int) -> None:
+            """x[i_lo + t*MR + r, pc + p] -> scratch[(t * kc + p) * MR + r]."""
+            with k.loop(tiles, "t") as t, k.loop(klen, "p") as p:
+                row = b.add(i_lo, b.mul(t, k.i64(MR)))
+                dst = b.mul(b.add(b.mul(t, k.i64(kc)), p), k.i64(MR))
+                for r in range(mr):
+                    src = b.add(b.mul(b.add(row, k.i64(r)), k.i64(kk)), b.add(pc, p))
+                    k.store(k.load(x, src), scratch, b.add(dst, k.i64(r)))
+
+        def tile(i0: ir.Value, t: ir.Value, mr: int, jr: ir.Value, cols: int) -> None:
+            def a_at(r: int, p: ir.Value) -> ir.Value:
+                at = b.mul(b.add(b.mul(t, k.i64(kc)), p), k.i64(MR))
+                return k.at(scratch, b.add(at, k.i64(r)))
+
+            def b_at(v: int, p: ir.Value) -> ir.Value:
+                row = b.add(b.mul(jr, k.i64(kk * nr)), b.mul(b.add(pc, p), k.i64(nr)))
+                return k.at(panels, b.add(row, k.i64(v * lanes)))
+
+            def c_at(r: int, v: int) -> ir.Value:
+                row = b.mul(b.add(i0, k.i64(r)), k.i64(n))
+                return k.at(out, b.add(row, b.add(b.mul(jr, k.i64(nr)), k.i64(v * lanes))))
+
+            def start(r: int, v: int) -> ir.Value:
+                if first is None or v * lanes >= cols:
+                    return zero
+                return b.select(first, zero, load_vector(k, vec, c_at(r, v), cols - v * lanes))
+
+            def finish(r: int, v: int, acc: ir.Value) -> None:
+                if v * lanes >= cols:
+                    return
+                at = b.add(b.mul(jr, k.i64(nr)), k.i64(v * lanes))
+                done = b.fadd(acc, b.load(b.bitcast(k.at(bias, at), vec.as_pointer()),
+                                          align=k.dtype.itemsize))  # fmt: skip
+                if epilogue is not None:
+                    done = epilogue(done)
+                value = done if last is None else b.select(last, done, acc)
+                store_vector(k, value, c_at(r, v), cols - v * lanes)
+
+            packed_tile(k, mk, mr, a_at, b_at, klen, start, finish)
+
+        def row_block(i_lo: ir.Value, tiles: ir.Value, mr: int) -> None:
+            """Rows [i_lo, i_lo + tiles * mr) (mr = MR, or one tile of the remainder)."""
+            pack(i_lo, tiles, mr)
+            for j_lo, j_hi, cols in ((0, full, nr), (full, full + (tail > 0), tail)):
+                if j_hi > j_lo:
+                    with k.loop(j_hi, "jr", start=j_lo) as jr, k.loop(tiles, "t") as t:
+                        tile(b.add(i_lo, b.mul(t, k.i64(MR))), t, mr, jr, cols)
+
+        if m_main:
+            with k.loop(m_main, "ic", step=mc) as ic:
+                rows = b.sub(k.i64(m_main), ic)
+                rows = b.select(b.icmp_signed("<", rows, k.i64(mc)), rows, k.i64(mc))
+                row_block(ic, b.udiv(rows, k.i64(MR)), MR)
+        if m_main < m:
+            row_block(k.i64(m_main), k.i64(1), m - m_main)
+
+    if not blocked:
+        k_block(k.i64(0), k.i64(kk), None, None)
+        return
+    with k.loop(kk, "pc", step=kc) as pc:
+        rest = b.sub(k.i64(kk), pc)
+        klen = b.select(b.icmp_signed("<", rest, k.i64(kc)), rest, k.i64(kc))
+        first = b.icmp_signed("==", pc, k.i64(0))
+        last = b.icmp_signed("<=", rest, k.i64(kc))
+        k_block(pc, klen, first, last)
+
+
+def emit_packed_block(
+    k: KernelBuilder,
+    mk: MicroKernel,
+    *,
+    m: int,
+    klen: ir.Value,
+    a_at: Callable[[ir.Value, int, ir.Value], ir.Value],
+    b_at: Callable[[ir.Value, int, ir.Value], ir.Value],
+    panels: ir.Value,
+    finish: Callable[[ir.Value, ir.Value, int, ir.Value], None],
+    after: Callable[[ir.Value, ir.Value, int], None] | None = None,
+    partial: Callable[[ir.Value, ir.Value, int], ir.Value] | None = None,
+    first: ir.Value | None = None,
+    last: ir.Value | None = None,
+) -> None:
+    """C = A B over `panels` panels of NR columns of B (filled at run time: convolution's
+    patches), `klen` steps along k: for each panel, every tile of MR rows of A (the last one
+    of its own height), A's element (i, p) at `a_at(tile, r, p)`, vector v of row p of panel
+    j at `b_at(j, v, p)`; each finished accumulator goes to finish(row, panel, v, acc), then
+    after(first row, panel, rows). With `partial` (the address of a vector of partial sums
+    per row, panel and v), this is one K block: the tiles start from the partial sums unless
+    `first`, keep them there, and are finished only when `last`."""
+    b, lanes = k.b, mk.lanes
+    vec = ir.VectorType(k.T, lanes)
+    zero = ir.Constant(vec, [0.0] * lanes)
+    whole, rest = divmod(m, mk.mr)
+
+    def tile(jp: ir.Value, ib: ir.Value, mr: int) -> None:
+        def row(r: int) -> ir.Value:
+            return b.add(b.mul(ib, k.i64(mk.mr)), k.i64(r))
+
+        def done(r: int, v: int, acc: ir.Value) -> None:
+            finish(row(r), jp, v, acc)
+
+        def a(r: int, p: ir.Value) -> ir.Value:
+            return a_at(ib, r, p)
+
+        def bv(v: int, p: ir.Value) -> ir.Value:
+            return b_at(jp, v, p)
+
+        if partial is None:
+            packed_tile(k, mk, mr, a, bv, klen, lambda r, v: zero, done)
+            if after is not None:
+                after(row(0), jp, mr)
+            return
+        assert first is not None and last is not None
+
+        def held(r: int, v: int) -> ir.Value:
+            return b.bitcast(partial(row(r), jp, v), vec.as_pointer())
+
+        def start(r: int, v: int) -> ir.Value:
+            return b.select(first, zero, b.load(held(r, v), align=k.dtype.itemsize))
+
+        def keep(r: int, v: int, acc: ir.Value) -> None:
+            b.store(acc, held(r, v), align=k.dtype.itemsize)
+
+        packed_tile(k, mk, mr, a, bv, klen, start, keep)
+        with b.if_then(last):
+            for r in range(mr):
+                for v in range(mk.nv):
+                    done(r, v, b.load(held(r, v), align=k.dtype.itemsize))
+            if after is not None:
+                after(row(0), jp, mr)
+
+    with k.loop(panels, "jp") as jp:
+        if whole:
+            with k.loop(whole, "ib") as ib:
+                tile(jp, ib, mk.mr)
+        if rest:
+            tile(jp, k.i64(whole), rest)

@@ -29,7 +29,23 @@ from llvmlite import ir
 from xdsl.ir import Block
 
 from tlc.codegen.builder import I1, I8, I32, Buf, KernelBuilder, Status, strides
-from tlc.codegen.gemm import emit_broadcast_tiles, emit_dot_tiles
+from tlc.codegen.gemm import (
+    Epilogue,
+    MicroKernel,
+    emit_broadcast_tiles,
+    emit_dot_tiles,
+    emit_packed_block,
+    emit_packed_linear,
+    lane_mask,
+    linear_scratch,
+    load_vector,
+    micro_kernel,
+    pack_panels,
+    pad_to,
+    splat,
+    store_vector,
+)
+from tlc.codegen.target import TargetInfo
 from tlc.core.diagnostics import error
 from tlc.core.payload import Payload
 from tlc.core.rule_table import RuleTable
@@ -41,14 +57,21 @@ from tlc.dialect.shapes import Shape, numel
 from tlc.semantics.emitter import GraphEmitter
 from tlc.semantics.reference import uniform_draws
 
+#: A field's value (cast to the compiled dtype, in `ParamSpec.shape`) rearranged into the
+#: layout the kernels for a target read when it is known at compile time.
+Pack = Callable[[np.ndarray, TargetInfo], np.ndarray]
+
 
 @dataclass(frozen=True)
 class ParamSpec:
     """A payload field a node reads: its shape, and its value when the record leaves it out
-    (None: required)."""
+    (None: required). `pack`, when set, is the layout a baked (compile-time) value is stored
+    in: a weight matrix in the micro-kernel's panels. Runtime payloads keep `shape`'s
+    row-major layout (the C ABI's), and the rule then reads the field as it is."""
 
     shape: Shape
     default: float | None = None
+    pack: Pack | None = None
 
 
 @dataclass
@@ -61,6 +84,11 @@ class Step:
     out: Buf
     #: Temporary storage of `Lowering.scratch` elements (None when the lowering needs none).
     scratch: Buf | None = None
+    #: The params are compile-time constants stored in their `ParamSpec.pack` layouts.
+    packed: bool = False
+    #: An elementwise node of `EPILOGUES` fused into the rule's stores (`Lowering.fuses`):
+    #: the node writes that node's value, not its own.
+    fused: NodeOp | None = None
 
 
 Emit = Callable[[KernelBuilder, Step], "Buf | None"]
@@ -84,6 +112,9 @@ class Lowering:
     params: ParamLayout = _none
     #: Elements of temporary storage the emitted code needs (convolution's patch matrix).
     scratch: ScratchSize = _no_scratch
+    #: The rule applies `Step.epilogue` to its values as it stores them, so an elementwise
+    #: node of `EPILOGUES` that is the only user of this node's value can be fused into it.
+    fuses: bool = False
 
 
 LOWERINGS: RuleTable[Lowering] = RuleTable("llvm")
@@ -94,11 +125,12 @@ def register(
     view: bool = False,
     params: ParamLayout = _none,
     scratch: ScratchSize = _no_scratch,
+    fuses: bool = False,
 ):
     """Decorator: `emit` lowers each of `op_classes`."""
 
     def add(emit: Emit) -> Emit:
-        LOWERINGS.register(*op_classes)(Lowering(emit, view, params, scratch))
+        LOWERINGS.register(*op_classes)(Lowering(emit, view, params, scratch, fuses))
         return emit
 
     return add
@@ -168,8 +200,8 @@ def elementwise(op_class: type[NodeOp], fn: Scalar) -> None:
 
 
 def _relu(k: KernelBuilder, node: NodeOp, x: ir.Value) -> ir.Value:
-    """max(x, 0), NaN propagating like numpy's maximum."""
-    return k.intrinsic("maximum", x, k.const(0))
+    """max(x, 0), NaN propagating like numpy's maximum (on scalars or vectors)."""
+    return k.intrinsic("maximum", x, k.like(0, x))
 
 
 def _sigmoid(k: KernelBuilder, node: NodeOp, x: ir.Value) -> ir.Value:
@@ -245,6 +277,29 @@ for _op, _fn in (
     (bw.GeluGradOp, _gelu_grad),
 ):
     elementwise(_op, _fn)
+
+
+#: Elementwise ops a producer with `Lowering.fuses` applies as it stores (their rules work on
+#: scalars and vectors alike): the node becomes a view of its producer's value.
+EPILOGUES: dict[type[NodeOp], Scalar] = {ops.ReluOp: _relu}
+
+
+def epilogue(k: KernelBuilder, s: Step) -> Epilogue | None:
+    """The map `s.fused` applies, for `k`'s code (None when nothing is fused)."""
+    fused = s.fused
+    if fused is None:
+        return None
+    rule = EPILOGUES[type(fused)]
+    return lambda x: rule(k, fused, x)
+
+
+def apply_epilogue(k: KernelBuilder, s: Step) -> None:
+    """The fused map over the finished output, for the paths that do not fuse it into their
+    stores."""
+    fn = epilogue(k, s)
+    if fn is not None:
+        with k.loop(s.out.size, "e") as e:
+            k.store(fn(k.load(s.out, e)), s.out, e)
 
 
 @register(ops.LogOp)
@@ -539,17 +594,58 @@ def _batch_norm_eval(k: KernelBuilder, s: Step) -> None:
 # --------------------------------------------------------------------------------------------
 
 
+#: Panels a linear layer's product must have for the packed broadcast kernel: with fewer,
+#: packing x's rows costs about as much as the product (each row element feeds NV FMAs per
+#: panel), and the dot-product tiles over W's rows are faster (a 64 x 8192 x 10 product:
+#: 73 GFLOP/s against 27 on Zen 4).
+MIN_PANELS = 4
+
+
+def _linear_kernel(info: TargetInfo, itemsize: int, m: int, n: int, kk: int) -> MicroKernel | None:
+    """The micro-kernel of the packed product for an m x kk by kk x n product, or None for
+    dot tiles (also with no input features: the result is the bias)."""
+    mk = micro_kernel(info, itemsize, m, n)
+    return mk if -(-n // mk.nr) >= MIN_PANELS and kk > 0 else None
+
+
 def _linear_params(node: NodeOp, parents: list[Shape], out: Shape) -> dict[str, ParamSpec]:
-    return {"weight": ParamSpec((out[-1], parents[0][-1])), "bias": ParamSpec((out[-1],), 0.0)}
+    """weight [out, in] and bias [out]; baked for the packed kernel, W^T in the
+    micro-kernel's panels and the bias padded to whole panels."""
+    n, kk = out[-1], parents[0][-1]
+    m = numel(parents[0][:-1])
+
+    def weight(value: np.ndarray, info: TargetInfo) -> np.ndarray:
+        mk = _linear_kernel(info, value.dtype.itemsize, m, n, kk)
+        return value if mk is None else pack_panels(value.T, mk.nr)
+
+    def bias(value: np.ndarray, info: TargetInfo) -> np.ndarray:
+        mk = _linear_kernel(info, value.dtype.itemsize, m, n, kk)
+        return value if mk is None else pad_to(value, -(-n // mk.nr) * mk.nr)
+
+    return {"weight": ParamSpec((n, kk), pack=weight), "bias": ParamSpec((n,), 0.0, pack=bias)}
 
 
-@register(ops.LinearOp, params=_linear_params)
+def _linear_scratch(node: NodeOp, parents: list[Shape], out: Shape) -> int:
+    """The packed rows of x of one cache block (`emit_packed_linear`)."""
+    return linear_scratch(numel(parents[0][:-1]), parents[0][-1])
+
+
+@register(ops.LinearOp, params=_linear_params, scratch=_linear_scratch, fuses=True)
 def _linear(k: KernelBuilder, s: Step) -> None:
-    """y[m, :] = W x[m, :] + b for every leading index m: register-tiled dot products."""
-    x, out, weight = s.args[0], s.out, s.params["weight"]
-    n_out, n_in = weight.shape
-    m = x.size // n_in
-    emit_dot_tiles(k, x, weight, out, m=m, n=n_out, kk=n_in, bias=s.params["bias"])
+    """y[m, :] = W x[m, :] + b for every leading index m. Baked weights of a wide enough
+    layer: the packed, cache-blocked broadcast kernel (`emit_packed_linear`) with the bias
+    and a fused epilogue applied as it stores; otherwise (a runtime payload: row-major W,
+    or few output columns): register-tiled dot products."""
+    x, out = s.args[0], s.out
+    n_out, n_in = out.shape[-1], x.shape[-1]
+    m = numel(x.shape[:-1])  # rows: also with no input features (the result is the bias)
+    if s.packed and _linear_kernel(k.info, k.dtype.itemsize, m, n_out, n_in) is not None:
+        assert s.scratch is not None
+        emit_packed_linear(k, x, s.params["weight"], s.params["bias"], out, s.scratch, m=m,
+                           n=n_out, kk=n_in, epilogue=epilogue(k, s))  # fmt: skip
+        return
+    emit_dot_tiles(k, x, s.params["weight"], out, m=m, n=n_out, kk=n_in, bias=s.params["bias"])
+    apply_epilogue(k, s)
 
 
 @register(ops.MatmulOp)
@@ -808,8 +904,8 @@ class ConvFrame:
         padded position p = i + padding, phase p % stride, element p // stride. Leading axes
         loop over input rows; along the last axis the elements whose every phase is inside
         the input are a loop of constant bounds reading `stride` consecutive inputs per step
-        (a contiguous copy, or a de-interleave LLVM vectorises with shuffles), the few at the
-        edges are emitted one by one."""
+        (a contiguous copy, or a de-interleave of whole vectors by shuffles, the last one
+        masked), the few at the edges are emitted one by one."""
         w, b = self.window, k.b
         phase_block = [step * numel(w.phases) for step in strides(w.stride)]
         element_steps = strides(w.phases)
@@ -834,30 +930,69 @@ class ConvFrame:
                 # A vector of lanes * st consecutive inputs per step, de-interleaved into one
                 # vector per phase by shuffles (LLVM leaves the strided scalar loop scalar).
                 lanes = max(k.info.vector_bytes // k.dtype.itemsize, 1)
-                wide, vec = ir.VectorType(k.T, lanes * st), ir.VectorType(k.T, lanes)
+                wide = ir.VectorType(k.T, lanes * st)
                 whole = first + (end - first) // lanes * lanes
-                with k.loop(whole, "e", start=first, step=lanes) as e:
+
+                def split(e: ir.Value, count: int) -> None:
+                    """Elements e.. (`count` of them) of every phase from count * st inputs."""
                     at = b.add(src, b.sub(b.mul(e, k.i64(st), flags=NSW), k.i64(pad)), flags=NSW)
-                    ptr = b.bitcast(k.at(x_block, at), wide.as_pointer())
-                    inputs = b.load(ptr, align=k.dtype.itemsize)
+                    inputs = load_vector(k, wide, k.at(x_block, at), count * st)
                     for r in range(st):
                         mask = ir.Constant(ir.VectorType(I32, lanes),
                                            [r + st * j for j in range(lanes)])  # fmt: skip
                         phase = b.shuffle_vector(inputs, ir.Constant(wide, ir.Undefined), mask)
                         to = b.add(b.add(dst, k.i64(r * phase_block[-1]), flags=NSW), e)
-                        b.store(phase, b.bitcast(k.at(staged, to), vec.as_pointer()),
-                                align=k.dtype.itemsize)  # fmt: skip
-                with k.loop(end, "e", start=whole) as e:
-                    at = b.add(src, b.sub(b.mul(e, k.i64(st), flags=NSW), k.i64(pad)), flags=NSW)
-                    for r in range(st):
-                        to = b.add(dst, k.i64(r * phase_block[-1]), flags=NSW)
-                        value = k.load(x_block, b.add(at, k.i64(r), flags=NSW))
-                        k.store(value, staged, b.add(to, e, flags=NSW))
+                        store_vector(k, phase, k.at(staged, to), count)
+
+                with k.loop(whole, "e", start=first, step=lanes) as e:
+                    split(e, lanes)
+                if end > whole:  # the rest in one masked step
+                    split(k.i64(whole), end - whole)
             for edge in [*range(min(first, length)), *range(end, length)]:
                 for r in range(st):
                     if 0 <= edge * st + r - pad < size:
                         value = k.load(x_block, b.add(src, k.i64(edge * st + r - pad)))
                         k.store(value, staged, b.add(dst, k.i64(r * phase_block[-1] + edge)))
+
+    @property
+    def extents(self) -> Shape:
+        """The spatial extents of the planes im2col reads: one stride phase of the staged
+        plane, or the input plane itself."""
+        return self.window.phases if self.staged else self.window.in_sp
+
+    @property
+    def plane(self) -> int:
+        """Elements between the planes im2col reads (staged or input)."""
+        return self.staged_plane if self.staged else self.in_plane
+
+    def tap_offset(self, k: KernelBuilder, ic: ir.Value, position: list[ir.Value]) -> ir.Value:
+        """Where output position 0 of tap `position` (kernel indices) of input channel `ic`
+        reads in the planes im2col reads; output position o reads `o` (in `extents`
+        row-major) further on: padded position o * stride + offset is phase (offset %
+        stride)'s element o + offset // stride."""
+        w, b = self.window, k.b
+        src = b.mul(ic, k.i64(self.plane), flags=NSW)
+        phase = []
+        for pos, st, dil, step in zip(position, w.stride, w.dilation, strides(self.extents),
+                                      strict=True):  # fmt: skip
+            off = b.mul(pos, k.i64(dil), flags=NSW)
+            phase.append(b.urem(off, k.i64(st)))
+            src = b.add(src, b.mul(b.udiv(off, k.i64(st)), k.i64(step)), flags=NSW)
+        at = b.mul(k.linear_index(phase, strides(w.stride)), k.i64(numel(self.extents)))
+        return b.add(src, at, flags=NSW)
+
+    def tap_table(self) -> np.ndarray:
+        """`tap_offset` of every patch row (input channel, tap) at compile time, as i32."""
+        w = self.window
+        taps = np.stack(np.unravel_index(np.arange(w.taps), w.kernel), axis=1)
+        off = taps * np.array(w.dilation)
+        stride = np.array(w.stride)
+        phase = (off % stride) @ np.array(strides(w.stride), dtype=np.int64)
+        shift = (off // stride) @ np.array(strides(self.extents), dtype=np.int64)
+        per_tap = phase * numel(self.extents) + shift
+        table = (np.arange(self.cin_g)[:, None] * self.plane + per_tap[None, :]).reshape(-1)
+        assert table.max(initial=0) < 2**31, "patch offsets fit in 32 bits"
+        return table.astype(np.int32)
 
     def im2col(self, k: KernelBuilder, x_block: Buf, patches: Buf, staging: ir.Value) -> None:
         """Gather the shifted input planes into the patch matrix.
@@ -869,22 +1004,14 @@ class ConvFrame:
         and unit stride, which LLVM vectorises; the strided reads happen once per input
         element instead of once per tap."""
         w, b = self.window, k.b
-        source, plane = x_block, self.in_plane
+        source = x_block
         if self.staged:
-            source, plane = Buf(staging, (self.cin_g, self.staged_plane)), self.staged_plane
+            source = Buf(staging, (self.cin_g, self.staged_plane))
             zero(k, source)
             self.stage(k, x_block, source)
-        extents = w.phases if self.staged else w.in_sp
-        in_steps, out_steps = strides(extents), strides(w.out_sp)
+        in_steps, out_steps = strides(self.extents), strides(w.out_sp)
         with k.loop(self.cin_g, "ic") as ic, k.nest(w.kernel, "tap") as position:
-            src = b.mul(ic, k.i64(plane), flags=NSW)
-            phase = []
-            for pos, st, dil, step in zip(position, w.stride, w.dilation, in_steps, strict=True):
-                off = b.mul(pos, k.i64(dil), flags=NSW)
-                phase.append(b.urem(off, k.i64(st)))
-                src = b.add(src, b.mul(b.udiv(off, k.i64(st)), k.i64(step)), flags=NSW)
-            at = b.mul(k.linear_index(phase, strides(w.stride)), k.i64(numel(extents)))
-            src = b.add(src, at, flags=NSW)
+            src = self.tap_offset(k, ic, position)
             tap = k.linear_index(position, strides(w.kernel))
             row = b.add(b.mul(ic, k.i64(w.taps), flags=NSW), tap, flags=NSW)
             dst = b.mul(row, k.i64(self.positions), flags=NSW)
@@ -906,35 +1033,358 @@ class ConvFrame:
         )
 
 
-def _conv_params(node: NodeOp, parents: list[Shape], out: Shape) -> dict[str, ParamSpec]:
-    m = node.metadata()
-    cout = m["out_channels"]
-    weight = (cout, m["in_channels"] // m["groups"], *m["kernel"])
-    return {"weight": ParamSpec(weight), "bias": ParamSpec((cout,), 0.0)}
+#: Bytes of the packed patch panels convolution fills per block of columns (they stay in
+#: L2 while the tiles of the weights pass over them).
+PACK_BLOCK = 256 * 1024
+#: The widest panel any target's micro-kernel uses (4 vectors of 16 lanes).
+MAX_PANEL = 64
+#: Columns a group of images reaches for when its output planes leave a partial panel, and
+#: the bytes of staged input planes it may hold for that (`ConvPlan.of`).
+GROUP_COLUMNS, STAGE_BLOCK = 1024, 1024 * 1024
+#: Steps along k of one K block of a convolution's product: longer products (deep layers,
+#: 3x3 over 256 channels = 2304) keep partial sums of the block's columns in scratch, so the
+#: weights' K slice (cout x 256, in L2) is read once per block of columns instead of once
+#: per panel.
+CONV_KC = 256
+
+
+@dataclass(frozen=True)
+class ConvPlan:
+    """How a convolution's implicit matrix product is blocked, independent of the target:
+    the columns are (leading index, output position) pairs, taken `images` leading indices at
+    a time (a group, whose input planes are staged together), in blocks of `columns` that are
+    packed into panels before the tiles run over them."""
+
+    images: int
+    columns: int
+
+    @staticmethod
+    def of(f: ConvFrame, itemsize: int) -> ConvPlan:
+        """Blocks of PACK_BLOCK bytes of one K block of patches (CONV_KC rows at most). When
+        an output plane is not a whole number of the widest panels, a group's last panel is
+        partly padding, so groups take images up to GROUP_COLUMNS columns (staging at most
+        STAGE_BLOCK bytes of planes): 7x7 planes, 49 columns, one image per group computed
+        64 columns for 49."""
+        target = max(PACK_BLOCK // max(min(f.depth, CONV_KC) * itemsize, 1), 1)
+        P = max(f.positions, 1)
+        images = max(target // P, 1)
+        if P % MAX_PANEL:
+            staged = STAGE_BLOCK // max(f.cin_g * f.staged_plane * itemsize, 1)
+            images = max(images, min(-(-GROUP_COLUMNS // P), staged or 1))
+        images = min(images, max(f.lead, 1))
+        return ConvPlan(images, min(images * f.positions, target))
+
+    def partials(self, f: ConvFrame) -> int:
+        """Elements of partial sums a block of columns keeps when K is blocked (rows padded to
+        a whole tile of at most 32), else 0."""
+        return (self.columns + MAX_PANEL) * (f.cout_g + 32) if f.depth > CONV_KC else 0
+
+
+def _depthwise(f: ConvFrame) -> bool:
+    """Convolutions run by the direct kernel: one input channel per group (depthwise)."""
+    return f.groups > 1 and f.cin_g == 1
 
 
 def _conv_scratch(node: NodeOp, parents: list[Shape], out: Shape) -> int:
-    """The patch matrix of one group and, with padding or a stride, its staged input planes."""
+    """The packed panels of one block of columns and, with padding or a stride, the staged
+    input planes of a group of images (depthwise: one staged plane)."""
     f = ConvFrame.of(node, parents[0], out)
-    return f.depth * f.positions + f.cin_g * f.staged_plane
+    if _depthwise(f):
+        return f.staged_plane
+    plan = ConvPlan.of(f, 8)
+    staging = plan.images * f.cin_g * f.staged_plane
+    return (plan.columns + MAX_PANEL) * f.depth + staging + plan.partials(f)
 
 
-@register(ops.ConvOp, params=_conv_params, scratch=_conv_scratch)
+def _conv_mk(info: TargetInfo, itemsize: int, f: ConvFrame) -> MicroKernel:
+    """The micro-kernel of a convolution's product: rows are output channels (of a group),
+    columns every output position of every leading index."""
+    return micro_kernel(info, itemsize, f.cout_g, max(f.lead * f.positions, 1))
+
+
+def _conv_params(node: NodeOp, parents: list[Shape], out: Shape) -> dict[str, ParamSpec]:
+    """weight [out, in/groups, k...], bias [out]; baked, each group's weights as panels of the
+    micro-kernel's rows: [groups, ceil(cout_g / MR), depth, MR]."""
+    m = node.metadata()
+    cout = m["out_channels"]
+    weight = (cout, m["in_channels"] // m["groups"], *m["kernel"])
+    f = ConvFrame.of(node, parents[0], out)
+
+    def pack(value: np.ndarray, info: TargetInfo) -> np.ndarray:
+        mr = _conv_mk(info, value.dtype.itemsize, f).mr
+        per_group = value.reshape(f.groups, f.cout_g, f.depth)
+        return np.concatenate([pack_panels(w.T, mr).reshape(-1) for w in per_group])
+
+    packing = None if _depthwise(f) else pack
+    return {"weight": ParamSpec(weight, pack=packing), "bias": ParamSpec((cout,), 0.0)}
+
+
+@register(ops.ConvOp, params=_conv_params, scratch=_conv_scratch, fuses=True)
 def _conv(k: KernelBuilder, s: Step) -> None:
-    """Convolution as a matrix product (im2col): for each leading index and group, gather the
-    patch matrix, then out[oc, :] = W[oc, :] patches + bias[oc] with the register-tiled
-    broadcast kernel."""
-    x, out, w, bias = s.args[0], s.out, s.params["weight"], s.params["bias"]
+    """Convolution as an implicit matrix product over the whole batch: out[oc, column] =
+    W[oc, :] patches[:, column] + bias[oc], the columns running over every output position
+    of every leading index. Per group of images (their input planes staged together when
+    padded or strided) and block of columns, the patches are gathered straight into the
+    micro-kernel's panels (`_pack_patches`), then the tiles of W (packed at compile time, or
+    read row by row from a runtime payload) run over them; bias and a fused epilogue are
+    applied as the tiles are stored (`_store_columns`). Depthwise convolutions have a direct
+    kernel of their own (`_conv_depthwise`)."""
+    x, out = s.args[0], s.out
     assert s.scratch is not None
     f = ConvFrame.of(s.node, x.shape, out.shape)
-    patches = Buf(s.scratch.ptr, (f.depth, f.positions))
-    staging = k.at(s.scratch, f.depth * f.positions)
+    if _depthwise(f):
+        _conv_depthwise(k, s, f)
+        return
+    b, P = k.b, f.positions
+    mk = _conv_mk(k.info, k.dtype.itemsize, f)
+    plan = ConvPlan.of(f, 8)
+    nc = -(-plan.columns // mk.nr) * mk.nr
+    block = Buf(s.scratch.ptr, (nc * f.depth,))
+    staging = Buf(k.at(s.scratch, (plan.columns + MAX_PANEL) * f.depth),
+                  (plan.images * f.cin_g * f.staged_plane,))  # fmt: skip
+    sums = Buf(k.at(staging, staging.size), (plan.partials(f),))
+    kc = min(f.depth, CONV_KC)
+    image = f.cin_g * f.plane if f.staged else f.cin * f.in_plane
+    # Output rows of whole vectors: each vector of a panel's columns is contiguous in the
+    # planes read, and the tiles load it there (no packing); else runs of `chunk` columns.
+    direct = f.window.out_sp[-1] % mk.lanes == 0
+    chunk = mk.lanes if direct else math.gcd(f.window.out_sp[-1], mk.nr)
+    table = k.global_constant("columns", _column_bases(f, plan.images, nc, chunk, image), I32)
+    taps = k.global_constant("taps", f.tap_table(), I32)
+    w, bias = s.params["weight"], s.params["bias"]
+    tiles_m = -(-f.cout_g // mk.mr)
+    fn = epilogue(k, s)
+    vec = ir.VectorType(k.T, mk.lanes)
+    # Whole vectors of columns never straddle two output planes: plain stores.
+    aligned = P % mk.lanes == 0
+    with b.goto_block(k.alloca_block):
+        tile = b.alloca(ir.ArrayType(vec, mk.mr * mk.nv), name="tile")
+    if f.staged:
+        zero(k, staging)
+    with k.loop(f.groups, "g") as g, k.loop(f.lead, "b0", step=plan.images) as b0:
+        left = b.sub(k.i64(f.lead), b0)
+        images = b.select(b.icmp_signed("<", left, k.i64(plan.images)), left,
+                          k.i64(plan.images))  # fmt: skip
+        valid = b.mul(images, k.i64(P))
+        if f.staged:
+            with k.loop(images, "bi") as bi:
+                at = k.at(staging, b.mul(bi, k.i64(f.cin_g * f.staged_plane)))
+                f.stage(k, f.input_block(k, x, b.add(b0, bi), g),
+                        Buf(at, (f.cin_g, f.staged_plane)))  # fmt: skip
+            source = staging
+        else:
+            first = b.add(b.mul(b0, k.i64(f.cin)), b.mul(g, k.i64(f.cin_g)))
+            source = Buf(k.at(x, b.mul(first, k.i64(f.in_plane))), (f.lead * image,))
+
+        def a_at(ib: ir.Value, r: int, p: ir.Value) -> ir.Value:
+            p = b.add(pc, p)
+            if s.packed:
+                tile = b.add(b.mul(g, k.i64(tiles_m)), ib)
+                at = b.add(b.mul(tile, k.i64(f.depth * mk.mr)), b.mul(p, k.i64(mk.mr)))
+                return k.at(w, b.add(at, k.i64(r)))
+            row = b.add(b.mul(g, k.i64(f.cout_g)), b.add(b.mul(ib, k.i64(mk.mr)), k.i64(r)))
+            return k.at(w, b.add(b.mul(row, k.i64(f.depth)), p))
+
+        with k.loop(valid, "c0", step=nc) as c0:
+            rest = b.sub(valid, c0)
+            cols = b.select(b.icmp_signed("<", rest, k.i64(nc)), rest, k.i64(nc))
+            panels = b.udiv(b.add(cols, k.i64(mk.nr - 1)), k.i64(mk.nr))
+            if not direct:
+                _pack_patches(k, f, mk, block, source, table, taps, c0, panels, valid, chunk)
+
+            def b_at(jp: ir.Value, v: int, p: ir.Value) -> ir.Value:
+                p = b.add(pc, p)
+                if not direct:
+                    row = b.add(b.mul(jp, k.i64(f.depth * mk.nr)), b.mul(p, k.i64(mk.nr)))
+                    return k.at(block, b.add(row, k.i64(v * mk.lanes)))
+                col = b.add(c0, b.add(b.mul(jp, k.i64(mk.nr)), k.i64(v * mk.lanes)))
+                offset = b.sext(b.load(b.gep(taps, [p], inbounds=True)), ir.IntType(64))
+                return k.at(source, b.add(_column_start(k, table, col, chunk, valid), offset))
+
+            def column(jp: ir.Value, v: ir.Value) -> ir.Value:
+                return b.add(c0, b.add(b.mul(jp, k.i64(mk.nr)), b.mul(v, k.i64(mk.lanes))))
+
+            def finish(oc: ir.Value, jp: ir.Value, v: int, acc: ir.Value) -> None:
+                channel = b.add(b.mul(g, k.i64(f.cout_g)), oc)
+                value = b.fadd(acc, splat(k, vec, k.load(bias, channel)))
+                if fn is not None:
+                    value = fn(value)
+                if aligned:
+                    at = _plane_offset(k, f, b0, channel, column(jp, k.i64(v)))
+                    if P % mk.nr == 0:  # every panel is whole: no column past `valid`
+                        store_vector(k, value, k.at(out, at), mk.lanes)
+                    else:
+                        with b.if_then(b.icmp_signed("<", column(jp, k.i64(v)), valid)):
+                            store_vector(k, value, k.at(out, at), mk.lanes)
+                else:  # stored by `after`, once per tile
+                    slot = b.add(b.mul(b.urem(oc, k.i64(mk.mr)), k.i64(mk.nv)), k.i64(v))
+                    b.store(value, b.gep(tile, [k.i64(0), slot], inbounds=True))
+
+            def after(row: ir.Value, jp: ir.Value, rows: int) -> None:
+                with k.loop(rows, "r") as r, k.loop(mk.nv, "v") as v:
+                    value = b.load(b.gep(tile, [k.i64(0), b.add(b.mul(r, k.i64(mk.nv)), v)]))
+                    channel = b.add(b.mul(g, k.i64(f.cout_g)), b.add(row, r))
+                    _store_columns(k, f, out, value, b0, channel, column(jp, v), valid)
+
+            def partial(row: ir.Value, jp: ir.Value, v: int) -> ir.Value:
+                at = b.mul(b.add(b.mul(jp, k.i64(tiles_m * mk.mr)), row), k.i64(mk.nr))
+                return k.at(sums, b.add(at, k.i64(v * mk.lanes)))
+
+            blocked = f.depth > kc
+            with k.loop(f.depth, "pc", step=kc) as pc:
+                left_k = b.sub(k.i64(f.depth), pc)
+                emit_packed_block(
+                    k, mk, m=f.cout_g,
+                    klen=b.select(b.icmp_signed("<", left_k, k.i64(kc)), left_k, k.i64(kc)),
+                    a_at=a_at, b_at=b_at, panels=panels, finish=finish,
+                    after=None if aligned else after, partial=partial if blocked else None,
+                    first=b.icmp_signed("==", pc, k.i64(0)),
+                    last=b.icmp_signed("<=", left_k, k.i64(kc)),
+                )  # fmt: skip
+
+
+def _column_bases(f: ConvFrame, images: int, nc: int, chunk: int, image: int) -> np.ndarray:
+    """For every `chunk` consecutive columns of a group of images (padded to whole blocks of
+    `nc`), where the first one's patch starts in the planes im2col reads (before the tap's
+    offset): `chunk` divides the output rows, so a chunk's positions are consecutive there."""
+    columns = -(-(images * f.positions) // nc) * nc + MAX_PANEL
+    c = np.arange(0, columns, chunk)
+    img, pos = np.divmod(c, max(f.positions, 1))
+    index = np.unravel_index(np.minimum(pos, max(f.positions - 1, 0)), f.window.out_sp)
+    base = img * image + sum(i * st for i, st in zip(index, strides(f.extents), strict=True))
+    base = np.where(c < images * f.positions, base, 0)
+    assert base.max(initial=0) < 2**31, "column offsets fit in 32 bits"
+    return base.astype(np.int32)
+
+
+def _pack_patches(
+    k: KernelBuilder,
+    f: ConvFrame,
+    mk: MicroKernel,
+    block: Buf,
+    source: Buf,
+    table: ir.Value,
+    taps: ir.Value,
+    c0: ir.Value,
+    panels: ir.Value,
+    valid: ir.Value,
+    chunk: int,
+) -> None:
+    """Gather columns [c0, c0 + panels * NR) of the patch matrix into `panels` panels [depth,
+    NR]: row p = (input channel, tap), as in W, reads `taps[p]` (`ConvFrame.tap_table`)
+    further on than row 0. Each panel's columns are NR / chunk runs of `chunk` consecutive
+    input elements (one `copy_run` each per row); columns past `valid` read the group's
+    first elements (their results are never stored)."""
+    b, nr = k.b, mk.nr
+    with k.loop(panels, "jp") as jp:
+        first = b.add(c0, b.mul(jp, k.i64(nr)))
+        starts = [_column_start(k, table, b.add(first, k.i64(q * chunk)), chunk, valid)
+                  for q in range(nr // chunk)]  # fmt: skip
+        panel = b.mul(jp, k.i64(f.depth * nr))
+        with k.loop(f.depth, "row") as row:
+            offset = b.sext(b.load(b.gep(taps, [row], inbounds=True)), ir.IntType(64))
+            dst = b.add(panel, b.mul(row, k.i64(nr)))
+            for q, start in enumerate(starts):
+                k.copy_run(block, b.add(dst, k.i64(q * chunk)), source,
+                           b.add(start, offset), chunk)  # fmt: skip
+
+
+def _column_start(
+    k: KernelBuilder, table: ir.Value, column: ir.Value, chunk: int, valid: ir.Value
+) -> ir.Value:
+    """Where column `column`'s patch starts (`_column_bases`, for chunks of `chunk`
+    columns); 0, the group's first element, past `valid`."""
+    b = k.b
+    entry = b.load(b.gep(table, [b.udiv(column, k.i64(chunk))], inbounds=True))
+    inside = b.icmp_signed("<", column, valid)
+    return b.select(inside, b.sext(entry, ir.IntType(64)), k.i64(0))
+
+
+def _plane_offset(
+    k: KernelBuilder, f: ConvFrame, b0: ir.Value, channel: ir.Value, column: ir.Value
+) -> ir.Value:
+    """The output offset of `column` of the group of images starting at leading index b0,
+    in output channel `channel`."""
+    b, P = k.b, f.positions
+    image, pos = b.udiv(column, k.i64(P)), b.urem(column, k.i64(P))
+    plane = b.add(b.mul(b.add(b0, image), k.i64(f.cout)), channel)
+    return b.add(b.mul(plane, k.i64(P)), pos)
+
+
+def _store_columns(
+    k: KernelBuilder,
+    f: ConvFrame,
+    out: Buf,
+    value: ir.Value,
+    b0: ir.Value,
+    channel: ir.Value,
+    column: ir.Value,
+    valid: ir.Value,
+) -> None:
+    """Store the lanes of `value`, columns column.. of the group of images starting at b0,
+    into output channel `channel` when the output planes are not whole vectors: a plain
+    vector store when its columns lie in one plane, else one masked store per plane the
+    lanes reach; columns past `valid` are dropped."""
+    b, P, lanes = k.b, f.positions, value.type.count
+    count = b.sub(valid, column)
+    count = b.select(b.icmp_signed("<", count, k.i64(lanes)), count, k.i64(lanes))
+    room = b.sub(k.i64(P), b.urem(column, k.i64(P)))
+    whole = b.icmp_signed("==", count, k.i64(lanes))
+    whole = b.and_(whole, b.icmp_signed(">=", room, k.i64(lanes)))
+    with b.if_else(whole) as (plain, pieces):
+        with plain:
+            store_vector(k, value, k.at(out, _plane_offset(k, f, b0, channel, column)), lanes)
+        with pieces:
+            done = k.local(k.i64(0), "lane")
+            with k.loop(min(lanes, -(-lanes // P) + 1), "piece"):
+                lo = b.load(done)
+                with b.if_then(b.icmp_signed("<", lo, count)):
+                    col = b.add(column, lo)
+                    hi = b.add(lo, b.sub(k.i64(P), b.urem(col, k.i64(P))))
+                    hi = b.select(b.icmp_signed("<", hi, count), hi, count)
+                    mask = lane_mask(k, value.type, b.trunc(lo, I32), b.trunc(hi, I32))
+                    at = b.gep(out.ptr, [b.sub(_plane_offset(k, f, b0, channel, col), lo)])
+                    store_vector(k, value, at, lanes, mask)
+                    b.store(hi, done)
+
+
+def _conv_depthwise(k: KernelBuilder, s: Step, f: ConvFrame) -> None:
+    """A direct kernel for one input channel per group: per output row, the bias, then each
+    tap's weight times the input row it reads (contiguous in the staged plane, so every tap
+    is a vector loop over the row), then the fused epilogue; the row stays in L1."""
+    x, out, w, bias = s.args[0], s.out, s.params["weight"], s.params["bias"]
+    b, win = k.b, f.window
+    fn = epilogue(k, s)
+    ow = win.out_sp[-1]
+    in_steps, out_steps = strides(f.extents), strides(win.out_sp)
+    if f.staged:
+        assert s.scratch is not None
+        staged = Buf(s.scratch.ptr, (1, f.staged_plane))
+        zero(k, staged)
     with k.loop(f.lead, "lead") as lead, k.loop(f.groups, "g") as g:
-        f.im2col(k, f.input_block(k, x, lead, g), patches, staging)
-        w_g = Buf(k.at(w, k.b.mul(g, k.i64(f.cout_g * f.depth))), (f.cout_g, f.depth))
-        bias_g = Buf(k.at(bias, k.b.mul(g, k.i64(f.cout_g))), (f.cout_g,))
-        emit_broadcast_tiles(k, w_g, patches, f.output_block(k, out, lead, g),
-                             m=f.cout_g, n=f.positions, kk=f.depth, row_bias=bias_g)  # fmt: skip
+        plane = f.input_block(k, x, lead, g)
+        if f.staged:
+            f.stage(k, plane, staged)
+            plane = staged
+        with k.loop(f.cout_g, "o") as o:
+            channel = b.add(b.mul(g, k.i64(f.cout_g)), o)
+            base = b.mul(b.add(b.mul(lead, k.i64(f.cout)), channel), k.i64(f.positions))
+            with k.nest(win.out_sp[:-1], "row") as rows:
+                dst = b.add(base, k.linear_index(rows, out_steps[:-1]))
+                src = k.linear_index(rows, in_steps[:-1])
+                shift = k.load(bias, channel)
+                with k.loop(ow, "ow") as i:
+                    k.store(shift, out, b.add(dst, i))
+                with k.nest(win.kernel, "tap") as position:
+                    tap = k.linear_index(position, strides(win.kernel))
+                    weight = k.load(w, b.add(b.mul(channel, k.i64(win.taps)), tap))
+                    at = b.add(src, f.tap_offset(k, k.i64(0), position))
+                    with k.loop(ow, "ow") as i:
+                        term = k.fmul_r(weight, k.load(plane, b.add(at, i)))
+                        k.store(k.fadd_r(k.load(out, b.add(dst, i)), term), out, b.add(dst, i))
+                if fn is not None:
+                    with k.loop(ow, "ow") as i:
+                        k.store(fn(k.load(out, b.add(dst, i))), out, b.add(dst, i))
 
 
 def _conv_input_grad_scratch(node: NodeOp, parents: list[Shape], out: Shape) -> int:
@@ -1210,10 +1660,12 @@ def _decomposed(k: KernelBuilder, s: Step) -> None:
             assert name in record or spec.default is not None, "emitted parts carry their payload"
             value = record[name] if name in record else np.full(spec.shape, spec.default)
             constant = np.asarray(value, dtype=k.dtype).reshape(spec.shape)
-            params[name] = Buf(k.global_constant(f"{part.TAG}.{name}", constant), spec.shape)
+            if spec.pack is not None:
+                constant = spec.pack(constant, k.info)
+            params[name] = Buf(k.global_constant(f"{part.TAG}.{name}", constant), constant.shape)
         # A view's rule returns the buffer it aliases and writes nothing to `out`.
         out = s.out if part.id == d.result else scratch(part.id) or Buf(s.out.ptr, shape)
-        value = lowering.emit(k, Step(part, args, params, out, scratch(-1 - part.id)))
+        value = lowering.emit(k, Step(part, args, params, out, scratch(-1 - part.id), True))
         values.append(value if lowering.view else out)
     if values[d.result].ptr is not s.out.ptr:
         k.copy(s.out, values[d.result])

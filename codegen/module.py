@@ -26,7 +26,7 @@ from llvmlite import ir
 from xdsl.dialects.builtin import ModuleOp
 
 from tlc.codegen.builder import I32, I64, Buf, KernelBuilder, Status, scalar_type
-from tlc.codegen.lower import LOWERINGS, ParamSpec, Step
+from tlc.codegen.lower import EPILOGUES, LOWERINGS, ParamSpec, Step
 from tlc.codegen.target import HOST, Target, TargetInfo, target_info
 from tlc.core.diagnostics import error
 from tlc.core.limits import LimitError, check_bytes
@@ -114,10 +114,14 @@ def node_function(
     scratch: Buf | None,
     dtype: type,
     info: TargetInfo,
+    *,
+    packed: bool = False,
+    fused: NodeOp | None = None,
 ) -> ir.Function:
     """`i32 name(args..., params..., out[, scratch])`: one node as an internal function of
     pointers, so the optimiser works on one node at a time and nodes that differ only in their
-    data share code (a graph of 1,000 nodes compiles in seconds)."""
+    data share code (a graph of 1,000 nodes compiles in seconds). `packed` and `fused` as in
+    `lower_node`."""
     T = scalar_type(dtype)
     buffers = [*args, *params.values(), out, *([scratch] if scratch is not None else [])]
     func = ir.Function(module, ir.FunctionType(I32, [T.as_pointer()] * len(buffers)), name)
@@ -134,6 +138,8 @@ def node_function(
         dict(zip(params, inner[n_args : n_args + n_params], strict=True)),
         dest,
         inner[-1] if scratch is not None else None,
+        packed=packed,
+        fused=fused,
     )
     if value.ptr is not dest.ptr:
         k.copy(dest, value)
@@ -149,11 +155,39 @@ def lower_node(
     params: dict[str, Buf],
     out: Buf,
     scratch: Buf | None = None,
+    *,
+    packed: bool = False,
+    fused: NodeOp | None = None,
 ) -> Buf:
-    """Emit one node; returns where its value lives (`out`, or the buffer a view aliases)."""
+    """Emit one node; returns where its value lives (`out`, or the buffer a view aliases).
+    `packed`: the params are baked in their `ParamSpec.pack` layouts; `fused`: the
+    elementwise node whose value the node writes (see `fusions`)."""
     lowering = LOWERINGS[type(node)]
-    result = lowering.emit(k, Step(node, args, params, out, scratch))
+    result = lowering.emit(k, Step(node, args, params, out, scratch, packed, fused))
     return result if lowering.view else out
+
+
+def fusions(graph: GraphOp, out_node: NodeOp) -> dict[int, NodeOp]:
+    """Producer id -> the elementwise node fused into its stores: a node whose rule `fuses`,
+    that is not the output and whose value has exactly one user, an `EPILOGUES` op reading
+    nothing else (a linear or convolution followed by relu)."""
+    parents = {node.id: node.parent_ids() for node in graph.nodes}
+    users: dict[int, list[NodeOp]] = {}
+    for node in graph.nodes:
+        for parent in parents[node.id]:
+            users.setdefault(parent, []).append(node)
+    fused = {}
+    for node in graph.nodes:
+        after = users.get(node.id, [])
+        if (
+            LOWERINGS[type(node)].fuses
+            and node is not out_node
+            and len(after) == 1
+            and type(after[0]) in EPILOGUES
+            and parents[after[0].id] == [node.id]
+        ):
+            fused[node.id] = after[0]
+    return fused
 
 
 def graph_symbol(graph: GraphOp) -> str:
@@ -226,10 +260,15 @@ def build_graph_module(
     slot_at = {(s.node, s.field): s for s in slots or ()}
     separate = len(graph.nodes) > INLINE_NODES
     functions: dict[tuple, ir.Function] = {}
+    fused = fusions(graph, out_node)
+    fused_into = {c.id: p for p, c in fused.items()}
     for node in graph.nodes:
         args = [values[p] for p in node.parent_ids()] or (
             [Buf(x_ptr, in_shape)] if isinstance(node, ops.InputOp) else []
         )
+        if node.id in fused_into:  # computed by its producer, which wrote its slot
+            values.append(values[fused_into[node.id]])
+            continue
         specs = param_specs(node, shapes)
         if slots is not None:
             params = {
@@ -237,28 +276,28 @@ def build_graph_module(
                 for name, spec in specs.items()
             }
         else:
-            params = {
-                name: Buf(
-                    k.global_constant(
-                        f"p{node.id}.{name}",
-                        field_value(node, name, spec, records.get(node.id), dtype),
-                    ),
-                    spec.shape,
-                )
-                for name, spec in specs.items()
-            }
-        dest = Buf(out_ptr, out_shape) if node is out_node else workspace.slot(node)
+            params = {}
+            for name, spec in specs.items():
+                value = field_value(node, name, spec, records.get(node.id), dtype)
+                if spec.pack is not None:
+                    value = spec.pack(value, info)
+                params[name] = Buf(k.global_constant(f"p{node.id}.{name}", value), value.shape)
+        epilogue = fused.get(node.id)
+        target = epilogue or node
+        dest = Buf(out_ptr, out_shape) if target is out_node else workspace.slot(target)
         if LOWERINGS[type(node)].view:
             values.append(lower_node(k, node, args, params, dest))
         else:
             # Nodes that differ only in their data share code: parameters are arguments.
             key = (type(node), repr(node.metadata()), tuple(b.shape for b in args),
-                   tuple((n, b.shape) for n, b in params.items()), dest.shape)  # fmt: skip
+                   tuple((n, b.shape) for n, b in params.items()), dest.shape,
+                   type(epilogue))  # fmt: skip
             func = functions.get(key)
             scratch = workspace.scratch(node)
             if func is None:
                 func = node_function(module, f"{symbol}.n{node.id}", node, args, params, dest,
-                                     scratch, dtype, info)  # fmt: skip
+                                     scratch, dtype, info, packed=slots is None,
+                                     fused=epilogue)  # fmt: skip
                 functions[key] = func
                 if separate:
                     func.attributes.add("noinline")
@@ -493,14 +532,17 @@ def build_node_module(
         for i, shape in enumerate(parent_shapes)
     ]
     specs = LOWERINGS[type(node)].params(node, parent_shapes, out_shape)
-    params = {
-        name: Buf(k.global_constant(name, field_value(node, name, spec, record, dtype)), spec.shape)
-        for name, spec in specs.items()
-    }
+    params = {}
+    for name, spec in specs.items():
+        value = field_value(node, name, spec, record, dtype)
+        if spec.pack is not None:
+            value = spec.pack(value, k.info)
+        params[name] = Buf(k.global_constant(name, value), value.shape)
     out = Buf(func.args[1], out_shape)
     size = LOWERINGS[type(node)].scratch(node, parent_shapes, out_shape)
     memory = Allocation(k, size)
-    value = lower_node(k, node, args, params, out, memory.at(0, (size,)) if size else None)
+    scratch = memory.at(0, (size,)) if size else None
+    value = lower_node(k, node, args, params, out, scratch, packed=True)
     if value.ptr is not out.ptr:
         k.copy(out, value)
     k.exit_with(Status.OK)

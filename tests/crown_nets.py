@@ -19,14 +19,15 @@ def random_layers(sizes: list[int], seed: int, scale: float = 1.0) -> list[tuple
     ]
 
 
-def mlp(layers: list[tuple[Any, Any]], activation: str = "relu") -> Any:
-    """The traced graph of x -> W_k act(... act(W_1 x + b_1) ...) + b_k."""
+def mlp(layers: list[tuple[Any, Any]], activation: str = "relu", **metadata: Any) -> Any:
+    """The traced graph of x -> W_k act(... act(W_1 x + b_1) ...) + b_k (`metadata` the
+    activation's, e.g. negative_slope=0.1)."""
 
     def program(ops: Any, x: Any, params: Any) -> Any:
         for i, (w, b) in enumerate(params):
             x = ops.linear(x, w, b)
             if i + 1 < len(params):
-                x = getattr(ops, activation)(x)
+                x = getattr(ops, activation)(x, **metadata)
         return x
 
     return tlc.trace(program, (layers[0][0].shape[1],), layers, name="net")

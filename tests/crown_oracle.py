@@ -1,4 +1,5 @@
-"""An independent CROWN for ReLU MLPs in plain numpy float64: the oracle of tests/test_crown.py.
+"""An independent CROWN for ReLU (and leaky ReLU) MLPs in plain numpy float64: the oracle of
+tests/test_crown.py.
 
 Written separately from tlc.semantics.crown (no shared code): layers are (W, b) pairs with relu
 between them; intermediate bounds by CROWN (a backward pass from every pre-activation layer),
@@ -12,14 +13,18 @@ from __future__ import annotations
 import numpy as np
 
 
-def _relax(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(lower slope, upper slope, upper intercept) of relu on [lo, hi]."""
+def _relax(
+    lo: np.ndarray, hi: np.ndarray, a: float = 0.0
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(lower slope, upper slope, upper intercept) of leaky relu max(z, a z) (0 <= a <= 1; a = 0
+    is relu) on [lo, hi]: the chord above, slope 1 or a below."""
     unstable = (lo < 0) & (hi > 0)
     active = lo >= 0
+    stable = np.where(active, 1.0, a)
     with np.errstate(all="ignore"):
-        slope = np.where(unstable, hi / (hi - lo), active.astype(float))
-    intercept = np.where(unstable, -slope * lo, 0.0)
-    lower = np.where(active, 1.0, np.where(unstable & (hi >= -lo), 1.0, 0.0))
+        slope = np.where(unstable, (hi - a * lo) / (hi - lo), stable)
+    intercept = np.where(unstable, a * lo - slope * lo, 0.0)
+    lower = np.where(unstable, np.where(hi >= -lo, 1.0, a), stable)
     return lower, slope, intercept
 
 
@@ -28,8 +33,10 @@ def crown_mlp(
     lo: np.ndarray,
     hi: np.ndarray,
     spec: np.ndarray | None = None,
+    negative_slope: float = 0.0,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Lower and upper bounds of spec @ f(x) (f's output if spec is None) over [lo, hi]."""
+    """Lower and upper bounds of spec @ f(x) (f's output if spec is None) over [lo, hi], with
+    relu (or leaky relu of `negative_slope` in [0, 1]) between the layers."""
     mid, rad = (lo + hi) / 2, (hi - lo) / 2
     pre: list[tuple[np.ndarray, np.ndarray]] = []
 
@@ -43,7 +50,7 @@ def crown_mlp(
             lam = lam @ w
             if j == 0:
                 break
-            lower, slope, intercept = _relax(*pre[j - 1])
+            lower, slope, intercept = _relax(*pre[j - 1], negative_slope)
             negative = np.minimum(lam, 0.0)
             const = const + negative @ intercept
             lam = np.where(lam >= 0, lam * lower, lam * slope)
@@ -54,7 +61,9 @@ def crown_mlp(
         if k == 0:
             m, r = mid, rad
         else:
-            a_lo, a_hi = np.maximum(pre[k - 1][0], 0), np.maximum(pre[k - 1][1], 0)
+            p_lo, p_hi = pre[k - 1]
+            a_lo = np.maximum(p_lo, negative_slope * p_lo)
+            a_hi = np.maximum(p_hi, negative_slope * p_hi)
             m, r = (a_lo + a_hi) / 2, (a_hi - a_lo) / 2
         return w @ m + b - np.abs(w) @ r, w @ m + b + np.abs(w) @ r
 

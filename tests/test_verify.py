@@ -205,3 +205,56 @@ def test_instances_csv_errors(tmp_path: Path) -> None:
 def _blocks(text: str) -> list[str]:
     parts = text.split("```")
     return [parts[i] for i in range(1, len(parts), 2)]
+
+
+def test_ray_option_errors(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    csv_path = tmp_path / "i.csv"
+    csv_path.write_text("")
+    assert main(["--instances", str(csv_path), "--ray", "auto", "--workers", "2"]) == 1
+    assert "error: --ray runs on the cluster's workers: no --workers" in capsys.readouterr().err
+    assert main(["a.tlir", "p.vnnlib", "--ray", "auto"]) == 1
+    assert "error: --ray runs --instances FILE.csv" in capsys.readouterr().err
+    monkeypatch.setitem(sys.modules, "ray", None)  # as if Ray were not installed
+    assert main(["--instances", str(csv_path), "--ray", "auto"]) == 1
+    err = capsys.readouterr().err
+    assert "error: --ray needs Ray, which is not installed (pip install 'tlc[ray]')" in err
+
+    class Unreachable:  # a Ray whose cluster cannot be reached
+        @staticmethod
+        def init(**_: object) -> None:
+            raise ConnectionError("no GCS at 10.0.0.1:6379")
+
+    monkeypatch.setitem(sys.modules, "ray", Unreachable)
+    assert main(["--instances", str(csv_path), "--ray", "10.0.0.1:6379"]) == 1
+    err = capsys.readouterr().err
+    assert "error: --ray 10.0.0.1:6379: cannot connect: no GCS at 10.0.0.1:6379" in err
+
+
+def test_instances_on_a_local_ray_cluster(acas, tmp_path: Path) -> None:  # noqa: ANN001
+    ray = pytest.importorskip("ray", reason="Ray is an optional extra (pip install 'tlc[ray]')")
+    layers, net = acas
+    centre = np.full(5, 0.2)
+    label = int(np.argmax(_numpy_net(layers, centre)))
+    rows = []
+    for i, radius in enumerate([0.01, 0.2]):
+        (tmp_path / f"p{i}.vnnlib").write_text(
+            robustness_property(centre - radius, centre + radius, label, 5)
+        )
+        rows.append(f"{net},p{i}.vnnlib,30")
+    (tmp_path / "instances.csv").write_text("\n".join(rows) + "\n")
+    context = ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR")
+    try:
+        out = tmp_path / "results.csv"
+        done = subprocess.run(
+            [sys.executable, "-m", "tlc.tools.verify", "--instances",
+             str(tmp_path / "instances.csv"), "--ray", context.address_info["address"],
+             "--results", str(out)],
+            capture_output=True, text=True, cwd=tmp_path, timeout=300,
+        )  # fmt: skip
+    finally:
+        ray.shutdown()
+    assert done.returncode == 0, done.stderr
+    assert [row[2] for row in csv.reader(out.read_text().splitlines())] == ["unsat", "sat"]
+    assert "instances: 2/2 in " in done.stderr

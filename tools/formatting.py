@@ -1,8 +1,9 @@
 """How the tools print values and boxes (`tlc-run`, programs): fixed digits, like the seed's
-tables."""
+tables; sound boxes print with their ends rounded outward (`format_box(..., outward=True)`)."""
 
 from __future__ import annotations
 
+from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -14,18 +15,26 @@ if TYPE_CHECKING:
 EXPONENT_FROM = 1e15
 
 
-def format_value(value: np.ndarray, digits: int = 6) -> str:
-    """`0.027720`, `[0.107000, -0.017000]`, nested brackets for rank >= 2 (row-major)."""
+def format_value(value: np.ndarray, digits: int = 6, rounding: str | None = None) -> str:
+    """`0.027720`, `[0.107000, -0.017000]`, nested brackets for rank >= 2 (row-major).
+    `rounding` None rounds to nearest; `ROUND_FLOOR` / `ROUND_CEILING` (decimal's names) print
+    the largest decimal below / smallest above the exact double."""
     if value.ndim == 0:
         x = float(value)
         style = "e" if abs(x) >= EXPONENT_FROM and np.isfinite(x) else "f"
-        return f"{x:.{digits}{style}}"
-    return "[" + ", ".join(format_value(row, digits) for row in value) + "]"
+        if rounding is None or not np.isfinite(x):
+            return f"{x:.{digits}{style}}"
+        exact = Decimal(x)  # the double's exact value
+        exponent = exact.adjusted() - digits if style == "e" else -digits
+        return f"{exact.quantize(Decimal(1).scaleb(exponent), rounding=rounding):.{digits}{style}}"
+    return "[" + ", ".join(format_value(row, digits, rounding) for row in value) + "]"
 
 
-def format_box(box: Box | None, digits: int = 6) -> str:
-    """`[lo...] .. [hi...]` (scalars bracketed, like the seed's IBP table); `none` if no box."""
+def format_box(box: Box | None, digits: int = 6, outward: bool = False) -> str:
+    """`[lo...] .. [hi...]` (scalars bracketed, like the seed's IBP table); `none` if no box.
+    `outward`: lo printed rounded down and hi up, so the printed box contains the box."""
     if box is None:
         return "none"
-    lo, hi = (format_value(np.atleast_1d(end), digits) for end in (box.lo, box.hi))
+    lo = format_value(np.atleast_1d(box.lo), digits, ROUND_FLOOR if outward else None)
+    hi = format_value(np.atleast_1d(box.hi), digits, ROUND_CEILING if outward else None)
     return f"{lo} .. {hi}"

@@ -12,6 +12,10 @@ only the output node's line is printed.
 `--arithmetic interval` prints boxes for inputs within `--radius` of `--input` (docs/intervals.md):
 `node 0: [lo...] .. [hi...]`, `node k: none` where no sound rule applies; `--samples N` then checks
 N sampled evaluations against every box and reports the first counterexample (exit 1).
+The box options of `tlc.bounds` (docs/verification.md): `--radius` per coordinate (`0.1,0,0.2,0`
+or an .npy file), `--lo/--hi` instead of `--input`/`--radius`, `--method ibp|crown|crown-ibp`,
+`--spec C.npy` (bounds of C y, printed as `spec: [lo...] .. [hi...]`); with any of them the
+bounds come from `tlc.bounds` and print rounded outward (the printed box contains the sound one).
 `--grad` prints the scalar output and its gradient (f64, docs/autodiff.md): `output: 0.027713`,
 then `grad input: [...]` and `grad %1.weight: [[...]]` per parameter field, same number format.
 Each arithmetic is one entry of `ARITHMETICS` (a function printing its lines).
@@ -43,6 +47,8 @@ from tlc.dialect.batch import has_batch
 from tlc.dialect.ops import GraphOp, InputOp, NodeOp, node_id_of
 from tlc.dialect.shapes import fmt_shape
 from tlc.frontends.text import parse_source
+from tlc.semantics.crown import METHODS
+from tlc.semantics.interval_arith import Box
 from tlc.tools.common import glue_values, int_in, read_input, run_tool, tool_parser
 from tlc.tools.formatting import format_box, format_value
 from tlc.tools.run_program import params_payload, run_program_lines, select_program
@@ -197,13 +203,16 @@ def _run_grad(job: Job) -> list[str]:
 
 
 def _run_interval(job: Job) -> list[str]:
-    """Boxes for the ball of --radius around --input; with --samples N, the containment check."""
+    """Boxes for the ball of --radius around --input; with --samples N, the containment check.
+    With a box option (`uses_bounds`) the bounds of `tlc.bounds` instead (`_run_bounds`)."""
     from tlc.api.bounds import ball, violation_error
     from tlc.semantics.containment import check_samples
     from tlc.semantics.ibp import ibp
 
+    if uses_bounds(job.args):
+        return _run_bounds(job)
     x = job.input_value() if job.input_nodes() else {}
-    lo, hi = ball(x, job.args.radius or 0.0)
+    lo, hi = ball(x, float(job.args.radius or 0.0))
     samples = job.args.samples or 0
     report = check_samples(job.graph, job.payload, lo, hi, samples) if samples else None
     boxes = report.boxes if report else ibp(job.graph, job.payload, lo, hi)
@@ -215,6 +224,82 @@ def _run_interval(job: Job) -> list[str]:
         if report.violation is not None:
             raise violation_error(job.graph, report, samples)
         lines.append(f"samples: {samples} inputs, every node value inside its box")
+    return lines
+
+
+def uses_bounds(args: argparse.Namespace) -> bool:
+    """Whether a box option asks for `tlc.bounds` (a per-coordinate radius, --lo/--hi, --method,
+    --spec) rather than the seed's IBP table."""
+    per_coordinate = args.radius is not None and not _is_number(args.radius)
+    return per_coordinate or any(v is not None for v in (args.lo, args.hi, args.method, args.spec))
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _box_ends(job: Job) -> tuple[Any, Any]:
+    """The input box of the box options: --lo/--hi, or --input with a radius that is a number,
+    a comma list or an .npy file (per coordinate), the ball's ends rounded outward; for a graph
+    with several input nodes `{node id: array}` from the named --input values and one radius."""
+    from tlc.api.bounds import input_box
+
+    args = job.args
+    nodes = job.input_nodes()
+    radius = parse_input_text(args.radius or "0")
+    if len(nodes) != 1:
+        if args.lo is not None or radius.size != 1:
+            raise DiagnosticError.simple(
+                f"box options: graph @{job.graph.graph_name} has {len(nodes)} input nodes; "
+                "--lo/--hi and a per-coordinate --radius take a graph with one input node "
+                "(give each input with --input and one --radius)"
+            )
+        return input_box(center=job.input_value(), radius=float(radius.reshape(())))
+    if args.lo is not None:
+        return job._value(nodes[0], args.lo, "--lo"), job._value(nodes[0], args.hi, "--hi")
+    centre = job.input_value()
+    if radius.size != 1:
+        radius = shape_input(radius, centre.shape, "--radius")
+    return input_box(center=centre, radius=radius.reshape(radius.shape if radius.size > 1 else ()))
+
+
+def _run_bounds(job: Job) -> list[str]:
+    """`tlc.bounds` of the box options: the output's box (or `spec:` the bounds of C y), every
+    node's box with --print-values, ends rounded outward; nodes whose interval box CROWN used
+    are named on stderr; --samples checks sampled values against every node's box."""
+    from tlc.api.bounds import bounds, prepared_bounds, violation_error
+    from tlc.core.npyio import read_npy
+    from tlc.semantics.containment import check_samples
+
+    args = job.args
+    lo, hi = _box_ends(job)
+    spec = None if args.spec is None else read_npy(args.spec, "--spec")
+    result = bounds(prepared_bounds(job.graph, job.payload), lo=lo, hi=hi, C=spec,
+                    method=args.method or "ibp")  # fmt: skip
+    for node_id, reason in sorted(result.fallbacks.items()):
+        sys.stderr.write(f"note: node {node_id}: {reason}\n")
+    output = node_id_of(job.graph.output.value)  # type: ignore[union-attr]
+    shown = range(len(result.boxes)) if args.print_values else []
+    lines = [
+        f"node {i}: {format_box(result.boxes[i], args.digits, outward=True)}"
+        for i in shown
+        if i != output or spec is not None
+    ]
+    final = Box(result.lower, result.upper)
+    lines.append(f"{'spec' if spec is not None else f'node {output}'}: "
+                 f"{format_box(final, args.digits, outward=True)}")  # fmt: skip
+    if args.samples:
+        boxes = list(result.boxes)
+        if spec is None:
+            boxes[output] = final
+        report = check_samples(job.graph, job.payload, lo, hi, args.samples, boxes=boxes)
+        if report.violation is not None:
+            raise violation_error(job.graph, report, args.samples)
+        lines.append(f"samples: {args.samples} inputs, every node value inside its box")
     return lines
 
 
@@ -239,8 +324,25 @@ def build_parser() -> argparse.ArgumentParser:
                    "K=VALUES (K-th input)")  # fmt: skip
     p.add_argument("--arithmetic", choices=list(ARITHMETICS), default="f64",
                    help="scalar context (default f64)")  # fmt: skip
-    p.add_argument("--radius", type=float, metavar="R",
-                   help="interval: l-infinity radius of the input box (default 0)")  # fmt: skip
+    p.add_argument("--radius", metavar="R|R0,R1,...|R.npy",
+                   help="interval: l-infinity radius of the input box (default 0), one number "
+                   "or one per coordinate")  # fmt: skip
+    p.add_argument(
+        "--lo",
+        metavar="VALUES|LO.npy",
+        help="interval: the input box's lower ends (with --hi, instead of --input)",
+    )
+    p.add_argument("--hi", metavar="VALUES|HI.npy", help="interval: the input box's upper ends")
+    p.add_argument(
+        "--method",
+        choices=METHODS,
+        help="interval: bounds by ibp, crown or crown-ibp (docs/verification.md)",
+    )
+    p.add_argument(
+        "--spec",
+        metavar="C.npy",
+        help="interval: bound C y, C a matrix with one column per output element",
+    )
     p.add_argument("--samples", type=int, metavar="N",
                    help="interval: check N sampled inputs against every box")  # fmt: skip
     p.add_argument("--print-values", action="store_true", help="print every node's value")
@@ -261,14 +363,30 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str] | None, sources: SourceManager) -> int:
     parser = build_parser()
-    args = parser.parse_args(glue_values(sys.argv[1:] if argv is None else argv, ["--input"]))
-    if args.arithmetic != "interval" and (args.radius is not None or args.samples is not None):
-        parser.error("--radius and --samples need --arithmetic interval")
+    flags = ["--input", "--lo", "--hi", "--radius"]
+    args = parser.parse_args(glue_values(sys.argv[1:] if argv is None else argv, flags))
+    box_options = (args.radius, args.samples, args.lo, args.hi, args.method, args.spec)
+    if args.arithmetic != "interval" and any(v is not None for v in box_options):
+        parser.error("--radius, --samples, --lo, --hi, --method and --spec need --arithmetic "
+                     "interval")  # fmt: skip
+    if (args.lo is None) != (args.hi is None):
+        parser.error("--lo and --hi go together")
+    if args.lo is not None and (args.input or args.radius is not None):
+        parser.error("give the input box as --lo/--hi or as --input with --radius, not both")
+    if args.samples and args.spec is not None:
+        parser.error("--samples checks node boxes; it does not check the bounds of --spec")
     if args.backend == "llvm" and args.arithmetic not in ("f64", "f32"):
         parser.error("--backend llvm runs compiled f64 or f32 code (no --arithmetic interval)")
     if args.grad and (args.arithmetic != "f64" or args.print_values):
         parser.error("--grad computes f64 gradients (no other --arithmetic, no --print-values)")
-    if (args.radius is not None and not args.radius >= 0) or (args.samples or 0) < 0:
+    if args.radius is not None and not args.radius.endswith(".npy"):
+        try:
+            values = [float(item) for item in args.radius.split(",")]
+        except ValueError:
+            parser.error(f"--radius '{args.radius}' is not a number, a comma list or an .npy file")
+        if not all(v >= 0 for v in values):
+            parser.error("--radius and --samples must be >= 0")
+    if (args.samples or 0) < 0:
         parser.error("--radius and --samples must be >= 0")
     name, text = read_input(args.input_file)
     sources.add(name, text)

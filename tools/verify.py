@@ -1,13 +1,14 @@
 """tlc-verify: decide VNN-LIB properties of ONNX or tl networks (VNN-COMP's result contract).
 
     tlc-verify NET.onnx|NET.tlir PROP.vnnlib [--timeout S] [--arithmetic f64|f32] [-o RESULT]
-    tlc-verify --instances FILE.csv [--workers N] [--results OUT.csv]
+    tlc-verify --instances FILE.csv [--workers N | --ray ADDRESS] [--results OUT.csv]
 
 One instance prints `sat` with the counterexample `((X_0 v) ... (Y_0 v) ...)`, `unsat`,
 `unknown` or `timeout` (docs/verification.md). `--instances` reads VNN-COMP's csv (rows
 `onnx,vnnlib,timeout`, paths relative to the csv), runs the instances on `--workers` local
-processes, shows progress on stderr and writes `onnx,vnnlib,result,seconds` rows to
-`--results` (default stdout).
+processes or as tasks of the Ray cluster at `--ray ADDRESS` (the optional extra `tlc[ray]`),
+shows a progress bar on stderr when it is a terminal and writes `onnx,vnnlib,result,seconds`
+rows to `--results` (default stdout).
 Exit codes: 0 a result (whatever it is), 1 diagnostics, 2 usage error, 70 internal error.
 """
 
@@ -19,11 +20,13 @@ import io
 import os
 import sys
 import time
+from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
 
 from tlc.api.verify import Network, Verdict, check_sizes, verify
 from tlc.core.diagnostics import DiagnosticError, SourceManager, error
 from tlc.tools.common import read_input, run_tool, tool_parser, write_output
+from tlc.tools.progress import Progress
 
 ARITHMETIC = {"f64": "f64", "f32": "f32"}
 
@@ -39,6 +42,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--arithmetic", choices=tuple(ARITHMETIC), default="f64",
                    help="the network's scalar type for bounds and counterexamples")  # fmt: skip
     p.add_argument("--workers", type=int, default=1, help="parallel processes for --instances")
+    p.add_argument(
+        "--ray",
+        metavar="ADDRESS",
+        help="run --instances on the Ray cluster at ADDRESS (host:port, or auto)",
+    )
     p.add_argument("--results", default="-", help="results csv for --instances (default stdout)")
     p.add_argument("-o", dest="output", default="-", help="result file (default stdout)")
     return p
@@ -120,19 +128,18 @@ def _at(name: str, line: int):  # noqa: ANN202
     return Location(name, line, 1)
 
 
+Job = tuple[str, str, float, str]
+
+
 def run_instances(args: argparse.Namespace) -> int:
     rows = read_instances(args.instances)
+    jobs = [(onnx, prop, timeout, args.arithmetic) for onnx, prop, timeout in rows]
     results: list[tuple[str, float] | None] = [None] * len(rows)
-    progress = _progress(len(rows))
-    with ProcessPoolExecutor(max_workers=max(args.workers, 1)) as pool:
-        futures = {
-            pool.submit(_instance_row, onnx, prop, timeout, args.arithmetic): i
-            for i, (onnx, prop, timeout) in enumerate(rows)
-        }
-        for future in as_completed(futures):
-            i = futures[future]
-            results[i] = future.result()
-            progress(rows[i], results[i])
+    finished = _on_ray(args.ray, jobs) if args.ray else _on_processes(args.workers, jobs)
+    with Progress(len(rows), "instances") as bar:
+        for i, result in finished:
+            results[i] = result
+            bar.advance(f"{os.path.basename(rows[i][1])}: {result[0]}")
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     for (onnx, prop, _), (result, seconds) in zip(rows, results, strict=True):  # type: ignore[misc]
@@ -141,27 +148,36 @@ def run_instances(args: argparse.Namespace) -> int:
     return 0
 
 
-def _progress(total: int):  # noqa: ANN202
-    """A tqdm bar on stderr when tqdm is installed, else one line per finished instance."""
+def _on_processes(workers: int, jobs: list[Job]) -> Iterator[tuple[int, tuple[str, float]]]:
+    """(index, result) of each job as it finishes, on `workers` local processes."""
+    with ProcessPoolExecutor(max_workers=max(workers, 1)) as pool:
+        futures = {pool.submit(_instance_row, *job): i for i, job in enumerate(jobs)}
+        for future in as_completed(futures):
+            yield futures[future], future.result()
+
+
+def _on_ray(address: str, jobs: list[Job]) -> Iterator[tuple[int, tuple[str, float]]]:
+    """(index, result) of each job as it finishes, each job a task of the Ray cluster at
+    `address` (its workers import tlc: the cluster runs this environment)."""
     try:
-        from tqdm import tqdm
+        import ray
     except ImportError:
-        tqdm = None
-    count = 0
-    bar = tqdm(total=total, file=sys.stderr, unit="instance") if tqdm else None
-
-    def update(row: tuple[str, str, float], result: tuple[str, float]) -> None:
-        nonlocal count
-        count += 1
-        if bar is not None:
-            bar.update(1)
-            if count == total:
-                bar.close()
-            return
-        name = f"{os.path.basename(row[0])} {os.path.basename(row[1])}"
-        sys.stderr.write(f"[{count}/{total}] {name}: {result[0]} ({result[1]:.2f} s)\n")
-
-    return update
+        raise DiagnosticError.simple(
+            "--ray needs Ray, which is not installed (pip install 'tlc[ray]')"
+        ) from None
+    try:
+        ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        raise DiagnosticError.simple(f"--ray {address}: cannot connect: {exc}") from None
+    try:
+        task = ray.remote(_instance_row)
+        pending = {task.remote(*job): i for i, job in enumerate(jobs)}
+        while pending:
+            done, _ = ray.wait(list(pending), num_returns=1)
+            for ref in done:
+                yield pending.pop(ref), ray.get(ref)
+    finally:
+        ray.shutdown()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -174,7 +190,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.instances:
             if args.network or args.property:
                 raise DiagnosticError.simple("--instances takes no NET and PROP arguments")
+            if args.ray and args.workers != 1:
+                raise DiagnosticError.simple("--ray runs on the cluster's workers: no --workers")
             return run_instances(args)
+        if args.ray:
+            raise DiagnosticError.simple("--ray runs --instances FILE.csv")
         if not (args.network and args.property):
             raise DiagnosticError.simple("give NET and PROP, or --instances FILE.csv")
         verdict = run_instance(args.network, args.property, args.timeout, args.arithmetic, sources)

@@ -47,7 +47,17 @@ def ball(x: Any, radius: float) -> tuple[Any, Any]:
 
 def input_box(lo: Any = None, hi: Any = None, center: Any = None, radius: Any = None) -> tuple:
     """(lo, hi) from either the ends or a centre and a radius (a number or one per coordinate,
-    broadcast against the centre), the ball's ends rounded outward. Exactly one form."""
+    broadcast against the centre), the ball's ends rounded outward. Exactly one form. For a
+    graph with several input nodes each is `{node id: array}` (a radius may be one number)."""
+    if isinstance(lo if lo is not None else center, Mapping):
+        keys = lo if lo is not None else center
+
+        def part(v: Any, k: int) -> Any:
+            return v[k] if isinstance(v, Mapping) else v
+
+        pairs = {k: input_box(part(lo, k), part(hi, k), part(center, k), part(radius, k))
+                 for k in keys}  # fmt: skip
+        return {k: p[0] for k, p in pairs.items()}, {k: p[1] for k, p in pairs.items()}
     if (lo is None) != (hi is None):
         raise DiagnosticError.simple("bounds: give both lo and hi, or center and radius")
     if lo is not None:
@@ -117,18 +127,22 @@ def bounds(
 ) -> Bounds:
     """`tlc.bounds`: sound lower/upper bounds of the output (or of `C @ output`) over an input
     box, or a batch of boxes (arrays with a leading batch axis), by `method` ("ibp", "crown",
-    "crown-ibp"); enclosing the real values and the `dtype` (f64/f32) reference values."""
+    "crown-ibp"); enclosing the real values and the `dtype` (f64/f32) reference values. A
+    graph with several input nodes takes each of lo/hi/center (and radius, or one number) as
+    `{node id: array}`."""
     from tlc.semantics.crown import PreparedCrown, bind_box
 
     low, high = input_box(lo, hi, center, radius)
+    box_shape = None if isinstance(low, Mapping) else low.shape
     prepared = (
         source
         if isinstance(source, PreparedCrown)
-        else prepared_bounds(source, payload, graph, dtype, low.shape)
+        else prepared_bounds(source, payload, graph, dtype, box_shape)
     )
-    shape = prepared.steps[prepared.input_id].shape
-    if low.ndim == 1 and len(shape) != 1 and low.size == numel(shape):  # a flat list
-        low, high = low.reshape(shape), high.reshape(shape)
+    if not isinstance(low, Mapping) and len(prepared.input_ids) == 1:
+        shape = prepared.steps[prepared.input_id].shape
+        if low.ndim == 1 and len(shape) != 1 and low.size == numel(shape):  # a flat list
+            low, high = low.reshape(shape), high.reshape(shape)
     low, high, batched = bind_box(prepared, low, high)
     result = prepared(low, high, method, None if C is None else np.asarray(C, dtype=np.float64))
     if not batched:

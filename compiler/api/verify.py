@@ -67,7 +67,7 @@ class Network:
 
     def __init__(self, bounds: PreparedCrown, evaluate: Prepared, payload: Any):
         self.bounds, self.evaluate, self.payload = bounds, evaluate, payload
-        self.input_shape = bounds.steps[bounds.input_id].shape
+        self.input_shape = bounds.steps[bounds.single_input("tlc-verify")].shape
         self.output_shape = bounds.steps[bounds.output_id].shape
 
     def outputs(self, x: np.ndarray) -> np.ndarray:

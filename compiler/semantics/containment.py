@@ -82,10 +82,13 @@ def check_samples(
     count: int,
     dtype: type = np.float64,
     seed: int = 0,
+    boxes: list[Box | None] | None = None,
 ) -> SampleReport:
-    """Propagate boxes for [lo, hi], then check `count` sampled evaluations against them."""
+    """Propagate boxes for [lo, hi] (or take `boxes`, one per node, e.g. CROWN's), then check
+    `count` sampled evaluations against them."""
     propagate = prepare_ibp(graph, payload, dtype)
-    boxes = propagate(lo, hi)
+    if boxes is None:
+        boxes = propagate(lo, hi)
     lows = bind_inputs(graph, propagate.shapes, lo, np.float64)
     highs = bind_inputs(graph, propagate.shapes, hi, np.float64)
     input_boxes = {nid: Box(lows[nid], highs[nid]) for nid in lows}

@@ -30,7 +30,7 @@ its interval box, the IBP fallback, and the reason is recorded in `Bounds.fallba
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,10 +40,19 @@ from tlc.core.diagnostics import DiagnosticError
 from tlc.core.payload import Payload, Record
 from tlc.core.rule_table import RuleTable
 from tlc.dialect import ops
+from tlc.dialect.families import Monotone
 from tlc.dialect.ops import GraphOp, NodeOp
 from tlc.dialect.registry import NODE_OPS
 from tlc.dialect.shapes import Shape, numel
-from tlc.semantics.ibp import ABS_WEIGHT, PreparedIBP, default_eps, prepare_ibp, reference
+from tlc.semantics.emitter import IntervalEmitter, NoBox
+from tlc.semantics.ibp import (
+    ABS_WEIGHT,
+    INTERVAL,
+    PreparedIBP,
+    default_eps,
+    prepare_ibp,
+    reference,
+)  # fmt: skip
 from tlc.semantics.interpret import bind_inputs
 from tlc.semantics.interval_arith import COMPOSITE_ULPS, F64, LIBM_ULPS, Box, Outward, sanitize
 
@@ -57,6 +66,17 @@ METHODS = ("ibp", "crown", "crown-ibp")
 EXACT = Outward(F64)
 _U = EXACT.u
 _TINY = EXACT.tiny
+
+
+def _up(x: Any) -> np.ndarray:
+    """`EXACT.up` (one float64 step up, past the exact result of one rounded operation) without
+    its per-call checks: the pass runs under `np.errstate(all="ignore")` in float64."""
+    return np.nextafter(x, np.inf)
+
+
+def _down(x: Any) -> np.ndarray:
+    """`EXACT.down`, as `_up`."""
+    return np.nextafter(x, -np.inf)
 
 
 @dataclass
@@ -86,9 +106,25 @@ CrownRule = Callable[[Step, np.ndarray, list[Box], Box, Outward], "Back | None"]
 CROWN: RuleTable[CrownRule] = RuleTable("crown")
 register = CROWN.register
 
-#: Nonlinear ops whose relaxation reads the bounds of their parent: in method "crown" their
-#: parents get a backward pass of their own.
-NEEDS_PARENT_BOUNDS = (ops.ReluOp, ops.TanhOp, ops.SigmoidOp)
+#: Nonlinear ops whose relaxation reads the bounds of their parents (every elementwise unary
+#: op but the exact ones, max pool, products, max/min; `_needs_parent_bounds` adds matmul of
+#: two variable factors): in method "crown" their parents get a backward pass of their own.
+NEEDS_PARENT_BOUNDS: tuple[type, ...] = (
+    ops.UnaryOp, ops.MaxPoolOp, ops.MulElemOp, ops.MaxElemOp, ops.MinElemOp
+)  # fmt: skip
+EXACT_UNARY = (ops.DetachOp, ops.NegOp)
+
+
+def _needs_parent_bounds(node: NodeOp) -> bool:
+    """`NEEDS_PARENT_BOUNDS` but the exact unary ops, and matmul of two variable factors."""
+    if isinstance(node, ops.MatmulOp):
+        return not any(isinstance(v.owner, ops.ConstOp) for v in node.parents)
+    return isinstance(node, NEEDS_PARENT_BOUNDS) and not isinstance(node, EXACT_UNARY)
+
+
+#: The most coefficients (float64) a backward pass holds at once: a batch of boxes larger than
+#: this allows is bounded in several passes (128 MiB of coefficients each).
+COEFFICIENTS = 2**24
 
 #: Ops whose interval rule acts on every leading index alike, so a batch of boxes costs one call.
 BATCHABLE = (ops.InputOp, ops.ConstOp, ops.UnaryOp, ops.BinaryOp, ops.LinearOp)
@@ -126,35 +162,51 @@ def _rows(lam: np.ndarray) -> np.ndarray:
 
 
 def row_dot(lam: np.ndarray, v: np.ndarray) -> np.ndarray:
-    """<lam[b, k], v[b]> for every row, computed in float64 (no rounding control): [B, K]."""
-    flat = np.broadcast_to(v, (lam.shape[0],) + lam.shape[2:]).reshape(lam.shape[0], -1, 1)
-    with np.errstate(all="ignore"):
-        return np.matmul(_rows(lam), flat)[..., 0]
+    """<lam[b, k], v[b]> for every row (v [B, *shape] or [*shape], one for all boxes), computed
+    in float64 (no rounding control): [B, K]. Callers hold `np.errstate(all="ignore")` (the
+    backward pass holds it throughout)."""
+    v = np.asarray(v, dtype=F64)
+    shape = lam.shape[2:]
+    if v.shape != shape:
+        v = np.broadcast_to(v, (lam.shape[0],) + shape) if v.shape[1:] != shape else v
+        return np.matmul(_rows(lam), v.reshape(v.shape[0], -1, 1))[..., 0]
+    return np.matmul(_rows(lam), v.reshape(-1, 1))[..., 0]
+
+
+def _row_dots(lam: np.ndarray, vectors: list[np.ndarray]) -> np.ndarray:
+    """<lam[b, k], v_i[b]> for several vectors in one product: [B, K, len(vectors)]."""
+    batch = lam.shape[0]
+    flat = np.stack([np.broadcast_to(v, (batch,) + lam.shape[2:]).reshape(batch, -1)
+                     for v in vectors], axis=-1)  # fmt: skip
+    return np.matmul(_rows(lam), flat)
 
 
 def dot_bound(lam: np.ndarray, v: np.ndarray) -> np.ndarray:
     """An upper bound of <|lam|, v> for v >= 0 (error terms): the float64 sum is within
     gamma_n of exact; we step over it with the factor and one outward step."""
     n = max(numel(lam.shape[2:]), 1)
-    with np.errstate(all="ignore"):
-        return EXACT.up(row_dot(np.abs(lam), v) * (1 + EXACT.gamma(n)) + n * _TINY)
+    return _up(row_dot(np.abs(lam), v) * (1 + EXACT.gamma(n)) + n * _TINY)
 
 
 def dot_error(lam: np.ndarray, v: np.ndarray) -> np.ndarray:
     """The rounding error of `row_dot(lam, v)` itself: within gamma_n <|lam|, |v|>."""
     n = max(numel(lam.shape[2:]), 1)
-    return EXACT.up(dot_bound(lam, np.abs(v)) * EXACT.gamma(n) + n * _TINY)
+    return _up(dot_bound(lam, np.abs(v)) * EXACT.gamma(n) + n * _TINY)
 
 
 def min_over_box(lam: np.ndarray, box: Box) -> np.ndarray:
     """A lower bound of min over x in box of <lam, x> (box [B, *shape]): centre minus spread,
-    rounded down, allowing for gamma_n of both products."""
-    mid = 0.5 * box.lo + 0.5 * box.hi
+    rounded down, allowing for gamma_n of both products (`dot_bound`, `dot_error`, here with
+    one product of |lam| for both)."""
+    n = max(numel(lam.shape[2:]), 1)
     with np.errstate(all="ignore"):
+        mid = 0.5 * box.lo + 0.5 * box.hi
         rad = np.nextafter(np.maximum(box.hi - mid, mid - box.lo), np.inf)
         centre = row_dot(lam, mid)
-        spread = dot_bound(lam, rad)
-        value = EXACT.down(EXACT.down(centre - spread) - dot_error(lam, mid))
+        both = _row_dots(np.abs(lam), [rad, np.abs(mid)]) * (1 + EXACT.gamma(n)) + n * _TINY
+        spread = _up(both[..., 0])
+        error = _up(_up(both[..., 1]) * EXACT.gamma(n) + n * _TINY)
+        value = _down(_down(centre - spread) - error)
     return np.where(np.isnan(value), -np.inf, value)
 
 
@@ -174,23 +226,52 @@ def _linear_errors(
     the denotation's W x + b within gamma_{fan_in} (|W||x| + |b|) (dtype); `forward_abs` is
     |W| mag(x) + |b| at the node's shape."""
     g = EXACT.gamma(fan_out) + out.gamma(fan_in)
-    return EXACT.up(g * dot_bound(lam, forward_abs))
+    return _up(g * dot_bound(lam, forward_abs))
+
+
+def _cached(step: Step, key: str, make: Callable[[], Any]) -> Any:
+    """A value derived from the node and its parents' boxes, once per `PreparedCrown` call
+    (every backward pass of a call sees the same parent boxes; the call clears these keys)."""
+    if key not in step.cache:
+        step.cache[key] = make()
+    return step.cache[key]
+
+
+#: `Step.cache` keys that hold per-call values (cleared at the start of every call).
+PER_CALL = ("forward_abs", "lines")
 
 
 @register(ops.LinearOp)
-def _linear(step: Step, lam: np.ndarray, parents: list[Box], own: Box, out: Outward) -> Back:
+def _linear(
+    step: Step,
+    lam: np.ndarray,
+    parents: list[Box],
+    own: Box,
+    out: Outward,
+    identity: bool = False,
+) -> Back:
+    """Lambda W to the parent, Lambda b to the constant. `identity`: lam is [I; -I] (the rows
+    of an intermediate bound), so Lambda W is [W; -W] without a product (when the node has no
+    leading axes of more than one element)."""
     record = step.record
     assert record is not None
     w = record["weight"]
     (x,) = parents
-    with np.errstate(all="ignore"):
+
+    def forward_abs() -> np.ndarray:
+        total = np.matmul(magnitude(x), record[ABS_WEIGHT].T)
+        return total + np.abs(record["bias"]) if "bias" in record else total
+
+    if identity and numel(x.shape[1:-1]) == 1:  # no leading axes that rows would select
+        stacked = np.concatenate([w, -w]).reshape((2 * w.shape[0],) + x.shape[1:])
+        into = np.broadcast_to(stacked, lam.shape[:2] + x.shape[1:])
+    else:
         into = np.matmul(lam, w)
-        forward_abs = np.matmul(magnitude(x), record[ABS_WEIGHT].T)
     const: np.ndarray | float = 0.0
     if "bias" in record:
         const = row_dot(lam, record["bias"])
-        forward_abs = forward_abs + np.abs(record["bias"])
-    err = _linear_errors(lam, forward_abs, out, w.shape[1] + 1, w.shape[0] + 1)
+    abs_x = _cached(step, "forward_abs", forward_abs)
+    err = _linear_errors(lam, abs_x, out, w.shape[1] + 1, w.shape[0] + 1)
     return Back({0: into}, const, err)
 
 
@@ -316,14 +397,14 @@ def _reduction(step: Step, lam: np.ndarray, parents: list[Box], own: Box, out: O
 def _add_sub(step: Step, lam: np.ndarray, parents: list[Box], own: Box, out: Outward) -> Back:
     """Exact over the reals; the denotation's sum is within u of the result."""
     sign = -1.0 if isinstance(step.node, ops.SubOp) else 1.0
-    err = EXACT.up(2 * out.u * dot_bound(lam, magnitude(own)))
+    err = _up(2 * out.u * dot_bound(lam, magnitude(own)))
     return Back({0: lam, 1: sign * lam}, 0.0, err)
 
 
 @register(ops.MatmulOp)
 def _matmul(step: Step, lam: np.ndarray, parents: list[Box], own: Box, out: Outward) -> Back | None:
-    """A product with a constant factor is linear in the other; with two variable factors no
-    relaxation is written (the node's interval box is used)."""
+    """A product with a constant factor is linear in the other; two variable factors get
+    McCormick's planes per product (`_bilinear`)."""
     a, b = parents
     const_a, const_b = (isinstance(v.owner, ops.ConstOp) for v in step.node.parents)
     if const_b:
@@ -336,7 +417,37 @@ def _matmul(step: Step, lam: np.ndarray, parents: list[Box], own: Box, out: Outw
         into = np.matmul(np.swapaxes(matrix, -1, -2), lam)
         forward_abs = np.matmul(np.abs(matrix), magnitude(b))
         return Back({1: into}, 0.0, _matmul_err(lam, forward_abs, matrix, out))
-    return None
+    if not _bounded(a, b):
+        return None
+    return _bilinear(lam, a, b, out)
+
+
+def _bilinear(lam: np.ndarray, a: Box, b: Box, out: Outward) -> Back:
+    """y = A B with both factors variable: every product a_mn b_np between McCormick's planes
+    (as `mul_lines`): b_l a + a_l b - a_l b_l below, b_u a + a_l b - a_l b_u above, so
+    Lambda+ takes the lower planes and Lambda- the upper ones: to A, Lambda+ b_l^T + Lambda-
+    b_u^T; to B, a_l^T Lambda; to the constant, -<Lambda+, a_l b_l> - <Lambda-, a_l b_u>.
+    Charged: our three products (gamma of their lengths times the magnitudes), the constant's
+    two matrix products, and the denotation's dot products, gamma_n (|A| |B|)."""
+    swap = lambda v: np.swapaxes(v, -1, -2)  # noqa: E731
+    a_lo, b_lo, b_hi = a.lo[:, None], b.lo[:, None], b.hi[:, None]
+    plus, minus = np.maximum(lam, 0.0), np.minimum(lam, 0.0)
+    m, n, p = a.shape[-2], a.shape[-1], b.shape[-1]
+    into_a = np.matmul(plus, swap(b_lo)) + np.matmul(minus, swap(b_hi))
+    into_b = np.matmul(swap(a_lo), lam)
+    low_plane, high_plane = np.matmul(a.lo, b.lo), np.matmul(a.lo, b.hi)
+    const = -row_dot(plus, low_plane) - row_dot(minus, high_plane)
+    mag_a, mag_b = magnitude(a), magnitude(b)
+    b_mag = np.maximum(np.abs(b.lo), np.abs(b.hi))
+    a_abs = np.abs(a.lo)
+    planes = np.matmul(a_abs, b_mag)  # bounds |a_l b_l| and |a_l b_u| summed over n
+    err = (
+        EXACT.gamma(p + 1) * dot_bound(lam, np.matmul(mag_a, b_mag))
+        + EXACT.gamma(m) * dot_bound(lam, np.matmul(a_abs, mag_b))
+        + (EXACT.gamma(n) + EXACT.gamma(numel(lam.shape[2:]) + 2)) * dot_bound(lam, planes)
+        + out.gamma(n) * dot_bound(lam, np.matmul(mag_a, mag_b))
+    )
+    return Back({0: into_a, 1: into_b}, const, _up(err * (1 + 8 * _U)))
 
 
 def _matmul_err(lam: np.ndarray, forward_abs: np.ndarray, matrix: np.ndarray, out: Outward):
@@ -368,7 +479,7 @@ def _batch_norm(step: Step, lam: np.ndarray, parents: list[Box], own: Box, out: 
     if scale is None:
         return None  # type: ignore[return-value]
     s_mid = 0.5 * scale.lo + 0.5 * scale.hi
-    s_rad = EXACT.up(np.maximum(scale.hi - s_mid, s_mid - scale.lo))
+    s_rad = _up(np.maximum(scale.hi - s_mid, s_mid - scale.lo))
     shift = channel("beta") - channel("mean") * s_mid
     into = lam * s_mid
     const = row_dot(lam, np.broadcast_to(shift, shape))
@@ -376,7 +487,7 @@ def _batch_norm(step: Step, lam: np.ndarray, parents: list[Box], own: Box, out: 
     s_mag = np.maximum(np.abs(scale.lo), np.abs(scale.hi))
     rounding = 4 * (out.u + _U) * (centred * s_mag + np.abs(channel("beta")))
     err = dot_bound(lam, s_rad * centred + rounding) * (1 + 8 * _U)
-    return Back({0: into}, const, EXACT.up(err + dot_error(lam, np.broadcast_to(shift, shape))))
+    return Back({0: into}, const, _up(err + dot_error(lam, np.broadcast_to(shift, shape))))
 
 
 # --------------------------------------------------------------------------------------------
@@ -415,7 +526,7 @@ def _moves(step: Step, lam: np.ndarray, parents: list[Box], own: Box, out: Outwa
         back[..., moved] = flat
     else:
         np.add.at(back, (slice(None), slice(None), moved), flat)
-        err = EXACT.up(EXACT.gamma(repeats) * dot_bound(lam, magnitude(own)))
+        err = _up(EXACT.gamma(repeats) * dot_bound(lam, magnitude(own)))
     into = {
         i: back[..., offsets[i] : offsets[i + 1]].reshape(lam.shape[:2] + shape)
         for i, shape in enumerate(shapes)
@@ -436,23 +547,40 @@ def _relaxed(
     denotation_err: np.ndarray | None,
 ) -> Back:
     """y >= s_lo z + b_lo and y <= s_hi z + b_hi (each [B, *shape], exact as floats): rows
-    with a positive coefficient take the lower line, negative ones the upper line. Our
-    products are charged u |new coefficient| mag(z), the constant's dot product its gamma_n,
-    and `denotation_err` (>= |y_dtype - f(z)|, None when exact) times |lam|."""
-    s_lo, b_lo, s_hi, b_hi = (v[:, None] for v in lines)
+    with a positive coefficient take the lower line, negative ones the upper line (see
+    `_relaxed_lines`, the same for lines in several parents)."""
+    s_lo, b_lo, s_hi, b_hi = lines
+    return _relaxed_lines(lam, ([s_lo], b_lo, [s_hi], b_hi), [parent], own, denotation_err)
+
+
+def _relaxed_lines(
+    lam: np.ndarray,
+    lines: tuple[list[np.ndarray], np.ndarray, list[np.ndarray], np.ndarray],
+    parents: list[Box],
+    own: Box,
+    denotation_err: np.ndarray | None,
+) -> Back:
+    """y >= sum_i s_lo[i] z_i + b_lo and y <= sum_i s_hi[i] z_i + b_hi (each [B, *shape],
+    exact as floats), z_i the parents: rows with a positive coefficient take the lower line,
+    negative ones the upper line. Our products are charged u |new coefficient| mag(z_i), the
+    constant's dot product its gamma_n, and `denotation_err` (>= |y_dtype - f(z)|, None when
+    exact) times |lam|."""
+    s_lo, b_lo, s_hi, b_hi = lines
     positive = lam >= 0
-    into = np.where(positive, lam * s_lo, lam * s_hi)
-    const = row_dot(np.where(positive, lam, 0.0), b_lo[:, 0]) + row_dot(
-        np.where(positive, 0.0, lam), b_hi[:, 0]
+    into = {
+        i: lam * np.where(positive, lo[:, None], hi[:, None])
+        for i, (lo, hi) in enumerate(zip(s_lo, s_hi, strict=True))
+    }
+    const = row_dot(np.where(positive, lam, 0.0), b_lo) + row_dot(
+        np.where(positive, 0.0, lam), b_hi
     )
     n = max(numel(lam.shape[2:]), 1)
-    err = (
-        _U * dot_bound(into, magnitude(parent))
-        + EXACT.gamma(n + 1) * dot_bound(lam, np.maximum(np.abs(lines[1]), np.abs(lines[3])))
-        + (0.0 if denotation_err is None else dot_bound(lam, denotation_err))
-        + 2 * n * _TINY
-    )
-    return Back({0: into}, const, EXACT.up(err * (1 + 8 * _U)))
+    err = EXACT.gamma(n + 1) * dot_bound(lam, np.maximum(np.abs(b_lo), np.abs(b_hi)))
+    for i, coefficient in into.items():
+        err = err + _U * dot_bound(coefficient, magnitude(parents[i]))
+    if denotation_err is not None:
+        err = err + dot_bound(lam, denotation_err)
+    return Back(into, const, _up((err + 2 * n * _TINY) * (1 + 8 * _U)))
 
 
 def relu_lines(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, ...]:
@@ -462,8 +590,8 @@ def relu_lines(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, ...]:
     active, dead = lo >= 0, hi <= 0
     unstable = ~(active | dead)
     with np.errstate(all="ignore"):
-        slope = EXACT.up(hi / EXACT.down(hi - lo))
-        intercept = EXACT.up(-slope * lo)
+        slope = _up(hi / _down(hi - lo))
+        intercept = _up(-slope * lo)
     s_hi = np.where(active, 1.0, np.where(unstable, slope, 0.0))
     b_hi = np.where(unstable, intercept, 0.0)
     s_lo = np.where(active, 1.0, np.where(unstable & (hi >= -lo), 1.0, 0.0))
@@ -475,7 +603,8 @@ def _relu(step: Step, lam: np.ndarray, parents: list[Box], own: Box, out: Outwar
     (z,) = parents
     if not (np.all(np.isfinite(z.lo)) and np.all(np.isfinite(z.hi))):
         return None
-    return _relaxed(lam, relu_lines(z.lo, z.hi), z, own, None)
+    lines = _cached(step, "lines", lambda: relu_lines(z.lo, z.hi))
+    return _relaxed(lam, lines, z, own, None)
 
 
 @dataclass(frozen=True)
@@ -555,7 +684,7 @@ def _extreme(shape: SShape, s: np.ndarray, lo: np.ndarray, hi: np.ndarray, lower
                     np.where(np.isnan(zero), ends, zero))  # fmt: skip
         m = np.maximum(np.abs(lo), np.abs(hi))
         slack = 1e-12 * (1.0 + (1.0 + np.abs(s)) * m)
-        return EXACT.down(best - slack) if lower else EXACT.up(best + slack)
+        return _down(best - slack) if lower else _up(best + slack)
 
 
 def s_shape_lines(shape: SShape, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, ...]:
@@ -583,7 +712,7 @@ def s_shape_lines(shape: SShape, lo: np.ndarray, hi: np.ndarray) -> tuple[np.nda
 def _s_shaped(step: Step, lam: np.ndarray, parents: list[Box], own: Box, out: Outward) -> Back:
     shape = S_SHAPES[type(step.node)]
     (z,) = parents
-    lines = s_shape_lines(shape, z.lo, z.hi)
+    lines = _cached(step, "lines", lambda: s_shape_lines(shape, z.lo, z.hi))
     # the denotation: f_dtype(z) within `ulps` ULPs (of dtype) of f(z); one ULP is at most
     # 2 u |f(z)| and |f(z)| <= mag(own) (1 + small): 4 ulps u mag(own) with room
     denotation = 4 * shape.ulps * out.u * magnitude(own) + shape.ulps * out.tiny
@@ -591,6 +720,265 @@ def _s_shaped(step: Step, lam: np.ndarray, parents: list[Box], own: Box, out: Ou
 
 
 register(ops.TanhOp, ops.SigmoidOp)(_s_shaped)
+
+
+@register(ops.NegOp)
+def _neg(step: Step, lam: np.ndarray, parents: list[Box], own: Box, out: Outward) -> Back:
+    """Exact: -x is exact in every scalar type."""
+    return Back({0: -lam})
+
+
+def _bounded(*boxes: Box) -> bool:
+    return all(np.all(np.isfinite(b.lo)) and np.all(np.isfinite(b.hi)) for b in boxes)
+
+
+#: Pieces of the input box in the derived relaxation (`piecewise_lines`).
+PIECES = 32
+
+
+def _grid(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """PIECES + 2 sorted points from lo to hi (ends exact), 0 among them where lo < 0 < hi
+    (the kink of relu-like ops)."""
+    t = np.linspace(0.0, 1.0, PIECES + 1)
+    with np.errstate(all="ignore"):
+        even = np.minimum(lo[..., None] + (hi - lo)[..., None] * t, hi[..., None])
+    even[..., 0], even[..., -1] = lo, hi
+    return np.sort(np.concatenate([even, np.clip(0.0, lo, hi)[..., None]], axis=-1), axis=-1)
+
+
+def _intercepts(
+    s: np.ndarray, a: np.ndarray, b: np.ndarray, piece: Box, ends: Box | None, slope: Box | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Rigorous min and max of g(z) = f(z) - s z over [lo, hi], piece by piece ([a_j, b_j]).
+
+    Always: f(z) in the piece's box [f_j, F_j], so g >= f_j - max(s a_j, s b_j) and <= F_j -
+    min(s a_j, s b_j). With `ends` (f enclosed at a_j and b_j, [..., pieces + 1]) and `slope`
+    (f' enclosed on each piece, [D_j, E_j]), also the mean-value bounds g(z) >= g(a_j) + w_j
+    min(D_j - s, 0) and >= g(b_j) - w_j max(E_j - s, 0) (w_j = b_j - a_j), and the mirror images
+    above: exact where g is linear on a piece, so piecewise-linear ops get their lines exactly."""
+    sv = s[..., None]
+    with np.errstate(all="ignore"):
+        sa, sb = sv * a, sv * b
+        low = _down(piece.lo - _up(np.maximum(sa, sb)))
+        high = _up(piece.hi - _down(np.minimum(sa, sb)))
+        if ends is not None and slope is not None:
+            w = _up(b - a)
+            g_lo = _down(ends.lo - _up(sv * np.concatenate([a, b[..., -1:]], -1)))
+            g_hi = _up(ends.hi - _down(sv * np.concatenate([a, b[..., -1:]], -1)))
+            fall = _down(w * np.minimum(_down(slope.lo - sv), 0.0))  # <= 0
+            rise = _up(w * np.maximum(_up(slope.hi - sv), 0.0))  # >= 0
+            low = np.fmax(low, np.fmax(_down(g_lo[..., :-1] + fall),
+                                       _down(g_lo[..., 1:] - rise)))  # fmt: skip
+            high = np.fmin(high, np.fmin(_up(g_hi[..., :-1] + rise),
+                                         _up(g_hi[..., 1:] - fall)))  # fmt: skip
+    return np.min(low, axis=-1), np.max(high, axis=-1)
+
+
+#: Nodes `_ReusingEmitter` has built, by op, operand shapes and metadata (cleared when large).
+_NODES: dict[tuple[Any, ...], NodeOp] = {}
+
+
+class _ReusingEmitter(IntervalEmitter):
+    """`IntervalEmitter` that builds each distinct node once: a derivative fact evaluated on
+    boxes binds the same few ops on every call, and building an op is most of its cost. The
+    interval rules read only a node's metadata, so an equal node serves every call."""
+
+    def node(
+        self,
+        cls: type[NodeOp],
+        operands: list[Box],
+        attributes: Mapping[str, Any] | None = None,
+        shape: Shape | None = None,
+    ) -> NodeOp:
+        fields = repr(sorted((attributes or {}).items()))
+        key = (cls, tuple(v.shape for v in operands), fields, shape)
+        if key not in _NODES:
+            if len(_NODES) > 4096:
+                _NODES.clear()
+            _NODES[key] = super().node(cls, operands, attributes, shape)
+        return _NODES[key]
+
+
+def piecewise_lines(
+    node: NodeOp, record: Record | None, lo: np.ndarray, hi: np.ndarray, out: Outward
+) -> tuple[tuple[np.ndarray, ...], bool] | None:
+    """Lines for an elementwise unary op derived from its facts (its interval rule and, for a
+    monotone op, its derivative), and whether they bound only the real function (then the
+    caller charges the denotation's error).
+
+    [lo, hi] is cut into pieces (`_grid`); the interval rule gives f's box on each piece and
+    at each grid point. Candidate slopes: the chord through the ends and the secants of the
+    first and last pieces (f'(lo), f'(hi) for a kinked op); each candidate's intercepts are
+    rigorous (`_intercepts`) whatever the slope, and the lower line kept is the one highest at
+    the box's midpoint, the upper one the lowest: the smallest area between line and function
+    (for relu-like ops CROWN's adaptive choice: slope 1 when hi >= -lo). A monotone op (its
+    endpoint rule) also gets the mean-value bounds from its derivative's interval on each
+    piece, taken with float64 constants: they hold for the real function, which is continuous
+    (every elementwise op of tl is, on its domain). None where a rule gives no box."""
+    rule = INTERVAL.get(type(node))
+    if rule is None:
+        return None
+    grid = _grid(lo, hi)
+    a, b = grid[..., :-1], grid[..., 1:]
+    piece, ends = rule(node, [Box(a, b)], record, out), rule(node, [Box(grid, grid)], record, out)
+    if piece is None or ends is None:
+        return None
+    piece = Box(*np.broadcast_arrays(piece.lo, piece.hi))
+    ends = Box(*np.broadcast_arrays(ends.lo, ends.hi))
+    slope = None
+    monotone = node.monotone() is not Monotone.NONE  # type: ignore[attr-defined]
+    if monotone and type(node).defines("derivative"):
+        try:
+            real = rule(node, [Box(a, b)], record, EXACT)
+            slope = node.derivative(_ReusingEmitter(INTERVAL, EXACT), Box(a, b), real)  # type: ignore[attr-defined]
+        except NoBox:
+            slope = None
+    mid_at = 0.5 * ends.lo + 0.5 * ends.hi
+    with np.errstate(all="ignore"):
+        chord = (mid_at[..., -1] - mid_at[..., 0]) / (hi - lo)
+        first = (mid_at[..., 1] - mid_at[..., 0]) / (grid[..., 1] - grid[..., 0])
+        last = (mid_at[..., -1] - mid_at[..., -2]) / (grid[..., -1] - grid[..., -2])
+    candidates = [np.where(np.isfinite(c), c, 0.0) for c in (last, first, chord)]
+    middle = 0.5 * lo + 0.5 * hi
+    lower: tuple[np.ndarray, ...] = ()
+    upper: tuple[np.ndarray, ...] = ()
+    for s in candidates:
+        low, high = _intercepts(s, a, b, piece, ends, slope)
+        with np.errstate(all="ignore"):
+            new_lo, new_hi = (s, low, s * middle + low), (s, high, s * middle + high)
+        if not lower:
+            lower, upper = new_lo, new_hi
+            continue
+        better_lo, better_hi = new_lo[2] > lower[2], new_hi[2] < upper[2]
+        lower = tuple(np.where(better_lo, n, o) for n, o in zip(new_lo, lower, strict=True))
+        upper = tuple(np.where(better_hi, n, o) for n, o in zip(new_hi, upper, strict=True))
+    (s_lo, b_lo, _), (s_hi, b_hi, _) = lower, upper
+    if not (np.all(np.isfinite(b_lo)) and np.all(np.isfinite(b_hi))):
+        return None
+    return (s_lo, b_lo, s_hi, b_hi), slope is not None
+
+
+def _piecewise(step: Step, lam: np.ndarray, parents: list[Box], own: Box, out: Outward):
+    """Any elementwise unary op with an interval rule (`piecewise_lines`). Lines of the real
+    function are charged the denotation's error: within `ULPS` of the dtype (one more in a
+    narrower run, for constants rounded to it), at most 4 (ULPS + 1) u mag(own)."""
+    (z,) = parents
+    if not _bounded(z):
+        return None
+    found = _cached(step, "lines", lambda: piecewise_lines(step.node, step.record, z.lo, z.hi, out))
+    if found is None:
+        return None
+    lines, real_only = found
+    denotation = None
+    if real_only:
+        ulps = type(step.node).ULPS + (0 if out.dtype is F64 else 1)
+        denotation = 4 * ulps * out.u * magnitude(own) + ulps * out.tiny
+    return _relaxed(lam, lines, z, own, denotation)
+
+
+def _pool_map(step: Step, parent_shape: Shape) -> np.ndarray:
+    """[*output shape, window] flat parent positions of each output's window (-1: padding),
+    from the reference's window gather on the positions 0, 1, 2, ..., once per node."""
+    from tlc.semantics.reference import _pool_windows
+
+    if "windows" not in step.cache:
+        positions = np.arange(numel(parent_shape), dtype=F64).reshape(parent_shape)
+        windows = _pool_windows(step.node, positions, -1.0)
+        step.cache["windows"] = windows.reshape(step.shape + (-1,)).astype(np.int64)
+    return step.cache["windows"]
+
+
+@register(ops.MaxPoolOp)
+def _max_pool(step: Step, lam: np.ndarray, parents: list[Box], own: Box, out: Outward):
+    """The max of a window is >= its element x_j with the largest lower end (the lower line);
+    it equals x_j when that lower end is >= every other element's upper end, else it is <= the
+    largest upper end (the upper line, a constant), as auto_LiRPA's max pool. Exact in every
+    scalar type (the max is one of its inputs)."""
+    (x,) = parents
+    windows = _pool_map(step, x.shape[1:])
+    if not _bounded(x) or windows.shape[-1] == 0 or np.any(np.all(windows < 0, axis=-1)):
+        return None
+    batch, rows = lam.shape[:2]
+    valid = windows >= 0
+    at = np.where(valid, windows, 0)
+    low = np.where(valid, x.lo.reshape(batch, -1)[:, at], -np.inf)
+    high = np.where(valid, x.hi.reshape(batch, -1)[:, at], -np.inf)
+    pick = np.argmax(low, axis=-1)[..., None]
+    chosen = np.take_along_axis(np.broadcast_to(at, low.shape), pick, axis=-1)[..., 0]
+    best_low = np.take_along_axis(low, pick, axis=-1)[..., 0]
+    others = np.where(np.arange(low.shape[-1]) == pick, -np.inf, high)
+    dominant = best_low >= np.max(others, axis=-1)
+    top = np.max(high, axis=-1)
+    to_x = np.where((lam >= 0) | dominant[:, None], lam, 0.0)
+    to_const = np.where((lam < 0) & ~dominant[:, None], lam, 0.0)
+    n = numel(x.shape[1:])
+    target = (np.arange(batch * rows)[:, None] * n).reshape(batch, rows, 1)
+    target = target + chosen.reshape(batch, 1, -1)
+    into = np.bincount(target.ravel(), weights=_rows(to_x).ravel(), minlength=batch * rows * n)
+    into = into.reshape((batch, rows) + x.shape[1:])
+    # the scattered sums: each parent element collects at most `window` coefficients
+    chosen_mag = magnitude(x).reshape(batch, -1)[
+        np.arange(batch)[:, None], chosen.reshape(batch, -1)
+    ]
+    err = EXACT.gamma(windows.shape[-1]) * dot_bound(to_x, chosen_mag.reshape(top.shape))
+    err = _up(err + dot_error(to_const, top))
+    return Back({0: into}, row_dot(to_const, top), err)
+
+
+def mul_lines(a: Box, b: Box) -> tuple[list[np.ndarray], np.ndarray, list[np.ndarray], np.ndarray]:
+    """McCormick planes of a b on a box: a b >= b_lo a + a_lo b - a_lo b_lo (as (a - a_lo)(b -
+    b_lo) >= 0) and a b <= b_hi a + a_lo b - a_lo b_hi (as (a - a_lo)(b - b_hi) <= 0), the
+    planes auto_LiRPA takes; the intercepts rounded outward."""
+    with np.errstate(all="ignore"):
+        low = _down(-_up(a.lo * b.lo))
+        high = _up(-_down(a.lo * b.hi))
+    return [b.lo, a.lo], low, [b.hi, a.lo], high
+
+
+@register(ops.MulElemOp)
+def _mul(step: Step, lam: np.ndarray, parents: list[Box], own: Box, out: Outward):
+    a, b = parents
+    if not _bounded(a, b):
+        return None
+    # the denotation: a_d b_d rounded once, within u |y|
+    lines = _cached(step, "lines", lambda: mul_lines(a, b))
+    return _relaxed_lines(lam, lines, [a, b], own, 2 * out.u * magnitude(own) + out.tiny)
+
+
+def max_lines(a: Box, b: Box) -> tuple[list[np.ndarray], np.ndarray, list[np.ndarray], np.ndarray]:
+    """max(a, b) = b + relu(a - b) with a - b in [dl, du]: a (or b) where it dominates;
+    otherwise relu's lines: below, a if du >= -dl else b (CROWN's adaptive choice); above,
+    b + s (a - b - dl) with s = du / (du - dl) rounded up, written s a + t b + c with t the
+    float 1 - s and c covering -s dl and the rounding of t (|1 - s - t| mag(b))."""
+    with np.errstate(all="ignore"):
+        dl, du = _down(a.lo - b.hi), _up(a.hi - b.lo)
+        s = np.clip(_up(du / _down(du - dl)), 0.0, 1.0)
+        t = 1.0 - s
+        c = _up(_up(-s * dl) + _up(_U * b.magnitude()))
+    a_wins, b_wins = dl >= 0, du <= 0
+    unstable = ~(a_wins | b_wins)
+    one, zero = np.ones_like(dl), np.zeros_like(dl)
+    pick_a = a_wins | (unstable & (du >= -dl))
+    lower = [np.where(pick_a, one, zero), np.where(pick_a, zero, one)]
+    upper = [np.where(unstable, s, np.where(a_wins, one, zero)),
+             np.where(unstable, t, np.where(a_wins, zero, one))]  # fmt: skip
+    return lower, zero, upper, np.where(unstable, c, 0.0)
+
+
+@register(ops.MaxElemOp, ops.MinElemOp)
+def _max_min(step: Step, lam: np.ndarray, parents: list[Box], own: Box, out: Outward):
+    """`max_lines`; min(a, b) = -max(-a, -b), its lines the negated ones of the negated boxes.
+    Exact in every scalar type (the result is one of the inputs)."""
+    a, b = parents
+    if not _bounded(a, b):
+        return None
+    if isinstance(step.node, ops.MaxElemOp):
+        return _relaxed_lines(
+            lam, _cached(step, "lines", lambda: max_lines(a, b)), [a, b], own, None
+        )
+    negated = _cached(step, "lines", lambda: max_lines(Box(-a.hi, -a.lo), Box(-b.hi, -b.lo)))
+    lower, b_lo, upper, b_hi = negated
+    return _relaxed_lines(lam, (upper, -b_hi, lower, -b_lo), [a, b], own, None)
 
 
 @register(ops.ConstOp)
@@ -611,17 +999,60 @@ class PreparedCrown:
 
     ibp: PreparedIBP
     steps: list[Step]
-    input_id: int
+    input_ids: tuple[int, ...]
     output_id: int
 
+    @property
+    def input_id(self) -> int:
+        """The input node of a graph with one (`single_input` checks there is one)."""
+        return self.input_ids[0]
+
+    def single_input(self, what: str) -> int:
+        """The only input node; a diagnostic naming `what` needs one otherwise."""
+        if len(self.input_ids) != 1:
+            raise DiagnosticError.simple(
+                f"{what}: graph @{self.ibp.graph.graph_name} has {len(self.input_ids)} input "
+                "nodes; it takes a graph with one input node"
+            )
+        return self.input_ids[0]
+
     def __call__(
-        self, lo: np.ndarray, hi: np.ndarray, method: str = "crown", spec: np.ndarray | None = None
+        self,
+        lo: np.ndarray | dict[int, np.ndarray],
+        hi: np.ndarray | dict[int, np.ndarray],
+        method: str = "crown",
+        spec: np.ndarray | None = None,
     ) -> Bounds:
-        """Bounds for the boxes [lo, hi] ([B, *input shape], one box per row) of the output, or
-        of spec @ output (spec [K, numel(output)]), by `method` (see `METHODS`)."""
+        """Bounds for the boxes [lo, hi] ([B, *input shape], one box per row; `{input node id:
+        array}` for a graph with several input nodes) of the output, or of spec @ output (spec
+        [K, numel(output)]), by `method` (see `METHODS`)."""
         if method not in METHODS:
             raise ValueError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
         fallbacks: dict[int, str] = {}
+        for step in self.steps:
+            for key in PER_CALL:
+                step.cache.pop(key, None)
+        if not isinstance(lo, dict):
+            lo, hi = {self.single_input("bounds"): lo}, {self.input_id: hi}
+        assert isinstance(hi, dict)
+        batch = next(iter(lo.values())).shape[0]
+        chunk = self._chunk(spec)
+        if batch > chunk:  # bound the coefficient arrays' memory: a few calls of `chunk` boxes
+            parts = [
+                self({i: v[k : k + chunk] for i, v in lo.items()},
+                     {i: v[k : k + chunk] for i, v in hi.items()}, method, spec)
+                for k in range(0, batch, chunk)
+            ]  # fmt: skip
+            return Bounds(
+                np.concatenate([b.lower for b in parts]),
+                np.concatenate([b.upper for b in parts]),
+                [None if any(b.boxes[i] is None for b in parts)
+                 else Box(np.concatenate([b.boxes[i].lo for b in parts]),
+                          np.concatenate([b.boxes[i].hi for b in parts]))
+                 for i in range(len(self.steps))],
+                method,
+                {k: v for b in parts for k, v in b.fallbacks.items()},
+            )  # fmt: skip
         boxes = self._interval_boxes(lo, hi)
         if method != "ibp" and boxes[self.output_id] is not None:
             self._tighten(boxes, method, fallbacks)
@@ -648,6 +1079,17 @@ class PreparedCrown:
             lower, upper = lower.reshape(out_box.lo.shape), upper.reshape(out_box.lo.shape)
         return Bounds(lower, upper, boxes, method, fallbacks)
 
+    def _chunk(self, spec: np.ndarray | None) -> int:
+        """Boxes per pass: a backward pass holds [boxes, rows, n] coefficients, rows twice the
+        elements of a node it starts from (the output, or a parent of a nonlinear node) or of
+        C, n up to the largest node; at most `COEFFICIENTS` in all."""
+        largest = max(max(numel(step.shape), 1) for step in self.steps)
+        starts = [self.output_id] + [p for s in self.steps if _needs_parent_bounds(s.node)
+                                     for p in s.parents]  # fmt: skip
+        rows = 2 * max(max(numel(self.steps[i].shape), 1) for i in starts)
+        rows = max(rows, 0 if spec is None else 2 * np.shape(spec)[0])
+        return max(1, COEFFICIENTS // (rows * largest))
+
     def _spec(self, spec: np.ndarray | None) -> np.ndarray:
         n = numel(self.steps[self.output_id].shape)
         if spec is None:
@@ -662,11 +1104,19 @@ class PreparedCrown:
             )
         return matrix
 
-    def _interval_boxes(self, lo: np.ndarray, hi: np.ndarray) -> list[Box | None]:
-        """The interval boxes of every node for a batch of input boxes, on a leading batch axis:
-        one pass over the batch where every rule allows it (`_batched`), else box by box."""
-        if lo.shape[0] == 1 or not self._batchable or not np.all(lo <= hi):
-            per_box = [self.ibp(lo[b], hi[b]) for b in range(lo.shape[0])]
+    def _interval_boxes(
+        self, lo: dict[int, np.ndarray], hi: dict[int, np.ndarray]
+    ) -> list[Box | None]:
+        """The interval boxes of every node for a batch of input boxes (per input node), on a
+        leading batch axis: one pass over the batch where every rule allows it (`_batched`),
+        else box by box."""
+        batch = next(iter(lo.values())).shape[0]
+        ordered = all(np.all(lo[i] <= hi[i]) for i in lo)
+        if batch == 1 or not self._batchable or not ordered:
+            per_box = [
+                self.ibp({i: v[b] for i, v in lo.items()}, {i: v[b] for i, v in hi.items()})
+                for b in range(batch)
+            ]
             return [
                 None if any(boxes[i] is None for boxes in per_box)
                 else Box(np.stack([boxes[i].lo for boxes in per_box]),
@@ -675,10 +1125,11 @@ class PreparedCrown:
             ]  # fmt: skip
         boxes: list[Box | None] = []
         for step in self.steps:
-            if step.node.id == self.input_id:
-                boxes.append(self.ibp.outward.to_grid(Box(lo, hi)))
+            i = step.node.id
+            if i in lo:
+                boxes.append(self.ibp.outward.to_grid(Box(lo[i], hi[i])))
             else:
-                boxes.append(self._batched(step, [boxes[p] for p in step.parents], lo.shape[0]))
+                boxes.append(self._batched(step, [boxes[p] for p in step.parents], batch))
         return boxes
 
     @property
@@ -704,8 +1155,14 @@ class PreparedCrown:
         needs = set()
         if method == "crown":
             for step in self.steps:
-                if isinstance(step.node, NEEDS_PARENT_BOUNDS):
+                if _needs_parent_bounds(step.node):
                     needs.update(step.parents)
+        # a linear map of the input: its backward pass is min over the input box of W x + b,
+        # the interval rule's own computation (midpoint-radius), so it would add nothing
+        needs -= {
+            s.node.id for s in self.steps
+            if isinstance(s.node, ops.LinearOp) and s.parents[0] in self.input_ids
+        }  # fmt: skip
         for step in self.steps:
             i = step.node.id
             if boxes[i] is None or isinstance(step.node, ops.InputOp | ops.ConstOp):
@@ -719,7 +1176,7 @@ class PreparedCrown:
                 eye = np.eye(n).reshape((n,) + step.shape)
                 rows = np.broadcast_to(np.concatenate([eye, -eye]), (box.lo.shape[0], 2 * n)
                                        + step.shape)  # fmt: skip
-                both = self._backward(i, rows, boxes, fallbacks)
+                both = self._backward(i, rows, boxes, fallbacks, identity=True)
                 low = both[:, :n].reshape(box.lo.shape)
                 high = -both[:, n:].reshape(box.lo.shape)
                 box = Box(np.maximum(box.lo, low), np.minimum(box.hi, high))
@@ -745,9 +1202,15 @@ class PreparedCrown:
         return Box(lo, hi)
 
     def _backward(
-        self, start: int, rows: np.ndarray, boxes: list[Box | None], fallbacks: dict[int, str]
+        self,
+        start: int,
+        rows: np.ndarray,
+        boxes: list[Box | None],
+        fallbacks: dict[int, str],
+        identity: bool = False,
     ) -> np.ndarray:
-        """A rigorous lower bound of <rows[b, k], z_start> over box b: [B, K]."""
+        """A rigorous lower bound of <rows[b, k], z_start> over box b: [B, K]. `identity`:
+        rows are [I; -I] (a linear start node then skips its product)."""
         lams: dict[int, np.ndarray] = {start: np.array(rows, dtype=F64)}
         const = np.zeros(rows.shape[:2])
         err = np.zeros(rows.shape[:2])
@@ -760,32 +1223,38 @@ class PreparedCrown:
                 own = boxes[i]
                 assert own is not None
                 back = None
-                if i == self.input_id:
-                    const = EXACT.down(const + min_over_box(lam, own))
+                if i in self.input_ids:
+                    const = _down(const + min_over_box(lam, own))
                     continue
                 rule = CROWN.get(type(step.node))
                 parents = [boxes[p] for p in step.parents]
-                if rule is not None and all(p is not None for p in parents):
+                if identity and i == start and isinstance(step.node, ops.LinearOp):
+                    back = _linear(step, lam, parents, own, self.ibp.outward, identity=True)  # type: ignore[arg-type]
+                elif rule is not None and all(p is not None for p in parents):
                     back = rule(step, lam, parents, own, self.ibp.outward)  # type: ignore[arg-type]
                 if back is None:
                     fallbacks.setdefault(i, _fallback_reason(step))
-                    const = EXACT.down(const + min_over_box(lam, own))
+                    const = _down(const + min_over_box(lam, own))
                     continue
-                const = EXACT.down(const + back.const)
-                err = EXACT.up(err + back.err)
+                const = _down(const + back.const)
+                err = _up(err + back.err)
                 for position, coefficient in back.parents.items():
                     pid = step.parents[position]
                     if pid in lams:
                         total = lams[pid] + coefficient
                         # the sum's rounding: within u |total| per coefficient
-                        err = EXACT.up(err + _U * dot_bound(total, boxes[pid].magnitude()))
+                        err = _up(err + _U * dot_bound(total, boxes[pid].magnitude()))
                         lams[pid] = total
                     else:
-                        lams[pid] = np.array(coefficient, dtype=F64)
-            bound = EXACT.down(const - err)
+                        lams[pid] = np.asarray(coefficient, dtype=F64)  # never written in place
+            bound = _down(const - err)
         return np.where(np.isnan(bound), -np.inf, bound)
 
 
+CROWN.derive(
+    NODE_OPS,
+    lambda cls: _piecewise if issubclass(cls, ops.UnaryOp) else None,  # type: ignore[arg-type]
+)
 CROWN.refuse("no linear relaxation written; its interval box is used", *CROWN.missing(NODE_OPS))
 
 
@@ -793,37 +1262,50 @@ def _fallback_reason(step: Step) -> str:
     node = step.node
     if type(node) not in CROWN:
         return f"{node.TAG}: {CROWN.unsupported[type(node)]}"
-    if isinstance(node, ops.MatmulOp):
-        return "matmul of two variable factors: its interval box is used"
     return f"{node.TAG}: unbounded parent box; its interval box is used"
 
 
 def prepare_crown(
     graph: GraphOp, payload: Payload | None, dtype: type = np.float64
 ) -> PreparedCrown:
-    """Check the graph and payload once (as `prepare_ibp`) for repeated bounds in `dtype`.
-    CROWN needs one input node."""
+    """Check the graph and payload once (as `prepare_ibp`) for repeated bounds in `dtype`."""
     prepared = prepare_ibp(graph, payload, dtype)
-    inputs = [n.id for n in graph.nodes if isinstance(n, ops.InputOp)]
-    if len(inputs) != 1:
-        raise DiagnosticError.simple(
-            f"bounds: graph @{graph.graph_name} has {len(inputs)} input nodes; linear bounds "
-            "take one input node"
-        )
+    inputs = tuple(n.id for n in graph.nodes if isinstance(n, ops.InputOp))
     steps = [Step(s.node, s.parents, s.record, s.shape) for s in prepared.steps]
     output = graph.output
     assert output is not None and isinstance(output.value.owner, NodeOp)
-    return PreparedCrown(prepared, steps, inputs[0], output.value.owner.id)
+    return PreparedCrown(prepared, steps, inputs, output.value.owner.id)
 
 
-def bind_box(prepared: PreparedCrown, lo: Any, hi: Any) -> tuple[np.ndarray, np.ndarray, bool]:
-    """(lo, hi) as [B, *input shape] float64 arrays and whether the caller gave a batch."""
-    shape = prepared.steps[prepared.input_id].shape
-    lo_a, hi_a = np.asarray(lo, dtype=F64), np.asarray(hi, dtype=F64)
-    lo_a, hi_a = np.broadcast_arrays(lo_a, hi_a)
-    batched = lo_a.shape != shape and lo_a.shape[1:] == shape
-    if not batched:
-        one = bind_inputs(prepared.ibp.graph, prepared.ibp.shapes, lo_a, F64)
-        two = bind_inputs(prepared.ibp.graph, prepared.ibp.shapes, hi_a, F64)
-        lo_a, hi_a = one[prepared.input_id][None], two[prepared.input_id][None]
-    return lo_a, hi_a, batched
+def bind_box(
+    prepared: PreparedCrown, lo: Any, hi: Any
+) -> tuple[dict[int, np.ndarray], dict[int, np.ndarray], bool]:
+    """(lo, hi) as `{input node id: [B, *shape]}` float64 arrays and whether the caller gave a
+    batch. One array for a graph with one input node, else `{node id: array}` (or a list in
+    node order, as `tlc.run` takes); every input batched alike or none."""
+    graph, shapes = prepared.ibp.graph, prepared.ibp.shapes
+    if len(prepared.input_ids) == 1 and not isinstance(lo, dict | list | tuple):
+        lo, hi = {prepared.input_id: lo}, {prepared.input_id: hi}
+    elif isinstance(lo, list | tuple):
+        lo, hi = (
+            dict(zip(prepared.input_ids, lo, strict=True)),
+            dict(zip(prepared.input_ids, hi, strict=True)),
+        )
+    lows, highs, flags = {}, {}, set()
+    for i in prepared.input_ids:
+        if i not in lo or i not in hi:
+            raise DiagnosticError.simple(f"bounds: no box given for input node {i}")
+        lo_a, hi_a = np.broadcast_arrays(np.asarray(lo[i], F64), np.asarray(hi[i], F64))
+        batched = lo_a.shape != shapes[i] and lo_a.shape[1:] == shapes[i]
+        flags.add(batched)
+        lows[i], highs[i] = (lo_a, hi_a) if batched else (lo_a[None], hi_a[None])
+    if len(flags) > 1:
+        raise DiagnosticError.simple("bounds: batch every input's box, or none")
+    if not flags.pop():  # unbatched: the same checks and messages as evaluation
+        bind_inputs(graph, shapes, {i: v[0] for i, v in lows.items()}, F64)
+        bind_inputs(graph, shapes, {i: v[0] for i, v in highs.items()}, F64)
+        return lows, highs, False
+    sizes = {v.shape[0] for v in lows.values()}
+    if len(sizes) > 1:
+        raise DiagnosticError.simple("bounds: every input needs the same number of boxes")
+    return lows, highs, True

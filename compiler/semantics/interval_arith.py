@@ -20,8 +20,8 @@ How (docs/intervals.md has the argument in full):
   for any summation order, with or without FMA, a dot product of n terms computed in a type with
   unit roundoff u is within gamma_n * sum|terms| (gamma_n = n u / (1 - n u), Higham, Accuracy and
   Stability of Numerical Algorithms, Thm. 3.1) of the exact value. `linear_map` widens by
-  3 (n + 2) u_d * sum|terms| plus n subnormals, which bounds both our own float64 evaluation of
-  the centre and the `d` evaluation of any point of the box.
+  `Outward.gamma(n)` * sum|terms| plus n subnormals, which bounds both our own float64
+  evaluation of the centre and the `d` evaluation of any point of the box.
 * A NaN endpoint (from inf - inf, 0 * inf) becomes the infinite endpoint (`sanitize`).
 """
 
@@ -33,6 +33,8 @@ from dataclasses import dataclass
 import numpy as np
 
 F64 = np.float64
+#: Unit roundoff by scalar type (`Outward.u`, asked for in every rule: finfo is slow).
+_UNITS: dict[type, float] = {np.float64: 2.0**-53, np.float32: 2.0**-24}
 
 #: Outward steps (ULPs of the scalar type) for libm functions, which are faithful to a few ULPs
 #: but not correctly rounded: covers the library's error on the bound and on the evaluated point.
@@ -88,7 +90,8 @@ class Outward:
     @property
     def u(self) -> float:
         """Unit roundoff of the scalar type (2^-53 or 2^-24)."""
-        return float(np.finfo(self.dtype).eps) / 2
+        unit = _UNITS.get(self.dtype)
+        return float(np.finfo(self.dtype).eps) / 2 if unit is None else unit
 
     def down(self, x: np.ndarray, ulps: int = 1) -> np.ndarray:
         """A `d`-grid lower bound for a float64 result `x` of one operation: below the exact
@@ -122,11 +125,21 @@ class Outward:
             return np.where(toward, np.nextafter(near, self.dtype(direction)), near)
 
     def gamma(self, n: int) -> float:
-        """Error factor for n-term sums and dot products: 3 (n + 2) u, covering gamma_n of the
-        `d` evaluation plus gamma_n of our float64 evaluation with room for the second-order
-        terms; infinite once n u is no longer small (the bound would not hold)."""
-        g = 3 * (n + 2) * self.u
-        return g if (n + 2) * self.u < 0.01 else np.inf
+        """Error factor for n-term sums and dot products, covering the `d` evaluation and our
+        float64 one; infinite once n u is no longer small (the bound would not hold).
+
+        float64 runs: 3 (n + 2) u, gamma_n for each of the two evaluations with room for the
+        second-order terms. Narrower runs: gamma_{n+2}(u_d) for the `d` evaluation (its n
+        roundings, and one relative u_d each for the payload and bias rounded to `d`, which
+        the real value with the float64 payload must also sit within), plus 3 (n + 2) u_64 for
+        ours; the first rounded up by a relative 4 u_64 for its own evaluation. About a third of
+        the float64 form's 3 (n + 2) u_d."""
+        if (n + 2) * self.u >= 0.01:
+            return np.inf
+        if self.dtype is F64:
+            return 3 * (n + 2) * self.u
+        m = (n + 2) * self.u
+        return m / (1 - m) * (1 + 4 * _U64) + 3 * (n + 2) * _U64
 
     def widen(self, box: Box, err: np.ndarray | float) -> Box:
         """Widen by an absolute error bound `err`, rounding outward."""

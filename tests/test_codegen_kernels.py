@@ -1,0 +1,196 @@
+"""The packed matrix kernels: micro-kernels derived from the target, compile-time packed
+weights, cache blocking, convolution as an implicit matrix product over the batch with
+remainder tiles for any output extent, the direct depthwise kernel and fused epilogues.
+
+Shapes are chosen to reach every path: row tiles of their own height, a partial last panel,
+several K blocks, output planes that are not whole vectors (so stores straddle two images),
+staged (padded, strided) and direct inputs, runtime payloads. Each runs through the JIT for
+an SSE, an AVX2 and an AVX-512 target where this CPU can (skipped with the reason otherwise)
+against the reference interpreter; the assembly checks pin their CPU. Tolerances: f64 rtol
+1e-11, f32 rtol 2e-5 (relative to the output's scale), the contractions' summation-order
+tolerances of tests/op_records.py: the kernels reassociate sums over K of up to 1100 terms.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+from test_codegen_targets import runnable
+
+import tlc
+from tlc.api.evaluate import checked_graph
+from tlc.codegen.gemm import micro_kernel
+from tlc.codegen.jit import compile_graph
+from tlc.codegen.module import build_graph_module, pack_params
+from tlc.codegen.target import Target, compile_ir, emit_assembly, target_info
+from tlc.core.payload import Payload
+from tlc.semantics.interpret import interpret
+
+X86_64 = "x86_64-unknown-linux-gnu"
+CPUS = ["x86-64-v2", "haswell", "znver4"]
+DTYPES = {"f64": np.float64, "f32": np.float32}
+
+
+def conv(shape: list[int], attrs: str, cin: int, cout: int, relu: bool = True) -> str:
+    tail = "  %2 = relu(%1)\n  output %2" if relu else "  output %1"
+    fields = f"{attrs}, channel_axis = 1, in_channels = {cin}, out_channels = {cout}"
+    return f"tl.graph @c {{\n  %0 = input : {shape}\n  %1 = conv(%0) {{{fields}}}\n{tail}\n}}\n"
+
+
+#: name -> (graph, the payload's field shapes for node 1).
+GRAPHS = {
+    # 37 rows: whole 8- or 6-row tiles and a remainder tile; 133 columns: a partial last
+    # panel; k = 1100: two K blocks.
+    "linear": (
+        "tl.graph @l {\n  %0 = input : [37, 1100]\n  %1 = linear(%0) : [37, 133]\n"
+        "  %2 = relu(%1) : [37, 133]\n  output %2\n}\n",
+        {"weight": (133, 1100), "bias": (133,)},
+    ),
+    # 7x7 output planes over a batch of 3: stores straddle two images; the input read as it is.
+    "conv_7x7": (
+        conv([3, 5, 9, 9], "kernel = [3, 3], padding = [0, 0]", 5, 20),
+        {"weight": (20, 5, 3, 3), "bias": (20,)},
+    ),
+    # 2x2 output planes (fewer columns than lanes) of a strided, padded convolution.
+    "conv_small": (
+        conv([5, 3, 4, 4], "kernel = [3, 3], stride = [2, 2], padding = [1, 1]", 3, 9),
+        {"weight": (9, 3, 3, 3), "bias": (9,)},
+    ),
+    # 16-wide output rows: the tiles read the staged input directly (no packing).
+    "conv_direct": (
+        conv([2, 4, 16, 16], "kernel = [3, 3], padding = [1, 1]", 4, 12),
+        {"weight": (12, 4, 3, 3), "bias": (12,)},
+    ),
+    # K = 32 * 9 = 288: two K blocks of the convolution's product (partial sums kept), with
+    # 7x7 output planes and a remainder row tile.
+    "conv_deep": (
+        conv([2, 32, 7, 7], "kernel = [3, 3], padding = [1, 1]", 32, 20),
+        {"weight": (20, 32, 3, 3), "bias": (20,)},
+    ),
+    # Depthwise (one input channel per group, two outputs each), strided and padded.
+    "depthwise": (
+        conv(
+            [2, 6, 11, 13], "kernel = [3, 3], stride = [2, 2], padding = [1, 1], groups = 6", 6, 12
+        ),
+        {"weight": (12, 1, 3, 3), "bias": (12,)},
+    ),
+}
+
+
+def case(name: str, dtype: type) -> tuple:
+    text, fields = GRAPHS[name]
+    graph = checked_graph(tlc.parse(text))
+    rng = np.random.default_rng(11)
+    payload = Payload({1: {f: rng.normal(size=shape) for f, shape in fields.items()}})
+    x = rng.normal(size=graph.nodes[0].declared_shape).astype(dtype)
+    return text, graph, payload, x, interpret(graph, payload, x, dtype).output
+
+
+def close(got: np.ndarray, expected: np.ndarray, dtype: type) -> None:
+    rtol = 1e-11 if dtype == np.float64 else 2e-5
+    np.testing.assert_allclose(got, expected, rtol=rtol, atol=rtol * np.abs(expected).max())
+
+
+@pytest.mark.parametrize("cpu", CPUS)
+@pytest.mark.parametrize("dtype", sorted(DTYPES))
+@pytest.mark.parametrize("name", sorted(GRAPHS))
+def test_packed_kernels_compute_the_reference(name: str, dtype: str, cpu: str) -> None:
+    runnable(cpu)
+    text, _, payload, x, expected = case(name, DTYPES[dtype])
+    close(tlc.compile(text, payload, dtype, target_cpu=cpu)(x), expected, DTYPES[dtype])
+
+
+@pytest.mark.parametrize("name", sorted(GRAPHS))
+def test_runtime_payloads_read_the_row_major_fields(name: str) -> None:
+    """A runtime payload keeps the C ABI's row-major layout (`pack_params`): linear runs the
+    dot-product tiles on it, convolution reads W row by row (f32, this machine's CPU)."""
+    _, graph, payload, x, expected = case(name, np.float32)
+    f = compile_graph(graph, None, np.float32, runtime_payload=True)
+    close(f(x, pack_params(graph, payload, np.float32)), expected, np.float32)
+
+
+@pytest.mark.parametrize(
+    ("cpu", "itemsize", "m", "n", "tile"),
+    [
+        ("haswell", 4, 240, 1024, (6, 2, 8)),  # 6x16 on 16 ymm registers
+        ("haswell", 4, 256, 1024, (4, 3, 8)),  # 4x24: no row past the edge
+        ("znver3", 8, 240, 1024, (6, 2, 4)),
+        ("znver4", 4, 256, 1024, (8, 2, 16)),  # 8x32 on 32 zmm registers
+        ("skylake-avx512", 4, 256, 1024, (8, 2, 16)),
+        ("znver4", 4, 1, 1024, (1, 4, 16)),  # batch 1: one row, four vectors
+        ("x86-64-v2", 4, 240, 1024, (6, 2, 4)),
+    ],
+)
+def test_micro_kernels_come_from_the_target(
+    cpu: str, itemsize: int, m: int, n: int, tile: tuple[int, int, int]
+) -> None:
+    info = target_info(Target(cpu, triple=X86_64))
+    mk = micro_kernel(info, itemsize, m, n)
+    assert (mk.mr, mk.nv, mk.lanes) == tile
+    assert mk.mr * mk.nv + mk.nv + 1 <= info.vector_registers
+
+
+def hot_loop(asm: str) -> str:
+    """The basic block with the most FMAs, up to its first branch (the micro-kernel's loop
+    over k, up to its back edge)."""
+    blocks = [re.split(r"\n\tj\w+\s", block)[0] for block in re.split(r"\n\.LBB\d+_\d+:", asm)]
+    return max(blocks, key=lambda block: block.count("vfmadd"))
+
+
+@pytest.mark.parametrize(("cpu", "reg", "fmas"), [("znver3", "ymm", 12), ("znver4", "zmm", 16)])
+@pytest.mark.parametrize("name", ["linear", "conv_direct", "conv_7x7"])
+def test_micro_kernel_loops_are_fmas_on_full_registers(
+    name: str, cpu: str, reg: str, fmas: int
+) -> None:
+    """The inner loop: FMAs on the target's full-width registers fed by broadcasts of A, no
+    stack traffic (nothing spills) and no other vector width."""
+    _, graph, payload, _, _ = case(name, np.float32)
+    target = Target(cpu, triple=X86_64)
+    built = build_graph_module(graph, payload, np.float32, target=target)
+    asm = emit_assembly(compile_ir(built.ir, target), target)
+    loop = hot_loop(asm)
+    # The broadcast of A is a vbroadcastss from memory or folded into the FMA ({1to16}).
+    source = rf"(%{reg}\d+|\S+\{{1to\d+\}})"
+    assert len(re.findall(rf"vfmadd\d{{3}}ps\s+{source}, %{reg}\d+, %{reg}\d+", loop)) >= fmas
+    assert re.search(rf"vbroadcastss\s+[^,]*\(.*%{reg}|\{{1to", loop), "A is broadcast"
+    # The loop only loads: a vector register stored to memory is a spill.
+    assert not re.search(r"vmov\w+\s+%[xyz]mm\d+, [^%\n]*\(", loop), f"spills:\n{loop}"
+    other = "zmm" if reg == "ymm" else "ymm"
+    assert other not in loop
+
+
+def test_relu_is_fused_into_the_stores() -> None:
+    """A relu that is the only user of a linear or convolution is applied as the tiles are
+    stored: the graph has no function for the relu node, and the values match."""
+    for name in ("linear", "conv_7x7", "depthwise"):
+        _, graph, payload, x, expected = case(name, np.float32)
+        built = build_graph_module(graph, payload, np.float32)
+        assert re.search(r'@"tlc_\w\.n1"', built.ir), "the producer has a function"
+        assert '.n2"' not in built.ir, f"{name}: relu compiled on its own"
+        close(compile_graph(graph, payload, np.float32)(x), expected, np.float32)
+
+
+def test_relu_with_a_second_user_is_not_fused() -> None:
+    text = (
+        "tl.graph @g {\n  %0 = input : [8, 300]\n  %1 = linear(%0) : [8, 300]\n"
+        "  %2 = relu(%1) : [8, 300]\n  %3 = add(%1, %2) : [8, 300]\n  output %3\n}\n"
+    )
+    graph = checked_graph(tlc.parse(text))
+    rng = np.random.default_rng(2)
+    payload = Payload({1: {"weight": rng.normal(size=(300, 300)), "bias": rng.normal(size=300)}})
+    assert '@"tlc_g.n2"' in build_graph_module(graph, payload, np.float32).ir
+    x = rng.normal(size=(8, 300)).astype(np.float32)
+    expected = interpret(graph, payload, x, np.float32).output
+    close(compile_graph(graph, payload, np.float32)(x), expected, np.float32)
+
+
+@pytest.mark.parametrize("n", [10, 300])
+def test_a_linear_without_input_features_is_its_bias(n: int) -> None:
+    """k = 0 (dot tiles for any width): every row is the bias, exactly."""
+    text = f"tl.graph @z {{\n  %0 = input : [5, 0]\n  %1 = linear(%0) : [5, {n}]\n  output %1\n}}\n"
+    bias = np.arange(n, dtype=np.float64)
+    f = tlc.compile(text, Payload({1: {"weight": np.zeros((n, 0)), "bias": bias}}), "f32")
+    got = f(np.zeros((5, 0), np.float32))
+    np.testing.assert_array_equal(got, np.tile(bias, (5, 1)).astype(np.float32))
