@@ -31,11 +31,14 @@ from tlc.codegen.module import (
 )
 from tlc.codegen.runtime import available_cpus, helper_symbols
 from tlc.codegen.target import HOST, Target, compile_ir, emit_object, host_lacks, target_machine
+from tlc.core.arrays import as_float_array
 from tlc.core.diagnostics import DiagnosticError
 from tlc.core.payload import Payload, Record
-from tlc.dialect.ops import GraphOp, NodeOp
+from tlc.dialect.batch import PROBES, PerBatch, batch_of_value, has_batch, specialise
+from tlc.dialect.ops import GraphOp, InputOp, NodeOp
 from tlc.dialect.printer import print_mlir_op
 from tlc.dialect.shapes import Shape, fmt_shape
+from tlc.dialect.verify import graph_shapes
 from tlc.semantics.reference import LOG_MESSAGE, eval_error
 
 CompiledGraph = EntryPoint
@@ -107,8 +110,11 @@ def compile_graph(
     parallel regions on `threads` threads (default: every CPU this process may use).
 
     Raises a located DiagnosticError for a bad graph or payload, an op with no lowering, or a
-    `target` this CPU cannot run.
+    `target` this CPU cannot run. A graph with the batch extent `N` and no `batch` gives a
+    `CompiledPerBatch`, which compiles the graph for each batch size it is called with.
     """
+    if has_batch(graph) and batch is None:
+        return CompiledPerBatch(graph, payload, dtype, runtime_payload, target, threads)
     key = (
         print_mlir_op(graph, debuginfo=False),
         _payload_key(payload),
@@ -144,6 +150,56 @@ def compile_graph(
     )
     _graph_cache[key] = entry
     return entry
+
+
+class CompiledPerBatch:
+    """A graph with the batch extent `N`, compiled on first use for each batch size it is called
+    with (a JIT cache keyed by batch size): `f(x, params=None, out=None)` as `EntryPoint`."""
+
+    def __init__(
+        self,
+        graph: GraphOp,
+        payload: Payload | None,
+        dtype: type,
+        runtime_payload: bool,
+        target: Target,
+        threads: int | None = None,
+    ):
+        inputs = [n for n in graph.nodes if isinstance(n, InputOp)]
+        self.graph = graph
+        self.dtype = np.dtype(dtype)
+        self.input_shape: Shape = graph_shapes(graph)[inputs[0].id] if inputs else ()
+        self.per_batch = PerBatch(
+            graph,
+            lambda g: compile_graph(g, payload, dtype, None, runtime_payload, target, threads),
+        )
+        # A bad graph or payload is refused now, not on the first call: building the IR for
+        # one batch size checks both (LLVM, the costly part, runs per batch size on first use).
+        build_graph_module(
+            specialise(graph, PROBES[0]), payload, dtype, runtime_payload=runtime_payload,
+            target=target,
+        )  # fmt: skip
+
+    def __repr__(self) -> str:
+        out = self.graph.output
+        assert out is not None and isinstance(out.value.owner, NodeOp)
+        output = graph_shapes(self.graph)[out.value.owner.id]
+        return (
+            f"<compiled @{self.graph.graph_name}: {fmt_shape(self.input_shape)} -> "
+            f"{fmt_shape(output)}, {self.dtype}, per batch size>"
+        )
+
+    def __call__(
+        self, x: object, params: object = None, out: np.ndarray | None = None
+    ) -> np.ndarray:
+        x = as_float_array(x, self.dtype)
+        batch = batch_of_value(self.input_shape, x.shape)
+        if batch is None:
+            raise ValueError(
+                f"tlc_{self.graph.graph_name}: input has shape {fmt_shape(x.shape)}, expected "
+                f"{fmt_shape(self.input_shape)}"
+            )
+        return self.per_batch.at(batch)(x, params, out)
 
 
 def _explainer(graph: GraphOp, payload: Payload | None, module: GraphModule, batch: int | None):

@@ -1,19 +1,20 @@
 """Calling compiled entry points from Python: argument checks, status codes, `tlc.load`.
 
 A compiled graph is an address of `i32 f(const T* in, T* out[, const T* params])`. `EntryPoint`
-wraps one with its interface (input/output shape, dtype) and checks every call: the input must
-have the input shape (a flat array of the right size is accepted too), the dtype must be the
-compiled one (no silent conversion: a float64 array passed to a float32 library is an error),
-and a non-zero status becomes the exception the reference interpreter would raise. `load(path)`
-opens a library written by `tlc-compile`, reads each graph's interface from the library itself
-(`tlc_<g>_input_shape` ...) and the dtype from the header written beside it.
+wraps one with its interface (input/output shape, dtype) and checks every call: the input is
+read by the API's one casting rule (lists, arrays of any real dtype, torch tensors, rounded to
+the compiled dtype: `tlc.core.arrays`) and must have the input shape (a flat array of the right
+size is accepted too); `out=` must already be of the compiled dtype and shape, since the code
+writes it in place; a non-zero status becomes the exception the reference interpreter would
+raise. `load(path)` opens a library written by `tlc-compile` and reads every graph's interface
+from the library itself (the JSON text of its `tlc_library` symbol): no header is needed.
 """
 
 from __future__ import annotations
 
 import ctypes
+import json
 import os
-import re
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tlc.codegen.builder import Status
+from tlc.core.arrays import as_float_array
 from tlc.core.diagnostics import DiagnosticError, did_you_mean
 from tlc.core.limits import LimitError, check_elements
 from tlc.dialect.shapes import Shape, fmt_shape, numel
@@ -72,11 +74,20 @@ class EntryPoint:
         proto = ctypes.CFUNCTYPE(ctypes.c_int32, *([ctypes.c_void_p] * n_args), *counts)
         self._func = proto(self.address)
 
+    def __repr__(self) -> str:
+        payload = "" if self.params_size is None else f", params [{self.params_size}]"
+        return (
+            f"<compiled @{self.symbol.removeprefix('tlc_')}: {fmt_shape(self.input_shape)} -> "
+            f"{fmt_shape(self.output_shape)}, {self.dtype}{payload}>"
+        )
+
     def check(self, array: object, shape: Shape, what: str) -> np.ndarray:
-        if not isinstance(array, np.ndarray):
-            array = np.asarray(array, dtype=self.dtype)
-        if array.dtype != self.dtype:
-            raise TypeError(f"{self.symbol}: {what} has dtype {array.dtype}, expected {self.dtype}")
+        """`array` (an input or params) read by the API's one rule (cast to the compiled
+        dtype, see `tlc.core.arrays`), with its shape checked."""
+        array = as_float_array(array, self.dtype)
+        return self._checked_shape(array, shape, what)
+
+    def _checked_shape(self, array: np.ndarray, shape: Shape, what: str) -> np.ndarray:
         if array.shape != shape and not (array.ndim == 1 and array.size == numel(shape)):
             raise ValueError(
                 f"{self.symbol}: {what} has shape {fmt_shape(array.shape)}, "
@@ -94,7 +105,9 @@ class EntryPoint:
             raise ValueError(f"{self.symbol}: out is read-only")
         if not out.flags.c_contiguous:
             raise ValueError(f"{self.symbol}: out must be a C-contiguous array")
-        self.check(out, self.output_shape, "out")
+        if out.dtype != self.dtype:
+            raise TypeError(f"{self.symbol}: out has dtype {out.dtype}, expected {self.dtype}")
+        self._checked_shape(out, self.output_shape, "out")
 
     def __call__(
         self, x: object, params: object = None, out: np.ndarray | None = None
@@ -140,27 +153,30 @@ def _address(array: np.ndarray) -> int:
     return array.ctypes.data
 
 
+#: The data symbol every library defines: a NUL-terminated JSON text describing its entry
+#: points (`tlc.load` reads it, so a library needs no header beside it).
+METADATA_SYMBOL = "tlc_library"
+#: The layout of that text; `tlc.load` refuses a library of another format.
+METADATA_FORMAT = 1
+
+
 class Library:
-    """A shared library from `tlc-compile`: one `EntryPoint` per graph, by graph name."""
+    """A shared library from `tlc-compile`: one `EntryPoint` per graph, by graph name, read
+    from the library's own metadata (`METADATA_SYMBOL`)."""
 
     def __init__(self, path: str, threads: int | None = None):
         self.path = os.path.abspath(path)
-        header = os.path.splitext(self.path)[0] + ".h"
         try:
-            with open(header, encoding="utf-8") as f:
-                text = f.read()
             copy, directory = _private_copy(self.path)
             try:
                 self.lib = ctypes.CDLL(copy)
             finally:
                 shutil.rmtree(directory, ignore_errors=True)  # the mapping outlives the file
-        except (OSError, UnicodeDecodeError) as exc:
+        except OSError as exc:
             raise DiagnosticError.simple(f"cannot load '{path}': {exc}") from None
         self.graphs: dict[str, EntryPoint] = {}
-        for graph, ctype, runtime in _entries(text):
-            self.graphs[graph] = self._entry(graph, np.dtype(ctype), runtime)
-        if not self.graphs:
-            raise DiagnosticError.simple(f"'{header}' declares no tlc entry points")
+        for entry in self._metadata(path)["graphs"]:
+            self.graphs[entry["graph"]] = self._entry(entry)
         if threads is not None:
             self.set_num_threads(threads)
 
@@ -182,27 +198,39 @@ class Library:
         getter = getattr(self.lib, "tlc_get_num_threads", None)
         return None if getter is None else int(getter())
 
-    def _entry(self, graph: str, dtype: np.dtype, runtime: bool) -> EntryPoint:
-        symbol = f"tlc_{graph}"
+    def _metadata(self, path: str) -> dict:
+        try:
+            text = ctypes.string_at(
+                ctypes.addressof(ctypes.c_char.in_dll(self.lib, METADATA_SYMBOL))
+            )
+            metadata = json.loads(text)
+        except ValueError:  # no such symbol (ctypes says ValueError), or not JSON
+            metadata = None
+        if not isinstance(metadata, dict) or metadata.get("format") != METADATA_FORMAT:
+            raise DiagnosticError.simple(
+                f"cannot load '{path}': it holds no tlc metadata of format {METADATA_FORMAT} "
+                f"(the {METADATA_SYMBOL} symbol); rebuild it with this tlc's tlc-compile"
+            )
+        return metadata
+
+    def _entry(self, entry: dict) -> EntryPoint:
+        symbol = entry["symbol"]
         self._check_cpu(symbol)
         return EntryPoint(
             symbol,
             ctypes.cast(getattr(self.lib, symbol), ctypes.c_void_p).value,
-            self._shape(f"{symbol}_input"),
-            self._shape(f"{symbol}_output"),
-            dtype,
-            self._params_size(symbol) if runtime else None,
+            tuple(entry["input_shape"]),
+            tuple(entry["output_shape"]),
+            np.dtype(entry["dtype"]),
+            entry["params_size"],
             owner=self.lib,
         )
 
     def _check_cpu(self, symbol: str) -> None:
         """Refuse a library built for CPU features this machine lacks (its entry would only
-        return TLC_ERR_UNSUPPORTED_CPU); libraries older than the check have no such query."""
-        check = getattr(self.lib, f"{symbol}_cpu_check", None)
-        if check is None:
-            return
+        return TLC_ERR_UNSUPPORTED_CPU)."""
         missing = ctypes.c_char_p()
-        if check(ctypes.byref(missing)) != Status.OK:
+        if getattr(self.lib, f"{symbol}_cpu_check")(ctypes.byref(missing)) != Status.OK:
             lacks = (missing.value or b"?").decode()
             raise DiagnosticError.simple(
                 f"cannot load '{self.path}': {symbol} was built for CPU features this machine "
@@ -210,16 +238,9 @@ class Library:
                 "library that runs on any x86-64 CPU"
             )
 
-    def _shape(self, prefix: str) -> Shape:
-        rank = getattr(self.lib, f"{prefix}_rank")()
-        dims = (ctypes.c_int64 * max(rank, 1))()
-        getattr(self.lib, f"{prefix}_shape")(dims)
-        return tuple(int(d) for d in dims[:rank])
-
-    def _params_size(self, symbol: str) -> int:
-        func = getattr(self.lib, f"{symbol}_params_size")
-        func.restype = ctypes.c_int64
-        return int(func())
+    def __repr__(self) -> str:
+        entries = "".join(f"\n  {entry!r}" for entry in self.graphs.values())
+        return f"<tlc.Library {self.path}:{entries}>"
 
     def __getitem__(self, graph: str) -> EntryPoint:
         if graph not in self.graphs:
@@ -228,13 +249,16 @@ class Library:
             raise KeyError(f"{self.path} has no graph '{graph}' (graphs: {listed}){hint}")
         return self.graphs[graph]
 
-    def __call__(self, x: object, params: object = None) -> np.ndarray:
-        """Call the library's only graph (use `lib["name"]` when it has several)."""
+    def __call__(
+        self, x: object, params: object = None, out: np.ndarray | None = None
+    ) -> np.ndarray:
+        """Call the library's only graph (use `lib["name"]` when it has several), as
+        `EntryPoint.__call__`."""
         if len(self.graphs) != 1:
             raise TypeError(
                 f"{self.path} has graphs {sorted(self.graphs)}; pick one with lib[name]"
             )
-        return next(iter(self.graphs.values()))(x, params)
+        return next(iter(self.graphs.values()))(x, params, out)
 
 
 def _private_copy(path: str) -> tuple[str, str]:
@@ -254,19 +278,6 @@ def _private_copy(path: str) -> tuple[str, str]:
         shutil.rmtree(directory, ignore_errors=True)
         raise
     return copy, directory
-
-
-def _entries(header: str) -> list[tuple[str, str, bool]]:
-    """(graph, C scalar type, takes params) for each entry point the header declares."""
-    pattern = re.compile(
-        r"^int tlc_(\w+)\(const (float|double) \*in, (?:float|double) \*out"
-        r"(, const (?:float|double) \*params)?\);",
-        re.M,
-    )
-    return [
-        (m.group(1), "float32" if m.group(2) == "float" else "float64", m.group(3) is not None)
-        for m in pattern.finditer(header)
-    ]
 
 
 def load(path: str, threads: int | None = None) -> Library:

@@ -35,6 +35,7 @@ from tlc.core.diagnostics import error
 from tlc.core.limits import LimitError, check_bytes
 from tlc.core.payload import Payload, Record
 from tlc.dialect import ops
+from tlc.dialect.batch import has_batch, specialise
 from tlc.dialect.ops import GraphOp, NodeOp
 from tlc.dialect.payload_section import payload_from_module
 from tlc.dialect.shapes import Shape, ShapeError, numel
@@ -215,7 +216,17 @@ def build_graph_module(
     """Check `graph` and its payload, and emit its module (see the module docstring) with
     kernels shaped for `target`. `entry_name` renames the entry point and `queries=False` leaves
     out the shape queries: a library holding one variant per CPU level calls its variants
-    through a dispatcher that owns the public names."""
+    through a dispatcher that owns the public names. A graph with the batch extent `N` is
+    compiled for `batch` rows (its `N` specialised, tlc.dialect.batch)."""
+    if has_batch(graph):
+        if batch is None:
+            raise error(
+                f"codegen: graph @{graph.graph_name} has the batch extent N in its shapes: "
+                "compile it for one batch size (tlc-compile --batch N; tlc.compile compiles "
+                "per batch size at call time)",
+                graph,
+            )
+        graph, batch = specialise(graph, batch), None
     shapes = graph_shapes(graph)
     check_lowerable(graph)
     _check_addressable(graph, shapes, np.dtype(dtype).itemsize, batch)

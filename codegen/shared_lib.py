@@ -17,6 +17,7 @@ codes and the array sizes as macros; docs/c-abi.md is the contract it implements
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -29,6 +30,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from tlc.codegen.builder import Status
+from tlc.codegen.loader import METADATA_FORMAT, METADATA_SYMBOL
 from tlc.codegen.module import (
     GraphModule,
     bakes_payload,
@@ -80,6 +82,12 @@ def build_library(
                 "name an entry point",
                 graph,
             )
+        if graph_symbol(graph) == METADATA_SYMBOL:
+            raise error(
+                f"codegen: graph name @{graph.graph_name} is reserved: {METADATA_SYMBOL} is the "
+                "library's metadata; rename the graph",
+                graph,
+            )
     variants = library_variants(target)
     if variants[0].arch != Target().arch:
         raise DiagnosticError.simple(
@@ -114,11 +122,13 @@ def build_library(
                 )
                 bound.add(module.symbol)
             modules.append(module)
+        # The public interface of an embedded-payload graph takes no params.
+        public = [replace(m, params=None) if m.symbol in bound else m for m in modules]
         dispatch = os.path.join(tmp, "dispatch.c")
         with open(dispatch, "w", encoding="utf-8") as f:
             f.write(render_dispatcher(modules, variants, bound))
-        # The public interface of an embedded-payload graph takes no params.
-        modules = [replace(m, params=None) if m.symbol in bound else m for m in modules]
+            f.write(render_metadata(public))
+        modules = public
         command = [cc, "-shared", *RUNTIME_CFLAGS, "-o", output, dispatch, RUNTIME_SOURCE, *objects,
                    "-lm"]  # fmt: skip
         done = subprocess.run(command, capture_output=True, text=True, check=False)
@@ -243,6 +253,34 @@ def render_dispatcher(
     return "\n".join(lines)
 
 
+def library_metadata(modules: Sequence[GraphModule]) -> dict:
+    """What `METADATA_SYMBOL` holds: per public entry point its graph, dtype, shapes and, for a
+    runtime-payload build, the size of its params array."""
+    return {
+        "format": METADATA_FORMAT,
+        "graphs": [
+            {
+                "graph": m.symbol.removeprefix("tlc_"),
+                "symbol": m.symbol,
+                "dtype": m.dtype.name,
+                "input_shape": list(m.input_shape),
+                "output_shape": list(m.output_shape),
+                "params_size": m.params_size if m.params is not None else None,
+            }
+            for m in modules
+        ],
+    }
+
+
+def render_metadata(modules: Sequence[GraphModule]) -> str:
+    """C source defining `METADATA_SYMBOL` for the public interface of `modules`."""
+    text = json.dumps(library_metadata(modules), separators=(",", ":"))
+    return (
+        "\n/* The library's own description of its entry points (read by tlc.load). */\n"
+        f"const char {METADATA_SYMBOL}[] = {_c_string(text)};\n"
+    )
+
+
 def _c_string(text: str) -> str:
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
@@ -288,6 +326,12 @@ def render_header(
         "",
         f"/* Built for: {built_for}. {runs},",
         " * or returns TLC_ERR_UNSUPPORTED_CPU without executing anything. */",
+    ]
+    lines += [
+        "",
+        "/* The library's description of its entry points, NUL-terminated JSON: per graph",
+        " * its name, symbol, dtype, input and output shape and runtime-payload size. */",
+        f"extern const char {METADATA_SYMBOL}[];",
     ]
     for m in modules:
         lines += ["", *_declarations(m)]

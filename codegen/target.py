@@ -122,26 +122,6 @@ def resolve_target(cpu: str | None = None, features: str | None = None,
     return target
 
 
-def add_target_options(parser: argparse.ArgumentParser, default: str) -> None:
-    """--target-cpu, --target-features and --target-triple, shared by tlc-compile and tlc-opt."""
-    group = parser.add_argument_group("target")
-    group.add_argument(
-        "--target-cpu",
-        metavar="CPU",
-        help=f"LLVM CPU name (znver3, haswell, x86-64-v3, host ...; {default})",
-    )
-    group.add_argument(
-        "--target-features",
-        metavar="+F,-G",
-        help="LLVM features to add or remove, e.g. +avx2,-avx512f",
-    )
-    group.add_argument(
-        "--target-triple",
-        metavar="TRIPLE",
-        help="LLVM target triple, e.g. aarch64-linux-gnu (default: this machine)",
-    )
-
-
 def target_from_options(args: argparse.Namespace) -> Target | None:
     """The checked target the options name, or None when none was given."""
     if args.target_cpu is None and args.target_features is None and args.target_triple is None:

@@ -3,9 +3,12 @@
 Every entry point that takes a document accepts .tlir/.mlir text, the path of such a file (a str
 ending in .tlir/.mlir, or an `os.PathLike`), a parsed module, or the `Traced` object that
 `tlc.trace`, `tlc.from_torch` and `tlc.from_onnx` return (with its payload). `dtype` is "f64" or
-"f32" (or `numpy.float64`/`numpy.float32`) everywhere; inputs may be numbers, nested lists, numpy
-arrays or torch tensors, read as float64 and rounded to `dtype`. A `DiagnosticError` (bad input)
-prints as the tools print it: `file:line:col: error: message`, the source line and a caret.
+"f32" (or `numpy.float64`/`numpy.float32`) everywhere: the reference (`tlc.run`, `tlc.ibp`)
+defaults to "f64", compiled code (`tlc.compile`) to "f32" like PyTorch and ONNX Runtime. Inputs,
+to every entry point including compiled and loaded code, may be numbers, nested lists, numpy
+arrays of any real dtype or torch tensors, read as float64 and rounded to `dtype`
+(`tlc.core.arrays`). A `DiagnosticError` (bad input) prints as the tools print it:
+`file:line:col: error: message`, the source line and a caret.
 """
 
 from __future__ import annotations
@@ -150,7 +153,7 @@ def execute_plan(
 def compile(
     source_or_module: Source,
     payload: Any = None,
-    dtype: Any = "f64",
+    dtype: Any = "f32",
     graph: str | None = None,
     batch: int | None = None,
     *,
@@ -159,12 +162,13 @@ def compile(
     target_triple: str = "",
     threads: int | None = None,
 ) -> Any:
-    """JIT-compile a graph to native code: returns a callable `f(x) -> output` on numpy arrays
-    of `dtype` ("f64"/"f32" or a numpy float type). `payload` as in `tlc.run`; it is baked into
-    the code. `batch=N` maps a single-example graph over a leading axis of N. `target_cpu`,
-    `target_features` and `target_triple` choose the code (default: this CPU); a target this
-    machine cannot run is refused. `threads` (default: every CPU this process may use) runs the
-    parallel regions; results are identical for any count. See docs/codegen.md.
+    """JIT-compile a graph to native code: a callable `f(x) -> output` computing in `dtype`
+    ("f32", the default as in PyTorch and ONNX Runtime, or "f64"; or a numpy float type). Inputs
+    are cast by the module's rule; `f(x, out=y)` fills `y`. `payload` as in `tlc.run`; it is
+    baked into the code. `batch=N` maps a single-example graph over a leading axis of N.
+    `target_cpu`, `target_features` and `target_triple` choose the code (default: this CPU); a
+    target this machine cannot run is refused. `threads` (default: every CPU this process may
+    use) runs the parallel regions; results are identical for any count. See docs/codegen.md.
     """
     from tlc.api.evaluate import choose, quoting, scalar_type
     from tlc.codegen.jit import compile_graph
@@ -221,27 +225,33 @@ def grad(graph: Any, payload: Any = None, params: bool = True) -> Any:
     return gradient_graph(graph, payload, params)
 
 
-def from_torch(module: Any, example_input: Any, name: str | None = None) -> Any:
+def from_torch(
+    module: Any, example_input: Any, name: str | None = None, dynamic_batch: bool = False
+) -> Any:
     """Trace a PyTorch module with torch.fx on `example_input` (a tensor, or a tuple for several
-    inputs): a `tlc.semantics.program.Traced` (module, graph, payload keyed by node id). See
-    docs/importing.md."""
+    inputs): a `tlc.semantics.program.Traced` (module, graph, payload keyed by node id). With
+    `dynamic_batch=True` the inputs' leading dimension is the batch extent `N`, so the graph
+    runs at any batch size. See docs/importing.md."""
     from tlc.frontends.import_torch import from_torch as import_module
 
-    return import_module(module, example_input, name)
+    return import_module(module, example_input, name, dynamic_batch)
 
 
 def from_onnx(model: Any, input_shapes: Any = None, name: str | None = None) -> Any:
     """Import an ONNX model (a path or an `onnx.ModelProto`): a `tlc.semantics.program.Traced`.
-    `input_shapes` fixes symbolic input dimensions. See docs/importing.md."""
+    A symbolic leading (batch) dimension becomes the batch extent `N`; `input_shapes` fixes
+    symbolic input dimensions instead. See docs/importing.md."""
     from tlc.frontends.import_onnx import from_onnx as import_model
 
     return import_model(model, input_shapes, name)
 
 
-def to_onnx(graph: Any, payload: Any = None, dtype: Any = "f32") -> Any:
+def to_onnx(graph: Any, payload: Any = None, dtype: Any = "f32", batch: int | None = None) -> Any:
     """An `onnx.ModelProto` computing `graph` (a tl.graph op or a document) with `payload`
-    (default: the document's inline payload), in float32 ("f32") or float64 ("f64")."""
+    (default: the document's inline payload), in float32 ("f32") or float64 ("f64"); a graph
+    with the batch extent `N` is exported for `batch` rows."""
     from tlc.api.evaluate import choose, scalar_type
+    from tlc.dialect.batch import has_batch, specialise
     from tlc.dialect.ops import GraphOp
     from tlc.frontends.export_onnx import to_onnx as export
 
@@ -249,4 +259,6 @@ def to_onnx(graph: Any, payload: Any = None, dtype: Any = "f32") -> Any:
     chosen = graph
     if not isinstance(graph, GraphOp):
         chosen, payload = choose(graph, None, payload)
+    if batch is not None and has_batch(chosen):
+        chosen = specialise(chosen, batch)
     return export(chosen, payload, scalar)

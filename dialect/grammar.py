@@ -19,14 +19,44 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
-import lark
-from lark import Lark
-from lark.grammar import Rule
-from lark.lexer import TerminalDef
+#: Modules Lark imports at start-up when they are installed, none of which a parser built from
+#: the shipped tables uses: `regex` (only with `Lark(regex=True)`), `atomicwrites` (only to
+#: write `cache=True` files) and `interegular` (which checks terminal collisions on every lexer
+#: build, a diagnostic for grammar authors: `python -m tlc.dialect.grammar` runs it). Importing
+#: them cost tlc-opt about 40 ms of its 0.4 s start-up.
+LARK_OPTIONAL = ("regex", "atomicwrites", "interegular")
+
+
+@contextmanager
+def _absent(names: tuple[str, ...]) -> Iterator[None]:
+    """Imports inside the block see the modules `names` as not installed (unless they are
+    imported already); afterwards they import normally again."""
+    hidden = [name for name in names if name not in sys.modules]
+    for name in hidden:
+        sys.modules[name] = None  # type: ignore[assignment]  # Python's "not importable" mark
+    try:
+        yield
+    finally:
+        for name in hidden:
+            if sys.modules.get(name, ...) is None:
+                del sys.modules[name]
+
+
+if __name__ == "__main__":
+    import lark  # the generator checks the grammar with everything Lark offers
+else:
+    with _absent(LARK_OPTIONAL):
+        import lark
+from lark import Lark  # noqa: E402
+from lark.grammar import Rule  # noqa: E402
+from lark.lexer import TerminalDef  # noqa: E402
 
 #: Keyword arguments of every tlc .tlir parser (part of the tables' key).
 OPTIONS = {"parser": "lalr", "propagate_positions": True, "maybe_placeholders": True}

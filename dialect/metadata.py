@@ -25,6 +25,8 @@ from xdsl.dialects.builtin import (
 )
 from xdsl.ir import Attribute
 
+from tlc.dialect.shapes import BATCH
+
 
 class Kind(Enum):
     """How a field's value is written in .tlir and stored as an attribute."""
@@ -65,6 +67,11 @@ def _is_index(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_INT
 
 
+#: The fields that hold a shape (a parent's or the result's extents), which may say `N`, the
+#: batch extent (`BATCH`, tlc.dialect.batch), as a declared shape may.
+EXTENT_FIELDS = frozenset({"from", "to", "shape", "mask_shape"})
+
+
 class MetadataError(Exception):
     """A metadata value has the wrong kind; raised by `check_value`."""
 
@@ -80,7 +87,10 @@ def check_value(field: Field, value: Any) -> Any:
             raise MetadataError(f"'{field.name}' must be a number")
         return float(value)
     if field.kind is Kind.INTS:
-        if not isinstance(value, list) or not all(_is_index(v) for v in value):
+        extents = field.name in EXTENT_FIELDS
+        if not isinstance(value, list) or not all(
+            _is_index(v) or (extents and v == BATCH and not isinstance(v, bool)) for v in value
+        ):
             raise MetadataError(
                 f"'{field.name}' must be a list of non-negative integers (at most 2^63-1)"
             )
@@ -145,7 +155,7 @@ def fmt_value(field: Field, value: Any) -> str:
     if field.kind is Kind.FLOAT:
         return fmt_float(value)
     if field.kind is Kind.INTS:
-        return "[" + ", ".join(str(v) for v in value) + "]"
+        return "[" + ", ".join("N" if v == BATCH else str(v) for v in value) + "]"
     if field.kind is Kind.BOOLS:
         return "[" + ", ".join("true" if v else "false" for v in value) + "]"
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'

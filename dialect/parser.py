@@ -17,6 +17,10 @@ from functools import cache
 from typing import Any
 
 import numpy as np
+
+from tlc.dialect.grammar import build_parser  # first: it imports Lark (LARK_OPTIONAL hidden)
+
+# isort: split
 from lark import Lark, Token, Transformer, Tree, v_args
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, VisitError
 from lark.lexer import PatternStr
@@ -32,12 +36,12 @@ from xdsl.ir import Operation, SSAValue
 
 from tlc.core.attrs import file_loc
 from tlc.core.diagnostics import DiagnosticError, Location, did_you_mean, error
-from tlc.dialect.grammar import build_parser
 from tlc.dialect.metadata import MAX_INT, MetadataError, check_value
 from tlc.dialect.ops import GraphOp, NodeOp, OutputOp, PayloadOp, RecordOp
 from tlc.dialect.plan import Policy, check_policy_field, set_kernel, set_policy
 from tlc.dialect.program_parser import ProgramRules
 from tlc.dialect.registry import OPS_BY_TAG
+from tlc.dialect.shapes import BATCH
 
 #: Longest integer literal read: Python's int() refuses more than 4,300 digits.
 MAX_LITERAL_DIGITS = 4000
@@ -150,6 +154,7 @@ _TERMINAL_PHRASES = {
     "VALUE": "a value like %0",
     "SYMBOL": "a symbol like @name",
     "NAME": "a name",
+    "BATCH_EXTENT": "N (the batch size)",
     "INT": "a non-negative integer",
     "NUMBER": "a number",
     "STRING": "a string",
@@ -219,6 +224,9 @@ class _Builder(ProgramRules, Transformer[Token, ModuleOp]):
             raise error(f"integer {shown} is too large (at most {MAX_INT})", self._tok_loc(tok))
         return value
 
+    def batch_extent(self, _items: list[Any]) -> int:
+        return BATCH
+
     def true(self, _items: list[Any]) -> bool:
         return True
 
@@ -229,7 +237,10 @@ class _Builder(ProgramRules, Transformer[Token, ModuleOp]):
         return [] if items == [None] else items
 
     def shape(self, items: list[Token | None]) -> tuple[int, ...]:
-        return tuple(self._index(t, str(t)) for t in items if t is not None)
+        return tuple(self._extent(t) for t in items if t is not None)
+
+    def _extent(self, tok: Token) -> int:
+        return self._index(tok, str(tok)) if tok.type == "INT" else BATCH
 
     def shape_decl(self, items: list[tuple[int, ...]]) -> tuple[int, ...]:
         return items[0]

@@ -13,6 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import tlc.dialect.grammar  # noqa: F401  # first: it imports Lark (LARK_OPTIONAL hidden)
+
+# isort: split
 from lark import Token, v_args
 from xdsl.ir import Operation, SSAValue
 

@@ -11,16 +11,20 @@ from math import prod
 
 Shape = tuple[int, ...]
 
+#: The extent `N` of a shape: the batch size, chosen when the graph runs (see tlc.dialect.batch).
+#: The .tlir form spells it `N`, the MLIR form `?` (MLIR's dynamic extent).
+BATCH = -1
+
 
 class ShapeError(Exception):
     """A shape rule rejected its inputs; the message is TorchLean's text for that failure."""
 
 
 def fmt_shape(shape: Sequence[int] | None) -> str:
-    """`[2, 3, 4]`; an unknown (omitted) shape prints as `?`."""
+    """`[2, 3, 4]`, `[N, 784]` with the batch extent; an unknown (omitted) shape prints as `?`."""
     if shape is None:
         return "?"
-    return "[" + ", ".join(str(d) for d in shape) + "]"
+    return "[" + ", ".join("N" if d == BATCH else str(d) for d in shape) + "]"
 
 
 def fmt_ids(ids: Sequence[int]) -> str:

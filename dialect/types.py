@@ -1,7 +1,8 @@
 """The `tl` tensor types: a node's declared output shape, or `unshaped` where the text omits it.
 
 Shapes carry no scalar type: the scalar context (f64, f32, interval) is chosen when the graph runs.
-Generic form: `!tl.tensor<[2, 3]>`, `!tl.tensor<[]>` (a scalar) and `!tl.unshaped`.
+Generic form: `!tl.tensor<[2, 3]>`, `!tl.tensor<[]>` (a scalar), `!tl.tensor<[?, 784]>` (a
+leading extent that is the batch size, `[N, 784]` in .tlir) and `!tl.unshaped`.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from xdsl.irdl import irdl_attr_definition, param_def
 from xdsl.parser import AttrParser
 from xdsl.printer import Printer
 
-from tlc.dialect.shapes import Shape, fmt_shape
+from tlc.dialect.shapes import BATCH, Shape
 
 
 @irdl_attr_definition
@@ -49,12 +50,15 @@ class TensorType(ParametrizedAttribute, TypeAttribute):
         return (ArrayAttr([IntAttr(d) for d in dims]),)
 
     def print_parameters(self, printer: Printer) -> None:
-        printer.print_string(f"<{fmt_shape(self.shape)}>")
+        dims = ", ".join("?" if d == BATCH else str(d) for d in self.shape)
+        printer.print_string(f"<[{dims}]>")
 
 
 def _parse_extent(parser: AttrParser) -> int:
     """An extent: 0 <= d < 2^63, as the .tlir grammar allows (a negative extent used to pass
-    verification and reach C headers as a negative size)."""
+    verification and reach C headers as a negative size), or `?`: the batch size `N`."""
+    if parser.parse_optional_punctuation("?") is not None:
+        return BATCH
     start = parser.pos
     value = parser.parse_integer()
     if not 0 <= value < 2**63:

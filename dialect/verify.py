@@ -145,7 +145,17 @@ def forget_verified(graph: GraphOp) -> None:
 
 def infer_graph_shapes(graph: GraphOp) -> list[Shape]:
     """The inferred output shape of every node, or a located DiagnosticError. A graph that
-    checks out gets the verified mark (see the module doc)."""
+    checks out gets the verified mark (see the module doc). A graph declaring the batch extent
+    `N` is checked at two batch sizes (`tlc.dialect.batch`)."""
+    from tlc.dialect.batch import has_batch, infer_at_probes
+
+    _structure(graph)  # the structure first (and marked): has_batch reads every node's metadata
+    inferred = infer_at_probes(graph, _infer_static) if has_batch(graph) else _infer_static(graph)
+    setattr(graph, _VERIFIED, tuple(inferred))
+    return inferred
+
+
+def _infer_static(graph: GraphOp) -> list[Shape]:
     inferred: list[Shape] = []
     for i, (node, parents) in enumerate(_structure(graph)):
         try:
@@ -160,7 +170,6 @@ def infer_graph_shapes(graph: GraphOp) -> list[Shape]:
                 node,
             )
         inferred.append(out)
-    setattr(graph, _VERIFIED, tuple(inferred))
     return inferred
 
 

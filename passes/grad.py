@@ -32,6 +32,7 @@ from xdsl.passes import ModulePass
 from tlc.core.diagnostics import error
 from tlc.core.payload import Payload
 from tlc.dialect import ops
+from tlc.dialect.batch import has_batch
 from tlc.dialect.ops import GraphOp, NodeOp, OutputOp
 from tlc.dialect.payload_section import payload_from_module, payload_op
 from tlc.dialect.shapes import Shape, numel
@@ -62,6 +63,12 @@ def build_grad_graph(
 ) -> tuple[GraphOp, Payload, GradLayout]:
     """The gradient graph of `graph` (checked first), its payload and its output layout."""
     payload = payload or Payload()
+    if has_batch(graph):
+        raise error(
+            f"grad: graph @{graph.graph_name} has the batch extent N; a gradient graph is built "
+            "for one batch size (write it, or import the model, with a fixed batch)",
+            graph,
+        )
     shapes = graph_shapes(graph)
     records = prepare_records(graph, payload, np.float64, shapes)
     grad = graph.clone()

@@ -145,3 +145,39 @@ def test_python_m_tlc_lists_and_runs_the_tools() -> None:
     wrong = subprocess.run([sys.executable, "-m", "tlc", "opr"], capture_output=True, text=True)
     assert wrong.returncode == 2
     assert wrong.stderr.startswith("python -m tlc: error: no tool 'opr'; did you mean 'opt'?\n")
+
+
+def test_compiled_code_defaults_to_f32_and_the_reference_to_f64() -> None:
+    f = tlc.compile(MLP_PATH)
+    assert repr(f) == "<compiled @mlp: [4] -> [], float32>"
+    assert f(X0).dtype == np.float32
+    assert tlc.run(MLP_PATH, X0).output.dtype == np.float64
+    out = np.empty((), np.float32)
+    assert f(np.array(X0), out=out) is out  # a float64 array into f32 code is cast
+    assert tlc.compile(MLP_PATH, dtype="f64")(np.array(X0, np.float32)).dtype == np.float64
+
+
+@pytest.mark.parametrize("separate", [False, True])
+def test_a_saved_traced_model_runs_as_the_traced_one(tmp_path: Path, separate: bool) -> None:
+    rng = np.random.default_rng(0)
+    weight = rng.normal(size=(3, 4))
+
+    def program(ops, x, params):  # noqa: ANN001, ANN202
+        return ops.tanh(ops.linear(x, params["w"], params["b"]))
+
+    traced = tlc.trace(program, [4], {"w": weight, "b": rng.normal(size=3)})
+    path = tmp_path / "model.tlir"
+    npz = tmp_path / "model.npz" if separate else None
+    traced.save(path, npz)
+    saved = tlc.run(path, X0, npz).output
+    assert saved.tolist() == tlc.run(traced, X0).output.tolist()  # bit for bit
+    assert ("tl.payload" in path.read_text()) is not separate
+
+
+def test_saving_to_an_unwritable_path_is_a_diagnostic(tmp_path: Path) -> None:
+    traced = tlc.trace(lambda ops, x, params: ops.relu(x), [3])
+    target = tmp_path / "missing" / "m.tlir"
+    with pytest.raises(
+        DiagnosticError, match=f"^cannot write '{target}': No such file or directory$"
+    ):
+        traced.save(target)

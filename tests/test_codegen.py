@@ -109,8 +109,10 @@ def test_misuse_through_the_jit() -> None:
     f = compile_graph(graph, payload)
     with pytest.raises(ValueError, match=r"input has shape \[5\], expected \[4\]"):
         f(np.zeros(5))
-    with pytest.raises(TypeError, match="dtype float32, expected float64"):
-        f(np.zeros(4, dtype=np.float32))
+    with pytest.raises(TypeError, match="out has dtype float32, expected float64"):
+        f(np.zeros(4), out=np.zeros((), dtype=np.float32))
+    widened = f(np.array(X0, dtype=np.float32))  # inputs are cast, exactly widened here
+    assert widened.dtype == np.float64 and widened == f(np.array(X0, np.float32).astype(float))
     with pytest.raises(ValueError, match="parameters are compiled in"):
         f(X0, params=np.zeros(3))
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ctypes
+import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -84,8 +86,8 @@ def test_load_refuses_misuse(tmp_path: Path) -> None:
     lib = tlc.load(str(compile_lib(tmp_path)))
     with pytest.raises(ValueError, match=r"tlc_mlp: input has shape \[2, 2\], expected \[4\]"):
         lib(np.zeros((2, 2)))
-    with pytest.raises(TypeError, match="tlc_mlp: input has dtype float32, expected float64"):
-        lib(np.zeros(4, dtype=np.float32))
+    with pytest.raises(TypeError, match="tlc_mlp: out has dtype float32, expected float64"):
+        lib(np.zeros(4), out=np.zeros((), dtype=np.float32))
     with pytest.raises(ValueError, match="expected \\[4\\]"):
         lib(np.zeros(3))
     with pytest.raises(KeyError, match=r"libmlp.so has no graph 'nope' \(graphs: mlp\)"):
@@ -180,3 +182,59 @@ def test_runtime_payload_with_scratch_and_defaults() -> None:
     assert f.params_size == 4 * 27 + 4 + 2 * 36 + 1
     got = f(x, pack_params(graph, payload))
     np.testing.assert_allclose(got, interpret(graph, payload, x).output, rtol=1e-12, atol=1e-13)
+
+
+def test_load_reads_the_librarys_own_metadata_without_a_header(tmp_path: Path) -> None:
+    lib_path = compile_lib(tmp_path, "--dtype", "f32")
+    (tmp_path / "libmlp.h").unlink()
+    lib = tlc.load(lib_path)
+    assert repr(lib) == f"<tlc.Library {lib_path}:\n  <compiled @mlp: [4] -> [], float32>>"
+    raw = ctypes.CDLL(str(lib_path))
+    text = ctypes.string_at(ctypes.addressof(ctypes.c_char.in_dll(raw, "tlc_library")))
+    assert json.loads(text) == {
+        "format": 1,
+        "graphs": [
+            {"graph": "mlp", "symbol": "tlc_mlp", "dtype": "float32", "input_shape": [4],
+             "output_shape": [], "params_size": None},
+        ],
+    }  # fmt: skip
+    out = np.empty((), np.float32)
+    assert lib(np.array(X0), out=out) is out  # out= on the library itself; f64 input cast
+    assert f"{float(out):.6f}" == "0.027713"
+
+
+def test_inputs_to_a_library_are_cast_by_the_apis_rule(tmp_path: Path) -> None:
+    lib = tlc.load(str(compile_lib(tmp_path)))  # f64
+    torch = pytest.importorskip("torch")
+    given = [
+        X0,
+        np.array(X0, np.float32),
+        torch.tensor(X0, dtype=torch.float64, requires_grad=True),
+    ]
+    values = [lib(x) for x in given]
+    assert all(v.dtype == np.float64 for v in values)
+    assert values[1] == lib(np.array(X0, np.float32).astype(np.float64))  # widened exactly
+    assert values[0] == values[2]
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler")
+def test_a_library_without_tlc_metadata_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "other.c").write_text("int f(void) { return 0; }\n")
+    other = tmp_path / "libother.so"
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", other, tmp_path / "other.c"], check=True)
+    message = (
+        f"cannot load '{other}': it holds no tlc metadata of format 1 (the tlc_library symbol); "
+        "rebuild it with this tlc's tlc-compile"
+    )
+    with pytest.raises(tlc.DiagnosticError, match=f"^{re.escape(message)}$"):
+        tlc.load(other)
+
+
+def test_a_graph_named_library_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    source = tmp_path / "lib.tlir"
+    source.write_text("tl.graph @library {\n  %0 = input : [1]\n  output %0\n}\n")
+    assert compile_main([str(source), "-o", str(tmp_path / "liblib.so")]) == 1
+    assert (
+        "lib.tlir:1:1: error: codegen: graph name @library is reserved: tlc_library is the "
+        "library's metadata; rename the graph"
+    ) in capsys.readouterr().err

@@ -97,7 +97,7 @@ def test_bounds_contain_sampled_outputs(
     lo, hi = _box(3, seed, radius)
     result = tlc.bounds(traced, lo, hi, method=method, dtype=dtype)
     for x in _samples(lo, hi, 40, seed):
-        values = tlc.run(traced.module, x, traced.payload, arithmetic=dtype)
+        values = tlc.run(traced.module, x, traced.payload, dtype=dtype)
         for node_id, box in enumerate(result.boxes):
             assert box is not None and np.all(box.contains(values[node_id])), node_id
         assert np.all(result.lower <= values.output) and np.all(values.output <= result.upper)
@@ -168,7 +168,7 @@ def test_cnn_relaxations_contain_samples() -> None:
         assert np.all(crown.lower >= ibp.lower) and np.all(crown.upper <= ibp.upper)
         assert np.sum(crown.width) < np.sum(ibp.width)
         for x in _samples(lo, lo + 0.2, 60, 2):
-            y = tlc.run(traced.module, x, traced.payload, arithmetic=dtype).output
+            y = tlc.run(traced.module, x, traced.payload, dtype=dtype).output
             assert np.all(crown.lower <= y) and np.all(y <= crown.upper)
 
 

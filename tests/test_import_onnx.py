@@ -445,12 +445,12 @@ def test_refusals_name_the_node_and_op_type() -> None:
         "ONNX import: '<onnx model>' is not a valid ONNX model: Unrecognized attribute: foo for "
         "operator Relu ==> Context: Bad node spec for node. Name: OpType: Relu"
     )
-    symbolic = make_model([helper.make_node("Relu", ["x"], ["y"])], [("x", ("N", 3))], "y")
+    symbolic = make_model([helper.make_node("Relu", ["x"], ["y"])], [("x", (3, "M"))], "y")
     assert _refusal(symbolic) == (
-        "ONNX import: input 'x' has a symbolic or unknown shape [N, 3]; give its static shape "
+        "ONNX import: input 'x' has a symbolic or unknown shape [3, M]; give its static shape "
         "(tlc-translate --input-shape, tlc.from_onnx(..., input_shapes=[...]))"
     )
-    assert tlc.from_onnx(symbolic, [(2, 3)]).graph.nodes[0].declared_shape == (2, 3)
+    assert tlc.from_onnx(symbolic, [(3, 2)]).graph.nodes[0].declared_shape == (3, 2)
     pool = make_model(
         [helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[3], dilations=[2])],
         [("x", (1, 1, 7))], "y",

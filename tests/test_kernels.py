@@ -482,7 +482,7 @@ def test_an_op_defined_by_its_facts_has_a_capsule_in_every_provider(
         f'(#[1, 2], #["{provider}.leaky_relu", "{provider}.leaky_relu"])\n'
     )
     x = [-3.0, -0.5, -0.0, 0.0, 0.7, 4.0]
-    got = tlc.execute_plan(module, x, arithmetic=arithmetic).output
-    want = tlc.run(LEAKY, x, arithmetic=arithmetic).output
+    got = tlc.execute_plan(module, x, dtype=arithmetic).output
+    want = tlc.run(LEAKY, x, dtype=arithmetic).output
     assert got.dtype == want.dtype
     assert got.tobytes() == want.tobytes()

@@ -17,6 +17,7 @@ from onnx.reference import ReferenceEvaluator  # noqa: E402
 
 import tlc  # noqa: E402
 from tlc.core.diagnostics import DiagnosticError  # noqa: E402
+from tlc.dialect.shapes import BATCH  # noqa: E402
 from tlc.frontends.onnx_prepare import UnsupportedNodes, prepare, unsupported_report  # noqa: E402
 from tlc.semantics.interpret import interpret  # noqa: E402
 
@@ -71,16 +72,35 @@ def nhwc_model() -> onnx.ModelProto:
     return model(nodes, [("x", ("N", 6, 6, 3))], initializers=inits, out_shape=("N", 64))
 
 
-def test_symbolic_batch_needs_a_shape_and_imports_with_one() -> None:
+def test_symbolic_batch_imports_as_n_or_with_a_fixed_shape() -> None:
     m = nhwc_model()
-    assert refusal(m) == (
-        "ONNX import: input 'x' has a symbolic or unknown shape [N, 6, 6, 3]; give its static "
-        "shape (tlc-translate --input-shape, tlc.from_onnx(..., input_shapes=[...]))"
-    )
-    x = np.random.default_rng(1).normal(size=(2, 6, 6, 3))
-    traced = matches_reference(m, x, [(2, 6, 6, 3)])
+    rng = np.random.default_rng(1)
+    for batch in (1, 2, 5):  # the batch read back by Shape/Gather folds to N
+        traced = matches_reference(m, rng.normal(size=(batch, 6, 6, 3)))
+    assert traced.graph.nodes[0].declared_shape == (BATCH, 6, 6, 3)
+    assert traced.graph.nodes[-1].describe() == "reshape(from=[N, 4, 4, 4], to=[N, 64])"
+    traced = matches_reference(m, rng.normal(size=(2, 6, 6, 3)), [(2, 6, 6, 3)])
     tags = [n.TAG for n in traced.graph.nodes]
     assert tags == ["input", "permute", "conv", "relu", "permute", "reshape"]  # shapes folded
+    assert traced.graph.nodes[-1].declared_shape == (2, 64)
+
+
+def test_a_symbolic_batch_folded_into_values_is_refused() -> None:
+    """`y = x * batch_size`: the batch read back as a number becomes a constant, which differs
+    between the two batch sizes the importer tries."""
+    nodes = [
+        helper.make_node("Shape", ["x"], ["s"]),
+        helper.make_node("Gather", ["s", "zero"], ["n"], axis=0),
+        helper.make_node("Cast", ["n"], ["f"], to=D),
+        helper.make_node("Mul", ["x", "f"], ["y"]),
+    ]
+    m = model(nodes, [("x", ("batch", 3))], initializers=[("zero", np.array(0, np.int64))])
+    assert refusal(m) == (
+        "ONNX import: the model's symbolic batch dimension does not stay the batch: the payload "
+        "of node 1 (const) value differs at batch size 2 and at 3; give static input shapes "
+        "(tlc-translate --input-shape, tlc.from_onnx(..., input_shapes=[...]))"
+    )
+    assert tlc.from_onnx(m, [(4, 3)]).graph.nodes[0].declared_shape == (4, 3)
 
 
 def test_prepare_leaves_the_callers_model_alone() -> None:

@@ -101,7 +101,7 @@ def test_internal_error_is_70(
 def test_render_without_dot_is_1(
     good: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(opt.shutil, "which", lambda _name: None)
+    monkeypatch.setattr("shutil.which", lambda _name: None)  # render_dot imports shutil itself
     out = tmp_path / "g.svg"
     assert opt.main([good, "--render", str(out)]) == 1
     assert capsys.readouterr().err == (

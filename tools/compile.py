@@ -26,12 +26,12 @@ import numpy as np
 
 from tlc.api.evaluate import checked_graph, resolve_payload
 from tlc.codegen.shared_lib import build_library
-from tlc.codegen.target import add_target_options, target_from_options
+from tlc.codegen.target import target_from_options
 from tlc.core.diagnostics import DiagnosticError, SourceManager
 from tlc.core.limits import MAX_BYTES
 from tlc.dialect.ops import GraphOp
 from tlc.frontends.text import parse_source
-from tlc.tools.common import read_input, run_tool, tool_parser
+from tlc.tools.common import add_target_options, read_input, run_tool, tool_parser
 
 DTYPES = {"f32": np.float32, "f64": np.float64}
 
@@ -59,7 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--batch",
         type=positive,
         metavar="N",
-        help="map a single-example graph over a leading batch axis of N",
+        help="map a single-example graph over a leading batch axis of N, or fix the batch "
+        "extent N of a graph that declares one",
     )
     p.add_argument(
         "--runtime-payload",

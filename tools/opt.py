@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -21,11 +19,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tlc.api.emit import EMITTERS
-from tlc.codegen.target import Target, add_target_options, target_from_options
 from tlc.core.diagnostics import Diagnostic, DiagnosticError, SourceManager
 from tlc.frontends.text import context, parse_source
 from tlc.passes.registry import PASSES, build_pipeline
-from tlc.tools.common import read_input, run_tool, tool_parser, write_output
+from tlc.tools.common import (
+    add_target_options,
+    read_input,
+    run_tool,
+    target_options_given,
+    tool_parser,
+    write_output,
+)
 
 if TYPE_CHECKING:  # for annotations only: start-up time (a pass pipeline imports them itself)
     from xdsl.dialects.builtin import ModuleOp
@@ -80,7 +84,11 @@ TARGET_EMITS = {
 
 def emitter(args: argparse.Namespace) -> Callable[[ModuleOp], str]:
     """The output format; llvm and asm compile for the --target-* options (default host)."""
-    target = target_from_options(args)
+    target = None
+    if target_options_given(args):  # LLVM loads only when it is needed
+        from tlc.codegen.target import target_from_options
+
+        target = target_from_options(args)
     if args.emit not in TARGET_EMITS:
         if target is not None:
             raise UsageError("--target-* options need --emit llvm or --emit asm")
@@ -91,6 +99,7 @@ def emitter(args: argparse.Namespace) -> Callable[[ModuleOp], str]:
         import numpy as np
 
         from tlc.codegen.module import optimized_ir, target_assembly
+        from tlc.codegen.target import Target
 
         render = optimized_ir if kind == "llvm" else target_assembly
         return render(module, np.dtype(dtype).type, target or Target())
@@ -269,6 +278,9 @@ def _timed(timings: list[tuple[str, float]] | None, name: str) -> Iterator[None]
 
 def render_dot(dot_text: str, path: str) -> None:
     """Draw `dot_text` into `path` with GraphViz, the format taken from the file's suffix."""
+    import shutil
+    import subprocess  # only here: start-up time
+
     fmt = Path(path).suffix.lstrip(".").lower()
     dot = shutil.which("dot")
     if dot is None:

@@ -34,9 +34,16 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from xdsl.dialects.builtin import ModuleOp
 
-from tlc.api.evaluate import checked_graph, parse_input_text, resolve_payload, shape_input
+from tlc.api.evaluate import (
+    checked_graph,
+    for_batch,
+    parse_input_text,
+    resolve_payload,
+    shape_input,
+)
 from tlc.core.diagnostics import DiagnosticError, SourceManager, error
 from tlc.core.payload import Payload
+from tlc.dialect.batch import has_batch
 from tlc.dialect.ops import GraphOp, InputOp, NodeOp, node_id_of
 from tlc.dialect.shapes import fmt_shape
 from tlc.frontends.text import parse_source
@@ -395,6 +402,8 @@ def _main(argv: list[str] | None, sources: SourceManager) -> int:
     else:
         payload = resolve_payload(module, graph, args.payload)
     job = Job(args, module, graph, payload)
+    if has_batch(graph) and job.input_nodes():  # `N`: the batch size --input gives
+        job = Job(args, module, for_batch(graph, job.input_value()), payload)
     for line in (_run_grad if args.grad else ARITHMETICS[args.arithmetic])(job):
         print(line)
     return 0

@@ -106,16 +106,12 @@ def import_onnx(args: argparse.Namespace) -> Traced:
 
 def emit_imported(args: argparse.Namespace, traced: Traced) -> int:
     from tlc.core.payload import save_npz
-    from tlc.dialect.payload_section import payload_op
 
     module = traced.module
     if args.payload_out:
         save_npz(traced.payload, args.payload_out)
     else:
-        bindings = [op.clone() for op in module.ops if op is not traced.graph]
-        module = ModuleOp(
-            [traced.graph.clone(), payload_op(traced.graph.graph_name, traced.payload), *bindings]
-        )
+        module = traced.document()
     write_output(args.output, EMITTERS[args.emit](module))
     return 0
 

@@ -15,9 +15,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from xdsl.dialects.builtin import ModuleOp
 
-from tlc.api.evaluate import choose, dtype_of, prepare
+from tlc.api.evaluate import choose, dtype_of, for_batch, prepare
 from tlc.core.diagnostics import Diagnostic, DiagnosticError, error
-from tlc.dialect.ops import GraphOp
+from tlc.dialect.batch import has_batch
+from tlc.dialect.ops import GraphOp, InputOp
 from tlc.dialect.shapes import numel
 from tlc.semantics.interval_arith import Box
 
@@ -77,10 +78,15 @@ def input_box(lo: Any = None, hi: Any = None, center: Any = None, radius: Any = 
 
 
 def prepared_bounds(
-    source: Any, payload: Any = None, graph: str | None = None, dtype: str = "f64"
+    source: Any,
+    payload: Any = None,
+    graph: str | None = None,
+    dtype: str = "f64",
+    box_shape: tuple[int, ...] | None = None,
 ) -> PreparedCrown:
     """A document, module, tl.graph op or traced model (`tlc.from_onnx`) checked once for
-    repeated `tlc.bounds` calls in `dtype` (f64/f32)."""
+    repeated `tlc.bounds` calls in `dtype` (f64/f32). A graph with the batch extent `N` is
+    specialised to the batch size of boxes of `box_shape` (one box, or a batch of boxes)."""
     from tlc.semantics.crown import prepare_crown
     from tlc.semantics.program import Traced
 
@@ -90,7 +96,21 @@ def prepared_bounds(
         chosen, records = source, payload
     else:
         chosen, records = choose(source, graph, payload)
+    if has_batch(chosen):
+        chosen = _for_box_batch(chosen, box_shape)
     return prepare_crown(chosen, records, dtype_of(dtype))
+
+
+def _for_box_batch(graph: GraphOp, box_shape: tuple[int, ...] | None) -> GraphOp:
+    """`graph` (with `N` in its input's shape) for boxes of `box_shape`: the input's own
+    rank (one box) or one more (a batch of boxes, leading)."""
+    node = next(n for n in graph.nodes if isinstance(n, InputOp))
+    declared = node.declared_shape
+    assert declared is not None, "checked graphs declare every shape"
+    shape = box_shape or ()
+    if len(shape) == len(declared) + 1:
+        shape = shape[1:]
+    return for_batch(graph, np.empty(shape))
 
 
 def bounds(
@@ -112,12 +132,13 @@ def bounds(
     `{node id: array}`."""
     from tlc.semantics.crown import PreparedCrown, bind_box
 
+    low, high = input_box(lo, hi, center, radius)
+    box_shape = None if isinstance(low, Mapping) else low.shape
     prepared = (
         source
         if isinstance(source, PreparedCrown)
-        else prepared_bounds(source, payload, graph, dtype)
+        else prepared_bounds(source, payload, graph, dtype, box_shape)
     )
-    low, high = input_box(lo, hi, center, radius)
     if not isinstance(low, Mapping) and len(prepared.input_ids) == 1:
         shape = prepared.steps[prepared.input_id].shape
         if low.ndim == 1 and len(shape) != 1 and low.size == numel(shape):  # a flat list

@@ -18,12 +18,14 @@ import numpy as np
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import Operation
 
+from tlc.core.arrays import as_float_array
 from tlc.core.diagnostics import DiagnosticError, SourceManager, did_you_mean
 from tlc.core.npyio import read_npy
 from tlc.core.payload import Payload, load_npz
+from tlc.dialect.batch import batch_of, batch_of_value, concrete, has_batch, specialise
 from tlc.dialect.ops import GraphOp, InputOp
 from tlc.dialect.payload_section import payload_from_module
-from tlc.dialect.shapes import fmt_shape, numel
+from tlc.dialect.shapes import BATCH, fmt_shape, numel
 from tlc.frontends.text import parse_source, read_document
 
 if TYPE_CHECKING:
@@ -76,12 +78,17 @@ def _is_path(source: object) -> bool:
 def quoting(op: Operation) -> Iterator[None]:
     """Diagnostics escaping the block quote the text `op`'s module was parsed from, so
     `str(exc)` shows file:line:col, the source line and a caret as the tools print them."""
+    filename, text = _texts_of(op)
+    with _quoting_text(filename, text):
+        yield
+
+
+def _texts_of(op: Operation) -> tuple[str, str]:
+    """(file name, text) of the document `op`'s module was parsed from, or empty strings."""
     top = op
     while (parent := top.parent_op()) is not None:
         top = parent
-    filename, text = _TEXTS.get(top, ("", "")) if isinstance(top, ModuleOp) else ("", "")
-    with _quoting_text(filename, text):
-        yield
+    return _TEXTS.get(top, ("", "")) if isinstance(top, ModuleOp) else ("", "")
 
 
 @contextmanager
@@ -205,12 +212,9 @@ def dtype_of(arithmetic: str) -> type:
 
 
 def as_array(x: Any) -> np.ndarray:
-    """The one rule by which the Python API reads an input value: anything `numpy.asarray`
-    takes (numbers, nested lists, numpy arrays of any real dtype) or a torch tensor (detached,
-    moved to the CPU), as float64; the entry point then rounds it to its own `dtype`."""
-    if hasattr(x, "detach") and hasattr(x, "cpu"):  # a torch.Tensor, without importing torch
-        x = x.detach().cpu().numpy()
-    return np.asarray(x, dtype=np.float64)
+    """An input value read by the API's one rule (`tlc.core.arrays.as_float_array`), as
+    float64; the entry point then rounds it to its own `dtype`."""
+    return as_float_array(x)
 
 
 def parse_input_text(text: str) -> np.ndarray:
@@ -228,15 +232,33 @@ def parse_input_text(text: str) -> np.ndarray:
 
 
 def shape_input(value: np.ndarray, shape: tuple[int, ...], what: str = "--input") -> np.ndarray:
-    """A flat list of numbers reshaped to the input node's shape (row-major), if the count fits."""
-    if value.shape == shape:
-        return value
-    if value.ndim == 1 and value.size == int(np.prod(shape)):
+    """A flat list of numbers reshaped to the input node's shape (row-major), if the count fits.
+    With the batch extent `N` in `shape`, any batch size fits: an array of that rank whose
+    other extents match, or a flat list of a multiple of the other extents' product."""
+    if BATCH in shape:
+        batch = batch_of_value(shape, value.shape)
+        if batch is not None:
+            return value.reshape(concrete(shape, batch))
+        expected = f"a multiple of {numel(concrete(shape, 1))}"
+    elif value.shape == shape or (value.ndim == 1 and value.size == numel(shape)):
         return value.reshape(shape)
+    else:
+        expected = f"{numel(shape)}"
     got = f"{value.size}" if value.ndim == 1 else f"an array of shape {fmt_shape(value.shape)}"
     raise DiagnosticError.simple(
-        f"{what}: expected {numel(shape)} values for input shape {fmt_shape(shape)}, got {got}"
+        f"{what}: expected {expected} values for input shape {fmt_shape(shape)}, got {got}"
     )
+
+
+def for_batch(graph: GraphOp, x: Any) -> GraphOp:
+    """`graph` with the batch extent `N` specialised to the batch size of its inputs `x` (as
+    `tlc.semantics.interpret.bind_inputs` takes them), keeping the source text for messages."""
+    from tlc.semantics.interpret import given_inputs
+
+    shapes = {nid: np.shape(as_array(v)) for nid, v in given_inputs(graph, x).items()}
+    specialised = specialise(graph, batch_of(graph, shapes))
+    _TEXTS[ModuleOp([specialised])] = _texts_of(graph)
+    return specialised
 
 
 def shape_single_input(graph: GraphOp, x: Any, what: str = "input") -> Any:
@@ -259,7 +281,10 @@ def prepare(
     """Check the document, choose the graph and its payload, and shape a flat single input: the
     common start of `tlc.run`, `tlc.ibp` and `tlc.check_samples`."""
     chosen, records = choose(source, graph, payload)
-    return chosen, records, shape_single_input(chosen, x)
+    x = shape_single_input(chosen, x)
+    if has_batch(chosen):
+        chosen = for_batch(chosen, x)
+    return chosen, records, x
 
 
 def run(

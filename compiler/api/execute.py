@@ -274,9 +274,12 @@ def run_plan(
 ) -> Any:
     """`tlc.execute_plan`: like `tlc.run`, but each node runs on the kernel its plan selected.
     `x` must have the input node's shape (or be `{node id: value}` for several inputs)."""
-    from tlc.api.evaluate import choose, dtype_of, quoting
+    from tlc.api.evaluate import choose, dtype_of, for_batch, quoting
+    from tlc.dialect.batch import has_batch
 
     dtype = dtype_of(arithmetic)
     chosen, records = choose(source, graph, payload)
+    if has_batch(chosen):  # `N`: the batch size of `x`
+        chosen = for_batch(chosen, x)
     with quoting(chosen):
         return execute_plan(chosen, records, x, dtype)

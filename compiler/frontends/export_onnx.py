@@ -36,6 +36,7 @@ from tlc.core.payload import Payload, Record
 from tlc.core.rule_table import RuleTable
 from tlc.dialect import backward_ops as bw
 from tlc.dialect import ops as tl
+from tlc.dialect.batch import has_batch
 from tlc.dialect.families import OnnxSpelling
 from tlc.dialect.metadata import Kind
 from tlc.dialect.ops import GraphOp, NodeOp
@@ -439,6 +440,12 @@ def to_onnx(
     checked by `onnx.checker`. The op kinds in `decompose` are written as their decomposition
     even where ONNX has the operator (for a runtime that lacks it)."""
     payload = payload or Payload()
+    if has_batch(graph):
+        raise error(
+            f"ONNX export: graph @{graph.graph_name} has the batch extent N; export it for one "
+            "batch size (tlc.to_onnx(..., batch=64))",
+            graph,
+        )
     shapes = graph_shapes(graph)
     check_payload(graph, payload, shapes)
     np_dtype = np.dtype(dtype)

@@ -12,7 +12,7 @@ explicit `broadcast_to` node appears.
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -68,6 +68,46 @@ def source_binding(builder: GraphBuilder) -> list[ParamsOp]:
             declared.setdefault(name, record[field].shape)
         binds.append(BindOp(node_id, builder.payload.kinds[node_id], fields))
     return [ParamsOp(builder.name, list(declared.items()), binds)] if binds else []
+
+
+def generalise_batch(make: Callable[[int], Traced], refuse: Callable[[str], Exception]) -> Traced:
+    """The model `make(batch)` imports, with its batch extent `N` (tlc.dialect.batch): imported
+    at both `PROBES`, the two graphs must be the same nodes with the same metadata (shape fields
+    aside, which are joined like shapes) and payload, every extent equal at both or the batch
+    size at both. What the importer folded from the batch size (a constant 2, a slice of 2 rows)
+    differs between the two and is refused: `refuse(reason)` is the importer's own exception
+    saying why."""
+    from tlc.dialect.batch import PROBES, join, join_metadata
+    from tlc.dialect.verify import infer_graph_shapes
+
+    first, second = (make(probe) for probe in PROBES)
+    p, q = PROBES
+    one, two = first.graph.nodes, second.graph.nodes
+    if len(one) != len(two):
+        raise refuse(f"it imports as {len(one)} nodes at batch size {p} but as {len(two)} at {q}")
+    try:
+        for a, b in zip(one, two, strict=True):
+            if a.TAG != b.TAG or a.parent_ids() != b.parent_ids() or not join_metadata(a, b):
+                raise refuse(
+                    f"node {a.id} is {a.describe()} at batch size {p} but {b.describe()} at {q}"
+                )
+            shapes = (a.declared_shape, b.declared_shape)
+            assert shapes[0] is not None and shapes[1] is not None, "importers declare shapes"
+            a.set_declared_shape(join(a, *shapes))
+        for nid, record in first.payload.items():
+            other = second.payload.get(nid, {})
+            for field, value in record.items():
+                if field not in other or not np.array_equal(value, other[field]):
+                    raise refuse(
+                        f"the payload of node {nid} ({one[nid].TAG}) {field} differs at batch "
+                        f"size {p} and at {q}"
+                    )
+        infer_graph_shapes(first.graph)
+    except ImportFailure:
+        raise
+    except DiagnosticError as exc:
+        raise refuse(exc.diagnostics[0].message) from None
+    return first
 
 
 def ints(values: Any) -> list[int]:

@@ -43,10 +43,11 @@ from tlc.core.diagnostics import DiagnosticError, Location
 from tlc.core.limits import LimitError, check_elements
 from tlc.core.payload import named
 from tlc.dialect import ops as tl
+from tlc.dialect.batch import concrete
 from tlc.dialect.families import BinaryOp, OnnxSpelling
 from tlc.dialect.metadata import Kind
 from tlc.dialect.registry import NODE_OPS
-from tlc.dialect.shapes import Shape, fmt_shape
+from tlc.dialect.shapes import BATCH, Shape, fmt_shape
 from tlc.frontends.import_common import (
     ImportFailure,
     broadcast_all,
@@ -56,6 +57,7 @@ from tlc.frontends.import_common import (
     conv_transpose,
     elementwise,
     finish,
+    generalise_batch,
     import_error,
     interpolate,
     ints,
@@ -69,7 +71,13 @@ from tlc.frontends.import_common import (
     take,
     tile,
 )
-from tlc.frontends.onnx_prepare import check_strings, opset_of, prepare, unsupported_report
+from tlc.frontends.onnx_prepare import (
+    check_strings,
+    graph_inputs,
+    opset_of,
+    prepare,
+    unsupported_report,
+)
 from tlc.semantics.program import GraphBuilder, Traced
 
 PREFIX = "ONNX import"
@@ -1252,6 +1260,26 @@ def _input_shape(info: onnx.ValueInfoProto, given: Shape | None) -> Shape:
     return shape
 
 
+def symbolic_batch(model: onnx.ModelProto) -> list[Shape] | None:
+    """The input shapes with `N` for a model whose inputs have a symbolic leading dimension
+    (one `dim_param` name shared by all such inputs, or none) and static other dimensions; None
+    when every input is static or some other dimension is symbolic (then refused as before)."""
+    shapes, params = [], set()
+    for info in graph_inputs(model):
+        t = info.type.tensor_type
+        if not info.type.HasField("tensor_type") or not t.HasField("shape"):
+            return None
+        dims = list(t.shape.dim)
+        if not dims or not all(d.HasField("dim_value") for d in dims[1:]):
+            return None
+        lead = dims[0]
+        if not lead.HasField("dim_value"):
+            params.add(lead.dim_param)
+        shape = (lead.dim_value if lead.HasField("dim_value") else BATCH,)
+        shapes.append(shape + tuple(d.dim_value for d in dims[1:]))
+    return shapes if len(params) == 1 else None
+
+
 def _dims(info: onnx.ValueInfoProto) -> str:
     t = info.type.tensor_type
     if not t.HasField("shape"):
@@ -1329,9 +1357,23 @@ def from_onnx(
     input_shapes: Sequence[Shape] | None = None,
     name: str | None = None,
 ) -> Traced:
-    """Import an ONNX model (a path or a `ModelProto`): a `Traced` (module, graph, payload)."""
+    """Import an ONNX model (a path or a `ModelProto`): a `Traced` (module, graph, payload).
+    Without `input_shapes`, inputs whose leading dimension is symbolic (`batch_size` and its
+    other dimensions static) share the batch extent `N` (see `symbolic_batch`)."""
     model, where = load_model(source)
     check_strings(model, where)  # before anything reads a name
+    if input_shapes is None:
+        batched = symbolic_batch(model)
+        if batched is not None:
+            return generalise_batch(
+                lambda n: from_onnx(model, [concrete(s, n) for s in batched], name),
+                lambda reason: import_error(
+                    PREFIX,
+                    f"the model's symbolic batch dimension does not stay the batch: {reason}; "
+                    "give static input shapes (tlc-translate --input-shape, "
+                    "tlc.from_onnx(..., input_shapes=[...]))",
+                ),
+            )
     _check_model(model)  # initializers valid and within the budget before anything reads them
     prepared = prepare(model, where, MIN_OPSET, input_shapes)
     model = prepared.model  # large initializers are stubs: their values are in `initializers`

@@ -69,6 +69,7 @@ from tlc.frontends.import_common import (
     conv_transpose,
     elementwise,
     finish,
+    generalise_batch,
     import_error,
     interpolate,
     ints,
@@ -1550,6 +1551,12 @@ def _graph_name(module: nn.Module) -> str:
     return name if re.match(r"[a-z_]", name) else f"m_{name}"
 
 
+def _rows(example: torch.Tensor, n: int) -> torch.Tensor:
+    """`example` with `n` rows: its rows repeated (only the shapes matter to the importer)."""
+    index = torch.arange(n) % len(example)
+    return example[index]
+
+
 def _location(module: nn.Module) -> Location:
     """Where the module's forward is defined: the imported nodes' location."""
     try:
@@ -1559,9 +1566,30 @@ def _location(module: nn.Module) -> Location:
         return Location("<torch>", 1, 1)
 
 
-def from_torch(module: nn.Module, example_input: Any, name: str | None = None) -> Traced:
+def from_torch(
+    module: nn.Module, example_input: Any, name: str | None = None, dynamic_batch: bool = False
+) -> Traced:
     """Trace `module` with torch.fx on `example_input` (a tensor, or a tuple of tensors for
-    several inputs) and translate it: a `Traced` (module, graph, payload keyed by node id)."""
+    several inputs) and translate it: a `Traced` (module, graph, payload keyed by node id).
+    With `dynamic_batch`, the leading dimension of every input is the batch extent `N`: the
+    model is imported at two batch sizes (rows of the example repeated) and must be one graph
+    over `N` (`tlc.frontends.import_common.generalise_batch`)."""
+    if dynamic_batch:
+        examples = (
+            tuple(example_input) if isinstance(example_input, list | tuple) else (example_input,)
+        )
+        for example in examples:
+            if not isinstance(example, torch.Tensor) or example.ndim == 0 or not len(example):
+                raise import_error(
+                    PREFIX, "dynamic_batch needs example tensors with a leading batch dimension"
+                )
+        return generalise_batch(
+            lambda n: from_torch(module, tuple(_rows(e, n) for e in examples), name),
+            lambda reason: import_error(
+                PREFIX, f"the model does not keep its batch dimension: {reason}; import it "
+                "without dynamic_batch (the example's batch size is then fixed)",
+            ),
+        )  # fmt: skip
     examples = tuple(example_input) if isinstance(example_input, list | tuple) else (example_input,)
     try:
         gm = trace(module, examples)

@@ -16,7 +16,6 @@ from tlc.dialect.parser import parse_tlir
 from tlc.dialect.program_ops import TL_PROGRAM, ProgramOp
 from tlc.dialect.registry import TL
 from tlc.dialect.verify import check_metadata, check_operands, run_on_graphs
-from tlc.semantics.program_run import check_program
 
 
 @cache
@@ -45,6 +44,8 @@ def parse_source(
     )
     for op in module.ops:
         if isinstance(op, ProgramOp):
+            from tlc.semantics.program_run import check_program  # start-up: only with programs
+
             check_program(op)
     return module
 

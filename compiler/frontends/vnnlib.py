@@ -21,6 +21,10 @@ from importlib.resources import files
 from itertools import product
 
 import numpy as np
+
+import tlc.dialect.grammar  # noqa: F401  # first: it imports Lark (LARK_OPTIONAL hidden)
+
+# isort: split
 from lark import Lark, Token, Tree
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput
 

@@ -38,13 +38,20 @@ from tlc.core.payload import Payload, Record
 from tlc.core.rule_table import RuleTable
 from tlc.dialect import backward_ops as bw
 from tlc.dialect import ops
+from tlc.dialect.batch import PROBES, PerBatch, has_batch
 from tlc.dialect.families import BinaryOp, Monotone, UnaryOp
 from tlc.dialect.ops import GraphOp, NodeOp
 from tlc.dialect.registry import NODE_OPS
 from tlc.dialect.shapes import Shape, numel
 from tlc.dialect.verify import graph_shapes
 from tlc.semantics.emitter import IntervalEmitter, NoBox
-from tlc.semantics.interpret import REFERENCE, bind_inputs, check_sizes
+from tlc.semantics.interpret import (
+    REFERENCE,
+    bind_inputs,
+    check_sizes,
+    given_inputs,
+    input_shapes,
+)
 from tlc.semantics.interval_arith import COMPOSITE_ULPS, F64, LIBM_ULPS, Box, Outward, sanitize
 from tlc.semantics.payload_check import prepare_records
 from tlc.semantics.reference import payload_field
@@ -125,9 +132,30 @@ class PreparedIBP:
         return box
 
 
-def prepare_ibp(graph: GraphOp, payload: Payload | None, dtype: type = np.float64) -> PreparedIBP:
+class PreparedIBPPerBatch:
+    """A graph with the batch extent `N`, checked once (with its payload) and called like
+    `PreparedIBP`: each call propagates through the graph specialised to the batch size of its
+    box (prepared once per batch size)."""
+
+    def __init__(self, graph: GraphOp, payload: Payload | None, dtype: type):
+        graph_shapes(graph)  # checks an unverified graph at the probe batch sizes
+        self.graph = graph
+        self.per_batch = PerBatch(graph, lambda g: prepare_ibp(g, payload, dtype))
+        self.per_batch.at(PROBES[0])  # checks the payload now, not on the first call
+
+    def __call__(self, lo: Any, hi: Any) -> list[Box | None]:
+        lows, highs = given_inputs(self.graph, lo), given_inputs(self.graph, hi)
+        return self.per_batch.for_inputs(input_shapes(lows))(lows, highs)
+
+
+def prepare_ibp(
+    graph: GraphOp, payload: Payload | None, dtype: type = np.float64
+) -> PreparedIBP | PreparedIBPPerBatch:
     """Check `graph` and `payload` (the same checks and messages as `interpret`) and build each
-    node's interval record (`interval_record`), once, for repeated propagation in `dtype`."""
+    node's interval record (`interval_record`), once, for repeated propagation in `dtype`. A
+    graph with the batch extent `N` is prepared per batch size its boxes give."""
+    if has_batch(graph):
+        return PreparedIBPPerBatch(graph, payload, dtype)
     shapes = graph_shapes(graph)
     check_sizes(graph, shapes)
     records = prepare_records(graph, payload or Payload(), dtype, shapes)

@@ -19,9 +19,11 @@ from typing import Any
 
 import numpy as np
 
+from tlc.core.arrays import as_float_array
 from tlc.core.limits import LimitError, check_elements
 from tlc.core.payload import Payload
 from tlc.dialect import ops
+from tlc.dialect.batch import PROBES, PerBatch, has_batch
 from tlc.dialect.ops import GraphOp, NodeOp
 from tlc.dialect.shapes import Shape, fmt_shape
 from tlc.dialect.verify import graph_shapes
@@ -120,8 +122,13 @@ class Prepared:
         return ValueTable(values, self.output_id)
 
 
-def prepare(graph: GraphOp, payload: Payload | None, dtype: type = np.float64) -> Prepared:
-    """Check `graph` (structure, shapes) and `payload` against it, once, for repeated runs."""
+def prepare(
+    graph: GraphOp, payload: Payload | None, dtype: type = np.float64
+) -> Prepared | PreparedPerBatch:
+    """Check `graph` (structure, shapes) and `payload` against it, once, for repeated runs. A
+    graph with the batch extent `N` is prepared per batch size its inputs give."""
+    if has_batch(graph):
+        return PreparedPerBatch(graph, payload, dtype)
     shapes = graph_shapes(graph)
     check_sizes(graph, shapes)
     records = prepare_records(graph, payload or Payload(), dtype, shapes)
@@ -135,6 +142,28 @@ def prepare(graph: GraphOp, payload: Payload | None, dtype: type = np.float64) -
     owner = output.value.owner
     assert isinstance(owner, NodeOp)
     return Prepared(graph, dtype, shapes, steps, owner.id)
+
+
+class PreparedPerBatch:
+    """A graph with `N`, checked (at `tlc.dialect.batch.PROBES`, with its payload) and called
+    like `Prepared`: each call runs the graph specialised to its inputs' batch size (prepared
+    once per batch size)."""
+
+    def __init__(self, graph: GraphOp, payload: Payload | None, dtype: type):
+        graph_shapes(graph)  # checks an unverified graph at the probe batch sizes
+        self.graph = graph
+        self.dtype = dtype
+        self.per_batch = PerBatch(graph, lambda g: prepare(g, payload, dtype))
+        self.per_batch.at(PROBES[0])  # checks the payload now, not on the first call
+
+    def __call__(self, x: Inputs) -> ValueTable:
+        given = given_inputs(self.graph, x)
+        return self.per_batch.for_inputs(input_shapes(given))(given)
+
+
+def input_shapes(given: Mapping[int, Any]) -> dict[int, Shape]:
+    """The shape of each given input value (node id -> value, as `given_inputs` returns)."""
+    return {nid: np.shape(as_float_array(v)) for nid, v in given.items()}
 
 
 def check_sizes(graph: GraphOp, shapes: list[Shape]) -> None:
@@ -168,22 +197,12 @@ def bind_inputs(graph: GraphOp, shapes: list[Shape], x: Inputs, dtype: type) -> 
     fold, kernel plans, interval bounds, sampled checks), so all accept the same inputs and
     report the same errors."""
     input_nodes = [n for n in graph.nodes if isinstance(n, ops.InputOp)]
-    if isinstance(x, Mapping):
-        given = dict(x)
-    elif _one_per_input(x, len(input_nodes)):
-        given = {n.id: value for n, value in zip(input_nodes, x, strict=True)}
-    elif len(input_nodes) == 1:
-        given = {input_nodes[0].id: x}
-    else:
-        raise EvalError.simple(
-            f"IR eval: graph @{graph.graph_name} has {len(input_nodes)} input nodes: give a "
-            "list with one array per input node, or a mapping from input node id to array"
-        )
+    given = given_inputs(graph, x)
     bound: dict[int, Any] = {}
     for node in input_nodes:
         if node.id not in given:
             raise eval_error(f"IR eval: no value given for input node {node.id}", node)
-        value = np.asarray(given[node.id], dtype=dtype)
+        value = as_float_array(given[node.id], dtype)
         if value.shape != shapes[node.id]:
             raise eval_error(
                 f"IR eval: input {node.id}: shape mismatch: given {fmt_shape(value.shape)}, "
@@ -192,6 +211,21 @@ def bind_inputs(graph: GraphOp, shapes: list[Shape], x: Inputs, dtype: type) -> 
             )
         bound[node.id] = value
     return bound
+
+
+def given_inputs(graph: GraphOp, x: Inputs) -> dict[int, Any]:
+    """`x` (see `bind_inputs`) as input node id -> value, values not yet read."""
+    input_nodes = [n for n in graph.nodes if isinstance(n, ops.InputOp)]
+    if isinstance(x, Mapping):
+        return dict(x)
+    if _one_per_input(x, len(input_nodes)):
+        return {n.id: value for n, value in zip(input_nodes, x, strict=True)}
+    if len(input_nodes) == 1:
+        return {input_nodes[0].id: x}
+    raise EvalError.simple(
+        f"IR eval: graph @{graph.graph_name} has {len(input_nodes)} input nodes: give a "
+        "list with one array per input node, or a mapping from input node id to array"
+    )
 
 
 def _one_per_input(x: Inputs, count: int) -> bool:

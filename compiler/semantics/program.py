@@ -39,7 +39,7 @@ from tlc.core.diagnostics import DiagnosticError, Location, error
 from tlc.core.payload import Payload, source_name
 from tlc.dialect import ops as tl
 from tlc.dialect.metadata import MetadataError, check_value
-from tlc.dialect.ops import GraphOp, NodeOp, OutputOp
+from tlc.dialect.ops import GraphOp, NodeOp, OutputOp, PayloadOp
 from tlc.dialect.registry import NODE_OPS
 from tlc.dialect.shapes import Shape, ShapeError
 from tlc.dialect.types import shape_of_type
@@ -468,6 +468,45 @@ class Traced:
     module: ModuleOp
     graph: GraphOp
     payload: Payload
+
+    def document(self) -> ModuleOp:
+        """A module holding the graph, its payload as an inline `tl.payload` section and the
+        traced module's other sections (an importer's `tl.params` binding of source names): the
+        document that `save` writes and that runs as this traced model does."""
+        from tlc.dialect.payload_section import payload_op
+
+        others = [
+            op.clone()
+            for op in self.module.ops
+            if op is not self.graph and not isinstance(op, PayloadOp)
+        ]
+        return ModuleOp(
+            [self.graph.clone(), payload_op(self.graph.graph_name, self.payload), *others]
+        )
+
+    def save(self, path: Any, payload_path: Any = None) -> None:
+        """Write the graph as .tlir to `path` with its payload inline (exact: floats print as
+        the shortest text reading back to the same float64), so `tlc.run(path, x)` computes
+        what `tlc.run(traced, x)` does; with `payload_path`, the payload goes to that .npz
+        instead (`tlc.run(path, x, payload_path)`, `tlc-run --payload`). An unwritable path is
+        a `DiagnosticError` naming it."""
+        import os
+
+        from tlc.core.payload import save_npz
+        from tlc.dialect.printer import print_tlir
+
+        if payload_path is None:
+            module = self.document()
+        else:
+            save_npz(self.payload, os.fspath(payload_path))
+            module = ModuleOp([self.graph.clone()])
+        try:
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(print_tlir(module))
+        except OSError as exc:
+            raise DiagnosticError.simple(
+                f"cannot write '{os.fspath(path)}': {exc.strerror or exc}"
+            ) from None
 
 
 def trace(
