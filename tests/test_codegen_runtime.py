@@ -261,7 +261,7 @@ tl.payload @c {
   %1 = const {value = [1.0, 2.0, 3.0]}
 }
 """
-    f = tlc.compile(text, batch=4, threads=2)
+    f = tlc.compile(text, dtype="f64", batch=4, threads=2)
     x = np.arange(12.0).reshape(4, 3)
     np.testing.assert_allclose(f(x), x + np.exp([1.0, 2.0, 3.0]), rtol=1e-15)
     only = """
@@ -275,7 +275,7 @@ tl.payload @k {
   %1 = const {value = [0.0, 1.0]}
 }
 """
-    np.testing.assert_allclose(tlc.compile(only, batch=3)(np.zeros((3, 2))),
+    np.testing.assert_allclose(tlc.compile(only, dtype="f64", batch=3)(np.zeros((3, 2))),
                                np.tile(np.exp([0.0, 1.0]), (3, 1)), rtol=1e-15)  # fmt: skip
 
 

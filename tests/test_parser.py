@@ -339,10 +339,10 @@ def test_random_dense_literals_round_trip_bit_for_bit() -> None:
         ("[[1, 2], [3]]", "m.tlir:2:15: payload field 'value' is not a rectangular array of "
          "numbers"),
         ("[1, +2]", "m.tlir:2:27: unexpected character '+'; expected '[', 'false', 'true', "
-         "a number or a string"),
+         "N (the batch size), a number or a string"),
         ("[1, 2 3]", "m.tlir:2:29: unexpected '3'; expected ',' or ']'"),
-        ("[1,, 2]", "m.tlir:2:26: unexpected ','; expected '[', 'false', 'true', a number or a "
-         "string"),
+        ("[1,, 2]", "m.tlir:2:26: unexpected ','; expected '[', 'false', 'true', N (the batch "
+         "size), a number or a string"),
         ("[1, 1e5.0]", "m.tlir:2:30: unexpected '.0'; expected ',' or ']'"),
         ("[[" + "9" * 400 + "]]", "m.tlir:2:15: payload field 'value' has a number out of "
          "float64 range"),
