@@ -187,6 +187,15 @@ def _silence_stdout() -> None:
     os.dup2(devnull, sys.stdout.fileno())
 
 
+def is_number(text: str) -> bool:
+    """Whether an option's text is one number (as opposed to a comma list or a file name)."""
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
 def add_target_options(parser: argparse.ArgumentParser, default: str) -> None:
     """--target-cpu, --target-features and --target-triple, shared by tlc-compile and tlc-opt."""
     group = parser.add_argument_group("target")

@@ -49,7 +49,14 @@ from tlc.dialect.shapes import fmt_shape
 from tlc.frontends.text import parse_source
 from tlc.semantics.crown import METHODS
 from tlc.semantics.interval_arith import Box
-from tlc.tools.common import glue_values, int_in, read_input, run_tool, tool_parser
+from tlc.tools.common import (
+    glue_values,
+    int_in,
+    is_number,
+    read_input,
+    run_tool,
+    tool_parser,
+)
 from tlc.tools.formatting import format_box, format_value
 from tlc.tools.run_program import params_payload, run_program_lines, select_program
 
@@ -230,16 +237,8 @@ def _run_interval(job: Job) -> list[str]:
 def uses_bounds(args: argparse.Namespace) -> bool:
     """Whether a box option asks for `tlc.bounds` (a per-coordinate radius, --lo/--hi, --method,
     --spec) rather than the seed's IBP table."""
-    per_coordinate = args.radius is not None and not _is_number(args.radius)
+    per_coordinate = args.radius is not None and not is_number(args.radius)
     return per_coordinate or any(v is not None for v in (args.lo, args.hi, args.method, args.spec))
-
-
-def _is_number(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
 
 
 def _box_ends(job: Job) -> tuple[Any, Any]:

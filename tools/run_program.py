@@ -32,6 +32,7 @@ from tlc.semantics.program_run import (
     payload_from_params,
     run_program,
 )
+from tlc.tools.common import is_number
 from tlc.tools.formatting import format_box, format_value
 
 
@@ -61,9 +62,7 @@ def params_payload(module: ModuleOp, graph: GraphOp, params_path: str) -> Payloa
 
 
 def run_program_lines(args: argparse.Namespace, program: ProgramOp) -> list[str]:
-    per_coordinate = args.radius is not None and (
-        "," in args.radius or args.radius.endswith(".npy")
-    )
+    per_coordinate = args.radius is not None and not is_number(args.radius)
     for flag, given in (
         ("--payload", args.payload),
         ("--samples", args.samples),
