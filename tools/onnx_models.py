@@ -138,26 +138,33 @@ def run_model(collection: str, path: str, evaluate: bool = True) -> Result:
     if not evaluate:
         return result
     inputs, expected = _light_data(model) if collection == "light" else stored_data(path)
-    if len(expected) != 1:
-        result.reasons = [f"{len(expected)} stored outputs"]
+    graphs = traced.per_output or [traced]  # one per output
+    if len(expected) != len(graphs):
+        result.reasons = [f"{len(expected)} stored outputs for {len(graphs)} graph outputs"]
         return result
-    x = inputs if len(inputs) > 1 else inputs[0]
     result.double = model.graph.output[0].type.tensor_type.elem_type == onnx.TensorProto.DOUBLE
     for dtype in (np.float64,) if result.double else (np.float64, np.float32):
-        feed = [np.asarray(a, dtype) for a in inputs] if len(inputs) > 1 else np.asarray(x, dtype)
+        feed = [np.asarray(a, dtype) for a in inputs]
+        oks, errors = [], []
         try:
-            got = np.asarray(interpret(traced.graph, traced.payload, feed, dtype).output)
+            for part, stored in zip(graphs, expected, strict=True):
+                table = interpret(
+                    part.graph, part.payload, feed if len(feed) > 1 else feed[0], dtype
+                )
+                part.check_values(table.values, dtype)
+                got, want = np.asarray(table.output), np.asarray(stored, np.float64)
+                same = got.shape == want.shape
+                oks.append(same and np.allclose(got, want, RTOL, ATOL, equal_nan=True))
+                if same:
+                    errors.append(float(np.nanmax(np.abs(got - want), initial=0.0)))
         except DiagnosticError as exc:
             result.reasons.append(f"evaluation ({np.dtype(dtype).name}): {_reason(str(exc))}")
             continue
-        want = np.asarray(expected[0], np.float64)
-        ok = got.shape == want.shape and np.allclose(got, want, RTOL, ATOL, equal_nan=True)
         if dtype is np.float64:
-            result.match64 = ok
-            if got.shape == want.shape:
-                result.error64 = float(np.nanmax(np.abs(got - want), initial=0.0))
+            result.match64 = all(oks)
+            result.error64 = max(errors) if errors else None
         else:
-            result.match32 = ok
+            result.match32 = all(oks)
     return result
 
 

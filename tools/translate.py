@@ -108,6 +108,13 @@ def emit_imported(args: argparse.Namespace, traced: Traced) -> int:
     from tlc.core.payload import save_npz
 
     module = traced.module
+    if args.payload_out and traced.per_output:
+        graphs = ", ".join(f"@{t.graph.graph_name}" for t in traced.per_output)
+        raise DiagnosticError.simple(
+            f"--payload-out writes one graph's payload, but the model imports as "
+            f"{len(traced.per_output)} graphs, one per output ({graphs}); leave the payloads "
+            "inline"
+        )
     if args.payload_out:
         save_npz(traced.payload, args.payload_out)
     else:

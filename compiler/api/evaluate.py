@@ -164,10 +164,10 @@ def choose(
     from tlc.semantics.program import Traced
 
     module = as_module(source)
-    if isinstance(source, Traced) and payload is None:
-        payload = source.payload
     with quoting(module):
         chosen = checked_graph(module, graph, CHOOSE_KEYWORD)
+        if isinstance(source, Traced) and payload is None and chosen is source.graph:
+            payload = source.payload  # another graph of its module has its inline payload
         return chosen, resolve_payload(module, chosen, payload)
 
 

@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
+from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import SSAValue
 
 from tlc.core.diagnostics import DiagnosticError, Location
@@ -78,11 +79,42 @@ from tlc.frontends.onnx_prepare import (
     prepare,
     unsupported_report,
 )
-from tlc.semantics.program import GraphBuilder, Traced
+from tlc.semantics.program import EXACT_INTEGERS, GraphBuilder, Traced
 
 PREFIX = "ONNX import"
 MIN_OPSET = 13
 REAL_TYPES = {TensorProto.FLOAT: "FLOAT", TensorProto.DOUBLE: "DOUBLE"}
+
+#: Element types tl holds as reals beside FLOAT, DOUBLE and BOOL (docs/importing.md, "Integers
+#: and float16"): their values are numbers of the type only while `Traced.check_values` says so.
+EXACT_TYPES: dict[int, np.dtype] = {
+    t: np.dtype(helper.tensor_dtype_to_np_dtype(t))
+    for t in (
+        TensorProto.INT8, TensorProto.INT16, TensorProto.INT32, TensorProto.INT64,
+        TensorProto.UINT8, TensorProto.UINT16, TensorProto.UINT32, TensorProto.UINT64,
+        TensorProto.FLOAT16,
+    )
+}  # fmt: skip
+
+#: Op types whose every output element, on integers or float16, is an element of an input, a
+#: constant of the node or 0 and 1: their float64 value is ONNX's value of the type.
+SELECTING = frozenset({
+    "Identity", "Reshape", "Flatten", "Transpose", "Concat", "Gather", "Slice", "Split",
+    "Squeeze", "Unsqueeze", "Expand", "Tile", "Pad", "Where", "MaxPool", "GlobalMaxPool",
+    "ReduceMax", "ReduceMin", "Max", "Min", "Clip", "Relu", "Abs", "Neg", "Sign", "Less",
+    "Greater", "Constant", "Cast", "CastLike",
+})  # fmt: skip
+
+#: Op types whose float64 value on integers is ONNX's integer value whenever the value and its
+#: operands are integers of the type below 2^53 (checked on each run, `Traced.check_values`):
+#: float64 sums, differences and products of such integers are exact, and so is C's `pow`
+#: where the power is such an integer (glibc's pow errs by less than 1 ulp).
+INTEGER_ARITHMETIC = frozenset({"Add", "Sub", "Mul", "Pow"})
+
+#: Op types of INTEGER_ARITHMETIC and SELECTING that read every input as data (so a constant
+#: input is a value of the computation, which float64 holds exactly only below 2^53).
+DATA_INPUTS = frozenset({"Add", "Sub", "Mul", "Pow", "Max", "Min", "Where", "Concat", "Less",
+                         "Greater"})  # fmt: skip
 
 _REQUIRED = object()
 
@@ -218,11 +250,22 @@ def _selu(call: NodeCall) -> SSAValue:
 
 def _to_real(call: NodeCall, value: Value | None, target: int) -> Value:
     """Casts between real types leave a tl value alone (graphs are dtype-free; the scalar type
-    is chosen at run time); integer constants become reals exactly."""
+    is chosen at run time); integer constants become reals exactly. A cast to an integer type
+    or float16 leaves the value alone too where the source holds integers (or booleans): the
+    value is the cast's while it is a number of the target type, which `Traced.check_values`
+    checks; from a real type it would round, which no tl op does."""
     if value is None:
         raise call.refuse("missing input 0")
+    source = call.importer.types.get(call.node.input[0])
+    integral = source in EXACT_TYPES and source != TensorProto.FLOAT16
+    if target in EXACT_TYPES and (integral or source == TensorProto.BOOL):
+        return value.astype(np.float64) if isinstance(value, np.ndarray) else value
     if target not in REAL_TYPES:
-        raise call.refuse(f"cast to {TensorProto.DataType.Name(target)} (tl computes on reals)")
+        raise call.refuse(
+            f"cast to {TensorProto.DataType.Name(target)} from "
+            f"{TensorProto.DataType.Name(source or 0)} (tl computes on reals and has no "
+            "rounding to an integer or float16)"
+        )
     return value.astype(np.float64) if isinstance(value, np.ndarray) else value
 
 
@@ -1137,7 +1180,9 @@ class OnnxImporter:
         self.uses = Counter(
             name for node in model.graph.node for name in node.input if name
         ) + Counter(o.name for o in model.graph.output)
-        self.inferred, self.bools = _inferred_shapes(model)
+        self.inferred, self.types = _inferred_shapes(model)
+        self.types.update((i.name, i.type.tensor_type.elem_type) for i in model.graph.input)
+        self.bools = frozenset(n for n, t in self.types.items() if t == TensorProto.BOOL)
 
     def describe(self, node: onnx.NodeProto, index: int) -> str:
         name = f"node '{node.name}'" if node.name else f"node #{index}"
@@ -1180,6 +1225,7 @@ class OnnxImporter:
         for extra in [] if entry.outputs is None else node.output[entry.outputs :]:
             if extra and self.uses[extra]:
                 raise call.refuse(f"output '{extra}' is used (only the first is supported)")
+        self._check_types(call)
         try:
             result = entry.rule(call)
         except ImportFailure:
@@ -1196,6 +1242,67 @@ class OnnxImporter:
                     raise call.refuse(str(exc)) from None
                 self.env[name] = value
 
+    def _check_types(self, call: NodeCall) -> None:
+        """A node computing on integers or float16 must be one whose float64 value is ONNX's
+        value of the type (`SELECTING`, and `INTEGER_ARITHMETIC` on integers); an output whose
+        type inference does not know takes the type of its first such input."""
+        node = call.node
+        exact = [
+            (f"input '{n}'", self.types[n])
+            for n in node.input
+            if n
+            and self.types.get(n) in EXACT_TYPES
+            and (isinstance(self.env[n], SSAValue) or node.op_type in DATA_INPUTS)
+        ]
+        for n in node.output:
+            if n and n not in self.types and exact:
+                self.types[n] = exact[0][1]
+        exact += [(f"output '{n}'", self.types[n]) for n in node.output
+                  if n and self.types.get(n) in EXACT_TYPES]  # fmt: skip
+        if not exact:
+            return
+        what, kind = next(((w, k) for w, k in exact if k == TensorProto.FLOAT16), exact[0])
+        name = TensorProto.DataType.Name(kind)
+        if kind == TensorProto.FLOAT16 and node.op_type not in SELECTING:
+            raise call.refuse(
+                f"{what} is FLOAT16: tl computes in float64 and rounds to float16 only at the "
+                f"outputs, which is ONNX's float16 {node.op_type} only for ops that select "
+                "values (Max, Min, Where, Clip, max pooling, layout ops)"
+            )
+        if node.op_type not in SELECTING | INTEGER_ARITHMETIC:
+            why = (
+                "ONNX's integer Div rounds the quotient toward zero, which no tl op does"
+                if node.op_type == "Div"
+                else f"its float64 {node.op_type} is not exact on integers in general"
+            )
+            raise call.refuse(
+                f"{what} is {name}: tl computes on reals, and {why} (exact on integers: Add, "
+                "Sub, Mul, Pow and the ops that select values)"
+            )
+        if node.op_type not in DATA_INPUTS:
+            return
+        for n in node.input:
+            value = self.env.get(n) if n else None
+            if isinstance(value, np.ndarray) and value.dtype.kind in "iu" and value.size:
+                largest = np.abs(value.astype(np.float64)).max()
+                if largest >= EXACT_INTEGERS:
+                    raise call.refuse(
+                        f"input '{n}' holds {int(largest)} in magnitude, beyond 2^53 where "
+                        "float64 does not hold every integer"
+                    )
+
+    def source_types(self) -> list[tuple[int, str, str]]:
+        """The tl nodes holding integer and float16 values, with their ONNX names and types
+        (`Traced.source_types`)."""
+        found = []
+        for name, value in self.env.items():
+            kind = self.types.get(name)
+            if isinstance(value, SSAValue) and kind in EXACT_TYPES:
+                owner = value.owner
+                assert isinstance(owner, tl.NodeOp)
+                found.append((owner.id, name, EXACT_TYPES[kind].name))
+        return found
+
     def _check(self, call: NodeCall, name: str, value: Value) -> None:
         expected = self.inferred.get(name)
         ours = self._shape(value)
@@ -1209,21 +1316,22 @@ class OnnxImporter:
         return value.shape if isinstance(value, np.ndarray) else self.builder.shape_of(value)
 
 
-def _inferred_shapes(model: onnx.ModelProto) -> tuple[dict[str, Shape], frozenset[str]]:
-    """Static shapes ONNX's shape inference knows, by value name; and the values it knows to
-    be BOOL (tl holds them as 0 and 1, which only an empty reduction tells apart)."""
+def _inferred_shapes(model: onnx.ModelProto) -> tuple[dict[str, Shape], dict[str, int]]:
+    """Static shapes ONNX's shape inference knows, by value name; and the element types it
+    knows (BOOL values, which tl holds as 0 and 1, only an empty reduction tells apart;
+    integers and float16, see `OnnxImporter._check_types`)."""
     try:
         inferred = onnx.shape_inference.infer_shapes(model)
     except Exception:  # inference is only a cross-check; a model it rejects is checked by us
-        return {}, frozenset()
+        return {}, {}
     shapes = {}
     infos = [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]
     for info in infos[len(inferred.graph.input) :]:
         shape = _static_shape(info)
         if shape is not None:
             shapes[info.name] = shape
-    bools = frozenset(i.name for i in infos if i.type.tensor_type.elem_type == TensorProto.BOOL)
-    return shapes, bools
+    types = {i.name: i.type.tensor_type.elem_type for i in infos if i.type.tensor_type.elem_type}
+    return shapes, types
 
 
 def _static_shape(info: onnx.ValueInfoProto) -> Shape | None:
@@ -1237,13 +1345,13 @@ def _input_shape(info: onnx.ValueInfoProto, given: Shape | None) -> Shape:
     t = info.type.tensor_type
     if not info.type.HasField("tensor_type"):
         raise import_error(PREFIX, f"input '{info.name}' is not a tensor")
-    if t.elem_type not in REAL_TYPES and t.elem_type != TensorProto.BOOL:
+    if t.elem_type not in {*REAL_TYPES, *EXACT_TYPES, TensorProto.BOOL}:
         known = t.elem_type in TensorProto.DataType.values()
         kind = TensorProto.DataType.Name(t.elem_type) if known else f"#{t.elem_type} (unknown)"
         raise import_error(
             PREFIX,
             f"input '{info.name}' has element type {kind} (tl graph inputs are FLOAT/DOUBLE, "
-            "or BOOL as 0 and 1; shapes and axes must be initializers)",
+            "BOOL as 0 and 1, or integers and FLOAT16 held as reals)",
         )
     shape = tuple(given) if given is not None else _static_shape(info)
     if shape is None:
@@ -1362,6 +1470,8 @@ def from_onnx(
     other dimensions static) share the batch extent `N` (see `symbolic_batch`)."""
     model, where = load_model(source)
     check_strings(model, where)  # before anything reads a name
+    if len(model.graph.output) > 1:
+        return _several_outputs(model, input_shapes, name)
     if input_shapes is None:
         batched = symbolic_batch(model)
         if batched is not None:
@@ -1392,8 +1502,8 @@ def from_onnx(
     gap = unsupported_report(model, {op: e.attributes for op, e in RULES.items()}, where)
     if gap is not None:
         raise gap
-    if len(graph.output) != 1:
-        raise import_error(PREFIX, f"the graph has {len(graph.output)} outputs; tl graphs have one")
+    if not graph.output:
+        raise import_error(PREFIX, "the graph has no outputs")
     builder, values = new_builder(name or _graph_name(model), shapes, Location(where, 1, 1))
     importer = OnnxImporter(model, builder, opset)
     importer.env.update(_named(initializers))
@@ -1403,7 +1513,57 @@ def from_onnx(
     result = importer.env.get(graph.output[0].name)
     if result is None:
         raise import_error(PREFIX, f"the graph output '{graph.output[0].name}' is not defined")
-    return finish(builder, lift(builder, result))
+    traced = finish(builder, lift(builder, result))
+    traced.source_types = importer.source_types()
+    return traced
+
+
+def _several_outputs(
+    model: onnx.ModelProto, input_shapes: Sequence[Shape] | None, name: str | None
+) -> Traced:
+    """A model with several outputs: one tl graph per output (tl graphs have one), each
+    importing the nodes its output needs and taking every graph input, named after its output
+    (`@<name>_<output>` with `name`); the module holds them with their inline payloads, and the
+    `Traced`'s own graph and payload are the first output's (`per_output`: each output's)."""
+    names: list[str] = []
+    parts = []
+    for output in model.graph.output:
+        single = onnx.ModelProto()
+        single.CopyFrom(model)
+        del single.graph.output[:]
+        single.graph.output.append(output)
+        needed = _needed_nodes(single.graph)
+        del single.graph.node[:]
+        single.graph.node.extend(needed)
+        spelled = _graph_name_of(f"{name}_{output.name}" if name else output.name, names)
+        names.append(spelled)
+        parts.append(from_onnx(single, input_shapes, spelled))
+    ops = [op.clone() for part in parts for op in part.document().ops]
+    module = ModuleOp(ops)
+    graphs = [op for op in ops if isinstance(op, tl.GraphOp)]
+    first = parts[0]
+    return Traced(module, graphs[0], first.payload, first.source_types, parts)
+
+
+def _needed_nodes(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
+    """The nodes the graph's outputs depend on, in their order."""
+    wanted = {o.name for o in graph.output}
+    kept = []
+    for node in reversed(graph.node):
+        if wanted.intersection(node.output):
+            kept.append(node)
+            wanted.update(node.input)
+    return kept[::-1]
+
+
+def _graph_name_of(text: str, taken: list[str]) -> str:
+    """`text` as a graph name (characters a name cannot hold become `_`), unique among `taken`."""
+    spelled = re.sub(r"[^A-Za-z0-9_]", "_", text)
+    spelled = spelled if re.match(r"[A-Za-z_]", spelled) else f"out_{spelled}"
+    unique, k = spelled, 1
+    while unique in taken:
+        unique, k = f"{spelled}_{k}", k + 1
+    return unique
 
 
 __all__ = ["DERIVED", "RULES", "from_onnx", "load_model"]

@@ -1,8 +1,8 @@
 """tlc as an ONNX backend (`onnx.backend.base.Backend`), and ONNX's node conformance tests run
 through it: specialise the test's model on the values it feeds to inputs tl takes as parameters
 or metadata (`PARAMETER_INPUTS`: weights, statistics, shapes, axes become initializers, as in
-real models), import one tl graph per output, evaluate them by the reference denotation and
-compare every output with the ones ONNX ships, at the test's own tolerances.
+real models), import it (one tl graph per output), evaluate the graphs by the reference
+denotation and compare every output with the ones ONNX ships, at the test's own tolerances.
 
 The node tests come from the onnx package (`onnx.backend.test.case.node.collect_testcases`,
 the generator of the `onnx/backend/test/data/node/*` files, which some wheels leave out); a test
@@ -82,7 +82,7 @@ def parameter_inputs(model: onnx.ModelProto) -> frozenset[str]:
 
 class TlcRep(BackendRep):
     """A model, specialised at `run` on the values given for its parameter inputs (they become
-    initializers) and imported as one tl graph per output; run by the reference denotation in
+    initializers) and imported (one tl graph per output); run by the reference denotation in
     float64 on the remaining (data) inputs."""
 
     def __init__(self, model: onnx.ModelProto):
@@ -99,20 +99,20 @@ class TlcRep(BackendRep):
             numpy_helper.from_array(np.asarray(given[name]), name)
             for name in sorted(self.parameters)
         )
-        graphs = []
-        for output in self.model.graph.output:
-            del model.graph.output[:]
-            model.graph.output.append(output)
-            graphs.append(from_onnx(model))
+        traced = from_onnx(model)
         data = [np.asarray(given[n], dtype=np.float64) for n in names if n not in self.parameters]
-        return graphs, data
+        return traced.per_output or [traced], data
 
     def evaluate(self, graphs: list[Traced], data: list[np.ndarray]) -> tuple[np.ndarray, ...]:
+        """Each graph's value in float64, converted to its output's element type where every
+        integer and float16 value is a number of its type (`Traced.check_values`: else a
+        diagnostic, never a wrapped-around or rounded value)."""
         results = []
         for traced, output in zip(graphs, self.model.graph.output, strict=True):
-            value = interpret(traced.graph, traced.payload, data).output
+            table = interpret(traced.graph, traced.payload, data)
+            traced.check_values(table.values)
             dtype = onnx.helper.tensor_dtype_to_np_dtype(output.type.tensor_type.elem_type)
-            results.append(np.asarray(value).astype(dtype))
+            results.append(np.asarray(table.output).astype(dtype))
         return tuple(results)
 
     def run(self, inputs: Any, **kwargs: Any) -> tuple[np.ndarray, ...]:

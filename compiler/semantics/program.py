@@ -28,7 +28,7 @@ import linecache
 import sys
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -463,11 +463,37 @@ Program = Callable[[Ops, Any, Any], Any]
 
 @dataclass
 class Traced:
-    """What `trace` returns: the module holding the graph, the graph, and its payload."""
+    """What `trace` returns: the module holding the graph, the graph, and its payload.
+
+    `source_types`: the node values an importer took from integer or float16 tensors, as (node
+    id, the source's value name, numpy element type) in the source's order. tl computes them as
+    reals; they are the source's values only while each is a number of its type
+    (`check_values`). `per_output`: for a module of one graph per output of the source (an
+    ONNX model with several outputs), each output's own `Traced`, in the source's order (the
+    first is this one's graph and payload); empty otherwise."""
 
     module: ModuleOp
     graph: GraphOp
     payload: Payload
+    source_types: list[tuple[int, str, str]] = field(default_factory=list)
+    per_output: list[Traced] = field(default_factory=list)
+
+    def check_values(self, values: Sequence[np.ndarray], dtype: type = np.float64) -> None:
+        """Check a run's values (`interpret(...).values`, computed in `dtype`) of the nodes of
+        `source_types`: each must be a number of its element type, so the source's arithmetic
+        (integers that wrap around, float16) computes the same one: an integer within the
+        type's range and below 2^53 in magnitude (2^24 in float32), where the float type holds
+        every integer and its sums, differences, products and powers are exact; or a float16.
+        A `DiagnosticError` names the value."""
+        bound = EXACT_INTEGERS if np.dtype(dtype) == np.float64 else 2.0**24
+        for node_id, name, kind in self.source_types:
+            value = np.asarray(values[node_id], np.float64)
+            problem = _not_of_type(value, np.dtype(kind), bound)
+            if problem is not None:
+                raise DiagnosticError.simple(
+                    f"value '{name}' (node {node_id}, {kind}) {problem}: tl computes on reals, "
+                    f"and this is not what the source's {kind} arithmetic gives"
+                )
 
     def document(self) -> ModuleOp:
         """A module holding the graph, its payload as an inline `tl.payload` section and the
@@ -478,7 +504,8 @@ class Traced:
         others = [
             op.clone()
             for op in self.module.ops
-            if op is not self.graph and not isinstance(op, PayloadOp)
+            if op is not self.graph
+            and not (isinstance(op, PayloadOp) and op.graph_name == self.graph.graph_name)
         ]
         return ModuleOp(
             [self.graph.clone(), payload_op(self.graph.graph_name, self.payload), *others]
@@ -507,6 +534,34 @@ class Traced:
             raise DiagnosticError.simple(
                 f"cannot write '{os.fspath(path)}': {exc.strerror or exc}"
             ) from None
+
+
+#: Float64 holds every integer of magnitude below this exactly.
+EXACT_INTEGERS = 2.0**53
+
+
+def _not_of_type(value: np.ndarray, kind: np.dtype, bound: float) -> str | None:
+    """Why `value` is not a number of element type `kind` (integer or float16; an integer
+    below `bound` in magnitude), or None."""
+    flat = value.reshape(-1)
+    if kind.kind in "iu":
+        info = np.iinfo(kind)
+        low, high = max(float(info.min), 1 - bound), min(float(info.max), bound - 1)
+        checks = (
+            (~np.isfinite(flat), "not finite"),
+            (np.isfinite(flat) & (flat != np.trunc(flat)), "not an integer"),
+            ((flat < low) | (flat > high), f"outside [{low:.0f}, {high:.0f}]"),
+        )
+    else:
+        with np.errstate(over="ignore"):
+            rounded = flat.astype(kind).astype(np.float64)
+        checks = (((rounded != flat) & ~np.isnan(flat), f"not a {kind}"),)
+    for bad, why in checks:
+        if bad.any():
+            at = int(np.flatnonzero(bad)[0])
+            where = [int(i) for i in np.unravel_index(at, value.shape)] if value.ndim else []
+            return f"is {float(flat[at])!r} at {where}, {why}"
+    return None
 
 
 def trace(

@@ -1,6 +1,7 @@
 """Writes ONNX models for the import tests: `nhwc OUT` builds an NHWC model with a symbolic
 batch whose reshape target is computed by Shape -> Gather -> Unsqueeze -> Concat, `gaps OUT` a
-model of opset 11 with two op types tl lacks (Hardmax twice, Det)."""
+model of opset 11 with two op types tl lacks (Hardmax twice, Det), `two OUT` a model with two
+outputs (a scaled relu and its negation), `int8 OUT` an INT8 model ((x + x) * x)."""
 
 import sys
 
@@ -48,8 +49,33 @@ def gaps() -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)])
 
 
+def two() -> onnx.ModelProto:
+    nodes = [
+        helper.make_node("Relu", ["x"], ["r"]),
+        helper.make_node("Mul", ["r", "w"], ["scaled"]),
+        helper.make_node("Neg", ["r"], ["negated"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "two",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, [3]) for n in ("scaled", "negated")],
+        [numpy_helper.from_array(np.array([1.0, 2.0, 3.0], np.float32), "w")],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def int8() -> onnx.ModelProto:
+    nodes = [helper.make_node("Add", ["x", "x"], ["s"]), helper.make_node("Mul", ["s", "x"], ["y"])]
+    graph = helper.make_graph(
+        nodes,
+        "int8",
+        [helper.make_tensor_value_info("x", TensorProto.INT8, [3])],
+        [helper.make_tensor_value_info("y", TensorProto.INT8, [3])],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
 if __name__ == "__main__":
-    if sys.argv[1] == "gaps":
-        onnx.save(gaps(), sys.argv[2])
-    else:
-        onnx.save(nhwc(), sys.argv[2])
+    models = {"gaps": gaps, "nhwc": nhwc, "two": two, "int8": int8}
+    onnx.save(models[sys.argv[1]](), sys.argv[2])
