@@ -60,7 +60,7 @@ ARITHMETIC = model_of(
 
 def test_integer_arithmetic_is_onnx_s_where_every_value_is_of_its_type() -> None:
     traced = tlc.from_onnx(ARITHMETIC)
-    assert [(name, kind) for _, name, kind in traced.source_types] == [
+    assert [(v.name, v.kind) for v in traced.source_types] == [
         ("x", "int8"), ("y", "int8"), ("s", "int8"), ("p", "int8"), ("z", "int8")
     ]  # fmt: skip
     x, y = np.array([1, -2, 3, 0], np.int8), np.array([4, 5, -6, 7], np.int8)
@@ -191,7 +191,7 @@ def test_an_integer_cast_between_integer_types_is_checked_at_the_narrower_type()
         [("x", TensorProto.INT32, [2])], [("y", I8, [2])],
     )  # fmt: skip
     traced = tlc.from_onnx(model)
-    assert [(name, kind) for _, name, kind in traced.source_types] == [
+    assert [(v.name, v.kind) for v in traced.source_types] == [
         ("x", "int32"), ("y", "int8")
     ]  # fmt: skip
     traced.check_values(tlc.run(traced, np.array([5, -128])).values)
@@ -255,3 +255,52 @@ def test_a_graph_without_outputs_is_refused() -> None:
     assert refusal(model_of([helper.make_node("Relu", ["x"], ["y"])], [("x", F, [3])], [])) == (
         "ONNX import: the graph has no outputs"
     )
+
+
+@pytest.mark.parametrize("axis", [0, 1, 2])
+def test_gather_at_computed_indices_from_constant_data(axis: int) -> None:
+    """An embedding lookup (token ids a graph input): one-hot rows times the data, exact; the
+    compiled float32 code gives the same values (small integers and float32 data)."""
+    data = np.arange(24, dtype=np.float32).reshape(2, 3, 4) - 7.5
+    model = model_of(
+        [helper.make_node("Gather", ["d", "i"], ["y"], axis=axis)],
+        [("i", I64, [2, 2])], [("y", F, None)], [("d", data)],
+    )  # fmt: skip
+    traced = tlc.from_onnx(model)
+    n = data.shape[axis]
+    i = np.array([[0, -1], [n - 1, -n]])
+    table = tlc.run(traced, i)
+    traced.check_values(table.values)
+    (expected,) = ReferenceEvaluator(model).run(None, {"i": i})
+    np.testing.assert_array_equal(table.output, expected)
+    np.testing.assert_array_equal(tlc.compile(traced)(i), expected)
+    with pytest.raises(DiagnosticError) as info:
+        traced.check_values(tlc.run(traced, np.array([[0, n], [0, 0]])).values)
+    assert str(info.value) == (
+        f"value 'i' (node 0, int64) is {n} at [0, 1], outside [{-n}, {n - 1}]: the indices of "
+        f"node #0 (Gather) into an axis of extent {n} (ONNX refuses the others)"
+    )
+
+
+def test_gather_at_computed_indices_refusals() -> None:
+    inf = model_of(
+        [helper.make_node("Gather", ["d", "i"], ["y"])],
+        [("i", I64, [2])], [("y", F, None)], [("d", np.array([1.0, np.inf], np.float32))],
+    )  # fmt: skip
+    assert refusal(inf) == (
+        "ONNX import: node #0 (Gather): data (input 0) holds a non-finite value (0 · inf is not 0)"
+    )
+    floats = model_of(
+        [helper.make_node("Gather", ["d", "i"], ["y"])],
+        [("i", F, [2])], [("y", F, None)], [("d", np.ones(3, np.float32))],
+    )  # fmt: skip
+    assert (
+        refusal(floats) == "ONNX import: node #0 (Gather): indices (input 1) 'i' are not integers"
+    )
+
+
+def test_bounds_of_one_output_of_several() -> None:
+    traced = tlc.from_onnx(TWO)
+    x = np.array([-1.0, 0.5, 2.0])
+    lower = tlc.bounds(traced, x - 0.1, x + 0.1, graph="out_1").lower
+    np.testing.assert_allclose(lower, [0.0, -0.6, -2.1], atol=1e-12)  # -relu(x), x - 0.1 < 0

@@ -90,7 +90,7 @@ def prepared_bounds(
     from tlc.semantics.crown import prepare_crown
     from tlc.semantics.program import Traced
 
-    if isinstance(source, Traced):
+    if isinstance(source, Traced) and not source.per_output:  # else graph= chooses an output
         chosen, records = source.graph, payload if payload is not None else source.payload
     elif isinstance(source, GraphOp):
         chosen, records = source, payload

@@ -79,7 +79,7 @@ from tlc.frontends.onnx_prepare import (
     prepare,
     unsupported_report,
 )
-from tlc.semantics.program import EXACT_INTEGERS, GraphBuilder, Traced
+from tlc.semantics.program import EXACT_INTEGERS, GraphBuilder, SourceValue, Traced
 
 PREFIX = "ONNX import"
 MIN_OPSET = 13
@@ -674,12 +674,55 @@ def _axes(call: NodeCall, index: int, rank: int) -> list[int] | None:
 @on("Gather", attributes=["axis"])
 def _gather(call: NodeCall) -> SSAValue:
     """Constant integer indices of any shape (NumPy's `take`): a `gather` of the flattened
-    indices, reshaped to the indices' shape in place of the axis."""
+    indices, reshaped to the indices' shape in place of the axis. Indices the graph computes
+    (an embedding's token ids) select from constant data: `_lookup`."""
+    indices = call.input(1)
+    if isinstance(indices, SSAValue) and isinstance(call.input(0), np.ndarray):
+        return _lookup(call, call.input(0), indices)
     x = call.tensor(0)
     indices = call.const(1, "indices")
     if not np.issubdtype(indices.dtype, np.integer):
         raise call.refuse(f"indices of type {indices.dtype} (integers only)")
     return take(call.ops, x, norm_axis(call.attr("axis", 0), len(call.shape(x))), indices)
+
+
+def _lookup(call: NodeCall, data: np.ndarray, indices: SSAValue) -> SSAValue:
+    """Gather from constant data at indices the graph computes: the indices' one-hot rows over
+    the axis (1 where index = k or k - n, by two `less` against the constant k), times the data
+    by a `linear`; exact (each output is one datum plus zeros) where the data is finite. ONNX
+    refuses an index outside [-n, n - 1]; tl's row would be zeros, so the range is checked on
+    each run with the integer values (`Traced.check_values`)."""
+    name = call.node.input[1]
+    if call.importer.types.get(name) not in EXACT_TYPES:
+        raise call.refuse(f"indices (input 1) '{name}' are not integers")
+    if not np.all(np.isfinite(data)):
+        raise call.refuse("data (input 0) holds a non-finite value (0 · inf is not 0)")
+    axis = norm_axis(call.attr("axis", 0), data.ndim)
+    n, shape = data.shape[axis], call.shape(indices)
+    ops = call.ops
+    spread = broadcast_to(ops, reshape(ops, indices, (*shape, 1)), (*shape, n))
+    k = np.broadcast_to(np.arange(n, dtype=np.float64), (*shape, n))
+    wrapped = ops.apply(tl.LessOp, [spread, ops.const(np.zeros((*shape, n)))])
+    spread = ops.add(spread, ops.mul_elem(wrapped, ops.const(np.full((*shape, n), float(n)))))
+    below = ops.apply(tl.LessOp, [spread, ops.const(k)])
+    above = ops.apply(tl.LessOp, [ops.const(k), spread])
+    hot = ops.sub(ops.sub(ops.const(np.ones((*shape, n))), below), above)
+    moved = np.moveaxis(np.asarray(data, np.float64), axis, 0)
+    rows = ops.linear(hot, moved.reshape(n, -1).T.copy())
+    out = reshape(ops, rows, (*shape, *moved.shape[1:]))
+    if axis:  # [*indices, *before, *after] -> [*before, *indices, *after]
+        r = len(shape)
+        perm = [*range(r, r + axis), *range(r), *range(r + axis, len(call.shape(out)))]
+        out = ops.permute(out, perm=perm)
+    owner = indices.owner
+    assert isinstance(owner, tl.NodeOp)
+    what = (
+        f"the indices of {call.importer.describe(call.node, call.index)} into an axis of "
+        f"extent {n} (ONNX refuses the others)"
+    )
+    kind = EXACT_TYPES[call.importer.types[name]].name
+    call.importer.within.append(SourceValue(owner.id, name, kind, (-n, n - 1, what)))
+    return out
 
 
 def slice_indices(n: int, start: int, end: int, step: int) -> range:
@@ -1177,6 +1220,8 @@ class OnnxImporter:
         self.env: dict[str, Value] = {}
         #: Linear nodes made from a MatMul without bias, by value -> the ONNX value name.
         self.bias_free: dict[SSAValue, str] = {}
+        #: Integer values a rule reads as indices, with the range ONNX allows them.
+        self.within: list[SourceValue] = []
         self.uses = Counter(
             name for node in model.graph.node for name in node.input if name
         ) + Counter(o.name for o in model.graph.output)
@@ -1291,17 +1336,17 @@ class OnnxImporter:
                         "float64 does not hold every integer"
                     )
 
-    def source_types(self) -> list[tuple[int, str, str]]:
+    def source_types(self) -> list[SourceValue]:
         """The tl nodes holding integer and float16 values, with their ONNX names and types
-        (`Traced.source_types`)."""
+        (`Traced.source_types`), and the index ranges rules asked for (`self.within`)."""
         found = []
         for name, value in self.env.items():
             kind = self.types.get(name)
             if isinstance(value, SSAValue) and kind in EXACT_TYPES:
                 owner = value.owner
                 assert isinstance(owner, tl.NodeOp)
-                found.append((owner.id, name, EXACT_TYPES[kind].name))
-        return found
+                found.append(SourceValue(owner.id, name, EXACT_TYPES[kind].name))
+        return found + self.within
 
     def _check(self, call: NodeCall, name: str, value: Value) -> None:
         expected = self.inferred.get(name)

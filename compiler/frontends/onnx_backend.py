@@ -33,8 +33,9 @@ from tlc.semantics.program import Traced
 
 #: Op types tlc imports whose conformance tests are not run, and why.
 NOT_RUN: dict[str, str] = {
-    op: "its node tests convert between element types tl has no values of (float16, bfloat16, "
-    "float8, int4, strings); tl computes on reals and imports a cast between them as no node"
+    op: "its node tests convert between element types tl has no values of (bfloat16, float8, "
+    "int4, strings) or round to float16 or integers, which no tl op does; tl computes on reals "
+    "and imports a cast between them as no node"
     for op in ("Cast", "CastLike")
 }
 

@@ -461,21 +461,33 @@ class GraphBuilder(Ops):
 Program = Callable[[Ops, Any, Any], Any]
 
 
+@dataclass(frozen=True)
+class SourceValue:
+    """A node value an importer took from an integer or float16 tensor of the source model."""
+
+    node: int
+    #: The source's name of the value, and its numpy element type ("int8", "float16").
+    name: str
+    kind: str
+    #: Where the source allows fewer values than the type holds (Gather's indices): the lowest
+    #: and highest, and what they are.
+    within: tuple[int, int, str] | None = None
+
+
 @dataclass
 class Traced:
     """What `trace` returns: the module holding the graph, the graph, and its payload.
 
-    `source_types`: the node values an importer took from integer or float16 tensors, as (node
-    id, the source's value name, numpy element type) in the source's order. tl computes them as
-    reals; they are the source's values only while each is a number of its type
-    (`check_values`). `per_output`: for a module of one graph per output of the source (an
-    ONNX model with several outputs), each output's own `Traced`, in the source's order (the
-    first is this one's graph and payload); empty otherwise."""
+    `source_types`: the node values an importer took from integer or float16 tensors, in the
+    source's order. tl computes them as reals; they are the source's values only while each is
+    a number of its type (`check_values`). `per_output`: for a module of one graph per output
+    of the source (an ONNX model with several outputs), each output's own `Traced`, in the
+    source's order (the first is this one's graph and payload); empty otherwise."""
 
     module: ModuleOp
     graph: GraphOp
     payload: Payload
-    source_types: list[tuple[int, str, str]] = field(default_factory=list)
+    source_types: list[SourceValue] = field(default_factory=list)
     per_output: list[Traced] = field(default_factory=list)
 
     def check_values(self, values: Sequence[np.ndarray], dtype: type = np.float64) -> None:
@@ -486,14 +498,24 @@ class Traced:
         every integer and its sums, differences, products and powers are exact; or a float16.
         A `DiagnosticError` names the value."""
         bound = EXACT_INTEGERS if np.dtype(dtype) == np.float64 else 2.0**24
-        for node_id, name, kind in self.source_types:
-            value = np.asarray(values[node_id], np.float64)
-            problem = _not_of_type(value, np.dtype(kind), bound)
+        for s in self.source_types:
+            value = np.asarray(values[s.node], np.float64)
+            problem = _not_of_type(value, np.dtype(s.kind), bound)
             if problem is not None:
                 raise DiagnosticError.simple(
-                    f"value '{name}' (node {node_id}, {kind}) {problem}: tl computes on reals, "
-                    f"and this is not what the source's {kind} arithmetic gives"
+                    f"value '{s.name}' (node {s.node}, {s.kind}) {problem}: tl computes on "
+                    f"reals, and this is not what the source's {s.kind} arithmetic gives"
                 )
+            if s.within is not None:
+                low, high, what = s.within
+                flat = value.reshape(-1)
+                bad = np.flatnonzero((flat < low) | (flat > high))
+                if bad.size:
+                    at = [int(i) for i in np.unravel_index(bad[0], value.shape)]
+                    raise DiagnosticError.simple(
+                        f"value '{s.name}' (node {s.node}, {s.kind}) is {flat[bad[0]]:.0f} at "
+                        f"{at}, outside [{low}, {high}]: {what}"
+                    )
 
     def document(self) -> ModuleOp:
         """A module holding the graph, its payload as an inline `tl.payload` section and the
