@@ -290,6 +290,7 @@ for _op, _fn in (
     (ops.CosOp, lambda k, n, x: k.intrinsic("cos", x)),
     (ops.GeluOp, _gelu),
     (ops.ErfOp, lambda k, n, x: k.libm("erf", x)),
+    (ops.TruncOp, lambda k, n, x: k.intrinsic("trunc", x)),
     (ops.SafeLogOp, lambda k, n, x, eps: k.intrinsic("log", k.b.fadd(_softplus(k, n, x), eps))),
     (bw.SignOp, _sign),
     (bw.GeluGradOp, _gelu_grad),

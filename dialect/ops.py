@@ -566,6 +566,19 @@ class RsqrtOp(UnaryOp):
 
 
 @irdl_op_definition
+class TruncOp(UnaryOp):
+    """`%1 = trunc(%0)` — x rounded toward zero to an integer (C's `trunc`, PyTorch's `trunc`;
+    exact, and ±inf and NaN stay). ONNX has no Trunc: the importer writes ONNX's integer `Div`
+    with it. Piecewise constant: its derivative is 0 wherever it exists (gradients stop), and
+    it is non-decreasing, so its box is its endpoints'."""
+
+    name = "tl.trunc"
+    TORCH = TorchSpelling(functions=("torch.trunc",), methods=("trunc",))
+    numpy = staticmethod(np.trunc)
+    MONOTONE = Monotone.INCREASING
+
+
+@irdl_op_definition
 class SinOp(UnaryOp):
     """`%1 = sin(%0)`."""
 
@@ -1493,7 +1506,7 @@ FORWARD_OPS: tuple[type[NodeOp], ...] = (
     AbsOp, SqrtOp, NegOp, ReluOp, LeakyReluOp, TanhOp, SigmoidOp, SoftplusOp, ExpOp, LogOp, InvOp,
     SinOp, CosOp, GeluOp, ErfOp, EluOp, SeluOp, HardSigmoidOp, HardSwishOp, SiluOp, ClipOp,
     SoftsignOp,
-    DivOp, PreluOp, PowOp, RsqrtOp, LrnOp, PadOp, LessOp, WhereOp,
+    DivOp, PreluOp, PowOp, RsqrtOp, LrnOp, PadOp, LessOp, WhereOp, TruncOp,
     MaxPoolOp, AvgPoolOp, BroadcastToOp, ReduceSumOp, ReduceMeanOp, SumOp, MatmulOp,
     LinearOp, ConvOp, BatchNormEvalOp, SafeLogOp, SoftmaxOp, LogSoftmaxOp, HardMaskedSoftmaxOp,
     LayernormOp, ReshapeOp, FlattenOp, ConcatOp, MseLossOp, GatherOp,

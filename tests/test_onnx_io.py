@@ -144,13 +144,7 @@ def test_refusals_name_the_op_the_value_and_why() -> None:
     assert refusal(matmul) == (
         "ONNX import: node #0 (MatMul): input 'x' is INT32: tl computes on reals, and its "
         "float64 MatMul is not exact on integers in general (exact on integers: Add, Sub, Mul, "
-        "Pow and the ops that select values)"
-    )
-    div = model_of([helper.make_node("Div", ["x", "x"], ["y"])], xi, yi)
-    assert refusal(div) == (
-        "ONNX import: node #0 (Div): input 'x' is INT32: tl computes on reals, and ONNX's "
-        "integer Div rounds the quotient toward zero, which no tl op does (exact on integers: "
-        "Add, Sub, Mul, Pow and the ops that select values)"
+        "Div, Pow and the ops that select values)"
     )
     half = [("x", F16, [2])]
     add = model_of([helper.make_node("Add", ["x", "x"], ["y"])], half, [("y", F16, [2])])
@@ -160,12 +154,12 @@ def test_refusals_name_the_op_the_value_and_why() -> None:
         "values (Max, Min, Where, Clip, max pooling, layout ops)"
     )
     cast = model_of(
-        [helper.make_node("Cast", ["x"], ["y"], to=TensorProto.INT32)],
-        [("x", TensorProto.FLOAT, [2])], [("y", TensorProto.INT32, [2])],
+        [helper.make_node("Cast", ["x"], ["y"], to=F16)],
+        [("x", TensorProto.FLOAT, [2])], [("y", F16, [2])],
     )  # fmt: skip
     assert refusal(cast) == (
-        "ONNX import: node #0 (Cast): cast to INT32 from FLOAT (tl computes on reals and has "
-        "no rounding to an integer or float16)"
+        "ONNX import: node #0 (Cast): cast to FLOAT16 from FLOAT (tl computes on reals and has "
+        "no rounding to float16)"
     )
     big = model_of(
         [helper.make_node("Add", ["x", "c"], ["y"])],
@@ -197,6 +191,46 @@ def test_an_integer_cast_between_integer_types_is_checked_at_the_narrower_type()
     traced.check_values(tlc.run(traced, np.array([5, -128])).values)
     with pytest.raises(DiagnosticError, match=r"value 'y' \(node 0, int8\) is 300.0"):
         traced.check_values(tlc.run(traced, np.array([5, 300])).values)
+
+
+def test_integer_div_truncates_and_a_cast_to_an_integer_too() -> None:
+    """ONNX's integer Div rounds toward zero (-7 / 2 = -3), as does a cast from FLOAT to INT32;
+    a division by zero (undefined in ONNX) is diagnosed."""
+    i32 = TensorProto.INT32
+    model = model_of(
+        [
+            helper.make_node("Div", ["a", "b"], ["q"]),
+            helper.make_node("Cast", ["x"], ["t"], to=i32),
+            helper.make_node("Add", ["q", "t"], ["y"]),
+        ],
+        [("a", i32, [6]), ("b", i32, [6]), ("x", F, [6])],
+        [("y", i32, [6])],
+    )
+    a = np.array([-7, 7, -8, 2**30, -(2**31), 5], np.int32)
+    b = np.array([2, -2, 3, 3, 7, 5], np.int32)
+    x = np.array([-1.5, 1.5, -0.5, 2.9, -2.9, 0.0], np.float32)
+    traced = tlc.from_onnx(model)
+    assert "trunc" in [n.TAG for n in traced.graph.nodes]
+    table = tlc.run(traced, [a, b, x])
+    traced.check_values(table.values)
+    (expected,) = ReferenceEvaluator(model).run(None, {"a": a, "b": b, "x": x})
+    np.testing.assert_array_equal(table.output, expected)
+    zero = tlc.run(traced, [a, np.zeros(6), x])
+    with pytest.raises(
+        DiagnosticError, match=r"value 'q' \(node \d+, int32\) is -inf at \[0\], not finite"
+    ):
+        traced.check_values(zero.values)
+
+
+@pytest.mark.parametrize("op", ["Floor", "Ceil"])
+def test_floor_and_ceil(op: str) -> None:
+    model = model_of(
+        [helper.make_node(op, ["x"], ["y"])], [("x", TensorProto.DOUBLE, [7])],
+        [("y", TensorProto.DOUBLE, [7])],
+    )  # fmt: skip
+    x = np.array([-2.5, -2.0, -0.25, 0.0, 0.75, 3.0, np.inf])
+    (expected,) = ReferenceEvaluator(model).run(None, {"x": x})
+    np.testing.assert_array_equal(tlc.run(tlc.from_onnx(model), x).output, expected)
 
 
 # --------------------------------------------------------------------------------------------

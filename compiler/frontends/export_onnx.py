@@ -313,6 +313,13 @@ def _less(ex: Exporter, node: NodeOp, inputs: list[str]) -> str:
     return ex.add("Cast", [ex.add("Less", inputs, "less")], "less_real", to=real)
 
 
+@EXPORT.register(tl.TruncOp)
+def _trunc(ex: Exporter, node: NodeOp, inputs: list[str]) -> str:
+    """ONNX has no Trunc: sign(x) · floor(|x|) (exact; NaN and ±inf stay)."""
+    magnitude = ex.add("Floor", [ex.add("Abs", inputs, "abs")], "floor")
+    return ex.add("Mul", [ex.add("Sign", inputs, "sign"), magnitude], "trunc")
+
+
 @EXPORT.register(tl.WhereOp)
 def _where(ex: Exporter, node: NodeOp, inputs: list[str]) -> str:
     """The condition cast to BOOL (not 0, NaN included, is true)."""

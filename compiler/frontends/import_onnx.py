@@ -108,13 +108,14 @@ SELECTING = frozenset({
 #: Op types whose float64 value on integers is ONNX's integer value whenever the value and its
 #: operands are integers of the type below 2^53 (checked on each run, `Traced.check_values`):
 #: float64 sums, differences and products of such integers are exact, and so is C's `pow`
-#: where the power is such an integer (glibc's pow errs by less than 1 ulp).
-INTEGER_ARITHMETIC = frozenset({"Add", "Sub", "Mul", "Pow"})
+#: where the power is such an integer (glibc's pow errs by less than 1 ulp); Div is
+#: trunc(a / b) (`_div`).
+INTEGER_ARITHMETIC = frozenset({"Add", "Sub", "Mul", "Pow", "Div"})
 
 #: Op types of INTEGER_ARITHMETIC and SELECTING that read every input as data (so a constant
 #: input is a value of the computation, which float64 holds exactly only below 2^53).
-DATA_INPUTS = frozenset({"Add", "Sub", "Mul", "Pow", "Max", "Min", "Where", "Concat", "Less",
-                         "Greater"})  # fmt: skip
+DATA_INPUTS = frozenset({"Add", "Sub", "Mul", "Pow", "Div", "Max", "Min", "Where", "Concat",
+                         "Less", "Greater"})  # fmt: skip
 
 _REQUIRED = object()
 
@@ -253,19 +254,25 @@ def _to_real(call: NodeCall, value: Value | None, target: int) -> Value:
     is chosen at run time); integer constants become reals exactly. A cast to an integer type
     or float16 leaves the value alone too where the source holds integers (or booleans): the
     value is the cast's while it is a number of the target type, which `Traced.check_values`
-    checks; from a real type it would round, which no tl op does."""
+    checks; from a real type to an integer type it is truncated (`trunc`), and to float16 it
+    would round, which no tl op does."""
     if value is None:
         raise call.refuse("missing input 0")
     source = call.importer.types.get(call.node.input[0])
     integral = source in EXACT_TYPES and source != TensorProto.FLOAT16
-    if target in EXACT_TYPES and (integral or source == TensorProto.BOOL):
-        return value.astype(np.float64) if isinstance(value, np.ndarray) else value
-    if target not in REAL_TYPES:
+    if target in EXACT_TYPES and target != TensorProto.FLOAT16 and not integral:
+        # From a real (or BOOL) type: C's conversion, toward zero (ONNX leaves a value out of
+        # the target's range undefined: `Traced.check_values` refuses it)
+        if isinstance(value, np.ndarray):
+            return np.trunc(value.astype(np.float64))
+        return call.ops.apply(tl.TruncOp, [value])
+    if target == TensorProto.FLOAT16 and not (integral or source == TensorProto.BOOL):
         raise call.refuse(
-            f"cast to {TensorProto.DataType.Name(target)} from "
-            f"{TensorProto.DataType.Name(source or 0)} (tl computes on reals and has no "
-            "rounding to an integer or float16)"
+            f"cast to FLOAT16 from {TensorProto.DataType.Name(source or 0)} (tl computes on "
+            "reals and has no rounding to float16)"
         )
+    if target not in {*REAL_TYPES, *EXACT_TYPES}:
+        raise call.refuse(f"cast to {TensorProto.DataType.Name(target)} (tl computes on reals)")
     return value.astype(np.float64) if isinstance(value, np.ndarray) else value
 
 
@@ -1029,6 +1036,31 @@ def _greater(call: NodeCall) -> SSAValue:
     return elementwise(call.ops, tl.LessOp, [b, a])
 
 
+@on("Div")
+def _div(call: NodeCall) -> Value:
+    """`div`; on integers ONNX truncates the quotient toward zero: trunc(a / b), exact while
+    |a| < 2^53 (2^24 in float32), which `Traced.check_values` checks: where a / b is no
+    integer it is at least 1/|b| from the next one toward which rounding could carry it, more
+    than half an ulp of a / b, and k = trunc(a / b) is itself a float, so rounding stays in
+    [k, k + 1)."""
+    y = _elementwise(call, tl.DivOp)
+    kind = call.importer.types.get(call.node.output[0])
+    if kind in EXACT_TYPES and kind != TensorProto.FLOAT16 and isinstance(y, SSAValue):
+        return call.ops.apply(tl.TruncOp, [y])
+    return y
+
+
+@on("Floor", "Ceil")
+def _floor_ceil(call: NodeCall) -> SSAValue:
+    """floor(x) = trunc(x) - (x < trunc(x)), ceil(x) = trunc(x) + (trunc(x) < x): exact (the
+    step is 0 or 1, and NaN and ±inf stay: they are their own truncations)."""
+    x = call.tensor(0)
+    t = call.ops.apply(tl.TruncOp, [x])
+    if call.node.op_type == "Floor":
+        return call.ops.sub(t, call.ops.apply(tl.LessOp, [x, t]))
+    return call.ops.add(t, call.ops.apply(tl.LessOp, [t, x]))
+
+
 @on("Where")
 def _where(call: NodeCall) -> SSAValue:
     """The condition (booleans as 0 and 1) and both values broadcast together."""
@@ -1315,14 +1347,10 @@ class OnnxImporter:
                 "values (Max, Min, Where, Clip, max pooling, layout ops)"
             )
         if node.op_type not in SELECTING | INTEGER_ARITHMETIC:
-            why = (
-                "ONNX's integer Div rounds the quotient toward zero, which no tl op does"
-                if node.op_type == "Div"
-                else f"its float64 {node.op_type} is not exact on integers in general"
-            )
             raise call.refuse(
-                f"{what} is {name}: tl computes on reals, and {why} (exact on integers: Add, "
-                "Sub, Mul, Pow and the ops that select values)"
+                f"{what} is {name}: tl computes on reals, and its float64 {node.op_type} is not "
+                "exact on integers in general (exact on integers: Add, Sub, Mul, Div, Pow and "
+                "the ops that select values)"
             )
         if node.op_type not in DATA_INPUTS:
             return

@@ -226,6 +226,7 @@ linear_op(ops.AddOp, lambda em, node, shapes, g: [g, g])
 
 linear_op(ops.SubOp, lambda em, node, shapes, g: [g, em.neg(g)])
 stop_gradient("piecewise constant (0 or 1): derivative 0 wherever it exists", ops.LessOp)
+stop_gradient("piecewise constant (integers): derivative 0 wherever it exists", ops.TruncOp)
 
 
 @defjvp(ops.WhereOp)
