@@ -331,6 +331,13 @@ def test_gather_at_computed_indices_refusals() -> None:
     assert (
         refusal(floats) == "ONNX import: node #0 (Gather): indices (input 1) 'i' are not integers"
     )
+    empty = model_of(
+        [helper.make_node("Gather", ["d", "i"], ["y"])],
+        [("i", I64, [2])], [("y", F, None)], [("d", np.ones((0, 3), np.float32))],
+    )  # fmt: skip
+    assert refusal(empty) == (
+        "ONNX import: node #0 (Gather): data (input 0) has an empty axis 0: no index is valid"
+    )
 
 
 def test_bounds_of_one_output_of_several() -> None:

@@ -706,6 +706,8 @@ def _lookup(call: NodeCall, data: np.ndarray, indices: SSAValue) -> SSAValue:
         raise call.refuse("data (input 0) holds a non-finite value (0 · inf is not 0)")
     axis = norm_axis(call.attr("axis", 0), data.ndim)
     n, shape = data.shape[axis], call.shape(indices)
+    if n == 0:
+        raise call.refuse(f"data (input 0) has an empty axis {axis}: no index is valid")
     ops = call.ops
     spread = broadcast_to(ops, reshape(ops, indices, (*shape, 1)), (*shape, n))
     k = np.broadcast_to(np.arange(n, dtype=np.float64), (*shape, n))
