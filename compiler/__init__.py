@@ -240,7 +240,9 @@ def from_torch(
 def from_onnx(model: Any, input_shapes: Any = None, name: str | None = None) -> Any:
     """Import an ONNX model (a path or an `onnx.ModelProto`): a `tlc.semantics.program.Traced`.
     A symbolic leading (batch) dimension becomes the batch extent `N`; `input_shapes` fixes
-    symbolic input dimensions instead. See docs/importing.md."""
+    symbolic input dimensions instead. A model with several outputs is one graph per output
+    (`graph="name"` chooses one; `.per_output`); integer tensors are held as reals, checked by
+    `tlc.run`. See docs/importing.md."""
     from tlc.frontends.import_onnx import from_onnx as import_model
 
     return import_model(model, input_shapes, name)

@@ -297,11 +297,18 @@ def run(
     """`tlc.run`: check the document, then evaluate graph `graph` on `x` in `arithmetic`.
 
     `x` is the input value (a flat list is reshaped to the input node's shape), or for a graph
-    with several input nodes a list (in node order) or `{node id: value}`.
+    with several input nodes a list (in node order) or `{node id: value}`. A `Traced` import's
+    integer and float16 values are checked to be numbers of their types (`Traced.check_values`).
     """
     from tlc.semantics.interpret import interpret
+    from tlc.semantics.program import Traced
 
     dtype = dtype_of(arithmetic)
     chosen, records, x = prepare(source, x, payload, graph)
     with quoting(chosen):
-        return interpret(chosen, records, x, dtype)
+        table = interpret(chosen, records, x, dtype)
+    if isinstance(source, Traced):  # an import's integer and float16 values are of their types
+        for part in source.per_output or [source]:
+            if part.graph.graph_name == chosen.graph_name:
+                part.check_values(table.values, dtype)
+    return table

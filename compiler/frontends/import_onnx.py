@@ -19,9 +19,12 @@ PyTorch's `[out, in]` layout is `transB = 1`'s `B` as stored.
 
 ONNX broadcasts; tl does not, so broadcasting appears as explicit `broadcast_to` nodes. Graph
 inputs become input nodes in order (ids 0, 1, ...); their shapes must be static (or given with
-`input_shapes`). Every node's tl shape is checked against ONNX's own shape inference where that
-knows the shape. Unsupported ops, attributes, dtypes and data-dependent shapes are errors naming
-the node and its op type: `ONNX import: node 'conv1' (Conv): unsupported attribute 'foo'`.
+`input_shapes`). Integer and float16 tensors are held as reals where that computes ONNX's
+values (`SELECTING`, `INTEGER_ARITHMETIC`; checked per run by `Traced.check_values`), and a
+model with several outputs is one graph per output. Every node's tl shape is checked against
+ONNX's own shape inference where that knows the shape. Unsupported ops, attributes, dtypes and
+data-dependent shapes are errors naming the node and its op type:
+`ONNX import: node 'conv1' (Conv): unsupported attribute 'foo'`.
 """
 
 from __future__ import annotations
@@ -1542,7 +1545,9 @@ def from_onnx(
 ) -> Traced:
     """Import an ONNX model (a path or a `ModelProto`): a `Traced` (module, graph, payload).
     Without `input_shapes`, inputs whose leading dimension is symbolic (`batch_size` and its
-    other dimensions static) share the batch extent `N` (see `symbolic_batch`)."""
+    other dimensions static) share the batch extent `N` (see `symbolic_batch`). A model with
+    several outputs is one graph per output (`_several_outputs`); integer and float16 values
+    are recorded in `Traced.source_types` (see `OnnxImporter._check_types`)."""
     model, where = load_model(source)
     check_strings(model, where)  # before anything reads a name
     if len(model.graph.output) > 1:
