@@ -1,7 +1,8 @@
 """Indexing, splitting, resampling and attention through both importers.
 
 ONNX: Gather, Slice, Split, Squeeze/Unsqueeze, Tile and Resize (every nearest_mode and
-coordinate_transformation_mode of the nearest and linear modes, scales and sizes) against ONNX's
+coordinate_transformation_mode of the nearest, linear and cubic modes, antialiasing,
+tf_crop_and_resize, scales and sizes) against ONNX's
 own reference evaluator, which is the operator specification in code; old-opset forms (Slice-1
 attributes, Upsample-9) through the version converter. PyTorch: getitem, split/chunk/unbind,
 stack, repeat, interpolate, adaptive pools with uneven windows, scaled_dot_product_attention,
@@ -51,13 +52,17 @@ def onnx_model(nodes: list[Any], shape: tuple[int, ...], inits: dict[str, Any], 
     return model
 
 
-def check_onnx(model: Any, shape: tuple[int, ...], rtol: float = 1e-12) -> Any:
+def check_onnx(
+    model: Any, shape: tuple[int, ...], rtol: float = 1e-12, atol: float | None = None
+) -> Any:
     x = RNG.standard_normal(shape)
     (expected,) = ReferenceEvaluator(model).run(None, {"x": x})
     traced = tlc.from_onnx(model)
     got = interpret(traced.graph, traced.payload, x).output
     assert got.shape == expected.shape
-    np.testing.assert_allclose(got, expected, rtol=rtol, atol=1e-12 if rtol else 0)
+    if atol is None:
+        atol = 1e-12 if rtol else 0
+    np.testing.assert_allclose(got, expected, rtol=rtol, atol=atol)
     return traced
 
 
@@ -140,6 +145,43 @@ def test_onnx_resize_linear(transform: str) -> None:
         check_onnx(model, (1, 2, 3, 5), rtol=1e-12)
 
 
+@pytest.mark.parametrize("transform", [*TRANSFORMS, "tf_crop_and_resize"])
+@pytest.mark.parametrize(
+    "mode,attrs",
+    [
+        ("cubic", {}),
+        ("cubic", {"cubic_coeff_a": -0.5, "exclude_outside": 1}),
+        ("cubic", {"antialias": 1}),
+        ("cubic", {"antialias": 1, "exclude_outside": 1}),
+        ("linear", {"antialias": 1}),
+        ("nearest", {}),
+    ],
+)
+def test_onnx_resize_cubic_antialias_and_crop(transform: str, mode: str, attrs: dict) -> None:
+    """Cubic (cubic_coeff_a, exclude_outside), antialiased linear and cubic, and
+    tf_crop_and_resize (a roi reaching past the input, so some outputs are
+    extrapolation_value) against the reference, up- and downsampling in one model. Linear and
+    nearest weights are the reference's, summed in another order: rtol 1e-12. The reference
+    computes cubic weights in float32 (cubic_coeff_a is a float32 attribute and NumPy keeps
+    float32 arithmetic), tl in float64: a weight takes about ten float32 operations (and the
+    antialiased ones a normalisation), so it is off by up to ~1e-6 relative; the weights'
+    magnitudes sum to at most 1.4 and the inputs are below 5 in magnitude: rtol and atol 1e-5."""
+    if mode == "nearest" and transform != "tf_crop_and_resize":
+        return  # nearest's other coordinate modes: test_onnx_resize_nearest
+    roi = np.asarray([0, 0, -0.2, 0.1, 1, 1, 0.9, 1.3])  # double: the reference's in f64 too
+    for by, values in (("scales", [1, 1, 2.5, 0.4]), ("sizes", [1, 2, 7, 2])):
+        dtype = np.float32 if by == "scales" else np.int64
+        inputs = ["x", "roi", "v", ""] if by == "scales" else ["x", "roi", "", "v"]
+        node = helper.make_node(
+            "Resize", inputs, ["y"], mode=mode, coordinate_transformation_mode=transform,
+            extrapolation_value=-3.5, **attrs,
+        )  # fmt: skip
+        inits = {"roi": roi, "v": np.asarray(values, dtype)}
+        model = onnx_model([node], (1, 2, 4, 6), inits, opset=19)
+        tolerance = 1e-5 if mode == "cubic" else 1e-12
+        check_onnx(model, (1, 2, 4, 6), rtol=tolerance, atol=tolerance)
+
+
 def test_onnx_old_opset_forms_are_converted() -> None:
     """Slice-1 (starts/ends as attributes) and Upsample-9 (scales as an input) are older forms
     onnx.version_converter rewrites to Slice-13 and Resize."""
@@ -184,10 +226,16 @@ def test_onnx_old_resize_keeps_its_asymmetric_coordinates(opset: int, mode: str)
 
 
 def test_onnx_refusals_name_the_reason() -> None:
-    cubic = resize((1, 1, 2, 2), "scales", [1, 1, 2, 2], mode="cubic")
+    area = resize((1, 1, 2, 2), "scales", [1, 1, 2, 2], mode="area")
     with pytest.raises(DiagnosticError) as info:
-        tlc.from_onnx(cubic)
-    assert str(info.value).endswith("(Resize): mode 'cubic' (nearest and linear only)")
+        tlc.from_onnx(area)
+    assert str(info.value).endswith("(Resize): mode 'area' (nearest, linear or cubic)")
+    smooth = resize((1, 1, 4, 4), "scales", [1, 1, 0.5, 0.5], mode="nearest", antialias=1)
+    with pytest.raises(DiagnosticError) as info:
+        tlc.from_onnx(smooth)
+    assert str(info.value).endswith(
+        "(Resize): antialias=1 with mode 'nearest' (linear and cubic only)"
+    )
     mixed = onnx_model(
         [helper.make_node("Resize", ["x", "s"], ["y"], name="up_and_down")], (1, 1, 4, 4),
         {"s": np.asarray([1, 1, 2, 0.5], np.float32)}, opset=10,

@@ -226,14 +226,17 @@ def conv_transpose(
 ) -> SSAValue:
     """A transposed convolution of [N, C_in, ...] with `weight` [C_in, C_out / groups, k...]
     (ONNX's and PyTorch's layout); `lo`/`hi` are the output's padding before and after each
-    spatial axis (hi already net of the output padding, so it may be negative only where
-    the caller refused). The convolution it transposes, written as one: s - 1 zeros inserted
-    after every input element along each strided axis (a reshape to [..., n, 1, ...], a
-    concat with zeros, a reshape to [..., n s, ...]), then a stride-1 convolution dilated as
+    spatial axis (hi already net of the output padding; negative ones extend the output, its
+    extra elements the bias alone, as ONNX's output_shape may). The convolution it
+    transposes, written as one: s - 1 zeros inserted after every input element along each
+    strided axis (a reshape to [..., n, 1, ...], a concat with zeros, a reshape to
+    [..., n s, ...]), then a stride-1 convolution dilated as
     the original, padded d (k-1) - lo before and d (k-1) - hi - (s-1) after (the trailing
-    zeros of the last element already count), with each group's kernel transposed to
-    [C_out / groups, C_in / groups] and flipped along every spatial axis. Exact: every
-    inserted zero adds 0 · w to a sum of the same products the transposed convolution adds."""
+    zeros of the last element already count; a negative padding, where the output is cropped
+    by more than the kernel's span, crops the convolution's input instead, a gather), with each
+    group's kernel transposed to [C_out / groups, C_in / groups] and flipped along every
+    spatial axis. Exact: every inserted zero adds 0 · w to a sum of the same products the
+    transposed convolution adds."""
     shape = builder.shape_of(value)
     rank = len(shape) - 2
     kernel = weight.shape[2:]
@@ -250,6 +253,11 @@ def conv_transpose(
     span = [d * (k - 1) for d, k in zip(dilation, kernel, strict=True)]
     before = [sp - p for sp, p in zip(span, lo, strict=True)]
     after = [sp - p - (s - 1) for sp, p, s in zip(span, hi, stride, strict=True)]
+    for i, (b, a) in enumerate(zip(before, after, strict=True)):
+        if b < 0 or a < 0:
+            n = builder.shape_of(value)[2 + i]
+            value = take(builder, value, 2 + i, np.arange(max(0, -b), n - max(0, -a)))
+    before, after = [max(0, b) for b in before], [max(0, a) for a in after]
     grouped = weight.reshape(groups, c_in // groups, c_out_g, *kernel).swapaxes(1, 2)
     flipped = np.flip(grouped.reshape(groups * c_out_g, c_in // groups, *kernel),
                       axis=tuple(range(2, 2 + rank)))  # fmt: skip
@@ -355,17 +363,31 @@ def interpolate(
     index), edge values beyond the ends: x[i0] (1 - t) + x[i0 + 1] t with i0 = floor(position)
     and t = position - i0, indices clamped into the axis (ONNX's `linear` and PyTorch's
     bilinear, whose out-of-range neighbours are the edge element)."""
-    n = builder.shape_of(value)[axis]
     low = np.floor(position)
     t = position - low
-    first = take(builder, value, axis, np.clip(low, 0, n - 1).astype(np.int64))
-    if not np.any(t):
-        return first
-    second = take(builder, value, axis, np.clip(low + 1, 0, n - 1).astype(np.int64))
-    return builder.add(
-        builder.mul_elem(first, along(builder, 1 - t, axis, first)),
-        builder.mul_elem(second, along(builder, t, axis, second)),
-    )
+    indices = np.stack([low, low + 1], axis=1).astype(np.int64)
+    return weighted_taps(builder, value, axis, indices, np.stack([1 - t, t], axis=1))
+
+
+def weighted_taps(
+    builder: GraphBuilder, value: SSAValue, axis: int, indices: np.ndarray, weights: np.ndarray
+) -> SSAValue:
+    """Output i along `axis` is sum_k weights[i, k] x[indices[i, k]] (indices [out, K], clamped
+    into the axis: the edge element stands for those beyond it): a gather per tap k weighted by
+    a constant, the taps added in order. A tap whose weights are all 0 is left out; one tap of
+    weight 1 is its gather alone. Linear, cubic and antialiased resampling are such sums."""
+    n = builder.shape_of(value)[axis]
+    clamped = np.clip(indices, 0, n - 1)
+    used = [k for k in range(weights.shape[1]) if np.any(weights[:, k])]
+    if not used:
+        used = [0]
+    terms = []
+    for k in used:
+        tap = take(builder, value, axis, clamped[:, k])
+        if len(used) == 1 and np.all(weights[:, k] == 1):
+            return tap
+        terms.append(builder.mul_elem(tap, along(builder, weights[:, k], axis, tap)))
+    return functools.reduce(builder.add, terms)
 
 
 def window_bounds(size: int, out: int) -> tuple[np.ndarray, np.ndarray]:

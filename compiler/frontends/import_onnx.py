@@ -50,6 +50,7 @@ from tlc.dialect.registry import NODE_OPS
 from tlc.dialect.shapes import BATCH, Shape, fmt_shape
 from tlc.frontends.import_common import (
     ImportFailure,
+    along,
     broadcast_all,
     broadcast_to,
     ceil_mode_extra,
@@ -70,6 +71,7 @@ from tlc.frontends.import_common import (
     reshape,
     take,
     tile,
+    weighted_taps,
 )
 from tlc.frontends.onnx_prepare import (
     check_strings,
@@ -208,12 +210,17 @@ def _clip(call: NodeCall) -> SSAValue:
 @on("Selu", attributes=["alpha", "gamma"])
 def _selu(call: NodeCall) -> SSAValue:
     """tl's selu has SELU's constants; ONNX states them as attributes whose defaults are their
-    float32 roundings (and PyTorch's exporter writes those values out)."""
-    for name, constant in (("alpha", tl.SELU_ALPHA), ("gamma", tl.SELU_SCALE)):
-        value = call.attr(name, None)
-        if value is not None and np.float32(value) != np.float32(constant):
-            raise call.refuse(f"{name}={value:g} (tl's selu has SELU's {name}, {constant:.7g})")
-    return call.ops.apply(tl.SeluOp, [call.tensor(0)], {})
+    float32 roundings (and PyTorch's exporter writes those values out). Other constants are
+    gamma · elu(x, alpha), the formula tl's selu computes, with the given ones."""
+    alpha = float(call.attr("alpha", np.float32(tl.SELU_ALPHA)))
+    gamma = float(call.attr("gamma", np.float32(tl.SELU_SCALE)))
+    x = call.tensor(0)
+    if np.float32(alpha) == np.float32(tl.SELU_ALPHA) and np.float32(gamma) == np.float32(
+        tl.SELU_SCALE
+    ):
+        return call.ops.apply(tl.SeluOp, [x], {})
+    y = call.ops.apply(tl.EluOp, [x], {"alpha": alpha})
+    return elementwise(call.ops, tl.MulElemOp, [y, np.float64(gamma)])
 
 
 def _to_real(call: NodeCall, value: Value | None, target: int) -> Value:
@@ -471,21 +478,13 @@ def _pool(call: NodeCall, op: type[tl.PoolOp]) -> SSAValue:
     stride = ints(call.attr("strides", [1] * rank))
     dilation = ints(call.attr("dilations", [1] * rank))
     dilated = dilation != [1] * rank
-    if dilated and op is tl.MaxPoolOp and any(s % d for s, d in zip(stride, dilation, strict=True)):
-        raise call.refuse(
-            "max pooling with a dilation that does not divide its stride (tl's max pool has no "
-            "dilation; it is written as two pools where each does)"
-        )
     spatial = call.shape(x)[-rank:]
     lo, hi = _pads(call, spatial, kernel, stride, dilation)
     counts_pad = op is tl.AvgPoolOp and call.attr("count_include_pad", 0)
+    extra = [0] * rank
     if call.attr("ceil_mode", 0):
         span = [(k - 1) * d + 1 for k, d in zip(kernel, dilation, strict=True)]
         extra = [ceil_mode_extra(*a) for a in zip(spatial, lo, hi, span, stride, strict=True)]
-        if any(extra) and counts_pad:
-            raise call.refuse(
-                "ceil_mode=1 where it adds a partial window, with count_include_pad=1"
-            )
         hi = [h + e for h, e in zip(hi, extra, strict=True)]
     if dilated and op is tl.MaxPoolOp:
         y = _dilated_max_pool(call, x, rank, kernel, stride, dilation, lo, hi)
@@ -499,13 +498,18 @@ def _pool(call: NodeCall, op: type[tl.PoolOp]) -> SSAValue:
         )  # fmt: skip
     else:
         y = _pool_padded(call, op, x, rank, kernel, stride, lo, hi)
-    if op is tl.MaxPoolOp or counts_pad or not any(lo + hi):
+    if op is tl.MaxPoolOp or not any(lo + hi) or (counts_pad and not any(extra)):
         return y
-    # tl divides every window by its full size; ONNX divides by the input elements it covers.
-    counted = functools.reduce(
-        np.multiply.outer,
-        [_window_counts(*a) for a in zip(spatial, lo, hi, kernel, stride, dilation, strict=True)],
-    )
+    # tl divides every window by its full size; ONNX divides by the input elements it covers,
+    # with count_include_pad=1 by the elements of the padded input (ceil_mode's partial
+    # windows reach past it).
+    geometry = zip(spatial, lo, hi, kernel, stride, dilation, strict=True)
+    if counts_pad:
+        geometry = (
+            (n + p + h - e, 0, e, k, s, d)
+            for (n, p, h, k, s, d), e in zip(geometry, extra, strict=True)
+        )
+    counted = functools.reduce(np.multiply.outer, [_window_counts(*a) for a in geometry])
     if not counted.all():
         raise call.refuse("a window covers only padding (count_include_pad=0 divides by zero)")
     return elementwise(call.ops, tl.MulElemOp, [y, prod(kernel) / counted])
@@ -521,11 +525,21 @@ def _dilated_max_pool(
     lo: list[int],
     hi: list[int],
 ) -> SSAValue:
-    """A max pool dilated by d with a stride s that d divides: every window's taps i s + j d are
-    multiples of d, so the pool is a pool {kernel = 1, stride = d} (which keeps every d-th
-    element) followed by a pool {kernel = k, stride = s / d}; the padding, -inf, comes first.
-    Exact: each output is the max of the same elements."""
+    """A max pool dilated by d, its padding (-inf) first. Where d divides the stride s, every
+    window's taps i s + j d are multiples of d, so the pool is a pool {kernel = 1, stride = d}
+    (which keeps every d-th element) followed by a pool {kernel = k, stride = s / d}. Otherwise
+    each axis alone (a max over a box is the max over each axis in turn): the j-th tap of every
+    window, i s + j d, gathered for j < k and combined by `max_elem`. Exact: each output is the
+    max of the same elements."""
     x = pad(call.ops, x, len(call.shape(x)) - rank, lo, hi, -np.inf)
+    if any(s % d for s, d in zip(stride, dilation, strict=True)):
+        first = len(call.shape(x)) - rank
+        for axis, k, s, d in zip(range(first, first + rank), kernel, stride, dilation, strict=True):
+            out = (call.shape(x)[axis] - (k - 1) * d - 1) // s + 1
+            starts = np.arange(out) * s
+            taps = [take(call.ops, x, axis, starts + j * d) for j in range(k)]
+            x = functools.reduce(lambda a, b: call.ops.apply(tl.MaxElemOp, [a, b]), taps)
+        return x
     ones, zeros = [1] * rank, [0] * rank
     every = call.ops.apply(
         tl.MaxPoolOp, [x], {"kernel": ones, "stride": dilation, "padding": zeros}
@@ -728,11 +742,14 @@ RESIZE_ATTRIBUTES = [
 ]  # fmt: skip
 
 
-def source_coordinates(mode: str, out: int, n: int, scale: float) -> np.ndarray:
+def source_coordinates(
+    mode: str, out: int, n: int, scale: float, roi: tuple[float, float] = (0.0, 1.0)
+) -> np.ndarray:
     """ONNX Resize's coordinate_transformation_mode: the input coordinate of each output index.
     `scale` is the given scale, or out / n where sizes are given; the resized length the
     formulas use is `scale * n`, which differs from `out` where the scale does not divide
-    (as ONNX's reference implementation computes it, in float64)."""
+    (as ONNX's reference implementation computes it, in float64). `roi` is the axis's
+    (start, end) region of interest, read by tf_crop_and_resize only."""
     x = np.arange(out, dtype=np.float64)
     width = scale * n
     if mode == "half_pixel":
@@ -743,6 +760,11 @@ def source_coordinates(mode: str, out: int, n: int, scale: float) -> np.ndarray:
         return n / 2 * (1 - out / width) + (x + 0.5) / scale - 0.5
     if mode == "align_corners":
         return x * (n - 1) / (width - 1) if width != 1 else np.zeros(out)
+    if mode == "tf_crop_and_resize":
+        start, end = roi
+        if width == 1:
+            return np.full(out, (end - start) * (n - 1) / 2 + start * (n - 1))
+        return x * (end - start) * (n - 1) / (width - 1) + start * (n - 1)
     return x / scale  # asymmetric
 
 
@@ -759,23 +781,76 @@ def nearest_indices(rounding: str, position: np.ndarray, n: int) -> np.ndarray:
     return np.clip(index, 0, n - 1).astype(np.int64)
 
 
+def cubic_kernel(distance: np.ndarray, a: float) -> np.ndarray:
+    """Keys' cubic convolution kernel with coefficient `a` (ONNX's cubic_coeff_a)."""
+    d = np.abs(distance)
+    near = ((a + 2) * d - (a + 3)) * d * d + 1
+    far = ((a * d - 5 * a) * d + 8 * a) * d - 4 * a
+    return np.where(d <= 1, near, np.where(d < 2, far, 0.0))
+
+
+@dataclass(frozen=True)
+class Resampling:
+    """How Resize's linear and cubic modes weigh the input around each source coordinate."""
+
+    mode: str
+    antialias: bool
+    cubic_a: float
+    exclude_outside: bool
+
+    def taps(self, position: np.ndarray, n: int, scale: float) -> tuple[np.ndarray, np.ndarray]:
+        """The input indices [out, K] (unclamped) and weights [out, K] of each output, as
+        ONNX's reference implementation takes them: the pixel left of the coordinate (the one
+        before where it is an integer) and its neighbours, weighted by the kernel at their
+        distance (stretched by 1 / scale when antialiasing a downsample, the weights then
+        normalised), the ones outside the axis set to 0 with exclude_outside (the rest
+        renormalised)."""
+        low = np.floor(position)
+        ratio = np.where(position == low, 1.0, position - low)
+        left = (position - ratio).astype(np.int64)
+        reach = 1 if self.mode == "linear" else 2
+        shrink = min(scale, 1.0) if self.antialias else 1.0
+        first = int(np.floor(-reach / shrink) + 1)
+        offsets = np.arange(first, 2 - first)
+        distance = (offsets[None, :] - ratio[:, None]) * shrink
+        if self.mode == "linear":
+            weights = np.clip(1 - np.abs(distance), 0, 1)
+        else:
+            weights = cubic_kernel(distance, self.cubic_a)
+        if self.antialias:
+            weights = weights / weights.sum(axis=1, keepdims=True)
+        indices = left[:, None] + offsets[None, :]
+        if self.exclude_outside:
+            weights = np.where((indices < 0) | (indices >= n), 0.0, weights)
+            total = weights.sum(axis=1, keepdims=True)
+            weights = weights / np.where(total == 0, 1.0, total)
+        return indices, weights
+
+
 @on("Resize", attributes=RESIZE_ATTRIBUTES)
 def _resize(call: NodeCall) -> SSAValue:
-    """Nearest and linear modes, every coordinate transformation but tf_crop_and_resize, every
-    keep_aspect_ratio_policy (with sizes: not_larger / not_smaller take the smallest / largest
-    scale for every axis and round the extents half up, as ONNX's reference does); each
-    resized axis alone (linear interpolation is separable): nearest is a `gather`, linear two
-    gathers weighted by constants."""
+    """Every mode (nearest, linear, cubic with cubic_coeff_a and exclude_outside, antialias),
+    every coordinate transformation (tf_crop_and_resize with its roi; outputs whose coordinate
+    falls outside the input are extrapolation_value), every keep_aspect_ratio_policy (with
+    sizes: not_larger / not_smaller take the smallest / largest scale for every axis and round
+    the extents half up, as ONNX's reference does); each resized axis alone (the interpolation
+    is separable): nearest is a `gather`, linear and cubic a sum of gathers weighted by
+    constants (`weighted_taps`), extrapolation a `where` with a constant mask."""
     x = call.tensor(0)
     shape = call.shape(x)
     mode = call.attr("mode", "nearest")
     transform = call.attr("coordinate_transformation_mode", "half_pixel")
-    if mode not in ("nearest", "linear"):
-        raise call.refuse(f"mode '{mode}' (nearest and linear only)")
-    if transform == "tf_crop_and_resize":
-        raise call.refuse("coordinate_transformation_mode 'tf_crop_and_resize'")
-    if call.attr("antialias", 0):
-        raise call.refuse("antialias=1")
+    if mode not in ("nearest", "linear", "cubic"):
+        raise call.refuse(f"mode '{mode}' (nearest, linear or cubic)")
+    antialias = bool(call.attr("antialias", 0))
+    if antialias and mode == "nearest":
+        raise call.refuse("antialias=1 with mode 'nearest' (linear and cubic only)")
+    resampling = Resampling(
+        mode,
+        antialias,
+        float(call.attr("cubic_coeff_a", -0.75)),
+        bool(call.attr("exclude_outside", 0)),
+    )
     axes = call.attr("axes", None)
     axes = list(range(len(shape))) if axes is None else [norm_axis(a, len(shape)) for a in axes]
     scales, sizes = call.const(2, "scales", None), call.const(3, "sizes", None)
@@ -792,16 +867,30 @@ def _resize(call: NodeCall) -> SSAValue:
         out = [int(np.floor(shape[a] * f)) for a, f in zip(axes, factors, strict=True)]
     else:
         raise call.refuse("neither scales nor sizes given")
-    for axis, o, factor in zip(axes, out, factors, strict=True):
+    rois = [(0.0, 1.0)] * len(axes)
+    if transform == "tf_crop_and_resize":
+        roi = call.const(1, "roi")
+        roi = [float(r) for r in roi.reshape(-1)]
+        if len(roi) != 2 * len(axes):
+            raise call.refuse(f"roi holds {len(roi)} values (expected {2 * len(axes)})")
+        rois = list(zip(roi[: len(axes)], roi[len(axes) :], strict=True))
+    fill = float(call.attr("extrapolation_value", 0.0))
+    for axis, o, factor, roi in zip(axes, out, factors, rois, strict=True):
         n = shape[axis]
-        if o == n and factor == 1:
+        if o == n and factor == 1 and roi == (0.0, 1.0):
             continue
-        position = source_coordinates(transform, o, n, factor)
+        position = source_coordinates(transform, o, n, factor, roi)
         if mode == "nearest":
             rounding = call.attr("nearest_mode", "round_prefer_floor")
             x = take(call.ops, x, axis, nearest_indices(rounding, position, n))
-        else:
+        elif mode == "linear" and not antialias:
             x = interpolate(call.ops, x, axis, position)
+        else:
+            x = weighted_taps(call.ops, x, axis, *resampling.taps(position, n, factor))
+        outside = (position < 0) | (position > n - 1)
+        if transform == "tf_crop_and_resize" and outside.any():
+            mask = along(call.ops, outside.astype(np.float64), axis, x)
+            x = call.ops.apply(tl.WhereOp, [mask, broadcast_to(call.ops, fill, call.shape(x)), x])
     return x
 
 
@@ -829,9 +918,16 @@ def _reduce(call: NodeCall, op: type[tl.ReductionOp], since: int) -> SSAValue:
         if call.attr("noop_with_empty_axes", 0):
             return x
         axes = None
-    if any(d == 0 for d in call.shape(x)):
-        raise call.refuse("reduction over an empty tensor")
-    return reduce(call.ops, op, x, axes, bool(call.attr("keepdims", 1)))
+    keep = bool(call.attr("keepdims", 1))
+    shape = call.shape(x)
+    if any(d == 0 for d in shape):
+        # The sum of no elements is 0, their mean 0 / 0 (NaN), as in ONNX's reference; an
+        # output of extent 0 holds nothing either way.
+        rank = len(shape)
+        chosen = range(rank) if axes is None else {norm_axis(a, rank) for a in axes}
+        out = [1 if a in chosen else d for a, d in enumerate(shape) if keep or a not in chosen]
+        return call.ops.const(np.full(out, 0.0 if op is tl.ReduceSumOp else np.nan))
+    return reduce(call.ops, op, x, axes, keep)
 
 
 @on("ReduceMax", attributes=["axes", "keepdims", "noop_with_empty_axes"], negate=False)
@@ -1014,8 +1110,6 @@ def _conv_transpose(call: NodeCall) -> SSAValue:
         geometry = zip(stride, spatial, extra, dilation, kernel, strict=True)
         full = [s * (n - 1) + e + d * (k - 1) + 1 for s, n, e, d, k in geometry]
         total = [f - w for f, w in zip(full, wanted, strict=True)]
-        if any(t < 0 for t in total):
-            raise call.refuse(f"output_shape {wanted} is larger than the full output {full}")
         small = [t // 2 for t in total]
         large = [t - t // 2 for t in total]
         lo, hi = (small, large) if auto == "SAME_UPPER" else (large, small)
@@ -1025,14 +1119,6 @@ def _conv_transpose(call: NodeCall) -> SSAValue:
     else:
         raise call.refuse(f"auto_pad='{auto}'")
     hi = [h - e for h, e in zip(hi, extra, strict=True)]
-    span = [d * (k - 1) for d, k in zip(dilation, kernel, strict=True)]
-    if any(p > sp for p, sp in zip(lo, span, strict=True)) or any(
-        h + s - 1 > sp for h, s, sp in zip(hi, stride, span, strict=True)
-    ):
-        raise call.refuse(
-            "pads beyond the kernel's span d (k - 1) (the output would be cropped; tl's conv "
-            "pads only)"
-        )
     return conv_transpose(
         call.ops, x, weight, bias, stride=stride, lo=lo, hi=hi, dilation=dilation, groups=groups
     )
