@@ -5,8 +5,9 @@ coordinate_transformation_mode of the nearest, linear and cubic modes, antialias
 tf_crop_and_resize, scales and sizes) against ONNX's
 own reference evaluator, which is the operator specification in code; old-opset forms (Slice-1
 attributes, Upsample-9) through the version converter. PyTorch: getitem, split/chunk/unbind,
-stack, repeat, interpolate, adaptive pools with uneven windows, scaled_dot_product_attention,
-einsum, nn.MultiheadAttention and nn.TransformerEncoderLayer, compared with PyTorch in float64.
+stack, repeat, interpolate (bicubic and antialiased too), adaptive pools with uneven windows,
+scaled_dot_product_attention, einsum (with `...`, diagonals, three operands),
+nn.MultiheadAttention and nn.TransformerEncoderLayer, compared with PyTorch in float64.
 
 Tolerances: a gather moves values exactly, so ONNX's indexing and nearest resizing must agree
 exactly (rtol 0); the PyTorch indexing cases add and reduce the gathered values (a reduction's
@@ -316,6 +317,20 @@ RESAMPLING = {
         x, size=(9, 4), mode="bilinear", align_corners=True
     ),
     "area": lambda m, x: F.interpolate(x, size=(2, 3), mode="area"),
+    "bicubic": lambda m, x: F.interpolate(x, scale_factor=2.5, mode="bicubic"),
+    "bicubic_size_down": lambda m, x: F.interpolate(x, size=(3, 5), mode="bicubic"),
+    "bicubic_align_corners": lambda m, x: F.interpolate(
+        x, size=(11, 4), mode="bicubic", align_corners=True
+    ),
+    "bicubic_antialias": lambda m, x: F.interpolate(
+        x, size=(3, 3), mode="bicubic", antialias=True
+    ) + F.interpolate(x, size=(9, 3), mode="bicubic", antialias=True)[:, :, ::4],
+    "bilinear_antialias": lambda m, x: F.interpolate(
+        x, scale_factor=0.3, mode="bilinear", antialias=True
+    ),
+    "antialias_align_corners": lambda m, x: F.interpolate(
+        x, size=(3, 11), mode="bilinear", antialias=True, align_corners=True
+    ) + F.interpolate(x, size=(3, 11), mode="bicubic", antialias=True, align_corners=True),
     "upsample_module": lambda m, x: m.layers["up"](x),
     "adaptive_uneven": lambda m, x: (
         F.adaptive_avg_pool2d(x, (4, 3)) + F.adaptive_max_pool2d(x, (4, 3))
@@ -349,6 +364,18 @@ ATTENTION = {
     "einsum_sums_and_transposes": lambda m, x: (
         torch.einsum("bhld->ld", x) + torch.einsum("bhld,hd->bhl", x, x[0, :, 0])[..., None]
         + torch.einsum("bhld->bhdl", x).transpose(-1, -2)
+    ),
+    "einsum_ellipsis_attention": lambda m, x: torch.einsum(
+        "...ls,...sd->...ld", torch.einsum("...ld,...sd->...ls", x, x).softmax(-1), x
+    ),
+    "einsum_ellipsis_broadcast_and_implicit": lambda m, x: (
+        torch.einsum("...ld,...d->...l", x, x[:, :1, 0])[..., None]
+        + torch.einsum("b...d,bd->b...", x, x[:, 0, 0])[..., None]
+        + torch.einsum("...d", x)
+    ),
+    "einsum_three_operands_and_diagonal": lambda m, x: (
+        torch.einsum("bhld,bhdk,bhkm->bhlm", x, x.transpose(-1, -2), x)
+        + torch.einsum("bhii->bhi", x[..., :4, :4])[..., None, :]
     ),
 }  # fmt: skip
 
@@ -412,12 +439,6 @@ def test_torch_refusals() -> None:
         return str(info.value)
 
     x = torch.randn(2, 3, 4, 4)
-    assert refusal(lambda m, x: F.interpolate(x, scale_factor=2, mode="bicubic"), x).endswith(
-        "(torch.nn.functional.interpolate): mode 'bicubic'"
-    )
     assert refusal(lambda m, x: x[:, [0, 1], [1, 2]], x).endswith(
         "more than one index list or tensor (NumPy's advanced indexing)"
-    )
-    assert refusal(lambda m, x: torch.einsum("iijk->ijk", x[:, :2]), x).endswith(
-        "einsum 'iijk->ijk' (repeated labels in one operand)"
     )

@@ -307,6 +307,12 @@ CASES = {
         [helper.make_node("Selu", ["x"], ["y"], alpha=2.0, gamma=3.0)],
         [("x", (2, 3))], [], "elu",
     ),
+    "einsum_ellipsis_diagonal_three_operands": (
+        [helper.make_node("Einsum", ["x", "x"], ["s"], equation="...ld,...sd->...ls"),
+         helper.make_node("Einsum", ["s"], ["d"], equation="...ii->...i"),
+         helper.make_node("Einsum", ["x", "w", "d"], ["y"], equation="bhld,de,bhl->bhe")],
+        [("x", (2, 3, 4, 4))], [("w", RNG2.standard_normal((4, 5)))], "matmul",
+    ),
     "reduce_sum_of_nothing": (
         [helper.make_node("ReduceSum", ["x", "axes"], ["y"], keepdims=1)],
         [("x", (2, 0, 3))], [], "const",
@@ -345,6 +351,7 @@ REAL_MODEL_CASES = {
     "max_pool_dilated", "reduce_max_min", "less_greater_where_cast_bool",
     "max_pool_dilation_not_dividing_stride", "avgpool_ceil_counted_pads",
     "avgpool_dilated_ceil_counted_pads", "selu_constants", "reduce_sum_of_nothing",
+    "einsum_ellipsis_diagonal_three_operands",
 }  # fmt: skip
 #: Cases whose ONNX reference computes in float32 even on doubles (so agree to float32's
 #: precision only): Erf's evaluator rounds to float32, HardSwish and Selu use float32 constants.
@@ -502,6 +509,21 @@ def test_refusals_name_the_node_and_op_type() -> None:
     assert _refusal(weights) == (
         "ONNX import: node #0 (Conv): W (input 1) must be an initializer or a Constant"
     )
+
+
+def test_einsum_refusals_name_the_equation() -> None:
+    cases = [
+        ("ijk->ijk", [(2, 3, 4, 5)], "an operand's labels do not match its rank"),
+        ("iij->ij", [(2, 3, 4)], "label 'i' has extents 2 and 3"),
+        ("ij,jk->il", [(2, 3), (3, 4)], "an output label repeated or not in any operand"),
+        ("ij,jk", [(2, 3), (4, 4)], "label 'j' has extents 3 and 4"),
+        ("ij,jk,kl", [(2, 3), (3, 4)], "3 operand(s) in the equation, 2 given"),
+    ]
+    for equation, shapes, reason in cases:
+        names = [f"x{i}" for i in range(len(shapes))]
+        node = helper.make_node("Einsum", names, ["y"], equation=equation)
+        model = make_model([node], list(zip(names, shapes, strict=True)), "y")
+        assert _refusal(model) == f"ONNX import: node #0 (Einsum): einsum '{equation}': {reason}"
 
 
 def test_refusals_of_the_real_model_rules() -> None:

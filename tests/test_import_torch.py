@@ -328,6 +328,11 @@ NCHW_FORMS: dict[str, tuple[Any, dict[str, nn.Module], list[str]]] = {
                                  groups=2, dilation=2)},
         ["conv"] * 2,
     ),
+    "conv_transpose_padding_beyond_the_kernel_span": (
+        lambda x, m: m["t"](x),
+        {"t": nn.ConvTranspose2d(4, 6, 3, stride=(2, 1), padding=(3, 3))},
+        ["conv"],
+    ),
     "group_and_instance_norm": (
         lambda x, m: m["g"](x) + m["i"](x) + F.group_norm(x, 2) + F.instance_norm(x),
         {"g": nn.GroupNorm(2, 4), "i": nn.InstanceNorm2d(4, affine=True)},

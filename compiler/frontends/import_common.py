@@ -12,7 +12,9 @@ explicit `broadcast_to` node appears.
 from __future__ import annotations
 
 import functools
+from collections import Counter
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -369,6 +371,54 @@ def interpolate(
     return weighted_taps(builder, value, axis, indices, np.stack([1 - t, t], axis=1))
 
 
+def cubic_kernel(distance: np.ndarray, a: float) -> np.ndarray:
+    """Keys' cubic convolution kernel with coefficient `a` (ONNX's cubic_coeff_a; PyTorch's
+    bicubic has -0.75, its antialiased bicubic -0.5)."""
+    d = np.abs(distance)
+    near = ((a + 2) * d - (a + 3)) * d * d + 1
+    far = ((a * d - 5 * a) * d + 8 * a) * d - 4 * a
+    return np.where(d <= 1, near, np.where(d < 2, far, 0.0))
+
+
+@dataclass(frozen=True)
+class Resampling:
+    """How ONNX Resize's linear and cubic modes weigh the input around each source coordinate
+    (PyTorch's bicubic is the cubic mode with a = -0.75 and clamped taps)."""
+
+    mode: str
+    antialias: bool
+    cubic_a: float
+    exclude_outside: bool
+
+    def taps(self, position: np.ndarray, n: int, scale: float) -> tuple[np.ndarray, np.ndarray]:
+        """The input indices [out, K] (unclamped) and weights [out, K] of each output, as
+        ONNX's reference implementation takes them: the pixel left of the coordinate (the one
+        before where it is an integer) and its neighbours, weighted by the kernel at their
+        distance (stretched by 1 / scale when antialiasing a downsample, the weights then
+        normalised), the ones outside the axis set to 0 with exclude_outside (the rest
+        renormalised)."""
+        low = np.floor(position)
+        ratio = np.where(position == low, 1.0, position - low)
+        left = (position - ratio).astype(np.int64)
+        reach = 1 if self.mode == "linear" else 2
+        shrink = min(scale, 1.0) if self.antialias else 1.0
+        first = int(np.floor(-reach / shrink) + 1)
+        offsets = np.arange(first, 2 - first)
+        distance = (offsets[None, :] - ratio[:, None]) * shrink
+        if self.mode == "linear":
+            weights = np.clip(1 - np.abs(distance), 0, 1)
+        else:
+            weights = cubic_kernel(distance, self.cubic_a)
+        if self.antialias:
+            weights = weights / weights.sum(axis=1, keepdims=True)
+        indices = left[:, None] + offsets[None, :]
+        if self.exclude_outside:
+            weights = np.where((indices < 0) | (indices >= n), 0.0, weights)
+            total = weights.sum(axis=1, keepdims=True)
+            weights = weights / np.where(total == 0, 1.0, total)
+        return indices, weights
+
+
 def weighted_taps(
     builder: GraphBuilder, value: SSAValue, axis: int, indices: np.ndarray, weights: np.ndarray
 ) -> SSAValue:
@@ -388,6 +438,130 @@ def weighted_taps(
             return tap
         terms.append(builder.mul_elem(tap, along(builder, weights[:, k], axis, tap)))
     return functools.reduce(builder.add, terms)
+
+
+def einsum_labels(
+    equation: str, ranks: Sequence[int]
+) -> tuple[list[str], str] | str:
+    """NumPy's einsum equation for operands of `ranks`, `...` spelled out: each operand's
+    labels and the output's (implicit: the broadcast `...` axes, then the labels that occur
+    once, in alphabetical order). The axes `...` stands for are aligned from the right, as
+    broadcasting aligns them, and get labels of their own. A string is what is wrong."""
+    equation = equation.replace(" ", "")
+    inputs, arrow, output = equation.partition("->")
+    given = inputs.split(",")
+    if len(given) != len(ranks):
+        return f"{len(given)} operand(s) in the equation, {len(ranks)} given"
+    spans = [r - len(a.replace("...", "")) for a, r in zip(given, ranks, strict=True)]
+    if any(s < 0 or (s and "..." not in a) for a, s in zip(given, spans, strict=True)):
+        return "an operand's labels do not match its rank"
+    width = max((s for a, s in zip(given, spans, strict=True) if "..." in a), default=0)
+    fresh = [chr(0x3B1 + i) for i in range(width)]  # Greek: never an equation's label
+    labels = [
+        a.replace("...", "".join(fresh[width - s :])) for a, s in zip(given, spans, strict=True)
+    ]
+    if not arrow:
+        counts = Counter("".join(a.replace("...", "") for a in given))
+        output = "".join(fresh) + "".join(sorted(c for c, n in counts.items() if n == 1))
+    else:
+        output = output.replace("...", "".join(fresh))
+    return labels, output
+
+
+def einsum(
+    builder: GraphBuilder,
+    equation: str,
+    tensors: Sequence[SSAValue],
+    refuse: Callable[[str], Exception],
+) -> SSAValue:
+    """NumPy's / PyTorch's / ONNX's einsum, `...` included (`einsum_labels`; its extent-1 axes
+    broadcast); a label repeated within an operand takes its diagonal (`_diagonal`, a
+    gather). Operands are contracted left to right, each pair as one batched `matmul`. Labels
+    only one operand has and nothing later needs are summed first; then the pair, permuted to
+    [batch, kept, contracted] and [batch, contracted, kept] and reshaped to three axes, is one
+    `matmul`, reshaped back; the result is permuted to the output's labels."""
+    tensors = [lift(builder, t) for t in tensors]
+    spelled = einsum_labels(equation, [len(builder.shape_of(t)) for t in tensors])
+    if isinstance(spelled, str):
+        raise refuse(f"einsum '{equation}': {spelled}")
+    labels, output = spelled
+    if len(set(output)) != len(output) or not set(output) <= set("".join(labels)):
+        raise refuse(f"einsum '{equation}': an output label repeated or not in any operand")
+    for i, a in enumerate(labels):
+        while len(set(a)) != len(a):
+            a, tensors[i] = _diagonal(builder, a, tensors[i], refuse, equation)
+        labels[i] = a
+    extents: dict[str, int] = {}
+    for a, t in zip(labels, tensors, strict=True):
+        for c, d in zip(a, builder.shape_of(t), strict=True):
+            if extents.get(c, 1) == 1:
+                extents[c] = d
+            elif d not in (1, extents[c]):
+                raise refuse(f"einsum '{equation}': label '{c}' has extents {extents[c]} and {d}")
+    parts = []
+    for a, t in zip(labels, tensors, strict=True):
+        target = [extents[c] for c in a]
+        parts.append((a, broadcast_to(builder, t, target)))
+
+    def needed(rest: list[tuple[str, SSAValue]]) -> str:
+        return output + "".join(a for a, _ in rest)
+
+    def summed(a: str, t: SSAValue, keep: str) -> tuple[str, SSAValue]:
+        kept = "".join(c for c in a if c in keep)
+        return kept, reduce(builder, tl.ReduceSumOp, t, [a.index(c) for c in a if c not in kept],
+                            False)  # fmt: skip
+
+    a, ta = summed(*parts[0], needed(parts[1:]))
+    for i in range(1, len(parts)):
+        b, tb = summed(*parts[i], needed(parts[i + 1 :]) + a)
+        later = needed(parts[i + 1 :])
+        batch = [c for c in a if c in b and c in later]
+        inner = [c for c in a if c in b and c not in later]
+        left = [c for c in a if c not in b]
+        right = [c for c in b if c not in a]
+        ta = _arranged(builder, ta, a, batch + left + inner, [batch, left, inner], extents)
+        tb = _arranged(builder, tb, b, batch + inner + right, [batch, inner, right], extents)
+        order = batch + left + right
+        ta = reshape(builder, builder.matmul(ta, tb), [extents[c] for c in order])
+        a = "".join(order)
+    if a != output:
+        ta = builder.permute(ta, perm=[a.index(c) for c in output])
+    return ta
+
+
+def _diagonal(
+    builder: GraphBuilder, a: str, value: SSAValue, refuse: Callable[[str], Exception], eq: str
+) -> tuple[str, SSAValue]:
+    """An operand's diagonal over its first label that occurs twice (at axes p < q, extent n):
+    axis q moved next to p, the two flattened into n² and the n elements k (n + 1) gathered,
+    in place of axis p."""
+    c = next(c for c in a if a.count(c) > 1)
+    p, q = a.index(c), a.index(c, a.index(c) + 1)
+    shape = builder.shape_of(value)
+    n = shape[p]
+    if shape[q] != n:
+        raise refuse(f"einsum '{eq}': label '{c}' has extents {n} and {shape[q]}")
+    order = [*range(p + 1), q, *(i for i in range(p + 1, len(a)) if i != q)]
+    if order != list(range(len(a))):
+        value = builder.permute(value, perm=order)
+    moved = [shape[i] for i in order]
+    value = reshape(builder, value, [*moved[:p], n * n, *moved[p + 2 :]])
+    value = take(builder, value, p, np.arange(n) * (n + 1))
+    return "".join(a[i] for i in order if i != q), value
+
+
+def _arranged(
+    builder: GraphBuilder,
+    value: SSAValue,
+    have: str,
+    order: list[str],
+    groups: list[list[str]],
+    extents: dict[str, int],
+) -> SSAValue:
+    """`value` (labelled `have`) permuted to `order` and reshaped to one axis per group."""
+    if list(have) != order:
+        value = builder.permute(value, perm=[have.index(c) for c in order])
+    return reshape(builder, value, [int(np.prod([extents[c] for c in g])) for g in groups])
 
 
 def window_bounds(size: int, out: int) -> tuple[np.ndarray, np.ndarray]:

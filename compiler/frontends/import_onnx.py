@@ -50,12 +50,14 @@ from tlc.dialect.registry import NODE_OPS
 from tlc.dialect.shapes import BATCH, Shape, fmt_shape
 from tlc.frontends.import_common import (
     ImportFailure,
+    Resampling,
     along,
     broadcast_all,
     broadcast_to,
     ceil_mode_extra,
     channel_norm,
     conv_transpose,
+    einsum,
     elementwise,
     finish,
     generalise_batch,
@@ -781,52 +783,6 @@ def nearest_indices(rounding: str, position: np.ndarray, n: int) -> np.ndarray:
     return np.clip(index, 0, n - 1).astype(np.int64)
 
 
-def cubic_kernel(distance: np.ndarray, a: float) -> np.ndarray:
-    """Keys' cubic convolution kernel with coefficient `a` (ONNX's cubic_coeff_a)."""
-    d = np.abs(distance)
-    near = ((a + 2) * d - (a + 3)) * d * d + 1
-    far = ((a * d - 5 * a) * d + 8 * a) * d - 4 * a
-    return np.where(d <= 1, near, np.where(d < 2, far, 0.0))
-
-
-@dataclass(frozen=True)
-class Resampling:
-    """How Resize's linear and cubic modes weigh the input around each source coordinate."""
-
-    mode: str
-    antialias: bool
-    cubic_a: float
-    exclude_outside: bool
-
-    def taps(self, position: np.ndarray, n: int, scale: float) -> tuple[np.ndarray, np.ndarray]:
-        """The input indices [out, K] (unclamped) and weights [out, K] of each output, as
-        ONNX's reference implementation takes them: the pixel left of the coordinate (the one
-        before where it is an integer) and its neighbours, weighted by the kernel at their
-        distance (stretched by 1 / scale when antialiasing a downsample, the weights then
-        normalised), the ones outside the axis set to 0 with exclude_outside (the rest
-        renormalised)."""
-        low = np.floor(position)
-        ratio = np.where(position == low, 1.0, position - low)
-        left = (position - ratio).astype(np.int64)
-        reach = 1 if self.mode == "linear" else 2
-        shrink = min(scale, 1.0) if self.antialias else 1.0
-        first = int(np.floor(-reach / shrink) + 1)
-        offsets = np.arange(first, 2 - first)
-        distance = (offsets[None, :] - ratio[:, None]) * shrink
-        if self.mode == "linear":
-            weights = np.clip(1 - np.abs(distance), 0, 1)
-        else:
-            weights = cubic_kernel(distance, self.cubic_a)
-        if self.antialias:
-            weights = weights / weights.sum(axis=1, keepdims=True)
-        indices = left[:, None] + offsets[None, :]
-        if self.exclude_outside:
-            weights = np.where((indices < 0) | (indices >= n), 0.0, weights)
-            total = weights.sum(axis=1, keepdims=True)
-            weights = weights / np.where(total == 0, 1.0, total)
-        return indices, weights
-
-
 @on("Resize", attributes=RESIZE_ATTRIBUTES)
 def _resize(call: NodeCall) -> SSAValue:
     """Every mode (nearest, linear, cubic with cubic_coeff_a and exclude_outside, antialias),
@@ -1051,6 +1007,12 @@ def _mean(call: NodeCall) -> Value:
     total = _elementwise(call, tl.AddOp)
     count = len(call.inputs())
     return total if count == 1 else elementwise(call.ops, tl.DivOp, [total, np.float64(count)])
+
+
+@on("Einsum", attributes=["equation"])
+def _einsum(call: NodeCall) -> SSAValue:
+    """`tlc.frontends.import_common.einsum`: NumPy's equation, `...` included."""
+    return einsum(call.ops, call.attr("equation"), call.inputs(), call.refuse)
 
 
 @on("InstanceNormalization", attributes=["epsilon"])
