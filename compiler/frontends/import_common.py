@@ -440,9 +440,7 @@ def weighted_taps(
     return functools.reduce(builder.add, terms)
 
 
-def einsum_labels(
-    equation: str, ranks: Sequence[int]
-) -> tuple[list[str], str] | str:
+def einsum_labels(equation: str, ranks: Sequence[int]) -> tuple[list[str], str] | str:
     """NumPy's einsum equation for operands of `ranks`, `...` spelled out: each operand's
     labels and the output's (implicit: the broadcast `...` axes, then the labels that occur
     once, in alphabetical order). The axes `...` stands for are aligned from the right, as

@@ -940,33 +940,18 @@ def _constant(call: NodeCall) -> np.ndarray:
 # --------------------------------------------------------------------------------------------
 
 
-#: The most distinct values a constant Pow exponent may hold (one `pow` node each).
-POW_EXPONENTS = 8
-
-
 @on("Pow")
 def _pow(call: NodeCall) -> SSAValue:
-    """Pow's exponent is an input; tl's pow has a constant one, so the exponent must be a
-    constant. One number is one `pow` (x broadcast to the exponent's shape where that is
-    larger); a few distinct numbers are a `pow` per number, each chosen where the exponent holds
-    it by a `where` with a constant mask (exact: every element is its own power)."""
-    exponent = call.const(1, "exponent")
-    values = np.unique(exponent)
-    if values.size > POW_EXPONENTS:
-        raise call.refuse(
-            f"exponent (input 1) holds {values.size} values (at most {POW_EXPONENTS}: one tl "
-            "pow node each)"
-        )
-    x = call.tensor(0)
-    target = np.broadcast_shapes(call.shape(x), exponent.shape)
-    x = broadcast_to(call.ops, x, target)
-    spread = np.broadcast_to(exponent, target)
-    y = call.ops.apply(tl.PowOp, [x], {"exponent": float(values[0])})
-    for value in values[1:]:
-        chosen = call.ops.const((spread == value).astype(np.float64))
-        power = call.ops.apply(tl.PowOp, [x], {"exponent": float(value)})
-        y = call.ops.apply(tl.WhereOp, [chosen, power, y])
-    return y
+    """Pow's exponent is an input. A constant holding one number is tl's `pow` (x broadcast to
+    the exponent's shape where that is larger); any other exponent (a constant of several
+    values, or a computed tensor) is `pow_elem` of the two broadcast together."""
+    exponent = call.input(1)
+    if isinstance(exponent, np.ndarray) and np.unique(exponent).size == 1:
+        x = call.tensor(0)
+        target = np.broadcast_shapes(call.shape(x), exponent.shape)
+        value = float(exponent.reshape(-1)[0])
+        return call.ops.apply(tl.PowOp, [broadcast_to(call.ops, x, target)], {"exponent": value})
+    return elementwise(call.ops, tl.PowElemOp, [call.tensor(0), call.tensor(1)])
 
 
 @on("PRelu")
