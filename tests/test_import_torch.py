@@ -328,6 +328,15 @@ NCHW_FORMS: dict[str, tuple[Any, dict[str, nn.Module], list[str]]] = {
                                  groups=2, dilation=2)},
         ["conv"] * 2,
     ),
+    "max_pool_dilation_not_dividing_stride": (
+        lambda x, m: F.max_pool2d(x, 3, stride=(1, 2), padding=1, dilation=(2, 3),
+                                  ceil_mode=True),
+        {}, ["max_elem"] * 4,
+    ),
+    "max_pool_dilation_dividing_stride": (
+        lambda x, m: m["p"](x), {"p": nn.MaxPool2d(2, stride=2, dilation=2, padding=1)},
+        ["max_pool"] * 2,
+    ),
     "conv_transpose_padding_beyond_the_kernel_span": (
         lambda x, m: m["t"](x),
         {"t": nn.ConvTranspose2d(4, 6, 3, stride=(2, 1), padding=(3, 3))},

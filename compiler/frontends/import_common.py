@@ -269,6 +269,40 @@ def conv_transpose(
     )  # fmt: skip
 
 
+def dilated_max_pool(
+    builder: GraphBuilder,
+    x: SSAValue,
+    kernel: Sequence[int],
+    stride: Sequence[int],
+    dilation: Sequence[int],
+    lo: Sequence[int],
+    hi: Sequence[int],
+) -> SSAValue:
+    """A max pool of the trailing axes dilated by d, its padding (-inf) first. Where d divides
+    the stride s, every window's taps i s + j d are multiples of d, so the pool is a pool
+    {kernel = 1, stride = d} (which keeps every d-th element) followed by a pool {kernel = k,
+    stride = s / d}. Otherwise each axis alone (a max over a box is the max over each axis in
+    turn): the j-th tap of every window, i s + j d, gathered for j < k and combined by
+    `max_elem`. Exact: each output is the max of the same elements."""
+    rank = len(kernel)
+    first = len(builder.shape_of(x)) - rank
+    x = pad(builder, x, first, lo, hi, -np.inf)
+    if any(s % d for s, d in zip(stride, dilation, strict=True)):
+        for axis, k, s, d in zip(range(first, first + rank), kernel, stride, dilation, strict=True):
+            out = (builder.shape_of(x)[axis] - (k - 1) * d - 1) // s + 1
+            starts = np.arange(out) * s
+            taps = [take(builder, x, axis, starts + j * d) for j in range(k)]
+            x = functools.reduce(lambda a, b: builder.apply(tl.MaxElemOp, [a, b]), taps)
+        return x
+    ones, zeros = [1] * rank, [0] * rank
+    every = builder.apply(tl.MaxPoolOp, [x], {"kernel": ones, "stride": list(dilation),
+                                              "padding": zeros})  # fmt: skip
+    steps = [s // d for s, d in zip(stride, dilation, strict=True)]
+    return builder.apply(
+        tl.MaxPoolOp, [every], {"kernel": list(kernel), "stride": steps, "padding": zeros}
+    )
+
+
 def ceil_mode_extra(n: int, lo: int, hi: int, k: int, s: int) -> int:
     """Padding after an axis that makes tl's rounding down give the extent of ceil_mode in
     PyTorch and ONNX, whose last window must start inside the input or the padding before it."""

@@ -57,6 +57,7 @@ from tlc.frontends.import_common import (
     ceil_mode_extra,
     channel_norm,
     conv_transpose,
+    dilated_max_pool,
     einsum,
     elementwise,
     finish,
@@ -489,7 +490,7 @@ def _pool(call: NodeCall, op: type[tl.PoolOp]) -> SSAValue:
         extra = [ceil_mode_extra(*a) for a in zip(spatial, lo, hi, span, stride, strict=True)]
         hi = [h + e for h, e in zip(hi, extra, strict=True)]
     if dilated and op is tl.MaxPoolOp:
-        y = _dilated_max_pool(call, x, rank, kernel, stride, dilation, lo, hi)
+        y = dilated_max_pool(call.ops, x, kernel, stride, dilation, lo, hi)
     elif dilated:
         # An average is a depthwise convolution with uniform weights, and tl's conv dilates.
         channels = call.shape(x)[1]
@@ -515,41 +516,6 @@ def _pool(call: NodeCall, op: type[tl.PoolOp]) -> SSAValue:
     if not counted.all():
         raise call.refuse("a window covers only padding (count_include_pad=0 divides by zero)")
     return elementwise(call.ops, tl.MulElemOp, [y, prod(kernel) / counted])
-
-
-def _dilated_max_pool(
-    call: NodeCall,
-    x: SSAValue,
-    rank: int,
-    kernel: list[int],
-    stride: list[int],
-    dilation: list[int],
-    lo: list[int],
-    hi: list[int],
-) -> SSAValue:
-    """A max pool dilated by d, its padding (-inf) first. Where d divides the stride s, every
-    window's taps i s + j d are multiples of d, so the pool is a pool {kernel = 1, stride = d}
-    (which keeps every d-th element) followed by a pool {kernel = k, stride = s / d}. Otherwise
-    each axis alone (a max over a box is the max over each axis in turn): the j-th tap of every
-    window, i s + j d, gathered for j < k and combined by `max_elem`. Exact: each output is the
-    max of the same elements."""
-    x = pad(call.ops, x, len(call.shape(x)) - rank, lo, hi, -np.inf)
-    if any(s % d for s, d in zip(stride, dilation, strict=True)):
-        first = len(call.shape(x)) - rank
-        for axis, k, s, d in zip(range(first, first + rank), kernel, stride, dilation, strict=True):
-            out = (call.shape(x)[axis] - (k - 1) * d - 1) // s + 1
-            starts = np.arange(out) * s
-            taps = [take(call.ops, x, axis, starts + j * d) for j in range(k)]
-            x = functools.reduce(lambda a, b: call.ops.apply(tl.MaxElemOp, [a, b]), taps)
-        return x
-    ones, zeros = [1] * rank, [0] * rank
-    every = call.ops.apply(
-        tl.MaxPoolOp, [x], {"kernel": ones, "stride": dilation, "padding": zeros}
-    )
-    steps = [s // d for s, d in zip(stride, dilation, strict=True)]
-    return call.ops.apply(
-        tl.MaxPoolOp, [every], {"kernel": kernel, "stride": steps, "padding": zeros}
-    )
 
 
 def _window_counts(n: int, lo: int, hi: int, k: int, s: int, d: int) -> np.ndarray:

@@ -68,6 +68,7 @@ from tlc.frontends.import_common import (
     channel_norm,
     conv_transpose,
     cubic_kernel,
+    dilated_max_pool,
     einsum,
     elementwise,
     finish,
@@ -718,10 +719,16 @@ def _pool_of(call: Call, op: type[tl.PoolOp], rank: int, p: Pool) -> SSAValue:
     kernel = _tuple(p.kernel, rank)
     stride = kernel if p.stride is None or p.stride == [] else _tuple(p.stride, rank)
     padding = _tuple(p.padding, rank)
-    if _tuple(p.dilation, rank) != [1] * rank:
-        raise call.refuse("pooling with dilation")
+    dilation = _tuple(p.dilation, rank)
     if p.return_indices:
         raise call.refuse("return_indices=True")
+    if dilation != [1] * rank:  # max pooling only: PyTorch's average pools have no dilation
+        spatial = call.ops.shape_of(x)[-rank:]
+        span = [(k - 1) * d + 1 for k, d in zip(kernel, dilation, strict=True)]
+        geometry = zip(spatial, padding, span, stride, strict=True)
+        extra = [ceil_mode_extra(n, q, q, k, s) if p.ceil_mode else 0 for n, q, k, s in geometry]
+        hi = [q + e for q, e in zip(padding, extra, strict=True)]
+        return dilated_max_pool(call.ops, x, kernel, stride, dilation, padding, hi)
     if p.divisor_override is not None:
         raise call.refuse("divisor_override")
     if not p.count_include_pad and any(padding):
