@@ -238,6 +238,11 @@ class Applied(nn.Module):
 #: must produce; values are compared with PyTorch in float64.
 FORMS: dict[str, tuple[Any, dict[str, nn.Module], list[str]]] = {
     "neg": (lambda x, m: -x + torch.neg(x) * x.neg(), {}, ["neg"] * 3),
+    "pow_tensor_exponents": (
+        lambda x, m: torch.pow(x.abs(), x * 0.3) + 2.0**x + x.abs().pow(x * 0.1) + x**2,
+        {},
+        ["pow_elem"] * 3 + ["pow"],
+    ),
     "erf": (lambda x, m: torch.erf(x) + x.erf() + torch.special.erf(x), {}, ["erf"] * 3),
     "elu": (
         lambda x, m: F.elu(x) + F.elu(x, 0.5) * F.elu(x, alpha=2.0) + m["elu"](x),

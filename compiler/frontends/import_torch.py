@@ -283,6 +283,20 @@ def _in_place(call: Call, op: type[tl.BinaryOp]) -> Any:
     return _elementwise(call, op)
 
 
+@on(torch.pow, operator.pow, "pow")
+def _pow(call: Call) -> Any:
+    """A tensor to a number's power is tl's `pow` (the spelling's rule); a tensor exponent, or
+    a number to a tensor power, is `pow_elem` of the two broadcast together; numbers alone are
+    arithmetic on sizes."""
+    base, exponent = call.arg(0, "input"), call.arg(1, "exponent")
+    tensors = [isinstance(v, SSAValue | Constant) for v in (base, exponent)]
+    if tensors == [True, False]:
+        return _spelled(call, tl.PowOp)
+    if not any(tensors):
+        return call.node.target(base, exponent)
+    return elementwise(call.ops, tl.PowElemOp, [call.value(base), call.value(exponent)])
+
+
 def _elementwise(call: Call, op: type[tl.BinaryOp]) -> Any:
     """A binary op on its two operands (PyTorch broadcasts them; a number is a constant). Where
     neither is a tensor the call is arithmetic on sizes (`x.size(0) * 2`), which the graph does
