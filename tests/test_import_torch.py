@@ -185,10 +185,6 @@ def test_refusals_name_the_node_and_target() -> None:
         "PyTorch graph import: FX node '_0' (torch.nn.modules.activation.Softplus): "
         "softplus with beta=2, threshold=20.0 (only 1, 20)"
     )
-    assert _refusal(nn.Sequential(nn.AvgPool1d(2, ceil_mode=True)), torch.randn(1, 2, 5)) == (
-        "PyTorch graph import: FX node '_0' (torch.nn.modules.pooling.AvgPool1d): "
-        "ceil_mode=True where it adds a partial window (tl rounds down)"
-    )
     assert _refusal(TwoInputs(), x) == (
         "PyTorch graph import: the model takes 2 inputs (x, y), 1 example inputs given"
     )
@@ -332,6 +328,14 @@ NCHW_FORMS: dict[str, tuple[Any, dict[str, nn.Module], list[str]]] = {
          "g": nn.ConvTranspose2d(4, 6, 2, stride=(3, 2), padding=1, output_padding=(1, 0),
                                  groups=2, dilation=2)},
         ["conv"] * 2,
+    ),
+    "avg_pool_partial_windows_and_uncounted_padding": (
+        lambda x, m: m["ceil"](x)[..., :3]
+        + F.avg_pool2d(x, (3, 2), stride=2, padding=1, count_include_pad=False)[..., :3]
+        + F.avg_pool2d(x, 3, stride=(2, 3), padding=1, ceil_mode=True,
+                       count_include_pad=False),
+        {"ceil": nn.AvgPool2d(3, stride=2, padding=1, ceil_mode=True)},
+        ["avg_pool"] * 3,
     ),
     "max_pool_dilation_not_dividing_stride": (
         lambda x, m: F.max_pool2d(x, 3, stride=(1, 2), padding=1, dilation=(2, 3),

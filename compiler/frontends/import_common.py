@@ -303,6 +303,13 @@ def dilated_max_pool(
     )
 
 
+def window_counts(n: int, lo: int, hi: int, k: int, s: int, d: int) -> np.ndarray:
+    """How many input elements (not padding) each window along one axis covers."""
+    starts = np.arange((n + lo + hi - (k - 1) * d - 1) // s + 1) * s - lo
+    taps = starts[:, None] + np.arange(k) * d
+    return ((taps >= 0) & (taps < n)).sum(axis=1)
+
+
 def ceil_mode_extra(n: int, lo: int, hi: int, k: int, s: int) -> int:
     """Padding after an axis that makes tl's rounding down give the extent of ceil_mode in
     PyTorch and ONNX, whose last window must start inside the input or the padding before it."""

@@ -75,6 +75,7 @@ from tlc.frontends.import_common import (
     take,
     tile,
     weighted_taps,
+    window_counts,
 )
 from tlc.frontends.onnx_prepare import (
     check_strings,
@@ -512,17 +513,10 @@ def _pool(call: NodeCall, op: type[tl.PoolOp]) -> SSAValue:
             (n + p + h - e, 0, e, k, s, d)
             for (n, p, h, k, s, d), e in zip(geometry, extra, strict=True)
         )
-    counted = functools.reduce(np.multiply.outer, [_window_counts(*a) for a in geometry])
+    counted = functools.reduce(np.multiply.outer, [window_counts(*a) for a in geometry])
     if not counted.all():
         raise call.refuse("a window covers only padding (count_include_pad=0 divides by zero)")
     return elementwise(call.ops, tl.MulElemOp, [y, prod(kernel) / counted])
-
-
-def _window_counts(n: int, lo: int, hi: int, k: int, s: int, d: int) -> np.ndarray:
-    """How many input elements (not padding) each window along one axis covers."""
-    starts = np.arange((n + lo + hi - (k - 1) * d - 1) // s + 1) * s - lo
-    taps = starts[:, None] + np.arange(k) * d
-    return ((taps >= 0) & (taps < n)).sum(axis=1)
 
 
 def _pool_padded(

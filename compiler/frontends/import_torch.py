@@ -86,6 +86,7 @@ from tlc.frontends.import_common import (
     take,
     tile,
     weighted_taps,
+    window_counts,
 )
 from tlc.semantics.program import GraphBuilder, Traced
 
@@ -745,23 +746,49 @@ def _pool_of(call: Call, op: type[tl.PoolOp], rank: int, p: Pool) -> SSAValue:
         return dilated_max_pool(call.ops, x, kernel, stride, dilation, padding, hi)
     if p.divisor_override is not None:
         raise call.refuse("divisor_override")
-    if not p.count_include_pad and any(padding):
-        raise call.refuse("count_include_pad=False with padding (tl counts the zero padding)")
-    if p.ceil_mode:
-        spatial = call.ops.shape_of(x)[-rank:]
-        extra = [
-            ceil_mode_extra(n, q, q, k, s)
-            for n, q, k, s in zip(spatial, padding, kernel, stride, strict=True)
-        ]
-        if any(extra):
-            if op is tl.AvgPoolOp:
-                raise call.refuse("ceil_mode=True where it adds a partial window (tl rounds down)")
-            # pad explicitly with -inf, which never wins a max, so tl's rounding down keeps the
-            # partial windows
-            hi = [q + e for q, e in zip(padding, extra, strict=True)]
-            x = pad(call.ops, x, len(call.ops.shape_of(x)) - rank, padding, hi, -np.inf)
-            padding = [0] * rank
+    spatial = call.ops.shape_of(x)[-rank:]
+    geometry = zip(spatial, padding, kernel, stride, strict=True)
+    extra = [ceil_mode_extra(n, q, q, k, s) if p.ceil_mode else 0 for n, q, k, s in geometry]
+    if op is tl.AvgPoolOp and (any(extra) or (not p.count_include_pad and any(padding))):
+        return _average_counted(call, x, kernel, stride, padding, extra, p.count_include_pad)
+    if any(extra):
+        # pad explicitly with -inf, which never wins a max, so tl's rounding down keeps the
+        # partial windows
+        hi = [q + e for q, e in zip(padding, extra, strict=True)]
+        x = pad(call.ops, x, len(call.ops.shape_of(x)) - rank, padding, hi, -np.inf)
+        padding = [0] * rank
     return call.ops.apply(op, [x], {"kernel": kernel, "stride": stride, "padding": padding})
+
+
+def _average_counted(
+    call: Call,
+    x: SSAValue,
+    kernel: list[int],
+    stride: list[int],
+    padding: list[int],
+    extra: list[int],
+    counts_pad: bool,
+) -> SSAValue:
+    """PyTorch's average pool where its divisor is not the window size: ceil_mode's partial
+    windows (`extra` past the padding) and count_include_pad=False with padding. The input
+    padded explicitly with zeros (the partial windows too), tl's average pool, then times
+    prod(kernel) / (the elements PyTorch counts in each window: those of the padded input
+    with count_include_pad, else those of the input)."""
+    rank = len(kernel)
+    spatial = call.ops.shape_of(x)[-rank:]
+    hi = [q + e for q, e in zip(padding, extra, strict=True)]
+    x = pad(call.ops, x, len(call.ops.shape_of(x)) - rank, padding, hi, 0.0)
+    fields = {"kernel": kernel, "stride": stride, "padding": [0] * rank}
+    y = call.ops.apply(tl.AvgPoolOp, [x], fields)
+    geometry = zip(spatial, padding, extra, kernel, stride, strict=True)
+    counts = [
+        window_counts(n + 2 * q, 0, e, k, s, 1)
+        if counts_pad
+        else window_counts(n, q, q + e, k, s, 1)
+        for n, q, e, k, s in geometry
+    ]
+    counted = functools.reduce(np.multiply.outer, counts)
+    return elementwise(call.ops, tl.MulElemOp, [y, float(np.prod(kernel)) / counted])
 
 
 @on(nn.MaxPool1d, op=tl.MaxPoolOp, rank=1)
