@@ -231,6 +231,15 @@ def test_onnx_refusals_name_the_reason() -> None:
     with pytest.raises(DiagnosticError) as info:
         tlc.from_onnx(area)
     assert str(info.value).endswith("(Resize): mode 'area' (nearest, linear or cubic)")
+    crop = onnx_model(
+        [helper.make_node("Resize", ["x", "roi", "s"], ["y"],
+                          coordinate_transformation_mode="tf_crop_and_resize")], (1, 1, 4, 4),
+        {"roi": np.asarray([0, 0, 1, 1], np.float32), "s": np.asarray([1, 1, 2, 2], np.float32)},
+        opset=19,
+    )  # fmt: skip
+    with pytest.raises(DiagnosticError) as info:
+        tlc.from_onnx(crop)
+    assert str(info.value).endswith("(Resize): roi holds 4 values (expected 8)")
     smooth = resize((1, 1, 4, 4), "scales", [1, 1, 0.5, 0.5], mode="nearest", antialias=1)
     with pytest.raises(DiagnosticError) as info:
         tlc.from_onnx(smooth)

@@ -323,6 +323,10 @@ CASES = {
         [helper.make_node("ReduceSum", ["x", "axes"], ["y"], keepdims=1)],
         [("x", (2, 0, 3))], [], "const",
     ),
+    "reduce_mean_of_nothing_opset13": (
+        [helper.make_node("ReduceMean", ["x"], ["y"], axes=[0, 1], keepdims=0)],
+        [("x", (2, 0, 3))], [], "const",
+    ),
 }  # fmt: skip
 INT_INITIALIZERS = {
     "reshape_transpose_reduce": [int_init("shape", [4, 0, -1]), int_init("axes", [1, -1])],
@@ -358,6 +362,7 @@ REAL_MODEL_CASES = {
     "max_pool_dilation_not_dividing_stride", "avgpool_ceil_counted_pads",
     "avgpool_dilated_ceil_counted_pads", "selu_constants", "reduce_sum_of_nothing",
     "einsum_ellipsis_diagonal_three_operands", "pow_exponent_tensors",
+    "reduce_mean_of_nothing_opset13",
 }  # fmt: skip
 #: Cases whose ONNX reference computes in float32 even on doubles (so agree to float32's
 #: precision only): Erf's evaluator rounds to float32, HardSwish and Selu use float32 constants.
