@@ -319,6 +319,23 @@ CASES = {
          helper.make_node("Einsum", ["x", "w", "d"], ["y"], equation="bhld,de,bhl->bhe")],
         [("x", (2, 3, 4, 4))], [("w", RNG2.standard_normal((4, 5)))], "matmul",
     ),
+    "batch_norm_training_mode": (
+        [helper.make_node("BatchNormalization", ["x", "g", "b", "m", "v"], ["y"],
+                          training_mode=1, momentum=0.8, epsilon=1e-3)],
+        [("x", (3, 2, 4, 2))],
+        [("g", RNG2.uniform(0.5, 1.5, 2)), ("b", RNG2.standard_normal(2)),
+         ("m", RNG2.standard_normal(2)), ("v", RNG2.uniform(0.5, 2, 2))],
+        "reduce_mean",
+    ),
+    "batch_norm_training_running_statistics": (
+        [helper.make_node("BatchNormalization", ["x", "g", "b", "m", "v"], ["n", "rm", "rv"],
+                          training_mode=1),
+         helper.make_node("Mul", ["rm", "rv"], ["y"])],
+        [("x", (3, 2, 5))],
+        [("g", RNG2.uniform(0.5, 1.5, 2)), ("b", RNG2.standard_normal(2)),
+         ("m", RNG2.standard_normal(2)), ("v", RNG2.uniform(0.5, 2, 2))],
+        "reduce_mean",
+    ),
     "reduce_sum_of_nothing": (
         [helper.make_node("ReduceSum", ["x", "axes"], ["y"], keepdims=1)],
         [("x", (2, 0, 3))], [], "const",
@@ -362,7 +379,8 @@ REAL_MODEL_CASES = {
     "max_pool_dilation_not_dividing_stride", "avgpool_ceil_counted_pads",
     "avgpool_dilated_ceil_counted_pads", "selu_constants", "reduce_sum_of_nothing",
     "einsum_ellipsis_diagonal_three_operands", "pow_exponent_tensors",
-    "reduce_mean_of_nothing_opset13",
+    "reduce_mean_of_nothing_opset13", "batch_norm_training_mode",
+    "batch_norm_training_running_statistics",
 }  # fmt: skip
 #: Cases whose ONNX reference computes in float32 even on doubles (so agree to float32's
 #: precision only): Erf's evaluator rounds to float32, HardSwish and Selu use float32 constants.
@@ -512,6 +530,18 @@ def test_refusals_name_the_node_and_op_type() -> None:
     )
     assert _refusal(weights) == (
         "ONNX import: node #0 (Conv): W (input 1) must be an initializer or a Constant"
+    )
+
+
+def test_batch_norm_running_statistics_need_training_mode() -> None:
+    model = make_model(
+        [helper.make_node("BatchNormalization", ["x", "g", "b", "m", "v"], ["n", "rm", "rv"]),
+         helper.make_node("Mul", ["rm", "rm"], ["y"])],
+        [("x", (3, 2))], "y", [(name, np.ones(2)) for name in "gbmv"],
+    )  # fmt: skip
+    assert _refusal(model) == (
+        "ONNX import: node #0 (BatchNormalization): running_mean and running_var are outputs "
+        "of training_mode=1 only"
     )
 
 

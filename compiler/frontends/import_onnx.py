@@ -379,14 +379,39 @@ def _layernorm(call: NodeCall) -> list[Value | None]:
     return [*outputs, mean, call.ops.apply(tl.InvOp, [std])]
 
 
-@on("BatchNormalization", attributes=["epsilon", "momentum", "training_mode"])
-def _batch_norm(call: NodeCall) -> SSAValue:
-    if call.attr("training_mode", 0):
-        raise call.refuse("training_mode=1 (tl has eval-mode batch norm only)")
+@on("BatchNormalization", attributes=["epsilon", "momentum", "training_mode"], outputs=3)
+def _batch_norm(call: NodeCall) -> SSAValue | list[Value | None]:
+    """Eval mode is `batch_norm_eval` with the stored statistics. training_mode=1 normalises by
+    the batch's own per-channel mean and (biased) variance over every axis but the channels,
+    from reductions, and its running_mean / running_var outputs are the stored statistics
+    times momentum plus the batch's times 1 - momentum (ONNX's reference)."""
     gamma, beta = call.const(1, "scale"), call.const(2, "B")
     mean, var = call.const(3, "input_mean"), call.const(4, "input_var")
     eps = float(call.attr("epsilon", 1e-5))
-    return call.ops.batch_norm_eval(call.tensor(0), gamma, beta, mean, var, eps, channel_axis=1)
+    x = call.tensor(0)
+    if not call.attr("training_mode", 0):
+        if call.used(1) or call.used(2):
+            raise call.refuse("running_mean and running_var are outputs of training_mode=1 only")
+        return call.ops.batch_norm_eval(x, gamma, beta, mean, var, eps, channel_axis=1)
+    shape = call.shape(x)
+    axes = [0, *range(2, len(shape))]
+    per_channel = (shape[1],) + (1,) * (len(shape) - 2)
+    batch_mean = reduce(call.ops, tl.ReduceMeanOp, x, axes, keepdims=True)
+    centred = elementwise(call.ops, tl.SubOp, [x, batch_mean])
+    square = call.ops.apply(tl.MulElemOp, [centred, centred])
+    batch_var = reduce(call.ops, tl.ReduceMeanOp, square, axes, keepdims=True)
+    std = call.ops.apply(tl.SqrtOp, [elementwise(call.ops, tl.AddOp, [batch_var, np.float64(eps)])])
+    y = elementwise(call.ops, tl.DivOp, [centred, std])
+    y = elementwise(call.ops, tl.MulElemOp, [y, np.reshape(gamma, per_channel)])
+    y = elementwise(call.ops, tl.AddOp, [y, np.reshape(beta, per_channel)])
+    momentum = float(call.attr("momentum", np.float32(0.9)))
+
+    def running(stored: np.ndarray, batch: SSAValue) -> SSAValue:
+        new = elementwise(call.ops, tl.MulElemOp, [reshape(call.ops, batch, [shape[1]]),
+                                                   np.float64(1 - momentum)])  # fmt: skip
+        return elementwise(call.ops, tl.AddOp, [np.asarray(stored) * momentum, new])
+
+    return [y, running(mean, batch_mean), running(var, batch_var)]
 
 
 # --------------------------------------------------------------------------------------------
