@@ -183,6 +183,24 @@ def test_onnx_resize_cubic_antialias_and_crop(transform: str, mode: str, attrs: 
         check_onnx(model, (1, 2, 4, 6), rtol=tolerance, atol=tolerance)
 
 
+def test_onnx_cubic_einsum_and_pow_elem_compile_to_the_reference() -> None:
+    """The import rules' graphs (weighted gathers, a batched matmul, pow_elem) through the LLVM
+    backend, in float64: the compiled matmul sums in another order with fused multiply-adds
+    (a few ulp over 12 terms), libm's pow is the reference's: rtol 1e-13."""
+    nodes = [
+        helper.make_node("Resize", ["x", "", "s"], ["r"], mode="cubic", antialias=1,
+                         exclude_outside=1),
+        helper.make_node("Einsum", ["r", "r"], ["e"], equation="...ij,...kj->...ik"),
+        helper.make_node("Pow", ["e", "p"], ["y"]),
+    ]  # fmt: skip
+    inits = {"s": np.asarray([1, 1, 0.6, 1.5], np.float32), "p": np.asarray([[[[2, 3, 1, 2]]]])}
+    traced = tlc.from_onnx(onnx_model(nodes, (1, 2, 8, 8), inits, opset=19))
+    x = RNG.standard_normal((1, 2, 8, 8))
+    expected = interpret(traced.graph, traced.payload, x).output
+    compiled = tlc.compile(traced.module, traced.payload, dtype="f64")
+    np.testing.assert_allclose(compiled(x), expected, rtol=1e-13, atol=0)
+
+
 def test_onnx_old_opset_forms_are_converted() -> None:
     """Slice-1 (starts/ends as attributes) and Upsample-9 (scales as an input) are older forms
     onnx.version_converter rewrites to Slice-13 and Resize."""
