@@ -286,6 +286,7 @@ for _op, _fn in (
     ),
     (ops.WhereOp, lambda k, n, c, a, b: k.b.select(k.b.fcmp_unordered("!=", c, k.const(0)), a, b)),
     (ops.PowOp, lambda k, n, x: k.intrinsic("pow", x, k.const(n.meta("exponent")))),
+    (ops.PowElemOp, lambda k, n, a, b: k.intrinsic("pow", a, b)),
     (ops.SinOp, lambda k, n, x: k.intrinsic("sin", x)),
     (ops.CosOp, lambda k, n, x: k.intrinsic("cos", x)),
     (ops.GeluOp, _gelu),

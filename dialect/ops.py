@@ -542,6 +542,20 @@ class PowOp(UnaryOp):
 
 
 @irdl_op_definition
+class PowElemOp(BinaryOp):
+    """`%2 = pow_elem(%0, %1)` — elementwise a to the power b (C's `pow`: NaN for a negative a
+    and a non-integer b, ±inf for 0 to a negative power; a^0 = 1 everywhere): ONNX's `Pow`
+    whose exponent is a tensor of many values or a graph input (`pow` has a constant one)."""
+
+    name = "tl.pow_elem"
+    ONNX = OnnxSpelling("Pow")
+    ULPS = LIBM_ULPS
+
+    def numpy(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return np.power(a, b)
+
+
+@irdl_op_definition
 class RsqrtOp(UnaryOp):
     """`%1 = rsqrt(%0)` — 1 / sqrt(x) (PyTorch's `rsqrt`; ONNX has no op: its exporters write
     Sqrt and Reciprocal, as the export of the decomposition does)."""
@@ -1506,7 +1520,7 @@ FORWARD_OPS: tuple[type[NodeOp], ...] = (
     AbsOp, SqrtOp, NegOp, ReluOp, LeakyReluOp, TanhOp, SigmoidOp, SoftplusOp, ExpOp, LogOp, InvOp,
     SinOp, CosOp, GeluOp, ErfOp, EluOp, SeluOp, HardSigmoidOp, HardSwishOp, SiluOp, ClipOp,
     SoftsignOp,
-    DivOp, PreluOp, PowOp, RsqrtOp, LrnOp, PadOp, LessOp, WhereOp, TruncOp,
+    DivOp, PreluOp, PowOp, PowElemOp, RsqrtOp, LrnOp, PadOp, LessOp, WhereOp, TruncOp,
     MaxPoolOp, AvgPoolOp, BroadcastToOp, ReduceSumOp, ReduceMeanOp, SumOp, MatmulOp,
     LinearOp, ConvOp, BatchNormEvalOp, SafeLogOp, SoftmaxOp, LogSoftmaxOp, HardMaskedSoftmaxOp,
     LayernormOp, ReshapeOp, FlattenOp, ConcatOp, MseLossOp, GatherOp,

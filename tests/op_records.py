@@ -330,6 +330,8 @@ HAND_RECORDS: tuple[OpRecord, ...] = (
     OpRecord("pow_inverse_square", ops.PowOp, ((2, 3),), (2, 3),
              lambda t, xs, r, m: xs[0] ** -2.0, fields={"exponent": -2.0},
              samplers=(away_from_zero,)),
+    OpRecord("pow_elem", ops.PowElemOp, ((2, 3), (2, 3)), (2, 3),
+             lambda t, xs, r, m: t.pow(xs[0], xs[1]), samplers=(positive, normal)),
     OpRecord("lrn", ops.LrnOp, ((2, 5, 3, 2),), (2, 5, 3, 2),
              lambda t, xs, r, m: t.nn.functional.local_response_norm(
                  xs[0], m["size"], m["alpha"], m["beta"], m["k"]),

@@ -89,6 +89,38 @@ def test_op_boxes_hold_sampled_values(
     assert_contained(rec.graph(), payload, lo, hi, dtype)
 
 
+@settings(max_examples=30, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    radius=st.sampled_from(RADII),
+    dtype=st.sampled_from(DTYPES),
+)
+def test_pow_elem_boxes_with_point_exponents_hold_sampled_values(
+    seed: int, radius: float, dtype: type
+) -> None:
+    """pow_elem with a constant exponent (point boxes): integers of both signs and parities on
+    bases of both signs and boxes holding 0, non-integers on positive bases; the cases the op
+    records (positive bases, exponent boxes of width 2 radius) do not reach."""
+    import tlc
+    from tlc.api.evaluate import checked_graph, resolve_payload
+
+    rng = np.random.default_rng(seed)
+    integers = rng.choice([-3.0, -2.0, -1.0, 0.0, 1.0, 2.0, 3.0], 6)
+    exponents = np.concatenate([integers, rng.choice([0.5, -1.5, 2.25], 2)])
+    module = tlc.parse(
+        "tl.graph @g {\n  %0 = input : [8]\n  %1 = const : [8]\n  %2 = pow_elem(%0, %1)\n"
+        "  output %2\n}\ntl.payload @g {\n  %1 = const {value = ["
+        + ", ".join(repr(float(e)) for e in exponents)
+        + "]}\n}\n"
+    )
+    graph = checked_graph(module)
+    payload = resolve_payload(module, graph, None)
+    # Non-integer powers on bases whose box stays above 0 (their domain), the rest anywhere.
+    bases = np.concatenate([rng.normal(0.0, 2.0, 6), radius + rng.uniform(0.01, 3.0, 2)])
+    lo, hi = _ball([bases], radius)
+    assert assert_contained(graph, payload, lo, hi, dtype) > 0
+
+
 # --------------------------------------------------------------------------------------------
 # The backward ops of gradient graphs
 # --------------------------------------------------------------------------------------------

@@ -236,6 +236,12 @@ CASES = {
          helper.make_node("Pow", ["b", "e"], ["y"])],
         [("x", (2, 3))], [("three", np.array(3.0)), ("e", np.array([[0.75, 2.0, 0.75]]))], "pow",
     ),
+    "pow_exponent_tensors": (
+        [helper.make_node("Abs", ["x"], ["a"]),
+         helper.make_node("Pow", ["a", "e"], ["p"]),
+         helper.make_node("Pow", ["p", "z"], ["y"])],
+        [("x", (2, 9)), ("z", (2, 9))], [("e", np.linspace(-2.0, 2.0, 9))], "pow_elem",
+    ),
     "mean_variadic": (
         [helper.make_node("Mean", ["x", "c", "z"], ["y"])],
         [("x", (2, 3)), ("z", (3,))], [("c", RNG2.standard_normal((2, 1)))], "div",
@@ -287,12 +293,64 @@ CASES = {
                           dilations=[2, 1], pads=[1, 1, 1, 1])],
         [("x", (1, 2, 9, 10))], [], "max_pool",
     ),
+    "max_pool_dilation_not_dividing_stride": (
+        [helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[3, 2], strides=[1, 2],
+                          dilations=[2, 3], pads=[1, 0, 2, 1], ceil_mode=1)],
+        [("x", (1, 2, 9, 10))], [], "max_elem",
+    ),
+    "avgpool_ceil_counted_pads": (
+        [helper.make_node("AveragePool", ["x"], ["y"], kernel_shape=[2, 3], strides=[2, 2],
+                          pads=[1, 1, 0, 1], ceil_mode=1, count_include_pad=1)],
+        [("x", (1, 2, 6, 7))], [], "avg_pool",
+    ),
+    "avgpool_dilated_ceil_counted_pads": (
+        [helper.make_node("AveragePool", ["x"], ["y"], kernel_shape=[2, 2], strides=[2, 3],
+                          dilations=[2, 1], pads=[0, 1, 1, 0], ceil_mode=1,
+                          count_include_pad=1)],
+        [("x", (1, 2, 8, 7))], [], "conv",
+    ),
+    "selu_constants": (
+        [helper.make_node("Selu", ["x"], ["y"], alpha=2.0, gamma=3.0)],
+        [("x", (2, 3))], [], "elu",
+    ),
+    "einsum_ellipsis_diagonal_three_operands": (
+        [helper.make_node("Einsum", ["x", "x"], ["s"], equation="...ld,...sd->...ls"),
+         helper.make_node("Einsum", ["s"], ["d"], equation="...ii->...i"),
+         helper.make_node("Einsum", ["x", "w", "d"], ["y"], equation="bhld,de,bhl->bhe")],
+        [("x", (2, 3, 4, 4))], [("w", RNG2.standard_normal((4, 5)))], "matmul",
+    ),
+    "batch_norm_training_mode": (
+        [helper.make_node("BatchNormalization", ["x", "g", "b", "m", "v"], ["y"],
+                          training_mode=1, momentum=0.8, epsilon=1e-3)],
+        [("x", (3, 2, 4, 2))],
+        [("g", RNG2.uniform(0.5, 1.5, 2)), ("b", RNG2.standard_normal(2)),
+         ("m", RNG2.standard_normal(2)), ("v", RNG2.uniform(0.5, 2, 2))],
+        "reduce_mean",
+    ),
+    "batch_norm_training_running_statistics": (
+        [helper.make_node("BatchNormalization", ["x", "g", "b", "m", "v"], ["n", "rm", "rv"],
+                          training_mode=1),
+         helper.make_node("Mul", ["rm", "rv"], ["y"])],
+        [("x", (3, 2, 5))],
+        [("g", RNG2.uniform(0.5, 1.5, 2)), ("b", RNG2.standard_normal(2)),
+         ("m", RNG2.standard_normal(2)), ("v", RNG2.uniform(0.5, 2, 2))],
+        "reduce_mean",
+    ),
+    "reduce_sum_of_nothing": (
+        [helper.make_node("ReduceSum", ["x", "axes"], ["y"], keepdims=1)],
+        [("x", (2, 0, 3))], [], "const",
+    ),
+    "reduce_mean_of_nothing_opset13": (
+        [helper.make_node("ReduceMean", ["x"], ["y"], axes=[0, 1], keepdims=0)],
+        [("x", (2, 0, 3))], [], "const",
+    ),
 }  # fmt: skip
 INT_INITIALIZERS = {
     "reshape_transpose_reduce": [int_init("shape", [4, 0, -1]), int_init("axes", [1, -1])],
     "reduce_sum_opset13": [int_init("axes", [0, 2])],
     "tile": [int_init("repeats", [2, 3])],
     "reduce_max_min": [int_init("axes", [0, -1])],
+    "reduce_sum_of_nothing": [int_init("axes", [1])],
     "pad_modes_and_axes": [
         int_init("pads", [0, 1, 2, 1, 0, 1]),
         int_init("pads1", [3, 0]),
@@ -318,6 +376,11 @@ REAL_MODEL_CASES = {
     "div_broadcast", "prelu_per_channel", "pow_constant_exponents", "mean_variadic", "tile",
     "instance_norm", "group_norm", "conv_transpose_strided_padded", "pad_modes_and_axes",
     "max_pool_dilated", "reduce_max_min", "less_greater_where_cast_bool",
+    "max_pool_dilation_not_dividing_stride", "avgpool_ceil_counted_pads",
+    "avgpool_dilated_ceil_counted_pads", "selu_constants", "reduce_sum_of_nothing",
+    "einsum_ellipsis_diagonal_three_operands", "pow_exponent_tensors",
+    "reduce_mean_of_nothing_opset13", "batch_norm_training_mode",
+    "batch_norm_training_running_statistics",
 }  # fmt: skip
 #: Cases whose ONNX reference computes in float32 even on doubles (so agree to float32's
 #: precision only): Erf's evaluator rounds to float32, HardSwish and Selu use float32 constants.
@@ -360,6 +423,17 @@ ORT_CASES = {
         [helper.make_node("ConvTranspose", ["x", "w"], ["y"], strides=[2, 2],
                           output_shape=[6, 6])],
         [("x", (1, 1, 3, 3))], [("w", RNG2.standard_normal((1, 2, 3, 3)))], "conv",
+    ),
+    "conv_transpose_output_shape_beyond_the_full_output": (
+        [helper.make_node("ConvTranspose", ["x", "w", "b"], ["y"], strides=[2, 2],
+                          output_shape=[8, 8])],
+        [("x", (1, 1, 3, 3))],
+        [("w", RNG2.standard_normal((1, 2, 3, 3))), ("b", RNG2.standard_normal(2))], "conv",
+    ),
+    "conv_transpose_pads_beyond_the_span": (
+        [helper.make_node("ConvTranspose", ["x", "w"], ["y"], strides=[2, 1],
+                          pads=[3, 1, 4, 2])],
+        [("x", (1, 1, 4, 5))], [("w", RNG2.standard_normal((1, 2, 3, 3)))], "conv",
     ),
 }  # fmt: skip
 
@@ -451,44 +525,39 @@ def test_refusals_name_the_node_and_op_type() -> None:
         "(tlc-translate --input-shape, tlc.from_onnx(..., input_shapes=[...]))"
     )
     assert tlc.from_onnx(symbolic, [(3, 2)]).graph.nodes[0].declared_shape == (3, 2)
-    pool = make_model(
-        [helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[3], dilations=[2])],
-        [("x", (1, 1, 7))], "y",
-    )  # fmt: skip
-    assert _refusal(pool) == (
-        "ONNX import: node #0 (MaxPool): max pooling with a dilation that does not divide its "
-        "stride (tl's max pool has no dilation; it is written as two pools where each does)"
-    )
-    several = make_model(
-        [helper.make_node("Pow", ["x", "e"], ["y"])], [("x", (9,))], "y", [("e", np.arange(9.0))]
-    )
-    assert _refusal(several) == (
-        "ONNX import: node #0 (Pow): exponent (input 1) holds 9 values (at most 8: one tl pow "
-        "node each)"
-    )
-    cropped = make_model(
-        [helper.make_node("ConvTranspose", ["x", "w"], ["y"], pads=[3, 0])],
-        [("x", (1, 1, 4))], "y", [("w", np.ones((1, 1, 3)))],
-    )  # fmt: skip
-    assert _refusal(cropped) == (
-        "ONNX import: node #0 (ConvTranspose): pads beyond the kernel's span d (k - 1) (the "
-        "output would be cropped; tl's conv pads only)"
-    )
-    counted_ceil = make_model(
-        [helper.make_node("AveragePool", ["x"], ["y"], kernel_shape=[2], strides=[2],
-                          ceil_mode=1, count_include_pad=1)],
-        [("x", (1, 1, 5))], "y",
-    )  # fmt: skip
-    assert _refusal(counted_ceil) == (
-        "ONNX import: node #0 (AveragePool): ceil_mode=1 where it adds a partial window, with "
-        "count_include_pad=1"
-    )
     weights = make_model(
         [helper.make_node("Conv", ["x", "w"], ["y"])], [("x", (1, 2, 5)), ("w", (3, 2, 2))], "y"
     )
     assert _refusal(weights) == (
         "ONNX import: node #0 (Conv): W (input 1) must be an initializer or a Constant"
     )
+
+
+def test_batch_norm_running_statistics_need_training_mode() -> None:
+    model = make_model(
+        [helper.make_node("BatchNormalization", ["x", "g", "b", "m", "v"], ["n", "rm", "rv"]),
+         helper.make_node("Mul", ["rm", "rm"], ["y"])],
+        [("x", (3, 2))], "y", [(name, np.ones(2)) for name in "gbmv"],
+    )  # fmt: skip
+    assert _refusal(model) == (
+        "ONNX import: node #0 (BatchNormalization): running_mean and running_var are outputs "
+        "of training_mode=1 only"
+    )
+
+
+def test_einsum_refusals_name_the_equation() -> None:
+    cases = [
+        ("ijk->ijk", [(2, 3, 4, 5)], "an operand's labels do not match its rank"),
+        ("iij->ij", [(2, 3, 4)], "label 'i' has extents 2 and 3"),
+        ("ij,jk->il", [(2, 3), (3, 4)], "an output label repeated or not in any operand"),
+        ("ij,jk", [(2, 3), (4, 4)], "label 'j' has extents 3 and 4"),
+        ("ij,jk,kl", [(2, 3), (3, 4)], "3 operand(s) in the equation, 2 given"),
+    ]
+    for equation, shapes, reason in cases:
+        names = [f"x{i}" for i in range(len(shapes))]
+        node = helper.make_node("Einsum", names, ["y"], equation=equation)
+        model = make_model([node], list(zip(names, shapes, strict=True)), "y")
+        assert _refusal(model) == f"ONNX import: node #0 (Einsum): einsum '{equation}': {reason}"
 
 
 def test_refusals_of_the_real_model_rules() -> None:
@@ -569,13 +638,6 @@ def test_every_onnx_spelling_is_imported_from_its_op_kind() -> None:
     assert set(spelled) <= set(RULES)
     assert {"LeakyRelu", "Relu", "Sign", "Gelu", "Max"} <= DERIVED <= set(spelled)
     assert RULES["LeakyRelu"].attributes == {"alpha"}
-
-
-def test_selu_is_refused_away_from_its_default_constants() -> None:
-    odd = make_model([helper.make_node("Selu", ["x"], ["y"], alpha=2.0)], [("x", (3,))], "y")
-    assert _refusal(odd) == (
-        "ONNX import: node #0 (Selu): alpha=2 (tl's selu has SELU's alpha, 1.673263)"
-    )
 
 
 def test_leaky_relu_alpha_is_the_negative_slope() -> None:

@@ -185,10 +185,6 @@ def test_refusals_name_the_node_and_target() -> None:
         "PyTorch graph import: FX node '_0' (torch.nn.modules.activation.Softplus): "
         "softplus with beta=2, threshold=20.0 (only 1, 20)"
     )
-    assert _refusal(nn.Sequential(nn.AvgPool1d(2, ceil_mode=True)), torch.randn(1, 2, 5)) == (
-        "PyTorch graph import: FX node '_0' (torch.nn.modules.pooling.AvgPool1d): "
-        "ceil_mode=True where it adds a partial window (tl rounds down)"
-    )
     assert _refusal(TwoInputs(), x) == (
         "PyTorch graph import: the model takes 2 inputs (x, y), 1 example inputs given"
     )
@@ -238,6 +234,11 @@ class Applied(nn.Module):
 #: must produce; values are compared with PyTorch in float64.
 FORMS: dict[str, tuple[Any, dict[str, nn.Module], list[str]]] = {
     "neg": (lambda x, m: -x + torch.neg(x) * x.neg(), {}, ["neg"] * 3),
+    "pow_tensor_exponents": (
+        lambda x, m: torch.pow(x.abs(), x * 0.3) + 2.0**x + x.abs().pow(x * 0.1) + x**2,
+        {},
+        ["pow_elem"] * 3 + ["pow"],
+    ),
     "erf": (lambda x, m: torch.erf(x) + x.erf() + torch.special.erf(x), {}, ["erf"] * 3),
     "elu": (
         lambda x, m: F.elu(x) + F.elu(x, 0.5) * F.elu(x, alpha=2.0) + m["elu"](x),
@@ -327,6 +328,28 @@ NCHW_FORMS: dict[str, tuple[Any, dict[str, nn.Module], list[str]]] = {
          "g": nn.ConvTranspose2d(4, 6, 2, stride=(3, 2), padding=1, output_padding=(1, 0),
                                  groups=2, dilation=2)},
         ["conv"] * 2,
+    ),
+    "avg_pool_partial_windows_and_uncounted_padding": (
+        lambda x, m: m["ceil"](x)[..., :3]
+        + F.avg_pool2d(x, (3, 2), stride=2, padding=1, count_include_pad=False)[..., :3]
+        + F.avg_pool2d(x, 3, stride=(2, 3), padding=1, ceil_mode=True,
+                       count_include_pad=False),
+        {"ceil": nn.AvgPool2d(3, stride=2, padding=1, ceil_mode=True)},
+        ["avg_pool"] * 3,
+    ),
+    "max_pool_dilation_not_dividing_stride": (
+        lambda x, m: F.max_pool2d(x, 3, stride=(1, 2), padding=1, dilation=(2, 3),
+                                  ceil_mode=True),
+        {}, ["max_elem"] * 4,
+    ),
+    "max_pool_dilation_dividing_stride": (
+        lambda x, m: m["p"](x), {"p": nn.MaxPool2d(2, stride=2, dilation=2, padding=1)},
+        ["max_pool"] * 2,
+    ),
+    "conv_transpose_padding_beyond_the_kernel_span": (
+        lambda x, m: m["t"](x),
+        {"t": nn.ConvTranspose2d(4, 6, 3, stride=(2, 1), padding=(3, 3))},
+        ["conv"],
     ),
     "group_and_instance_norm": (
         lambda x, m: m["g"](x) + m["i"](x) + F.group_norm(x, 2) + F.instance_norm(x),

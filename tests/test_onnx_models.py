@@ -14,7 +14,7 @@ pytest.importorskip("onnx")
 from tlc.tools.onnx_models import model_name, model_paths, report, run_model  # noqa: E402
 
 #: (models, import, match f64, match f32) per collection, as measured; never lowered.
-PYTORCH_COUNTS = {"pytorch-converted": (82, 82, 82, 82), "pytorch-operator": (35, 34, 34, 29)}
+PYTORCH_COUNTS = {"pytorch-converted": (82, 82, 82, 82), "pytorch-operator": (35, 35, 35, 30)}
 
 
 @pytest.mark.parametrize("collection", sorted(PYTORCH_COUNTS))
@@ -41,9 +41,13 @@ def test_every_light_zoo_model_imports() -> None:
         assert result.imported, (result.name, result.reasons)
 
 
-@pytest.mark.parametrize("name", ["inception_v1", "inception_v2", "squeezenet"])
+@pytest.mark.parametrize(
+    "name", ["inception_v1", "inception_v2", "resnet50", "shufflenet", "squeezenet"]
+)
 def test_light_model_matches_onnxruntime(name: str) -> None:
-    """inception_v1 through LRN, inception_v2, and squeezenet through GlobalAveragePool."""
+    """inception_v1 through LRN, inception_v2, resnet50, shufflenet, and squeezenet through
+    GlobalAveragePool. The filled weights keep the softmax unsaturated (`fill_weights` scales
+    the classifier), so the probabilities compared are not just 0 and 1."""
     pytest.importorskip("onnxruntime")
     (path,) = [p for p in model_paths("light") if model_name(p) == name]
     result = run_model("light", path)

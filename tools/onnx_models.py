@@ -60,15 +60,41 @@ def model_name(path: str) -> str:
     return base.removesuffix(".onnx").removeprefix("light_")
 
 
+#: The inputs of these op types (by index) that hold offsets: biases and batch-norm means, filled
+#: with small zero-mean values so that they neither drift the activations up layer after layer
+#: nor switch whole ReLU channels off.
+OFFSETS = {"Conv": (2,), "Gemm": (2,), "BatchNormalization": (2, 3), "ConvTranspose": (2,)}
+#: Ops through which a layer's output reaches the logits scaled by the same positive factor
+#: (positively homogeneous of degree 1), so scaling that layer's weight and bias scales them.
+HOMOGENEOUS = {
+    "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Dropout", "Relu", "MaxPool",
+    "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "Identity",
+}  # fmt: skip
+#: The spread the classifier's logits are scaled to (their standard deviation over the classes):
+#: the softmax then spreads over many classes (the largest probability ~0.1 of 1000), so its
+#: values say something where random weights would otherwise saturate it to 0 and 1.
+LOGIT_STD = 2.0
+
+
 def fill_weights(model: onnx.ModelProto, seed: int = 0) -> onnx.ModelProto:
     """A copy of `model` whose `ConstantOfShape` nodes with a constant shape are initializers
-    of random values: He-scaled normals for kernels and matrices, uniform in [0.5, 1.5] for
-    vectors (biases and normalisation statistics, where variances must be positive)."""
+    of random values: He-scaled normals for kernels and matrices, normals of standard deviation
+    0.1 for offsets (`OFFSETS`), uniform in [0.5, 1.5] for the other vectors (batch-norm scales
+    and variances, which must be positive). Where the model ends in a Softmax fed (through
+    `HOMOGENEOUS` ops) by a Gemm or Conv, that layer's weight and bias are then scaled so that
+    its logits on a random input have a standard deviation of `LOGIT_STD` (ONNX Runtime runs the
+    filled model once to measure them)."""
     rng = np.random.default_rng(seed)
     filled = onnx.ModelProto()
     filled.CopyFrom(model)
     graph = filled.graph
     shapes = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+    offsets = {
+        node.input[i]
+        for node in graph.node
+        for i in OFFSETS.get(node.op_type, ())
+        if i < len(node.input)
+    }
     kept = []
     for node in graph.node:
         if node.op_type != "ConstantOfShape" or node.input[0] not in shapes:
@@ -78,6 +104,8 @@ def fill_weights(model: onnx.ModelProto, seed: int = 0) -> onnx.ModelProto:
         if len(shape) >= 2:
             value = rng.standard_normal(shape, np.float32)
             value *= np.float32(np.sqrt(2.0 / int(np.prod(shape[1:]))))
+        elif node.output[0] in offsets:
+            value = rng.normal(0.0, 0.1, shape).astype(np.float32)
         else:
             value = rng.uniform(0.5, 1.5, shape).astype(np.float32)
         graph.initializer.append(numpy_helper.from_array(value, node.output[0]))
@@ -86,7 +114,51 @@ def fill_weights(model: onnx.ModelProto, seed: int = 0) -> onnx.ModelProto:
                 node.output[0], onnx.TensorProto.FLOAT, shape))  # fmt: skip
     del graph.node[:]
     graph.node.extend(kept)
+    _scale_logits(filled, np.random.default_rng(seed + 1))
     return filled
+
+
+def _scale_logits(model: onnx.ModelProto, rng: np.random.Generator) -> None:
+    """Scale the classifier feeding the final Softmax (see `fill_weights`), in place."""
+    graph = model.graph
+    producer = {out: node for node in graph.node for out in node.output}
+    last = producer.get(graph.output[0].name)
+    if last is None or last.op_type != "Softmax":
+        return
+    logits = last.input[0]
+    node = producer.get(logits)
+    while node is not None and node.op_type in HOMOGENEOUS:
+        node = producer.get(node.input[0])
+    initializers = {t.name: t for t in graph.initializer}
+
+    def stored(name: str) -> str | None:
+        """The initializer a layer's parameter is, or is reshaped from."""
+        while name not in initializers and name in producer:
+            if producer[name].op_type not in ("Reshape", "Flatten", "Transpose", "Identity"):
+                return None
+            name = producer[name].input[0]
+        return name if name in initializers else None
+
+    if node is None or node.op_type not in ("Gemm", "Conv") or stored(node.input[1]) is None:
+        return
+    import onnxruntime
+
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    probe.graph.output.append(onnx.ValueInfoProto(name=logits))
+    (data,) = [i for i in graph.input if i.name not in initializers]
+    x = rng.normal(size=[d.dim_value for d in data.type.tensor_type.shape.dim])
+    session = onnxruntime.InferenceSession(
+        probe.SerializeToString(), providers=["CPUExecutionProvider"]
+    )
+    (values,) = session.run([logits], {data.name: x.astype(np.float32)})
+    spread = float(np.std(values.reshape(values.shape[0], -1), axis=1).mean())
+    if not spread > 0:
+        return
+    factor = np.float32(LOGIT_STD / spread)
+    for name in {stored(given) for given in node.input[1:3]} - {None}:
+        scaled = numpy_helper.to_array(initializers[name]) * factor
+        initializers[name].CopyFrom(numpy_helper.from_array(scaled.astype(np.float32), name))
 
 
 @dataclass

@@ -12,7 +12,9 @@ explicit `broadcast_to` node appears.
 from __future__ import annotations
 
 import functools
+from collections import Counter
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -226,14 +228,17 @@ def conv_transpose(
 ) -> SSAValue:
     """A transposed convolution of [N, C_in, ...] with `weight` [C_in, C_out / groups, k...]
     (ONNX's and PyTorch's layout); `lo`/`hi` are the output's padding before and after each
-    spatial axis (hi already net of the output padding, so it may be negative only where
-    the caller refused). The convolution it transposes, written as one: s - 1 zeros inserted
-    after every input element along each strided axis (a reshape to [..., n, 1, ...], a
-    concat with zeros, a reshape to [..., n s, ...]), then a stride-1 convolution dilated as
+    spatial axis (hi already net of the output padding; negative ones extend the output, its
+    extra elements the bias alone, as ONNX's output_shape may). The convolution it
+    transposes, written as one: s - 1 zeros inserted after every input element along each
+    strided axis (a reshape to [..., n, 1, ...], a concat with zeros, a reshape to
+    [..., n s, ...]), then a stride-1 convolution dilated as
     the original, padded d (k-1) - lo before and d (k-1) - hi - (s-1) after (the trailing
-    zeros of the last element already count), with each group's kernel transposed to
-    [C_out / groups, C_in / groups] and flipped along every spatial axis. Exact: every
-    inserted zero adds 0 · w to a sum of the same products the transposed convolution adds."""
+    zeros of the last element already count; a negative padding, where the output is cropped
+    by more than the kernel's span, crops the convolution's input instead, a gather), with each
+    group's kernel transposed to [C_out / groups, C_in / groups] and flipped along every
+    spatial axis. Exact: every inserted zero adds 0 · w to a sum of the same products the
+    transposed convolution adds."""
     shape = builder.shape_of(value)
     rank = len(shape) - 2
     kernel = weight.shape[2:]
@@ -250,6 +255,11 @@ def conv_transpose(
     span = [d * (k - 1) for d, k in zip(dilation, kernel, strict=True)]
     before = [sp - p for sp, p in zip(span, lo, strict=True)]
     after = [sp - p - (s - 1) for sp, p, s in zip(span, hi, stride, strict=True)]
+    for i, (b, a) in enumerate(zip(before, after, strict=True)):
+        if b < 0 or a < 0:
+            n = builder.shape_of(value)[2 + i]
+            value = take(builder, value, 2 + i, np.arange(max(0, -b), n - max(0, -a)))
+    before, after = [max(0, b) for b in before], [max(0, a) for a in after]
     grouped = weight.reshape(groups, c_in // groups, c_out_g, *kernel).swapaxes(1, 2)
     flipped = np.flip(grouped.reshape(groups * c_out_g, c_in // groups, *kernel),
                       axis=tuple(range(2, 2 + rank)))  # fmt: skip
@@ -257,6 +267,47 @@ def conv_transpose(
         value, np.ascontiguousarray(flipped), bias, stride=[1] * rank, padding=before,
         padding_after=after, dilation=list(dilation), groups=groups, channel_axis=1,
     )  # fmt: skip
+
+
+def dilated_max_pool(
+    builder: GraphBuilder,
+    x: SSAValue,
+    kernel: Sequence[int],
+    stride: Sequence[int],
+    dilation: Sequence[int],
+    lo: Sequence[int],
+    hi: Sequence[int],
+) -> SSAValue:
+    """A max pool of the trailing axes dilated by d, its padding (-inf) first. Where d divides
+    the stride s, every window's taps i s + j d are multiples of d, so the pool is a pool
+    {kernel = 1, stride = d} (which keeps every d-th element) followed by a pool {kernel = k,
+    stride = s / d}. Otherwise each axis alone (a max over a box is the max over each axis in
+    turn): the j-th tap of every window, i s + j d, gathered for j < k and combined by
+    `max_elem`. Exact: each output is the max of the same elements."""
+    rank = len(kernel)
+    first = len(builder.shape_of(x)) - rank
+    x = pad(builder, x, first, lo, hi, -np.inf)
+    if any(s % d for s, d in zip(stride, dilation, strict=True)):
+        for axis, k, s, d in zip(range(first, first + rank), kernel, stride, dilation, strict=True):
+            out = (builder.shape_of(x)[axis] - (k - 1) * d - 1) // s + 1
+            starts = np.arange(out) * s
+            taps = [take(builder, x, axis, starts + j * d) for j in range(k)]
+            x = functools.reduce(lambda a, b: builder.apply(tl.MaxElemOp, [a, b]), taps)
+        return x
+    ones, zeros = [1] * rank, [0] * rank
+    every = builder.apply(tl.MaxPoolOp, [x], {"kernel": ones, "stride": list(dilation),
+                                              "padding": zeros})  # fmt: skip
+    steps = [s // d for s, d in zip(stride, dilation, strict=True)]
+    return builder.apply(
+        tl.MaxPoolOp, [every], {"kernel": list(kernel), "stride": steps, "padding": zeros}
+    )
+
+
+def window_counts(n: int, lo: int, hi: int, k: int, s: int, d: int) -> np.ndarray:
+    """How many input elements (not padding) each window along one axis covers."""
+    starts = np.arange((n + lo + hi - (k - 1) * d - 1) // s + 1) * s - lo
+    taps = starts[:, None] + np.arange(k) * d
+    return ((taps >= 0) & (taps < n)).sum(axis=1)
 
 
 def ceil_mode_extra(n: int, lo: int, hi: int, k: int, s: int) -> int:
@@ -355,17 +406,201 @@ def interpolate(
     index), edge values beyond the ends: x[i0] (1 - t) + x[i0 + 1] t with i0 = floor(position)
     and t = position - i0, indices clamped into the axis (ONNX's `linear` and PyTorch's
     bilinear, whose out-of-range neighbours are the edge element)."""
-    n = builder.shape_of(value)[axis]
     low = np.floor(position)
     t = position - low
-    first = take(builder, value, axis, np.clip(low, 0, n - 1).astype(np.int64))
-    if not np.any(t):
-        return first
-    second = take(builder, value, axis, np.clip(low + 1, 0, n - 1).astype(np.int64))
-    return builder.add(
-        builder.mul_elem(first, along(builder, 1 - t, axis, first)),
-        builder.mul_elem(second, along(builder, t, axis, second)),
-    )
+    indices = np.stack([low, low + 1], axis=1).astype(np.int64)
+    return weighted_taps(builder, value, axis, indices, np.stack([1 - t, t], axis=1))
+
+
+def cubic_kernel(distance: np.ndarray, a: float) -> np.ndarray:
+    """Keys' cubic convolution kernel with coefficient `a` (ONNX's cubic_coeff_a; PyTorch's
+    bicubic has -0.75, its antialiased bicubic -0.5)."""
+    d = np.abs(distance)
+    near = ((a + 2) * d - (a + 3)) * d * d + 1
+    far = ((a * d - 5 * a) * d + 8 * a) * d - 4 * a
+    return np.where(d <= 1, near, np.where(d < 2, far, 0.0))
+
+
+@dataclass(frozen=True)
+class Resampling:
+    """How ONNX Resize's linear and cubic modes weigh the input around each source coordinate
+    (PyTorch's bicubic is the cubic mode with a = -0.75 and clamped taps)."""
+
+    mode: str
+    antialias: bool
+    cubic_a: float
+    exclude_outside: bool
+
+    def taps(self, position: np.ndarray, n: int, scale: float) -> tuple[np.ndarray, np.ndarray]:
+        """The input indices [out, K] (unclamped) and weights [out, K] of each output, as
+        ONNX's reference implementation takes them: the pixel left of the coordinate (the one
+        before where it is an integer) and its neighbours, weighted by the kernel at their
+        distance (stretched by 1 / scale when antialiasing a downsample, the weights then
+        normalised), the ones outside the axis set to 0 with exclude_outside (the rest
+        renormalised)."""
+        low = np.floor(position)
+        ratio = np.where(position == low, 1.0, position - low)
+        left = (position - ratio).astype(np.int64)
+        reach = 1 if self.mode == "linear" else 2
+        shrink = min(scale, 1.0) if self.antialias else 1.0
+        first = int(np.floor(-reach / shrink) + 1)
+        offsets = np.arange(first, 2 - first)
+        distance = (offsets[None, :] - ratio[:, None]) * shrink
+        if self.mode == "linear":
+            weights = np.clip(1 - np.abs(distance), 0, 1)
+        else:
+            weights = cubic_kernel(distance, self.cubic_a)
+        if self.antialias:
+            weights = weights / weights.sum(axis=1, keepdims=True)
+        indices = left[:, None] + offsets[None, :]
+        if self.exclude_outside:
+            weights = np.where((indices < 0) | (indices >= n), 0.0, weights)
+            total = weights.sum(axis=1, keepdims=True)
+            weights = weights / np.where(total == 0, 1.0, total)
+        return indices, weights
+
+
+def weighted_taps(
+    builder: GraphBuilder, value: SSAValue, axis: int, indices: np.ndarray, weights: np.ndarray
+) -> SSAValue:
+    """Output i along `axis` is sum_k weights[i, k] x[indices[i, k]] (indices [out, K], clamped
+    into the axis: the edge element stands for those beyond it): a gather per tap k weighted by
+    a constant, the taps added in order. A tap whose weights are all 0 is left out; one tap of
+    weight 1 is its gather alone. Linear, cubic and antialiased resampling are such sums."""
+    n = builder.shape_of(value)[axis]
+    clamped = np.clip(indices, 0, n - 1)
+    used = [k for k in range(weights.shape[1]) if np.any(weights[:, k])]
+    if not used:
+        used = [0]
+    terms = []
+    for k in used:
+        tap = take(builder, value, axis, clamped[:, k])
+        if len(used) == 1 and np.all(weights[:, k] == 1):
+            return tap
+        terms.append(builder.mul_elem(tap, along(builder, weights[:, k], axis, tap)))
+    return functools.reduce(builder.add, terms)
+
+
+def einsum_labels(equation: str, ranks: Sequence[int]) -> tuple[list[str], str] | str:
+    """NumPy's einsum equation for operands of `ranks`, `...` spelled out: each operand's
+    labels and the output's (implicit: the broadcast `...` axes, then the labels that occur
+    once, in alphabetical order). The axes `...` stands for are aligned from the right, as
+    broadcasting aligns them, and get labels of their own. A string is what is wrong."""
+    equation = equation.replace(" ", "")
+    inputs, arrow, output = equation.partition("->")
+    given = inputs.split(",")
+    if len(given) != len(ranks):
+        return f"{len(given)} operand(s) in the equation, {len(ranks)} given"
+    spans = [r - len(a.replace("...", "")) for a, r in zip(given, ranks, strict=True)]
+    if any(s < 0 or (s and "..." not in a) for a, s in zip(given, spans, strict=True)):
+        return "an operand's labels do not match its rank"
+    width = max((s for a, s in zip(given, spans, strict=True) if "..." in a), default=0)
+    fresh = [chr(0x3B1 + i) for i in range(width)]  # Greek: never an equation's label
+    labels = [
+        a.replace("...", "".join(fresh[width - s :])) for a, s in zip(given, spans, strict=True)
+    ]
+    if not arrow:
+        counts = Counter("".join(a.replace("...", "") for a in given))
+        output = "".join(fresh) + "".join(sorted(c for c, n in counts.items() if n == 1))
+    else:
+        output = output.replace("...", "".join(fresh))
+    return labels, output
+
+
+def einsum(
+    builder: GraphBuilder,
+    equation: str,
+    tensors: Sequence[SSAValue],
+    refuse: Callable[[str], Exception],
+) -> SSAValue:
+    """NumPy's / PyTorch's / ONNX's einsum, `...` included (`einsum_labels`; its extent-1 axes
+    broadcast); a label repeated within an operand takes its diagonal (`_diagonal`, a
+    gather). Operands are contracted left to right, each pair as one batched `matmul`. Labels
+    only one operand has and nothing later needs are summed first; then the pair, permuted to
+    [batch, kept, contracted] and [batch, contracted, kept] and reshaped to three axes, is one
+    `matmul`, reshaped back; the result is permuted to the output's labels."""
+    tensors = [lift(builder, t) for t in tensors]
+    spelled = einsum_labels(equation, [len(builder.shape_of(t)) for t in tensors])
+    if isinstance(spelled, str):
+        raise refuse(f"einsum '{equation}': {spelled}")
+    labels, output = spelled
+    if len(set(output)) != len(output) or not set(output) <= set("".join(labels)):
+        raise refuse(f"einsum '{equation}': an output label repeated or not in any operand")
+    for i, a in enumerate(labels):
+        while len(set(a)) != len(a):
+            a, tensors[i] = _diagonal(builder, a, tensors[i], refuse, equation)
+        labels[i] = a
+    extents: dict[str, int] = {}
+    for a, t in zip(labels, tensors, strict=True):
+        for c, d in zip(a, builder.shape_of(t), strict=True):
+            if extents.get(c, 1) == 1:
+                extents[c] = d
+            elif d not in (1, extents[c]):
+                raise refuse(f"einsum '{equation}': label '{c}' has extents {extents[c]} and {d}")
+    parts = []
+    for a, t in zip(labels, tensors, strict=True):
+        target = [extents[c] for c in a]
+        parts.append((a, broadcast_to(builder, t, target)))
+
+    def needed(rest: list[tuple[str, SSAValue]]) -> str:
+        return output + "".join(a for a, _ in rest)
+
+    def summed(a: str, t: SSAValue, keep: str) -> tuple[str, SSAValue]:
+        kept = "".join(c for c in a if c in keep)
+        return kept, reduce(builder, tl.ReduceSumOp, t, [a.index(c) for c in a if c not in kept],
+                            False)  # fmt: skip
+
+    a, ta = summed(*parts[0], needed(parts[1:]))
+    for i in range(1, len(parts)):
+        b, tb = summed(*parts[i], needed(parts[i + 1 :]) + a)
+        later = needed(parts[i + 1 :])
+        batch = [c for c in a if c in b and c in later]
+        inner = [c for c in a if c in b and c not in later]
+        left = [c for c in a if c not in b]
+        right = [c for c in b if c not in a]
+        ta = _arranged(builder, ta, a, batch + left + inner, [batch, left, inner], extents)
+        tb = _arranged(builder, tb, b, batch + inner + right, [batch, inner, right], extents)
+        order = batch + left + right
+        ta = reshape(builder, builder.matmul(ta, tb), [extents[c] for c in order])
+        a = "".join(order)
+    if a != output:
+        ta = builder.permute(ta, perm=[a.index(c) for c in output])
+    return ta
+
+
+def _diagonal(
+    builder: GraphBuilder, a: str, value: SSAValue, refuse: Callable[[str], Exception], eq: str
+) -> tuple[str, SSAValue]:
+    """An operand's diagonal over its first label that occurs twice (at axes p < q, extent n):
+    axis q moved next to p, the two flattened into n² and the n elements k (n + 1) gathered,
+    in place of axis p."""
+    c = next(c for c in a if a.count(c) > 1)
+    p, q = a.index(c), a.index(c, a.index(c) + 1)
+    shape = builder.shape_of(value)
+    n = shape[p]
+    if shape[q] != n:
+        raise refuse(f"einsum '{eq}': label '{c}' has extents {n} and {shape[q]}")
+    order = [*range(p + 1), q, *(i for i in range(p + 1, len(a)) if i != q)]
+    if order != list(range(len(a))):
+        value = builder.permute(value, perm=order)
+    moved = [shape[i] for i in order]
+    value = reshape(builder, value, [*moved[:p], n * n, *moved[p + 2 :]])
+    value = take(builder, value, p, np.arange(n) * (n + 1))
+    return "".join(a[i] for i in order if i != q), value
+
+
+def _arranged(
+    builder: GraphBuilder,
+    value: SSAValue,
+    have: str,
+    order: list[str],
+    groups: list[list[str]],
+    extents: dict[str, int],
+) -> SSAValue:
+    """`value` (labelled `have`) permuted to `order` and reshaped to one axis per group."""
+    if list(have) != order:
+        value = builder.permute(value, perm=[have.index(c) for c in order])
+    return reshape(builder, value, [int(np.prod([extents[c] for c in g])) for g in groups])
 
 
 def window_bounds(size: int, out: int) -> tuple[np.ndarray, np.ndarray]:

@@ -34,7 +34,6 @@ import importlib
 import inspect
 import operator
 import re
-from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -61,12 +60,16 @@ from tlc.dialect.registry import NODE_OPS
 from tlc.dialect.shapes import Shape, fmt_shape
 from tlc.frontends.import_common import (
     ImportFailure,
+    Resampling,
     adaptive_pool,
     broadcast_all,
     broadcast_to,
     ceil_mode_extra,
     channel_norm,
     conv_transpose,
+    cubic_kernel,
+    dilated_max_pool,
+    einsum,
     elementwise,
     finish,
     generalise_batch,
@@ -82,6 +85,8 @@ from tlc.frontends.import_common import (
     reshape,
     take,
     tile,
+    weighted_taps,
+    window_counts,
 )
 from tlc.semantics.program import GraphBuilder, Traced
 
@@ -277,6 +282,20 @@ def _with_alpha(call: Call, op: type[tl.BinaryOp]) -> Any:
 def _in_place(call: Call, op: type[tl.BinaryOp]) -> Any:
     """`x += y` traces to `operator.iadd`: the value is x + y (tl graphs are functional)."""
     return _elementwise(call, op)
+
+
+@on(torch.pow, operator.pow, "pow")
+def _pow(call: Call) -> Any:
+    """A tensor to a number's power is tl's `pow` (the spelling's rule); a tensor exponent, or
+    a number to a tensor power, is `pow_elem` of the two broadcast together; numbers alone are
+    arithmetic on sizes."""
+    base, exponent = call.arg(0, "input"), call.arg(1, "exponent")
+    tensors = [isinstance(v, SSAValue | Constant) for v in (base, exponent)]
+    if tensors == [True, False]:
+        return _spelled(call, tl.PowOp)
+    if not any(tensors):
+        return call.node.target(base, exponent)
+    return elementwise(call.ops, tl.PowElemOp, [call.value(base), call.value(exponent)])
 
 
 def _elementwise(call: Call, op: type[tl.BinaryOp]) -> Any:
@@ -715,29 +734,61 @@ def _pool_of(call: Call, op: type[tl.PoolOp], rank: int, p: Pool) -> SSAValue:
     kernel = _tuple(p.kernel, rank)
     stride = kernel if p.stride is None or p.stride == [] else _tuple(p.stride, rank)
     padding = _tuple(p.padding, rank)
-    if _tuple(p.dilation, rank) != [1] * rank:
-        raise call.refuse("pooling with dilation")
+    dilation = _tuple(p.dilation, rank)
     if p.return_indices:
         raise call.refuse("return_indices=True")
+    if dilation != [1] * rank:  # max pooling only: PyTorch's average pools have no dilation
+        spatial = call.ops.shape_of(x)[-rank:]
+        span = [(k - 1) * d + 1 for k, d in zip(kernel, dilation, strict=True)]
+        geometry = zip(spatial, padding, span, stride, strict=True)
+        extra = [ceil_mode_extra(n, q, q, k, s) if p.ceil_mode else 0 for n, q, k, s in geometry]
+        hi = [q + e for q, e in zip(padding, extra, strict=True)]
+        return dilated_max_pool(call.ops, x, kernel, stride, dilation, padding, hi)
     if p.divisor_override is not None:
         raise call.refuse("divisor_override")
-    if not p.count_include_pad and any(padding):
-        raise call.refuse("count_include_pad=False with padding (tl counts the zero padding)")
-    if p.ceil_mode:
-        spatial = call.ops.shape_of(x)[-rank:]
-        extra = [
-            ceil_mode_extra(n, q, q, k, s)
-            for n, q, k, s in zip(spatial, padding, kernel, stride, strict=True)
-        ]
-        if any(extra):
-            if op is tl.AvgPoolOp:
-                raise call.refuse("ceil_mode=True where it adds a partial window (tl rounds down)")
-            # pad explicitly with -inf, which never wins a max, so tl's rounding down keeps the
-            # partial windows
-            hi = [q + e for q, e in zip(padding, extra, strict=True)]
-            x = pad(call.ops, x, len(call.ops.shape_of(x)) - rank, padding, hi, -np.inf)
-            padding = [0] * rank
+    spatial = call.ops.shape_of(x)[-rank:]
+    geometry = zip(spatial, padding, kernel, stride, strict=True)
+    extra = [ceil_mode_extra(n, q, q, k, s) if p.ceil_mode else 0 for n, q, k, s in geometry]
+    if op is tl.AvgPoolOp and (any(extra) or (not p.count_include_pad and any(padding))):
+        return _average_counted(call, x, kernel, stride, padding, extra, p.count_include_pad)
+    if any(extra):
+        # pad explicitly with -inf, which never wins a max, so tl's rounding down keeps the
+        # partial windows
+        hi = [q + e for q, e in zip(padding, extra, strict=True)]
+        x = pad(call.ops, x, len(call.ops.shape_of(x)) - rank, padding, hi, -np.inf)
+        padding = [0] * rank
     return call.ops.apply(op, [x], {"kernel": kernel, "stride": stride, "padding": padding})
+
+
+def _average_counted(
+    call: Call,
+    x: SSAValue,
+    kernel: list[int],
+    stride: list[int],
+    padding: list[int],
+    extra: list[int],
+    counts_pad: bool,
+) -> SSAValue:
+    """PyTorch's average pool where its divisor is not the window size: ceil_mode's partial
+    windows (`extra` past the padding) and count_include_pad=False with padding. The input
+    padded explicitly with zeros (the partial windows too), tl's average pool, then times
+    prod(kernel) / (the elements PyTorch counts in each window: those of the padded input
+    with count_include_pad, else those of the input)."""
+    rank = len(kernel)
+    spatial = call.ops.shape_of(x)[-rank:]
+    hi = [q + e for q, e in zip(padding, extra, strict=True)]
+    x = pad(call.ops, x, len(call.ops.shape_of(x)) - rank, padding, hi, 0.0)
+    fields = {"kernel": kernel, "stride": stride, "padding": [0] * rank}
+    y = call.ops.apply(tl.AvgPoolOp, [x], fields)
+    geometry = zip(spatial, padding, extra, kernel, stride, strict=True)
+    counts = [
+        window_counts(n + 2 * q, 0, e, k, s, 1)
+        if counts_pad
+        else window_counts(n, q, q + e, k, s, 1)
+        for n, q, e, k, s in geometry
+    ]
+    counted = functools.reduce(np.multiply.outer, counts)
+    return elementwise(call.ops, tl.MulElemOp, [y, float(np.prod(kernel)) / counted])
 
 
 @on(nn.MaxPool1d, op=tl.MaxPoolOp, rank=1)
@@ -995,28 +1046,37 @@ def _repeat_interleave(call: Call) -> SSAValue:
 
 @on(F.interpolate)
 def _interpolate(call: Call) -> SSAValue:
-    """PyTorch's nearest, nearest-exact, (bi/tri)linear and area modes, each axis alone.
-    The source index of output i uses PyTorch's scale: 1 / scale_factor where one is given
-    (and not recomputed), else in / out; nearest computes it in float32 as PyTorch does."""
+    """PyTorch's nearest, nearest-exact, (bi/tri)linear, bicubic and area modes, linear and
+    bicubic also antialiased, each axis alone. The source index of output i uses PyTorch's
+    scale: 1 / scale_factor where one is given (and not recomputed), else in / out (align
+    corners: (in - 1) / (out - 1)); nearest computes it in float32 as PyTorch does. Bicubic
+    weighs the 4 taps around it by Keys' kernel (a = -0.75), indices clamped into the axis;
+    antialiasing is PyTorch's separable filter (`_antialias_taps`)."""
     x = call.tensor(0)
     mode = call.arg(3, "mode", "nearest")
     align = call.arg(4, "align_corners", None)
     factor = call.arg(2, "scale_factor", None)
     if call.arg(5, "recompute_scale_factor", None):
         factor = None
-    if call.arg(6, "antialias", False):
-        raise call.refuse("antialias=True")
+    antialias = bool(call.arg(6, "antialias", False))
     shape = call.ops.shape_of(x)
     rank = len(shape) - 2
     out = call.out_shape[2:]
     if mode == "area":
         return adaptive_pool(call.ops, tl.AvgPoolOp, x, out)
-    if mode not in ("nearest", "nearest-exact", "linear", "bilinear", "trilinear"):
-        raise call.refuse(f"mode '{mode}'")
     factors = _tuple_none(factor, rank)
     for i, (n, o, f) in enumerate(zip(shape[2:], out, factors, strict=True)):
         axis = 2 + i
-        if mode.startswith("nearest"):
+        if mode in ("bilinear", "bicubic") and (antialias or mode == "bicubic"):
+            index = np.arange(o, dtype=np.float64)
+            scale = ((n - 1) / (o - 1) if o > 1 else 0.0) if align else (1 / f if f else n / o)
+            if antialias:
+                taps = _antialias_taps(n, o, scale, mode == "bicubic")
+            else:
+                position = scale * index if align else scale * (index + 0.5) - 0.5
+                taps = Resampling("cubic", False, -0.75, False).taps(position, n, 1.0)
+            x = weighted_taps(call.ops, x, axis, *taps)
+        elif mode.startswith("nearest"):
             if o == n:
                 continue
             scale = np.float32(1 / f if f else n / o)
@@ -1031,6 +1091,27 @@ def _interpolate(call: Call) -> SSAValue:
             position = np.maximum(scale * (np.arange(o, dtype=np.float64) + 0.5) - 0.5, 0.0)
             x = interpolate(call.ops, x, axis, position)
     return x
+
+
+def _antialias_taps(n: int, o: int, scale: float, cubic: bool) -> tuple[np.ndarray, np.ndarray]:
+    """PyTorch's antialiased linear / bicubic weights along one axis (its CPU kernel, after
+    PIL): output i is centred at c = scale (i + 0.5) and covers the input indices from
+    trunc(c - support + 0.5) (at least 0) to trunc(c + support + 0.5) (at most n), where the
+    support is 1 (linear) or 2 (bicubic), times the scale when downsampling; index j weighs
+    filter((j - c + 0.5) / max(scale, 1)) (the triangle, or Keys' cubic with a = -0.5), the
+    weights normalised to sum 1. Indices [o, K] and weights [o, K], K the widest window
+    (shorter ones padded with weight 0)."""
+    support = (2.0 if cubic else 1.0) * max(scale, 1.0)
+    centre = scale * (np.arange(o, dtype=np.float64) + 0.5)
+    first = np.maximum(np.trunc(centre - support + 0.5), 0).astype(np.int64)
+    last = np.minimum(np.trunc(centre + support + 0.5).astype(np.int64), n)
+    width = int(np.max(last - first, initial=1))
+    indices = first[:, None] + np.arange(width)[None, :]
+    distance = (indices - centre[:, None] + 0.5) / max(scale, 1.0)
+    weights = cubic_kernel(distance, -0.5) if cubic else np.clip(1 - np.abs(distance), 0, None)
+    weights = np.where(indices < last[:, None], weights, 0.0)
+    total = weights.sum(axis=1, keepdims=True)
+    return indices, weights / np.where(total == 0, 1.0, total)
 
 
 # --------------------------------------------------------------------------------------------
@@ -1076,57 +1157,10 @@ def _attention(call: Call) -> SSAValue:
 
 @on(torch.einsum)
 def _einsum(call: Call) -> SSAValue:
-    """One or two operands without `...` or repeated labels within an operand: labels only
-    one operand has and the output lacks are summed first; then the operands, permuted to
-    [batch, kept, contracted] and [batch, contracted, kept] and reshaped to three axes, are one
-    batched `matmul`, reshaped and permuted to the output's labels."""
-    equation = str(call.node.args[0]).replace(" ", "")
-    operands = call.rest(1, "operands")
-    tensors = [call.value(t) for t in operands]
-    if "..." in equation or len(tensors) not in (1, 2):
-        raise call.refuse("einsum with '...' or more than two operands")
-    inputs, _, output = equation.partition("->")
-    labels = inputs.split(",")
-    if not _:
-        counts = Counter("".join(labels))
-        output = "".join(sorted(c for c, n in counts.items() if n == 1))
-    if any(len(set(a)) != len(a) for a in labels) or len(labels) != len(tensors):
-        raise call.refuse(f"einsum '{equation}' (repeated labels in one operand)")
-    extents: dict[str, int] = {}
-    for a, t in zip(labels, tensors, strict=True):
-        for c, d in zip(a, call.ops.shape_of(t), strict=True):
-            if extents.setdefault(c, d) != d:
-                raise call.refuse(f"label '{c}' has extents {extents[c]} and {d}")
-    parts = []
-    for i, (a, t) in enumerate(zip(labels, tensors, strict=True)):
-        others = "".join(labels[:i] + labels[i + 1 :])
-        keep = [c for c in a if c in output or c in others]
-        t = reduce(call.ops, tl.ReduceSumOp, t, [a.index(c) for c in a if c not in keep], False)
-        parts.append(("".join(keep), t))
-    if len(parts) == 1:
-        a, t = parts[0]
-        return call.ops.permute(t, perm=[a.index(c) for c in output]) if a != output else t
-    (a, ta), (b, tb) = parts
-    batch = [c for c in a if c in b and c in output]
-    summed = [c for c in a if c in b and c not in output]
-    left = [c for c in a if c not in b]
-    right = [c for c in b if c not in a]
-
-    def arranged(t: SSAValue, have: str, order: list[str], groups: list[list[str]]) -> SSAValue:
-        if list(have) != order:
-            t = call.ops.permute(t, perm=[have.index(c) for c in order])
-        return reshape(call.ops, t, [int(np.prod([extents[c] for c in g])) for g in groups])
-
-    ta = arranged(ta, a, batch + left + summed, [batch, left, summed])
-    tb = arranged(tb, b, batch + summed + right, [batch, summed, right])
-    product = call.ops.matmul(ta, tb)
-    order = batch + left + right
-    product = reshape(call.ops, product, [extents[c] for c in order])
-    return (
-        call.ops.permute(product, perm=[order.index(c) for c in output])
-        if order != list(output)
-        else product
-    )
+    """`tlc.frontends.import_common.einsum` (any number of operands, `...` included)."""
+    equation = str(call.node.args[0])
+    tensors = [call.value(t) for t in call.rest(1, "operands")]
+    return einsum(call.ops, equation, tensors, call.refuse)
 
 
 @on("torchvision.ops.stochastic_depth.stochastic_depth")

@@ -322,6 +322,40 @@ def _pow(node: NodeOp, boxes: list[Box], record: Any, out: Outward) -> Box | Non
     return Box(out.down(low, ops.PowOp.ULPS), out.up(high, ops.PowOp.ULPS))
 
 
+@register(ops.PowElemOp)
+def _pow_elem(node: NodeOp, boxes: list[Box], record: Any, out: Outward) -> Box | None:
+    """a^b elementwise. For fixed a > 0, a^b is monotone in b, and for fixed b monotone in
+    a >= 0, so over a box with a >= 0 the four corners bound it; a box of b that is one integer
+    is monotone on each side of 0 (as `pow`'s rule: a box of a holding 0 adds 0 for an even
+    positive power, +inf for an even negative one, [-inf, inf] for an odd negative one). Where a
+    reaches below 0 and b is not one integer (NaN for some a, b) and where b's box holds more
+    than one value and a's reaches 0 or below, the box is unbounded, [-inf, inf]. The ends
+    are stepped `ULPS` outward (libm's pow), over the float64 and the run's values."""
+    a, b = boxes
+    corners = [(x, e) for x in (a.lo, a.hi) for e in (b.lo, b.hi)]
+    ends = [reference(node, x, e) for x, e in corners]
+    if out.dtype is not F64:
+        ends += [
+            np.asarray(
+                reference(node, x.astype(out.dtype), e.astype(out.dtype), dtype=out.dtype),
+                dtype=F64,
+            )
+            for x, e in corners
+        ]
+    with np.errstate(invalid="ignore"):
+        low, high = np.minimum.reduce(ends), np.maximum.reduce(ends)
+    point = b.lo == b.hi
+    integer = point & (np.floor(b.lo) == b.lo)
+    holds_zero = (a.lo <= 0) & (a.hi >= 0)
+    even = integer & (np.mod(b.lo, 2) == 0)
+    low = np.where(even & (b.lo > 0) & holds_zero, 0.0, low)
+    high = np.where(even & (b.lo < 0) & holds_zero, np.inf, high)
+    unbounded = (integer & ~even & (b.lo < 0) & holds_zero) | ((a.lo < 0) & ~integer)
+    unbounded |= ~point & (a.lo <= 0)
+    low, high = np.where(unbounded, -np.inf, low), np.where(unbounded, np.inf, high)
+    return Box(out.down(low, ops.PowElemOp.ULPS), out.up(high, ops.PowElemOp.ULPS))
+
+
 @register(ops.LessOp)
 def _less(node: NodeOp, boxes: list[Box], record: Any, out: Outward) -> Box | None:
     """1 where every a of its box is below every b, 0 where none is, else [0, 1] (exact)."""

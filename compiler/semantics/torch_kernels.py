@@ -103,6 +103,7 @@ register(ops.PreluOp)(
 )
 
 
+register(ops.PowElemOp)(lambda t, node, args, record: t.pow(args[0], args[1]))
 register(ops.LessOp)(lambda t, node, args, record: (args[0] < args[1]).to(args[0].dtype))
 register(ops.WhereOp)(lambda t, node, args, record: t.where(args[0] != 0, args[1], args[2]))
 

@@ -219,6 +219,18 @@ def _div_partials(em: Emitter, a: Any, b: Any, y: Any) -> tuple[Any, Any]:
 
 
 binary(ops.DivOp, _div_partials)
+
+
+def _pow_elem_partials(em: Emitter, a: Any, b: Any, y: Any) -> tuple[Any, Any]:
+    """d a^b / da = b a^(b-1); d a^b / db = a^b ln a where a > 0, else 0 (ln a is no real
+    number there; PyTorch gives NaN for a < 0 and 0 at a = 0)."""
+    da = em.mul(b, em.bind(ops.PowElemOp, [a, em.sub(b, em.full_like(b, 1.0))]))
+    positive = em.bind(ops.LessOp, [em.full_like(a, 0.0), a])
+    safe = em.bind(ops.WhereOp, [positive, a, em.full_like(a, 1.0)])
+    return da, em.mul(em.mul(y, em.unary(ops.LogOp, safe)), positive)
+
+
+binary(ops.PowElemOp, _pow_elem_partials)
 binary(ops.MaxElemOp, _max_partials)
 binary(ops.MinElemOp, _min_partials)
 
