@@ -707,9 +707,10 @@ def pack_params(graph: GraphOp, payload: Payload, dtype: type = np.float64) -> n
     (checked against the graph; absent optional fields get their defaults)."""
     shapes = graph_shapes(graph)
     records = prepare_records(graph, payload, dtype, shapes)
+    nodes = graph.nodes  # a list built on each access: once, not once per field
     parts = [
         field_value(
-            graph.nodes[s.node], s.field, ParamSpec(s.shape, s.default), records.get(s.node), dtype
+            nodes[s.node], s.field, ParamSpec(s.shape, s.default), records.get(s.node), dtype
         ).reshape(-1)
         for s in _param_slots(graph, shapes)
     ]

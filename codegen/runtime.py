@@ -59,11 +59,11 @@ def _private(path: str, kind: Callable[[int], bool]) -> bool:
     )
 
 
-def _private_dir(path: str) -> bool:
+def private_dir(path: str) -> bool:
     return _private(path, stat.S_ISDIR)
 
 
-def _own_file(path: str) -> bool:
+def own_file(path: str) -> bool:
     return _private(path, stat.S_ISREG)
 
 
@@ -76,7 +76,7 @@ def cache_dir() -> str | None:
         os.makedirs(path, mode=0o700, exist_ok=True)
     except OSError:
         return None
-    return path if _private_dir(path) else None
+    return path if private_dir(path) else None
 
 
 def _build(cc: str, directory: str, name: str) -> str:
@@ -107,7 +107,7 @@ def helper() -> ctypes.CDLL:
     directory = cache_dir()
     if directory is not None:
         path = os.path.join(directory, name)
-        if not _own_file(path):
+        if not own_file(path):
             path = _build(cc, directory, name)
         return ctypes.CDLL(path)
     directory = tempfile.mkdtemp(prefix="tlc-rt-")

@@ -38,15 +38,10 @@ from tlc.codegen.module import (
     graph_symbol,
     pack_params,
 )
+from tlc.codegen.objcache import object_code
 from tlc.codegen.runtime import CFLAGS as RUNTIME_CFLAGS
 from tlc.codegen.runtime import SOURCE as RUNTIME_SOURCE
-from tlc.codegen.target import (
-    X86_LEVELS,
-    Target,
-    compile_ir,
-    emit_object,
-    required_features,
-)
+from tlc.codegen.target import X86_LEVELS, Target, required_features
 from tlc.core.diagnostics import DiagnosticError, error
 from tlc.core.payload import Payload
 from tlc.dialect.ops import GraphOp
@@ -114,7 +109,7 @@ def build_library(
                 # Not named after the graph: a 250-character name overflows NAME_MAX.
                 path = os.path.join(tmp, f"graph{len(objects)}.o")
                 with open(path, "wb") as f:
-                    f.write(emit_object(compile_ir(module.ir, variant), variant))
+                    f.write(object_code(module.ir, variant))
                 objects.append(path)
             if embed:
                 objects.append(
