@@ -350,6 +350,42 @@ WINDOWS = {
 }
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f64", "f32"])
+@pytest.mark.parametrize(
+    ("axis", "parts"),
+    [(1, [(2, 3, 8), (2, 1, 8), (2, 5, 8)]), (0, [(4, 9), (1, 9)]), (2, [(2, 2, 20), (2, 2, 3)])],
+    ids=["rows and a short row", "whole blocks", "last axis"],
+)
+def test_concat_copies_rows_exactly(axis: int, parts: list, dtype: type) -> None:
+    """Rows of at least `COPY_RUN` elements are copied whole (one memcpy each), shorter ones
+    element by element: either way the output is numpy's concatenation, bit for bit."""
+    out = list(parts[0])
+    out[axis] = sum(p[axis] for p in parts)
+    size = sum(int(np.prod(p)) for p in parts)
+    lines = [f"  %0 = input : [{size}]"]
+    start, ids = 0, []
+    for i, shape in enumerate(parts):
+        n = int(np.prod(shape))
+        lines.append(
+            f"  %{2 * i + 1} = gather(%0) {{axis = 0, indices = {list(range(start, start + n))}}}"
+        )
+        lines.append(f"  %{2 * i + 2} = reshape(%{2 * i + 1}) {{from = [{n}], to = {list(shape)}}}")
+        ids.append(f"%{2 * i + 2}")
+        start += n
+    lines.append(f"  %{2 * len(parts) + 1} = concat({', '.join(ids)}) {{axis = {axis}}} : {out}")
+    graph, payload = graph_of(
+        "tl.graph @c {\n" + "\n".join(lines) + f"\n  output %{2 * len(parts) + 1}\n}}"
+    )
+    x = np.random.default_rng(0).normal(size=size).astype(dtype)
+    pieces, start = [], 0
+    for shape in parts:
+        n = int(np.prod(shape))
+        pieces.append(x[start : start + n].reshape(shape))
+        start += n
+    got = compile_graph(graph, payload, dtype)(x)
+    assert got.tobytes() == np.concatenate(pieces, axis=axis).tobytes()
+
+
 @pytest.mark.parametrize("op", sorted(WINDOWS))
 def test_window_code_does_not_grow_with_the_kernel(op: str) -> None:
     """Kernel taps are loops, never unrolled by the lowering: a 7x7 window's IR is the size of
