@@ -25,7 +25,10 @@ import contextlib
 import hashlib
 import json
 import os
+import subprocess
+import sys
 import tempfile
+import threading
 from collections.abc import Sequence
 from functools import cache
 
@@ -33,7 +36,7 @@ import llvmlite
 import llvmlite.binding as llvm
 import numpy as np
 
-from tlc.codegen.runtime import cache_dir, own_file, private_dir
+from tlc.codegen.runtime import available_cpus, cache_dir, made_private, own_file
 from tlc.codegen.target import (
     PIPELINE,
     Target,
@@ -104,14 +107,7 @@ def objects_dir() -> str | None:
     """`<cache_dir>/objects`, made mode 0700; None when it is not private or the cache is
     off (`TLC_OBJECT_CACHE=0`)."""
     base = cache_dir() if enabled() else None
-    if base is None:
-        return None
-    path = os.path.join(base, "objects")
-    try:
-        os.makedirs(path, mode=0o700, exist_ok=True)
-    except OSError:
-        return None
-    return path if private_dir(path) else None
+    return None if base is None else made_private(os.path.join(base, "objects"))
 
 
 def object_code(ir_text: str, target: Target) -> bytes:
@@ -124,6 +120,79 @@ def object_code(ir_text: str, target: Target) -> bytes:
     obj = emit_object(compile_ir(ir_text, target), target)
     store(name, obj)
     return obj
+
+
+def object_codes(jobs: Sequence[tuple[str, Target]]) -> list[bytes]:
+    """`object_code` of each (IR text, target), the misses compiled at the same time: the first
+    in this process, each other one in a worker process of its own (`python -m
+    tlc.codegen.objcache`), when this process may use more than one CPU and they are worth a
+    process start (`PARALLEL_BYTES` of IR). A worker that fails is no loss: its job is compiled
+    here. (llvmlite serialises every LLVM call in a process behind one lock, so threads would
+    not run LLVM in parallel.)"""
+    names = [key([text], target) for text, target in jobs]
+    results: list[bytes | None] = []
+    for name in names:
+        hit = load(name)
+        results.append(None if hit is None else hit[0])
+    misses = [i for i, r in enumerate(results) if r is None]
+    parallel = (
+        len(misses) > 1
+        and available_cpus() > 1
+        and sum(len(jobs[i][0]) for i in misses) >= PARALLEL_BYTES
+    )
+    workers = {i: _start_worker(*jobs[i]) for i in misses[1:]} if parallel else {}
+    for i in misses:
+        worker = workers.get(i)
+        obj = _finish_worker(worker) if worker is not None else None
+        if obj is None:
+            text, target = jobs[i]
+            obj = emit_object(compile_ir(text, target), target)
+        store(names[i], obj)
+        results[i] = obj
+    return [r for r in results if r is not None]
+
+
+#: Misses holding less IR than this (bytes of text) are compiled one after the other: a worker
+#: process costs a Python start-up (about 0.3 s), more than LLVM spends on a small module.
+PARALLEL_BYTES = 2_000_000
+
+
+def _start_worker(text: str, target: Target) -> subprocess.Popen | None:
+    """A worker compiling `text` for `target`, the IR written to its stdin by a thread (so a
+    large module cannot block on the pipe); None when it cannot start."""
+    command = [sys.executable, "-m", "tlc.codegen.objcache", target.cpu, target.features,
+               target.triple]  # fmt: skip
+    try:
+        proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.DEVNULL)  # fmt: skip
+    except OSError:
+        return None
+
+    def feed() -> None:
+        assert proc.stdin is not None
+        with contextlib.suppress(OSError), proc.stdin:
+            proc.stdin.write(text.encode())
+
+    threading.Thread(target=feed, daemon=True).start()
+    return proc
+
+
+def _finish_worker(proc: subprocess.Popen | None) -> bytes | None:
+    """The worker's object code, or None if it failed."""
+    if proc is None:
+        return None
+    assert proc.stdout is not None
+    with proc.stdout:
+        obj = proc.stdout.read()
+    return obj if proc.wait() == 0 and obj else None
+
+
+def _worker_main(argv: Sequence[str]) -> None:
+    """A worker: the IR on stdin, the object code for the target `argv` names on stdout."""
+    cpu, features, triple = argv
+    target = Target(cpu, features, triple)
+    text = sys.stdin.buffer.read().decode()
+    sys.stdout.buffer.write(emit_object(compile_ir(text, target), target))
 
 
 def load(name: str) -> tuple[bytes, dict] | None:
@@ -202,3 +271,7 @@ def trim(directory: str, limit: int = MAX_BYTES) -> None:
         total -= size
         if total <= limit * 3 // 4:
             return
+
+
+if __name__ == "__main__":
+    _worker_main(sys.argv[1:])

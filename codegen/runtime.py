@@ -71,7 +71,12 @@ def cache_dir() -> str | None:
     """`$XDG_CACHE_HOME/tlc` (or `~/.cache/tlc`), created mode 0700; None when it cannot be
     made private (then the helper is built per process in a fresh mkdtemp directory)."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    path = os.path.join(base, "tlc")
+    return made_private(os.path.join(base, "tlc"))
+
+
+def made_private(path: str) -> str | None:
+    """`path`, a directory created mode 0700 if missing; None when it cannot be made or is
+    not private (`private_dir`)."""
     try:
         os.makedirs(path, mode=0o700, exist_ok=True)
     except OSError:

@@ -136,3 +136,36 @@ def test_a_library_rebuilt_from_the_same_graph_reuses_its_objects(
     second = tmp_path / "second.so"
     build_library(graphs, str(second), target=Target("x86-64-v2"))
     assert second.read_bytes() == first.read_bytes()
+
+
+def mlp_ir(target: Target) -> str:
+    from tlc.codegen.module import build_graph_module
+
+    module = parse_source(MLP, "mlp.tlir")
+    graph = checked_graph(module, None)
+    return build_graph_module(graph, payload_from_module(module, "mlp"), target=target).ir
+
+
+@pytest.mark.parametrize("python", ["worker", "failing worker"])
+def test_misses_compiled_in_worker_processes_are_the_same_code(
+    cache: Path, monkeypatch, python: str
+) -> None:
+    """Several misses compile at once, all but the first in worker processes (forced here for
+    a small module); a worker that fails leaves its job to this process. Either way every
+    object is what this process makes of the IR, and is stored."""
+    from tlc.codegen.target import compile_ir, emit_object
+
+    monkeypatch.setattr(objcache, "PARALLEL_BYTES", 0)
+    monkeypatch.setattr(objcache, "available_cpus", lambda: 2)
+    if python == "failing worker":
+        monkeypatch.setattr(objcache.sys, "executable", "/bin/false")
+    levels = [Target(level) for level in ("x86-64-v3", "x86-64-v2")]
+    jobs = [(mlp_ir(t), t) for t in levels]
+    want = [emit_object(compile_ir(text, t), t) for text, t in jobs]
+    here = []
+    monkeypatch.setattr(objcache, "compile_ir", lambda *args: here.append(1) or compile_ir(*args))
+    assert objcache.object_codes(jobs) == want
+    assert len(here) == (1 if python == "worker" else 2)
+    assert len(entries(cache)) == 2
+    llvm_refused(monkeypatch)
+    assert objcache.object_codes(jobs) == want
