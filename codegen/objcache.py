@@ -1,10 +1,13 @@
 """Object code for LLVM IR, through a content-addressed cache in the user's private cache dir.
 
-`object_code(ir_text, target)` is what the JIT and `tlc-compile` call instead of optimising and
-emitting themselves: the object code LLVM makes of the same IR text for the same target machine
-(CPU name, feature flags, triple, pipeline, LLVM and llvmlite versions) is the same bytes, so
-the second compile of a model, in this process or any later one, reads them back instead of
-running O3 and instruction selection again (the costly steps: `bench/compile_time.py`).
+`object_code(ir_text, target)` (and `object_codes`, several at once) is what `tlc-compile` and
+the JIT's node kernels call instead of optimising and emitting themselves: the object code LLVM
+makes of the same IR text for the same target machine (CPU name, feature flags, triple,
+pipeline, LLVM and llvmlite versions) is the same bytes, so the second compile of a model, in
+this process or any later one, reads them back instead of running O3 and instruction selection
+again (the costly steps: `bench/compile_time.py`). The JIT's graphs look their entry up before
+any IR is built (`load`/`store` with a `key` of what the build is made from and
+`source_digest`, `tlc.codegen.jit`).
 
 The cache is `<cache_dir>/objects` (`$XDG_CACHE_HOME/tlc/objects`, default `~/.cache/tlc`,
 as for the JIT's runtime helper) and is held to the same rules (docs/security.md):
