@@ -525,8 +525,10 @@ class _NodeEmitter:
     """Calls of node kernels from the body: one call, or a parallel region of row tasks.
 
     Each distinct kernel is one internal function of pointers (`node_function`), shared by the
-    nodes that differ only in their data; a row region also gets a task function that offsets
-    the pointers to its rows and picks the worker's scratch, and the body passes the region to
+    nodes that differ only in their data (in a graph of over `INLINE_NODES` nodes, an
+    elementwise map of `MAP_ELEMENTS` or more calls its op kind's `map_function` with its
+    length); a row region also gets a task function that offsets the pointers to its rows and
+    picks the worker's scratch, and the body passes the region to
     `tlc_rt_parallel` with the pointers in a context array."""
 
     def __init__(self, module: ir.Module, symbol: str, k: KernelBuilder, plan: GraphPlan,

@@ -386,6 +386,40 @@ def test_concat_copies_rows_exactly(axis: int, parts: list, dtype: type) -> None
     assert got.tobytes() == np.concatenate(pieces, axis=axis).tobytes()
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f64", "f32"])
+def test_maps_of_every_size_share_one_kernel(dtype: type, monkeypatch) -> None:
+    """In a graph of more than INLINE_NODES nodes, relus of 35 sizes (and tanhs of 35) run two
+    functions that take the length as an argument, with the values of per-node kernels."""
+    from tlc.codegen import module as codegen_module
+
+    lines, parts, nid = ["  %0 = input : [400]"], [], 0
+    for i in range(35):
+        n = 256 + 3 * i
+        lines.append(f"  %{nid + 1} = gather(%0) {{axis = 0, indices = {list(range(n))}}}")
+        lines.append(f"  %{nid + 2} = {'relu' if i % 2 else 'tanh'}(%{nid + 1})")
+        parts.append(f"%{nid + 2}")
+        nid += 2
+    total = sum(256 + 3 * i for i in range(35))
+    lines.append(f"  %{nid + 1} = concat({', '.join(parts)}) {{axis = 0}} : [{total}]")
+    text = "tl.graph @maps {\n" + "\n".join(lines) + f"\n  output %{nid + 1}\n}}"
+    graph, payload = graph_of(text)
+    assert len(graph.nodes) > codegen_module.INLINE_NODES
+    ir_text = build_graph_module(graph, payload, dtype).ir
+    assert len(re.findall(r"^define .*@\"?tlc_maps\.map\.relu", ir_text, re.M)) == 1
+    assert len(re.findall(r"^define .*@\"?tlc_maps\.map\.tanh", ir_text, re.M)) == 1
+    x = np.random.default_rng(1).normal(size=400).astype(dtype)
+    shared = compile_graph(graph, payload, dtype)(x)
+    monkeypatch.setattr(codegen_module, "MAP_ELEMENTS", 10**9)
+    monkeypatch.setenv("TLC_OBJECT_CACHE", "0")  # the constant is not in the JIT's cache key
+    monkeypatch.setattr("tlc.codegen.jit._graph_cache", {})
+    per_node = compile_graph(graph, payload, dtype)(x)
+    assert "map.relu" not in build_graph_module(graph, payload, dtype).ir
+    assert shared.tobytes() == per_node.tobytes()
+    want = np.concatenate([x[: 256 + 3 * i] for i in range(35)])
+    odd = np.concatenate([np.full(256 + 3 * i, i % 2, bool) for i in range(35)])
+    np.testing.assert_array_equal(shared[odd], np.maximum(want[odd], 0))
+
+
 @pytest.mark.parametrize("op", sorted(WINDOWS))
 def test_window_code_does_not_grow_with_the_kernel(op: str) -> None:
     """Kernel taps are loops, never unrolled by the lowering: a 7x7 window's IR is the size of
