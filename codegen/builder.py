@@ -66,6 +66,16 @@ def strides(shape: Sequence[int]) -> list[int]:
     return out[::-1]
 
 
+def bytes_literal(data: bytes) -> str:
+    """`data` as an LLVM string constant, every byte as a `\\xx` escape: made by numpy at memory
+    speed (llvmlite's own escaping runs a Python step per byte, most of the time of building a
+    module with megabytes of baked weights)."""
+    escaped = np.empty((len(data), 3), dtype=np.uint8)
+    escaped[:, 0] = ord("\\")
+    escaped[:, 1:] = np.frombuffer(data.hex().encode("ascii"), dtype=np.uint8).reshape(-1, 2)
+    return 'c"' + escaped.tobytes().decode("ascii") + '"'
+
+
 class KernelBuilder:
     """An IRBuilder positioned in a function returning an i32 status, plus helpers for rules."""
 
@@ -125,7 +135,7 @@ class KernelBuilder:
         gv.linkage = "private"
         gv.unnamed_addr = True
         gv.align = 64
-        gv.initializer = ir.Constant(array_type, bytearray(data))
+        gv.initializer = ir.FormattedConstant(array_type, bytes_literal(data))
         return self.b.bitcast(gv, elem.as_pointer())
 
     def copy_run(self, dst: Buf, dst_at: ir.Value, src: Buf, src_at: ir.Value, count: int) -> None:

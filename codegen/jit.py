@@ -1,11 +1,11 @@
 """The JIT: compile a graph (or one node) in-process and call it on numpy arrays.
 
-Code goes through the same path as a shared library (`tlc.codegen.target`: O3, object code),
-for the host CPU by default or for a `Target` this machine can run (AVX2 kernels on an AVX-512
-host, say), and is linked into one process-wide LLJIT per target; libm symbols (tanh, erf,
-log1p) resolve from the running process. Compiled code is cached by the graph's printed form,
-the payload's bytes, the dtype, the batch size and the target, so compiling the same graph
-twice costs a hash.
+Code goes through the same path as a shared library (`tlc.codegen.objcache`: O3 and object
+code, or the same bytes from the user's object cache), for the host CPU by default or for a
+`Target` this machine can run (AVX2 kernels on an AVX-512 host, say), and is linked into one
+process-wide LLJIT per target; libm symbols (tanh, erf, log1p) resolve from the running
+process. Compiled code is cached in-process by the graph's printed form, the payload's bytes,
+the dtype, the batch size and the target, so compiling the same graph twice costs a hash.
 """
 
 from __future__ import annotations
@@ -20,10 +20,12 @@ from functools import cache
 import llvmlite.binding as llvm
 import numpy as np
 
+from tlc.codegen import objcache
 from tlc.codegen.builder import Status
 from tlc.codegen.loader import EntryPoint, raise_for_status
 from tlc.codegen.module import (
     GraphModule,
+    ParamSlot,
     bakes_payload,
     build_graph_module,
     build_node_module,
@@ -56,14 +58,18 @@ def _lljit(target: Target) -> llvm.LLJIT:
 def jit_link(ir_text: str, symbols: list[str], target: Target = HOST) -> llvm.ResourceTracker:
     """Optimise `ir_text`, emit object code and link it; the tracker maps symbols to addresses
     and keeps the code alive."""
+    _check_runnable(target)
+    obj = objcache.object_code(ir_text, target)
+    return link_object(obj, symbols, target, runtime=RUNTIME_CALL in ir_text)
+
+
+def _check_runnable(target: Target) -> None:
     missing = host_lacks(target)
     if missing:
         raise DiagnosticError.simple(
             f"cannot run code for target {target.describe()} here: this CPU lacks "
             f"{', '.join(missing)} (use tlc-compile to build a library for it)"
         )
-    obj = emit_object(compile_ir(ir_text, target), target)
-    return link_object(obj, symbols, target, runtime=RUNTIME_CALL in ir_text)
 
 
 #: The prefix of the runtime's functions (`tlc_rt_parallel`) in generated IR (a graph whose
@@ -129,13 +135,12 @@ def compile_graph(
     hit = _graph_cache.get(key)
     if hit is not None:
         return hit if hit.threads == count else replace(hit, threads=count)
+    _check_runnable(target)
     # A payload over the bake limit is passed by pointer: the entry point holds it packed.
     bound = not runtime_payload and not bakes_payload(graph, dtype)
-    module = build_graph_module(
-        graph, payload, dtype, batch=batch, runtime_payload=runtime_payload or bound,
-        target=target,
-    )  # fmt: skip
-    tracker = jit_link(module.ir, [module.symbol], target)
+    module, obj, runtime = _built(graph, payload, dtype, batch, runtime_payload or bound, target,
+                                  key)  # fmt: skip
+    tracker = link_object(obj, [module.symbol], target, runtime=runtime)
     entry = EntryPoint(
         module.symbol,
         tracker[module.symbol],
@@ -150,6 +155,59 @@ def compile_graph(
     )
     _graph_cache[key] = entry
     return entry
+
+
+def _built(
+    graph: GraphOp,
+    payload: Payload | None,
+    dtype: type,
+    batch: int | None,
+    runtime_payload: bool,
+    target: Target,
+    key: tuple,
+) -> tuple[GraphModule, bytes, bool]:
+    """The graph's module (its interface facts; `ir` empty when it came from the cache), its
+    object code and whether that calls the runtime: from the object cache when this exact
+    graph, payload and build were compiled before by the same tlc (`objcache.source_digest`)
+    for the same machine, else built, compiled and stored."""
+    name = objcache.key([objcache.source_digest(), *map(str, key), str(runtime_payload)], target)
+    hit = objcache.load(name)
+    if hit is not None:
+        obj, facts = hit
+        return _module_of(facts), obj, facts["runtime"]
+    module = build_graph_module(graph, payload, dtype, batch=batch,
+                                runtime_payload=runtime_payload, target=target)  # fmt: skip
+    obj = emit_object(compile_ir(module.ir, target), target)
+    runtime = RUNTIME_CALL in module.ir
+    objcache.store(name, obj, {**_facts_of(module), "runtime": runtime})
+    return module, obj, runtime
+
+
+def _facts_of(module: GraphModule) -> dict:
+    """What a cache entry keeps of a graph's module (JSON)."""
+    params = module.params
+    return {
+        "symbol": module.symbol,
+        "input_shape": list(module.input_shape),
+        "output_shape": list(module.output_shape),
+        "dtype": module.dtype.str,
+        "params": None
+        if params is None
+        else [[p.node, p.field, p.offset, list(p.shape), p.default] for p in params],
+    }
+
+
+def _module_of(facts: dict) -> GraphModule:
+    params = facts["params"]
+    return GraphModule(
+        "",
+        facts["symbol"],
+        tuple(facts["input_shape"]),
+        tuple(facts["output_shape"]),
+        np.dtype(facts["dtype"]),
+        None if params is None else tuple(ParamSlot(n, f, o, tuple(shape), d)
+                                          for n, f, o, shape, d in params),
+    )  # fmt: skip
 
 
 class CompiledPerBatch:

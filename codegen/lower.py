@@ -194,12 +194,16 @@ Scalar = Callable[..., ir.Value]
 #: the output is stored after element i of every input is loaded, so the output may overwrite
 #: an input that dies at the node (the memory plan's in-place rule).
 IN_PLACE: set[type[NodeOp]] = set()
+#: The scalar function of each `elementwise` op kind: the map kernels that take their length
+#: as an argument (`tlc.codegen.module`) apply it.
+MAPS: dict[type[NodeOp], Scalar] = {}
 
 
 def elementwise(op_class: type[NodeOp], fn: Scalar) -> None:
     """`out[i] = fn(k, node, a[i], b[i], ...)` over the flat buffers; a scalar parent (safe_log's
     epsilon) is read once and broadcast."""
     IN_PLACE.add(op_class)
+    MAPS[op_class] = fn
 
     def emit(k: KernelBuilder, s: Step) -> None:
         scalars = {j: k.load(a, 0) for j, a in enumerate(s.args) if a.size == 1 < s.out.size}
@@ -404,18 +408,38 @@ def _broadcast_to(k: KernelBuilder, s: Step) -> None:
     gather(k, s.args[0], s.out, steps)
 
 
+#: A concatenated part whose rows (its extents from the axis on) are at least this many
+#: elements is copied a row at a time (`copy_run`); shorter rows element by element.
+COPY_RUN = 16
+
+
 @register(ops.ConcatOp)
 def _concat(k: KernelBuilder, s: Step) -> None:
-    """Each part is copied into its slab of the output along `axis`."""
+    """Each part is copied into its slab of the output along `axis`: viewed as [pre, row], a
+    part's row i (its extents from `axis` on, contiguous) lands at row i of the output's
+    [pre, out_row] view, offset by the extents of the parts before it. A long row is one
+    memcpy (a channel concatenation of one image is one copy per part); LLVM's work on it
+    does not grow with the part's rank or extents."""
     axis = s.node.meta("axis")
     out_steps = strides(s.out.shape)
+    pre, out_row = numel(s.out.shape[:axis]), numel(s.out.shape[axis:])
     start = 0
     for part in s.args:
+        row = numel(part.shape[axis:])
+        offset = start * out_steps[axis]
+        start += part.shape[axis]
+        if row == 0 or pre == 0:
+            continue
+        if row >= COPY_RUN:
+            with k.loop(pre, "p") as p:
+                src = k.b.mul(p, k.i64(row))
+                dst = k.b.add(k.b.mul(p, k.i64(out_row)), k.i64(offset))
+                k.copy_run(s.out, dst, part, src, row)
+            continue
         window = Buf(s.out.ptr, part.shape)
         with k.nest(part.shape) as idx:
-            dst = k.b.add(k.i64(start * out_steps[axis]), k.linear_index(idx, out_steps))
+            dst = k.b.add(k.i64(offset), k.linear_index(idx, out_steps))
             k.store(k.load(part, k.linear_index(idx, strides(part.shape))), window, dst)
-        start += part.shape[axis]
 
 
 @register(ops.GatherOp)

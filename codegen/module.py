@@ -28,7 +28,7 @@ from llvmlite import ir
 from xdsl.dialects.builtin import ModuleOp
 
 from tlc.codegen.builder import I32, I64, Buf, KernelBuilder, Status, scalar_type
-from tlc.codegen.lower import EPILOGUES, LOWERINGS, ParamSpec, Step
+from tlc.codegen.lower import EPILOGUES, LOWERINGS, MAPS, ParamSpec, Step
 from tlc.codegen.plan import ALIGN, GraphPlan, Kernel, NodePlan, Rows, plan_graph
 from tlc.codegen.target import HOST, Target, TargetInfo, target_info
 from tlc.core.diagnostics import error
@@ -54,6 +54,10 @@ BAKE_LIMIT = 16 * 1024 * 1024
 #: Graphs with more nodes keep every node in its own (not inlined) function: O3 on one huge
 #: function is superlinear, and small graphs gain from inlining (constants fold across nodes).
 INLINE_NODES = 64
+#: In such graphs, an elementwise map of at least this many elements runs the map kernel of
+#: its op kind that takes the length as an argument (`map_function`); shorter maps keep a
+#: kernel of their own, which LLVM may unroll whole.
+MAP_ELEMENTS = 256
 
 
 @dataclass(frozen=True)
@@ -151,6 +155,31 @@ def node_function(
     )
     if value.ptr is not dest.ptr:
         k.copy(dest, value)
+    k.exit_with(Status.OK)
+    k.finish()
+    return func
+
+
+def map_function(
+    module: ir.Module, name: str, node: NodeOp, n_args: int, dtype: type, info: TargetInfo,
+    *, in_place: bool = False,
+) -> ir.Function:  # fmt: skip
+    """`i32 name(args..., out, i64 n)`: `out[i] = f(args[0][i], ...)` for i < n, the map of an
+    `elementwise` op kind (`lower.MAPS`) with its length an argument, so one function serves
+    every node of that kind and metadata whatever its size (a graph's relus of 60 sizes are
+    one function, not 60 for LLVM to optimise). The loop is the one the node's own kernel
+    has, with a trip count LLVM learns at run time: the same vector body, the same values."""
+    T = scalar_type(dtype)
+    types = [T.as_pointer()] * (n_args + 1) + [I64]
+    func = ir.Function(module, ir.FunctionType(I32, types), module.get_unique_name(name))
+    func.linkage = "internal"
+    if not in_place:
+        func.args[n_args].add_attribute("noalias")
+    k = KernelBuilder(func, dtype, info)
+    fn = MAPS[type(node)]
+    inputs, out = [Buf(a, ()) for a in func.args[:n_args]], Buf(func.args[n_args], ())
+    with k.loop(func.args[-1]) as i:
+        k.store(fn(k, node, *(k.load(a, i) for a in inputs)), out, i)
     k.exit_with(Status.OK)
     k.finish()
     return func
@@ -496,8 +525,10 @@ class _NodeEmitter:
     """Calls of node kernels from the body: one call, or a parallel region of row tasks.
 
     Each distinct kernel is one internal function of pointers (`node_function`), shared by the
-    nodes that differ only in their data; a row region also gets a task function that offsets
-    the pointers to its rows and picks the worker's scratch, and the body passes the region to
+    nodes that differ only in their data (in a graph of over `INLINE_NODES` nodes, an
+    elementwise map of `MAP_ELEMENTS` or more calls its op kind's `map_function` with its
+    length); a row region also gets a task function that offsets the pointers to its rows and
+    picks the worker's scratch, and the body passes the region to
     `tlc_rt_parallel` with the pointers in a context array."""
 
     def __init__(self, module: ir.Module, symbol: str, k: KernelBuilder, plan: GraphPlan,
@@ -506,6 +537,42 @@ class _NodeEmitter:
         #: Kernels no larger graph inlines; baked params in their packed layouts.
         self.separate, self.packed = separate, packed
         self.functions: dict[tuple, ir.Function] = {}
+
+    def map_length(self, p: NodePlan, kernel: Kernel, params: dict[str, Buf], scratch: int
+                   ) -> int | None:  # fmt: skip
+        """The length to call `kernel` with when it runs its op kind's size-generic map kernel
+        (`map_function`: graphs that keep kernels apart, maps of `MAP_ELEMENTS` or more over
+        operands of the output's size, nothing fused); else None."""
+        n = numel(kernel.out_shape)
+        if (
+            not self.separate
+            or type(kernel.node) not in MAPS
+            or params
+            or scratch
+            or p.epilogue is not None
+            or n < MAP_ELEMENTS
+            or any(numel(shape) != n for shape in kernel.arg_shapes)
+        ):
+            return None
+        return n
+
+    def callee(self, p: NodePlan, kernel: Kernel, params: dict[str, Buf], scratch: int
+               ) -> tuple[ir.Function, list[ir.Constant]]:  # fmt: skip
+        """The function that runs `kernel` and the arguments it takes after the buffers: the
+        node's own kernel, or the size-generic map (and its length)."""
+        n = self.map_length(p, kernel, params, scratch)
+        if n is None:
+            return self.kernel(p, kernel, params, scratch), []
+        key = ("map", type(kernel.node), repr(kernel.node.metadata()), len(kernel.arg_shapes),
+               p.in_place)  # fmt: skip
+        func = self.functions.get(key)
+        if func is None:
+            func = map_function(self.module, f"{self.symbol}.map.{kernel.node.TAG}",
+                                kernel.node, len(kernel.arg_shapes), self.k.dtype.type,
+                                self.info, in_place=p.in_place)  # fmt: skip
+            func.attributes.add("noinline")
+            self.functions[key] = func
+        return func, [ir.Constant(I64, n)]
 
     def kernel(self, p: NodePlan, kernel: Kernel, params: dict[str, Buf], scratch: int
                ) -> ir.Function:  # fmt: skip
@@ -531,9 +598,9 @@ class _NodeEmitter:
         k = self.k
         if p.rows is None:
             assert p.kernel is not None
-            func = self.kernel(p, p.kernel, params, p.scratch if scratch is not None else 0)
             buffers = [*args, *params.values(), dest, *([scratch] if scratch is not None else [])]
-            return k.b.call(func, [b.ptr for b in buffers])
+            func, extra = self.callee(p, p.kernel, params, p.scratch if scratch is not None else 0)
+            return k.b.call(func, [*(b.ptr for b in buffers), *extra])
         rows = p.rows
         task = self.task(p, rows, params)
         pointers = [b.ptr for b in (*args, *params.values(), dest)]
@@ -554,10 +621,14 @@ class _NodeEmitter:
 
     def task(self, p: NodePlan, rows: Rows, params: dict[str, Buf]) -> ir.Function:
         """`i32 task(ctx, index, worker)`: kernel call on rows [index * chunk, ...)."""
-        full = self.kernel(p, rows.full, params, p.scratch)
-        last = self.kernel(p, rows.last, params, p.scratch) if rows.last else None
-        key = ("task", full.name, last.name if last else None, rows.chunk, rows.tasks,
-               rows.arg_rows, rows.out_row, self.plan.worker_scratch)  # fmt: skip
+        full = self.callee(p, rows.full, params, p.scratch)
+        last = self.callee(p, rows.last, params, p.scratch) if rows.last else None
+
+        def named(callee: tuple[ir.Function, list[ir.Constant]] | None) -> tuple | None:
+            return None if callee is None else (callee[0].name, *(c.constant for c in callee[1]))
+
+        key = ("task", named(full), named(last), rows.chunk, rows.tasks, rows.arg_rows,
+               rows.out_row, self.plan.worker_scratch)  # fmt: skip
         func = self.functions.get(key)
         if func is not None:
             return func
@@ -583,15 +654,15 @@ class _NodeEmitter:
             mine = b.mul(worker, ir.Constant(I64, self.plan.worker_scratch))
             pointers.append(b.gep(loaded[-1], [mine], inbounds=True))
         if last is None:
-            b.ret(b.call(full, pointers))
+            b.ret(b.call(full[0], [*pointers, *full[1]]))
         else:
             is_last = b.icmp_signed("==", index, ir.Constant(I64, rows.tasks - 1))
             with b.if_else(is_last) as (then, otherwise):
                 with then:
-                    tail = b.call(last, pointers)
+                    tail = b.call(last[0], [*pointers, *last[1]])
                     tail_block = b.block
                 with otherwise:
-                    head = b.call(full, pointers)
+                    head = b.call(full[0], [*pointers, *full[1]])
                     head_block = b.block
             status = b.phi(I32)
             status.add_incoming(tail, tail_block)
@@ -707,9 +778,10 @@ def pack_params(graph: GraphOp, payload: Payload, dtype: type = np.float64) -> n
     (checked against the graph; absent optional fields get their defaults)."""
     shapes = graph_shapes(graph)
     records = prepare_records(graph, payload, dtype, shapes)
+    nodes = graph.nodes  # a list built on each access: once, not once per field
     parts = [
         field_value(
-            graph.nodes[s.node], s.field, ParamSpec(s.shape, s.default), records.get(s.node), dtype
+            nodes[s.node], s.field, ParamSpec(s.shape, s.default), records.get(s.node), dtype
         ).reshape(-1)
         for s in _param_slots(graph, shapes)
     ]

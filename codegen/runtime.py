@@ -59,11 +59,11 @@ def _private(path: str, kind: Callable[[int], bool]) -> bool:
     )
 
 
-def _private_dir(path: str) -> bool:
+def private_dir(path: str) -> bool:
     return _private(path, stat.S_ISDIR)
 
 
-def _own_file(path: str) -> bool:
+def own_file(path: str) -> bool:
     return _private(path, stat.S_ISREG)
 
 
@@ -71,12 +71,17 @@ def cache_dir() -> str | None:
     """`$XDG_CACHE_HOME/tlc` (or `~/.cache/tlc`), created mode 0700; None when it cannot be
     made private (then the helper is built per process in a fresh mkdtemp directory)."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    path = os.path.join(base, "tlc")
+    return made_private(os.path.join(base, "tlc"))
+
+
+def made_private(path: str) -> str | None:
+    """`path`, a directory created mode 0700 if missing; None when it cannot be made or is
+    not private (`private_dir`)."""
     try:
         os.makedirs(path, mode=0o700, exist_ok=True)
     except OSError:
         return None
-    return path if _private_dir(path) else None
+    return path if private_dir(path) else None
 
 
 def _build(cc: str, directory: str, name: str) -> str:
@@ -107,7 +112,7 @@ def helper() -> ctypes.CDLL:
     directory = cache_dir()
     if directory is not None:
         path = os.path.join(directory, name)
-        if not _own_file(path):
+        if not own_file(path):
             path = _build(cc, directory, name)
         return ctypes.CDLL(path)
     directory = tempfile.mkdtemp(prefix="tlc-rt-")

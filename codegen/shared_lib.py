@@ -38,15 +38,10 @@ from tlc.codegen.module import (
     graph_symbol,
     pack_params,
 )
+from tlc.codegen.objcache import object_codes
 from tlc.codegen.runtime import CFLAGS as RUNTIME_CFLAGS
 from tlc.codegen.runtime import SOURCE as RUNTIME_SOURCE
-from tlc.codegen.target import (
-    X86_LEVELS,
-    Target,
-    compile_ir,
-    emit_object,
-    required_features,
-)
+from tlc.codegen.target import X86_LEVELS, Target, required_features
 from tlc.core.diagnostics import DiagnosticError, error
 from tlc.core.payload import Payload
 from tlc.dialect.ops import GraphOp
@@ -105,17 +100,29 @@ def build_library(
         for g, p in graphs:
             # A payload over the bake limit goes in a data section of its own, passed by pointer.
             embed = not runtime_payload and not bakes_payload(g, dtype)
-            for i, variant in enumerate(variants):
-                module = build_graph_module(
-                    g, p, dtype, batch=batch, runtime_payload=runtime_payload or embed,
-                    target=variant, entry_name=variant_symbol(graph_symbol(g), variant),
+            built = [
+                build_graph_module(
+                    g,
+                    p,
+                    dtype,
+                    batch=batch,
+                    runtime_payload=runtime_payload or embed,
+                    target=variant,
+                    entry_name=variant_symbol(graph_symbol(g), variant),
                     queries=i == len(variants) - 1,
                 )  # fmt: skip
+                for i, variant in enumerate(variants)
+            ]
+            # The levels are compiled at once (worker processes: tlc.codegen.objcache).
+            jobs = [(m.ir, v) for m, v in zip(built, variants, strict=True)]
+            for obj in object_codes(jobs):
                 # Not named after the graph: a 250-character name overflows NAME_MAX.
                 path = os.path.join(tmp, f"graph{len(objects)}.o")
                 with open(path, "wb") as f:
-                    f.write(emit_object(compile_ir(module.ir, variant), variant))
+                    f.write(obj)
                 objects.append(path)
+            module = built[-1]
+            del built, jobs
             if embed:
                 objects.append(
                     _weights_object(tmp, module.symbol, pack_params(g, p or Payload(), dtype))

@@ -169,13 +169,21 @@ def _probe_in_child(target: Target) -> tuple[str, ...]:
 
 
 @cache
-def target_machine(target: Target = HOST) -> llvm.TargetMachine:
-    """A PIC target machine at codegen level 3 (call `resolve_target` first for user input)."""
+def machine_cpu(target: Target = HOST) -> tuple[str, str]:
+    """The CPU name and feature string LLVM's target machine for `target` is made with (the
+    host's own name and every feature it has, for `host`)."""
     _initialised()
     cpu, features = target.cpu, target.features
     if cpu == "host":
         cpu = llvm.get_host_cpu_name()
         features = ",".join(f for f in (llvm.get_host_cpu_features().flatten(), features) if f)
+    return cpu, features
+
+
+@cache
+def target_machine(target: Target = HOST) -> llvm.TargetMachine:
+    """A PIC target machine at codegen level 3 (call `resolve_target` first for user input)."""
+    cpu, features = machine_cpu(target)
     return llvm.Target.from_triple(target.full_triple).create_target_machine(
         cpu=cpu, features=features, opt=3, reloc="pic", codemodel="default"
     )
@@ -265,6 +273,11 @@ def parse_ir(text: str, target: Target = HOST) -> llvm.ModuleRef:
     module.data_layout = str(tm.target_data)
     module.verify()
     return module
+
+
+#: What `optimize` and the target machines do, as the object cache's key names it (change it
+#: with them, so entries made by another pipeline are never read).
+PIPELINE = "new-pm O3 +loop-vectorize +slp-vectorize +unroll; codegen O3 pic default-model"
 
 
 def optimize(module: llvm.ModuleRef, target: Target = HOST) -> None:

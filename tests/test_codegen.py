@@ -350,6 +350,76 @@ WINDOWS = {
 }
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f64", "f32"])
+@pytest.mark.parametrize(
+    ("axis", "parts"),
+    [(1, [(2, 3, 8), (2, 1, 8), (2, 5, 8)]), (0, [(4, 9), (1, 9)]), (2, [(2, 2, 20), (2, 2, 3)])],
+    ids=["rows and a short row", "whole blocks", "last axis"],
+)
+def test_concat_copies_rows_exactly(axis: int, parts: list, dtype: type) -> None:
+    """Rows of at least `COPY_RUN` elements are copied whole (one memcpy each), shorter ones
+    element by element: either way the output is numpy's concatenation, bit for bit."""
+    out = list(parts[0])
+    out[axis] = sum(p[axis] for p in parts)
+    size = sum(int(np.prod(p)) for p in parts)
+    lines = [f"  %0 = input : [{size}]"]
+    start, ids = 0, []
+    for i, shape in enumerate(parts):
+        n = int(np.prod(shape))
+        lines.append(
+            f"  %{2 * i + 1} = gather(%0) {{axis = 0, indices = {list(range(start, start + n))}}}"
+        )
+        lines.append(f"  %{2 * i + 2} = reshape(%{2 * i + 1}) {{from = [{n}], to = {list(shape)}}}")
+        ids.append(f"%{2 * i + 2}")
+        start += n
+    lines.append(f"  %{2 * len(parts) + 1} = concat({', '.join(ids)}) {{axis = {axis}}} : {out}")
+    graph, payload = graph_of(
+        "tl.graph @c {\n" + "\n".join(lines) + f"\n  output %{2 * len(parts) + 1}\n}}"
+    )
+    x = np.random.default_rng(0).normal(size=size).astype(dtype)
+    pieces, start = [], 0
+    for shape in parts:
+        n = int(np.prod(shape))
+        pieces.append(x[start : start + n].reshape(shape))
+        start += n
+    got = compile_graph(graph, payload, dtype)(x)
+    assert got.tobytes() == np.concatenate(pieces, axis=axis).tobytes()
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f64", "f32"])
+def test_maps_of_every_size_share_one_kernel(dtype: type, monkeypatch) -> None:
+    """In a graph of more than INLINE_NODES nodes, relus of 35 sizes (and tanhs of 35) run two
+    functions that take the length as an argument, with the values of per-node kernels."""
+    from tlc.codegen import module as codegen_module
+
+    lines, parts, nid = ["  %0 = input : [400]"], [], 0
+    for i in range(35):
+        n = 256 + 3 * i
+        lines.append(f"  %{nid + 1} = gather(%0) {{axis = 0, indices = {list(range(n))}}}")
+        lines.append(f"  %{nid + 2} = {'relu' if i % 2 else 'tanh'}(%{nid + 1})")
+        parts.append(f"%{nid + 2}")
+        nid += 2
+    total = sum(256 + 3 * i for i in range(35))
+    lines.append(f"  %{nid + 1} = concat({', '.join(parts)}) {{axis = 0}} : [{total}]")
+    text = "tl.graph @maps {\n" + "\n".join(lines) + f"\n  output %{nid + 1}\n}}"
+    graph, payload = graph_of(text)
+    assert len(graph.nodes) > codegen_module.INLINE_NODES
+    ir_text = build_graph_module(graph, payload, dtype).ir
+    assert len(re.findall(r"^define .*@\"?tlc_maps\.map\.relu", ir_text, re.M)) == 1
+    assert len(re.findall(r"^define .*@\"?tlc_maps\.map\.tanh", ir_text, re.M)) == 1
+    x = np.random.default_rng(1).normal(size=400).astype(dtype)
+    shared = compile_graph(graph, payload, dtype)(x)
+    monkeypatch.setattr(codegen_module, "MAP_ELEMENTS", 10**9)
+    monkeypatch.setenv("TLC_OBJECT_CACHE", "0")  # the constant is not in the JIT's cache key
+    monkeypatch.setattr("tlc.codegen.jit._graph_cache", {})
+    per_node = compile_graph(graph, payload, dtype)(x)
+    assert "map.relu" not in build_graph_module(graph, payload, dtype).ir
+    assert shared.tobytes() == per_node.tobytes()
+    want = np.concatenate([x[: 256 + 3 * i] for i in range(35)])
+    odd = np.concatenate([np.full(256 + 3 * i, i % 2, bool) for i in range(35)])
+    np.testing.assert_array_equal(shared[odd], np.maximum(want[odd], 0))
+
+
 @pytest.mark.parametrize("op", sorted(WINDOWS))
 def test_window_code_does_not_grow_with_the_kernel(op: str) -> None:
     """Kernel taps are loops, never unrolled by the lowering: a 7x7 window's IR is the size of

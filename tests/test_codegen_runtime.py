@@ -309,9 +309,9 @@ def test_the_runtime_cache_must_be_private(tmp_path: Path, monkeypatch) -> None:
     planted = Path(path) / "libtlcrt-x.so"
     planted.write_bytes(b"not a library")
     os.chmod(planted, 0o666)
-    assert not runtime._own_file(str(planted))  # writable by others: rebuilt, not loaded
+    assert not runtime.own_file(str(planted))  # writable by others: rebuilt, not loaded
     os.chmod(planted, 0o644)
-    assert runtime._own_file(str(planted))
+    assert runtime.own_file(str(planted))
 
 
 ZERO_SIZE = {

@@ -28,6 +28,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cache
 from math import prod
 from typing import Any
 
@@ -177,10 +178,11 @@ def _non_utf8_string(message: Any) -> UnicodeDecodeError | None:
     """The decoding error of the first string field of `message` (recursively) that is not
     UTF-8. Protobuf hands such a field over as bytes rather than failing, and the checker does
     not look at every string (a graph name of bytes reached `re.sub`, found by tlc.tools.fuzz)."""
-    for fd, value in message.ListFields():
-        if fd.type not in (fd.TYPE_STRING, fd.TYPE_MESSAGE):
+    for fd in _text_fields(message.DESCRIPTOR):
+        repeated = fd.is_repeated
+        if not (repeated or message.HasField(fd.name)):
             continue
-        repeated = hasattr(value, "__len__") and not isinstance(value, str | bytes)
+        value = getattr(message, fd.name)
         for item in value if repeated else [value]:
             if fd.type == fd.TYPE_MESSAGE:
                 found = _non_utf8_string(item)
@@ -193,6 +195,13 @@ def _non_utf8_string(message: Any) -> UnicodeDecodeError | None:
                     return exc
                 return UnicodeDecodeError("utf-8", item, 0, 1, "not decoded by protobuf")
     return None
+
+
+@cache
+def _text_fields(descriptor: Any) -> tuple[Any, ...]:
+    """The string and message fields of a message type: what `_non_utf8_string` reads, never
+    touching a bytes field such as a tensor's raw_data (reading which copies the weights)."""
+    return tuple(fd for fd in descriptor.fields if fd.type in (fd.TYPE_STRING, fd.TYPE_MESSAGE))
 
 
 def opset_of(model: onnx.ModelProto) -> int:

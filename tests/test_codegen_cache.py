@@ -1,0 +1,171 @@
+"""The object cache (tlc.codegen.objcache): a second compile of the same graph reads its object
+code back, bit for bit the same code, and the cache is private, verified and bounded."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tlc.api.evaluate import checked_graph
+from tlc.codegen import jit, objcache
+from tlc.codegen.shared_lib import build_library
+from tlc.codegen.target import HOST, Target
+from tlc.dialect.payload_section import payload_from_module
+from tlc.frontends.text import parse_source
+
+needs_cc = pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler")
+
+MLP = (Path(__file__).parent.parent / "examples" / "mlp.tlir").read_text()
+X = np.array([0.3, -0.2, 0.1, 0.4])
+
+
+@pytest.fixture
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A fresh private cache directory, the cache on, and no in-process JIT cache."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv(objcache.ENV_SWITCH, raising=False)
+    monkeypatch.setattr(jit, "_graph_cache", {})
+    return tmp_path / "home" / "tlc" / "objects"
+
+
+def compile_mlp(dtype: type = np.float64) -> np.ndarray:
+    module = parse_source(MLP, "mlp.tlir")
+    graph = checked_graph(module, None)
+    jit._graph_cache.clear()
+    return jit.compile_graph(graph, payload_from_module(module, "mlp"), dtype)(X)
+
+
+def llvm_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """From here on, running LLVM's optimiser fails the test: code must come from the cache."""
+
+    def refused(*_args: object) -> None:
+        raise AssertionError("LLVM ran: the object cache was not used")
+
+    monkeypatch.setattr(jit, "compile_ir", refused)
+    monkeypatch.setattr(objcache, "compile_ir", refused)
+
+
+def entries(cache: Path) -> list[Path]:
+    return sorted(cache.glob("*.o"))
+
+
+def test_a_second_compile_reads_the_same_code_back(cache: Path, monkeypatch) -> None:
+    first = compile_mlp()
+    (entry,) = entries(cache)
+    assert stat.S_IMODE(os.stat(cache).st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(entry).st_mode) == 0o600
+    llvm_refused(monkeypatch)
+    assert compile_mlp().tobytes() == first.tobytes()
+    with pytest.raises(AssertionError, match="LLVM ran"):
+        compile_mlp(np.float32)  # another build is another entry
+
+
+def test_an_altered_or_truncated_entry_is_never_read(cache: Path) -> None:
+    want = compile_mlp()
+    (entry,) = entries(cache)
+    data = bytearray(entry.read_bytes())
+    data[-1] ^= 0xFF
+    entry.write_bytes(bytes(data))
+    assert objcache.load(entry.stem) is None
+    assert compile_mlp().tobytes() == want.tobytes()  # compiled again, and rewritten
+    assert objcache.load(entry.stem) is not None
+    entry.write_bytes(entry.read_bytes()[:100])
+    assert objcache.load(entry.stem) is None
+
+
+def test_entries_others_could_have_written_are_ignored(cache: Path, tmp_path: Path) -> None:
+    compile_mlp()
+    (entry,) = entries(cache)
+    os.chmod(entry, 0o666)
+    assert objcache.load(entry.stem) is None  # writable by others
+    os.chmod(entry, 0o600)
+    assert objcache.load(entry.stem) is not None
+    elsewhere = tmp_path / "planted.o"
+    shutil.move(entry, elsewhere)
+    entry.symlink_to(elsewhere)
+    assert objcache.load(entry.stem) is None  # a link, even to a good entry
+
+
+def test_a_cache_directory_others_can_write_is_not_used(cache: Path, monkeypatch) -> None:
+    cache.mkdir(parents=True)
+    os.chmod(cache, 0o777)
+    assert objcache.objects_dir() is None
+    compile_mlp()
+    assert entries(cache) == []
+
+
+def test_the_switch_turns_the_cache_off(cache: Path, monkeypatch) -> None:
+    monkeypatch.setenv(objcache.ENV_SWITCH, "0")
+    compile_mlp()
+    assert not cache.exists() or entries(cache) == []
+
+
+def test_trim_removes_the_least_recently_used(tmp_path: Path) -> None:
+    for i in range(8):
+        path = tmp_path / f"{i}.o"
+        path.write_bytes(bytes(100))
+        os.utime(path, (1000 + i, 1000 + i))
+    objcache.trim(str(tmp_path), limit=500)
+    assert sorted(p.name for p in tmp_path.glob("*.o")) == ["5.o", "6.o", "7.o"]
+
+
+def test_keys_name_the_target_machine_and_the_text() -> None:
+    names = {
+        objcache.key(["x"], HOST),
+        objcache.key(["y"], HOST),
+        objcache.key(["x"], Target("x86-64-v3")),
+        objcache.key(["x"], Target("x86-64-v2")),
+    }
+    assert len(names) == 4
+
+
+@needs_cc
+def test_a_library_rebuilt_from_the_same_graph_reuses_its_objects(
+    cache: Path, tmp_path: Path, monkeypatch
+) -> None:
+    module = parse_source(MLP, "mlp.tlir")
+    graphs = [(checked_graph(module, None), payload_from_module(module, "mlp"))]
+    first = tmp_path / "first.so"
+    build_library(graphs, str(first), target=Target("x86-64-v2"))
+    llvm_refused(monkeypatch)
+    second = tmp_path / "second.so"
+    build_library(graphs, str(second), target=Target("x86-64-v2"))
+    assert second.read_bytes() == first.read_bytes()
+
+
+def mlp_ir(target: Target) -> str:
+    from tlc.codegen.module import build_graph_module
+
+    module = parse_source(MLP, "mlp.tlir")
+    graph = checked_graph(module, None)
+    return build_graph_module(graph, payload_from_module(module, "mlp"), target=target).ir
+
+
+@pytest.mark.parametrize("python", ["worker", "failing worker"])
+def test_misses_compiled_in_worker_processes_are_the_same_code(
+    cache: Path, monkeypatch, python: str
+) -> None:
+    """Several misses compile at once, all but the first in worker processes (forced here for
+    a small module); a worker that fails leaves its job to this process. Either way every
+    object is what this process makes of the IR, and is stored."""
+    from tlc.codegen.target import compile_ir, emit_object
+
+    monkeypatch.setattr(objcache, "PARALLEL_BYTES", 0)
+    monkeypatch.setattr(objcache, "available_cpus", lambda: 2)
+    if python == "failing worker":
+        monkeypatch.setattr(objcache.sys, "executable", "/bin/false")
+    levels = [Target(level) for level in ("x86-64-v3", "x86-64-v2")]
+    jobs = [(mlp_ir(t), t) for t in levels]
+    want = [emit_object(compile_ir(text, t), t) for text, t in jobs]
+    here = []
+    monkeypatch.setattr(objcache, "compile_ir", lambda *args: here.append(1) or compile_ir(*args))
+    assert objcache.object_codes(jobs) == want
+    assert len(here) == (1 if python == "worker" else 2)
+    assert len(entries(cache)) == 2
+    llvm_refused(monkeypatch)
+    assert objcache.object_codes(jobs) == want
