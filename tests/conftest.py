@@ -1,11 +1,47 @@
 """Test-session settings. Under CI (`CI` set, as `.ci/run`'s runner does) hypothesis draws the
 same examples on every run (`derandomize`), so a submission's result does not depend on the
-random draw; locally each run explores new examples."""
+random draw; locally each run explores new examples.
 
+`@pytest.mark.needs(MODULE, WHAT, EXTRA)` marks a test of an optional extra that the `test`
+extra does not install (Ray: heavy, and a cluster to start). Without MODULE the test is not run
+and not counted as a skip: it is deselected (pytest's closing line counts it), and the summary
+says which test needs what, so nothing is left out silently."""
+
+from __future__ import annotations
+
+import importlib.util
 import os
 
+import pytest
 from hypothesis import settings
 
 settings.register_profile("ci", derandomize=True)
 if os.environ.get("CI"):
     settings.load_profile("ci")
+
+NOT_RUN: list[str] = []
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "needs(module, what, extra): runs only where the optional module imports"
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    kept, dropped = [], []
+    for item in items:
+        mark = item.get_closest_marker("needs")
+        if mark is not None and importlib.util.find_spec(mark.args[0]) is None:
+            dropped.append(item)
+            NOT_RUN.append(f"{item.nodeid} needs {mark.args[1]} (pip install '{mark.args[2]}')")
+        else:
+            kept.append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
+
+
+def pytest_terminal_summary(terminalreporter) -> None:  # noqa: ANN001
+    for line in NOT_RUN:
+        terminalreporter.write_line(f"not run: {line}")

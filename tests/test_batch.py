@@ -171,7 +171,8 @@ def test_tlc_run_takes_the_batch_size_from_input(tmp_path: Path) -> None:
     values = ",".join(str(v) for v in x.ravel())
     for backend in ("reference", "llvm"):
         done = subprocess.run(
-            ["tlc-run", str(path), "--payload", str(npz), "--input", values, "--backend", backend],
+            ["tlc-run", str(path), "--payload", str(npz), "--input", values, "--backend", backend,
+             "--arithmetic", "f64"],  # numpy_mlp computes in float64
             capture_output=True, text=True, timeout=120,
         )  # fmt: skip
         expected = ", ".join(f"{v:.6f}" for v in numpy_mlp(x))
@@ -204,7 +205,8 @@ def test_a_library_needs_the_batch_size(tmp_path: Path, capsys: pytest.CaptureFi
         "it for one batch size (tlc-compile --batch N; tlc.compile compiles per batch size at "
         "call time)"
     ) in capsys.readouterr().err
-    assert compile_main([str(path), "--payload", str(npz), "--batch", "6", "-o", str(out)]) == 0
+    args = [str(path), "--payload", str(npz), "--batch", "6", "--dtype", "f64", "-o", str(out)]
+    assert compile_main(args) == 0
     lib = tlc.load(out)
     assert repr(lib).endswith("<compiled @mlp: [6, 4] -> [6], float64>>")
     x = RNG.normal(size=(6, 4))
