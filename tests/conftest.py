@@ -2,6 +2,9 @@
 same examples on every run (`derandomize`), so a submission's result does not depend on the
 random draw; locally each run explores new examples.
 
+The lit run (tests/lit_runner.py) starts as soon as collection finishes, so the lit files run
+beside the other tests instead of after them.
+
 `@pytest.mark.needs(MODULE, WHAT, EXTRA)` marks a test of an optional extra that the `test`
 extra does not install (Ray: heavy, and a cluster to start). Without MODULE the test is not run
 and not counted as a skip: it is deselected (pytest's closing line counts it), and the summary
@@ -45,3 +48,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def pytest_terminal_summary(terminalreporter) -> None:  # noqa: ANN001
     for line in NOT_RUN:
         terminalreporter.write_line(f"not run: {line}")
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    if not session.config.option.collectonly:
+        from lit_runner import lit_run_for
+
+        lit_run_for(session)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    from lit_runner import LIT_RUN
+
+    run = session.stash.get(LIT_RUN, None)
+    if run is not None:
+        run.stop()
