@@ -192,19 +192,26 @@ def test_huge_variable_index_is_a_diagnostic() -> None:
     )
 
 
-def test_instances_csv_in_parallel(acas, tmp_path: Path) -> None:
+def _instances(acas: tuple[list, Path], tmp_path: Path, radii: list[float], bad: bool) -> None:
+    """instances.csv in `tmp_path`: the ACAS-shaped net with a robustness property per radius
+    around one centre (the first unsat, a large one sat), then (`bad`) a malformed property."""
     layers, net = acas
     centre = np.full(5, 0.2)
     label = int(np.argmax(_numpy_net(layers, centre)))
     rows = []
-    for i, radius in enumerate([0.01, 0.2, 0.02]):
+    for i, radius in enumerate(radii):
         (tmp_path / f"p{i}.vnnlib").write_text(
             robustness_property(centre - radius, centre + radius, label, 5)
         )
         rows.append(f"{net},p{i}.vnnlib,30")
-    (tmp_path / "bad.vnnlib").write_text("(assert")
-    rows.append(f"{net},bad.vnnlib,30")
+    if bad:
+        (tmp_path / "bad.vnnlib").write_text("(assert")
+        rows.append(f"{net},bad.vnnlib,30")
     (tmp_path / "instances.csv").write_text("\n".join(rows) + "\n")
+
+
+def test_instances_csv_in_parallel(acas, tmp_path: Path) -> None:
+    _instances(acas, tmp_path, [0.01, 0.2, 0.02], bad=True)
     for workers in ("1", "2"):
         out = tmp_path / f"results{workers}.csv"
         done = subprocess.run(
@@ -305,18 +312,7 @@ def test_instances_as_ray_tasks(
     """--ray's contract with a cluster, without one: every row one task, results back in csv
     order whatever order they finish in, the connection closed. The same run on a real local
     cluster is the next test, collected when Ray is installed."""
-    layers, net = acas
-    centre = np.full(5, 0.2)
-    label = int(np.argmax(_numpy_net(layers, centre)))
-    rows = []
-    for i, radius in enumerate([0.01, 0.2]):
-        (tmp_path / f"p{i}.vnnlib").write_text(
-            robustness_property(centre - radius, centre + radius, label, 5)
-        )
-        rows.append(f"{net},p{i}.vnnlib,30")
-    (tmp_path / "bad.vnnlib").write_text("(assert")
-    rows.append(f"{net},bad.vnnlib,30")
-    (tmp_path / "instances.csv").write_text("\n".join(rows) + "\n")
+    _instances(acas, tmp_path, [0.01, 0.2], bad=True)
     ray = RecordingRay()
     monkeypatch.setitem(sys.modules, "ray", ray)
     monkeypatch.chdir(tmp_path)
@@ -334,16 +330,7 @@ def test_instances_as_ray_tasks(
 def test_instances_on_a_local_ray_cluster(acas, tmp_path: Path) -> None:  # noqa: ANN001
     import ray
 
-    layers, net = acas
-    centre = np.full(5, 0.2)
-    label = int(np.argmax(_numpy_net(layers, centre)))
-    rows = []
-    for i, radius in enumerate([0.01, 0.2]):
-        (tmp_path / f"p{i}.vnnlib").write_text(
-            robustness_property(centre - radius, centre + radius, label, 5)
-        )
-        rows.append(f"{net},p{i}.vnnlib,30")
-    (tmp_path / "instances.csv").write_text("\n".join(rows) + "\n")
+    _instances(acas, tmp_path, [0.01, 0.2], bad=False)
     context = ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR")
     try:
         out = tmp_path / "results.csv"
