@@ -2,8 +2,8 @@
 same examples on every run (`derandomize`), so a submission's result does not depend on the
 random draw; locally each run explores new examples.
 
-The lit run (tests/lit_runner.py) starts as soon as collection finishes, so the lit files run
-beside the other tests instead of after them.
+The lit run (tests/lit_runner.py) starts as soon as collection finishes and the lit tests are
+moved to the end, so the lit files run beside the other tests instead of after them.
 
 `@pytest.mark.needs(MODULE, WHAT, EXTRA)` marks a test of an optional extra that the `test`
 extra does not install (Ray: heavy, and a cluster to start). Without MODULE the test is not run
@@ -42,7 +42,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             kept.append(item)
     if dropped:
         config.hook.pytest_deselected(items=dropped)
-        items[:] = kept
+    # the lit files last: lit runs from the start (pytest_collection_finish) beside the others
+    items[:] = [i for i in kept if not _is_lit(i)] + [i for i in kept if _is_lit(i)]
+
+
+def _is_lit(item: pytest.Item) -> bool:
+    return getattr(item, "originalname", None) == "test_lit"
 
 
 def pytest_terminal_summary(terminalreporter) -> None:  # noqa: ANN001
