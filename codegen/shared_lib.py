@@ -23,7 +23,7 @@ import re
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, replace
 
@@ -67,9 +67,13 @@ def build_library(
     runtime_payload: bool = False,
     source: str = "<input>",
     target: Target | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> Built:
     """Compile `graphs` (each with its payload) into `output` (.so) and the header beside it:
-    for `target` alone, or (None) for every CPU level of this architecture."""
+    for `target` alone, or (None) for every CPU level of this architecture. `progress(note)` is
+    called after each of the `len(graphs) * len(library_variants(target)) + 1` steps: one
+    graph's code for one CPU level, then the link."""
+    step = progress or (lambda note: None)
     for graph, _ in graphs:
         if not IDENTIFIER.match(graph.graph_name):
             raise error(
@@ -115,12 +119,13 @@ def build_library(
             ]
             # The levels are compiled at once (worker processes: tlc.codegen.objcache).
             jobs = [(m.ir, v) for m, v in zip(built, variants, strict=True)]
-            for obj in object_codes(jobs):
+            for obj, variant in zip(object_codes(jobs), variants, strict=True):
                 # Not named after the graph: a 250-character name overflows NAME_MAX.
                 path = os.path.join(tmp, f"graph{len(objects)}.o")
                 with open(path, "wb") as f:
                     f.write(obj)
                 objects.append(path)
+                step(f"@{g.graph_name} for {variant.describe()}")
             module = built[-1]
             del built, jobs
             if embed:
@@ -143,6 +148,7 @@ def build_library(
             raise DiagnosticError.simple(
                 f"tlc-compile: linking failed ({' '.join(command)}):\n{done.stderr.strip()}"
             )
+        step("linked")
     try:
         with open(header, "w", encoding="utf-8") as f:
             f.write(render_header(modules, os.path.basename(output), source, variants))

@@ -251,7 +251,8 @@ def from_onnx(model: Any, input_shapes: Any = None, name: str | None = None) -> 
 def to_onnx(graph: Any, payload: Any = None, dtype: Any = "f32", batch: int | None = None) -> Any:
     """An `onnx.ModelProto` computing `graph` (a tl.graph op or a document) with `payload`
     (default: the document's inline payload), in float32 ("f32") or float64 ("f64"); a graph
-    with the batch extent `N` is exported for `batch` rows."""
+    with the batch extent `N` is exported with the symbolic dimension `N` (any batch size), or
+    for `batch` rows."""
     from tlc.api.evaluate import choose, scalar_type
     from tlc.dialect.batch import has_batch, specialise
     from tlc.dialect.ops import GraphOp

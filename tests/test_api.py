@@ -115,6 +115,15 @@ def test_choosing_a_graph_from_python_names_the_keyword() -> None:
     with pytest.raises(DiagnosticError, match=r"no graph named @c in the document$"):
         tlc.run(source, [1.0], graph="c")
     assert tlc.run(source, [1.0], graph="b").output.tolist() == [1.0]
+    with pytest.raises(DiagnosticError) as info:
+        tlc.compile(ROOT / "examples" / "mlp_program.tlir")
+    assert str(info.value).splitlines() == [
+        f"{ROOT / 'examples' / 'mlp_program.tlir'}:4:1: error: the document holds no tl.graph, "
+        "only tl.program @mlp: lower it to a graph first (tlc-opt -p lower-program; "
+        "docs/programs.md)",
+        "tl.program @mlp(%x: [4]) params(%W1: [5, 4], %b1: [5], %W2: [3, 5], %b2: [3]) {",
+        "^",
+    ]
 
 
 def test_diagnostic_error_is_part_of_the_api() -> None:

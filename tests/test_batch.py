@@ -171,7 +171,8 @@ def test_tlc_run_takes_the_batch_size_from_input(tmp_path: Path) -> None:
     values = ",".join(str(v) for v in x.ravel())
     for backend in ("reference", "llvm"):
         done = subprocess.run(
-            ["tlc-run", str(path), "--payload", str(npz), "--input", values, "--backend", backend],
+            ["tlc-run", str(path), "--payload", str(npz), "--input", values, "--backend", backend,
+             "--arithmetic", "f64"],  # numpy_mlp computes in float64
             capture_output=True, text=True, timeout=120,
         )  # fmt: skip
         expected = ", ".join(f"{v:.6f}" for v in numpy_mlp(x))
@@ -204,7 +205,8 @@ def test_a_library_needs_the_batch_size(tmp_path: Path, capsys: pytest.CaptureFi
         "it for one batch size (tlc-compile --batch N; tlc.compile compiles per batch size at "
         "call time)"
     ) in capsys.readouterr().err
-    assert compile_main([str(path), "--payload", str(npz), "--batch", "6", "-o", str(out)]) == 0
+    args = [str(path), "--payload", str(npz), "--batch", "6", "--dtype", "f64", "-o", str(out)]
+    assert compile_main(args) == 0
     lib = tlc.load(out)
     assert repr(lib).endswith("<compiled @mlp: [6, 4] -> [6], float64>>")
     x = RNG.normal(size=(6, 4))
@@ -257,16 +259,67 @@ def test_crown_bounds_and_kernel_plans_at_any_batch_size() -> None:
     np.testing.assert_allclose(tlc.execute_plan(plan, x, PAYLOAD).output, numpy_mlp(x), rtol=1e-12)
 
 
-def test_onnx_export_and_gradients_need_one_batch_size() -> None:
-    pytest.importorskip("onnx")
+def _dims(info) -> list:  # noqa: ANN001 (an onnx ValueInfoProto)
+    return [d.dim_param or d.dim_value for d in info.type.tensor_type.shape.dim]
+
+
+def test_onnx_export_writes_n_and_imports_back() -> None:
+    """N is the inputs' and output's `dim_param` "N"; shapes the model computes with (a
+    reshape's target) come from the input's batch size, so ONNX Runtime runs it at any batch,
+    and `from_onnx` reads the same graph back."""
+    ort = pytest.importorskip("onnxruntime")
+    model = tlc.to_onnx(MLP, PAYLOAD, dtype="f64")
+    assert (_dims(model.graph.input[0]), _dims(model.graph.output[0])) == (["N", 4], ["N"])
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for batch in (1, 5):
+        x = RNG.normal(size=(batch, 4))
+        np.testing.assert_allclose(session.run(None, {"x": x})[0], numpy_mlp(x), rtol=1e-12)
+    back = tlc.from_onnx(model)
+    assert [n.declared_shape for n in back.graph.nodes] == [
+        n.declared_shape for n in graph()[0].nodes
+    ]
+    x = RNG.normal(size=(7, 4))
+    np.testing.assert_allclose(tlc.run(back, x).output, numpy_mlp(x), rtol=1e-12)
+    assert _dims(tlc.to_onnx(MLP, PAYLOAD, batch=5).graph.input[0]) == [5, 4]
+    # batch norm over axis 2 of [N, 2, 3, 4] is exported over a [2N, 3, 4] view: k N extents
+    bn = """tl.graph @bn {
+  %0 = input : [N, 2, 3, 4]
+  %1 = batch_norm_eval(%0) {channel_axis = 2, channels = 3}
+  output %1
+}
+"""
+    stats = {f"1.{f}": RNG.random(3) + 0.5 for f in ("gamma", "beta", "mean", "var")}
+    model = tlc.to_onnx(bn, stats, dtype="f64")
+    assert [n.op_type for n in model.graph.node][:3] == ["Shape", "Mul", "Concat"]
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for batch in (1, 4):
+        x = RNG.normal(size=(batch, 2, 3, 4))
+        expected = tlc.run(bn, x, stats).output
+        # ONNX Runtime's BatchNormalization folds its own scale and shift: measured 6e-13
+        np.testing.assert_allclose(session.run(None, {"x": x})[0], expected, atol=1e-11)
+
+
+def test_onnx_export_refuses_what_depends_on_the_batch_otherwise() -> None:
+    from onnx import TensorProto, helper, numpy_helper
+
+    from tlc.frontends.export_batch import export_with_batch
+
+    def export(batch: int):  # noqa: ANN202 (a model whose constant is batch + 1)
+        x, y = (helper.make_tensor_value_info(n, TensorProto.FLOAT, [batch]) for n in "xy")
+        c = numpy_helper.from_array(np.full(batch, batch + 1.0, np.float32), "c")
+        node = helper.make_node("Add", ["x", "c"], ["y"])
+        return helper.make_model(helper.make_graph([node], "g", [x], [y], [c]))
+
     with pytest.raises(DiagnosticError) as info:
-        tlc.to_onnx(MLP, PAYLOAD)
+        export_with_batch(export, graph()[0])
     assert str(info.value).splitlines()[0] == (
-        "<string>:1:1: error: ONNX export: graph @mlp has the batch extent N; export it for one "
-        "batch size (tlc.to_onnx(..., batch=64))"
+        "<string>:1:1: error: ONNX export: graph @mlp: the constant 'c' depends on the batch "
+        "size, which an ONNX shape cannot say; export it for one batch size "
+        "(tlc.to_onnx(..., batch=64))"
     )
-    model = tlc.to_onnx(MLP, PAYLOAD, batch=5)
-    assert [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim] == [5, 4]
+
+
+def test_gradients_need_one_batch_size() -> None:
     with pytest.raises(DiagnosticError) as info:
         tlc.grad(MLP, PAYLOAD)
     assert str(info.value).splitlines()[0] == (

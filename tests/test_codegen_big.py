@@ -111,7 +111,7 @@ def test_tlc_compile_with_an_embedded_payload(
     path.write_text(source)
     np.savez(npz, **payload.flat())
     out = tmp_path / "libsmall.so"
-    assert compile_main([str(path), "--payload", str(npz), "-o", str(out)]) == 0
+    assert compile_main([str(path), "--payload", str(npz), "--dtype", "f64", "-o", str(out)]) == 0
     assert "params" not in out.with_suffix(".h").read_text()
     x = np.array([0.3, -0.2, 0.1, 0.4])
     np.testing.assert_allclose(tlc.load(str(out))(x), reference(source, payload, x), rtol=1e-12)

@@ -52,7 +52,9 @@ int main(void) {
 
 def compile_lib(tmp_path: Path, *args: str, name: str = "libmlp.so") -> Path:
     out = tmp_path / name
-    assert compile_main([str(MLP_PATH), "-o", str(out), *args]) == 0
+    # f64 unless `args` say otherwise (the last --dtype counts): these tests check float64
+    # results and headers; the f32 default is test_tlc_compile_defaults_to_f32
+    assert compile_main([str(MLP_PATH), "-o", str(out), "--dtype", "f64", *args]) == 0
     return out
 
 
@@ -238,3 +240,29 @@ def test_a_graph_named_library_is_refused(tmp_path: Path, capsys: pytest.Capture
         "lib.tlir:1:1: error: codegen: graph name @library is reserved: tlc_library is the "
         "library's metadata; rename the graph"
     ) in capsys.readouterr().err
+
+
+def test_tlc_compile_defaults_to_f32(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Compiled code computes in float32 unless asked (tlc-compile, tlc-run --backend llvm,
+    tlc.compile alike); the reference and --grad stay float64."""
+    from tlc.tools.run import main as run_main
+
+    out = tmp_path / "libmlp.so"
+    assert compile_main([str(MLP_PATH), "-o", str(out)]) == 0
+    assert "int tlc_mlp(const float *in, float *out);" in out.with_suffix(".h").read_text()
+    assert repr(tlc.load(out)).endswith("<compiled @mlp: [4] -> [], float32>>")
+    assert tlc.compile(MLP_PATH).dtype == np.float32
+    printed = {}
+    for name, flags in {
+        "llvm": ["--backend", "llvm"],
+        "llvm f32": ["--backend", "llvm", "--arithmetic", "f32"],
+        "reference": [],
+        "reference f32": ["--arithmetic", "f32"],
+    }.items():
+        capsys.readouterr()
+        assert (
+            run_main([str(MLP_PATH), "--input", "0.3,-0.2,0.1,0.4", "--digits", "12", *flags]) == 0
+        )
+        printed[name] = capsys.readouterr().out
+    assert printed["llvm"] == printed["llvm f32"] == printed["reference f32"]
+    assert printed["reference"] != printed["reference f32"]  # f64 by default: 12 digits tell

@@ -1,116 +1,20 @@
 """Runs the lit suite from pytest: one pytest test per lit file, so progress shows file by file,
 a failure is named by its file (with lit's output for it), and pytest's closing line counts them.
-
-One lit process runs every selected file in parallel (`-j` = the number of cores) in lexical
-order, which is the order pytest collects them in; a reader thread records each file's result as
-lit prints it, and each test waits only for its own file. Started once per session, on the
-selected files only, so `pytest -k softmax tests/test_lit.py` runs just that lit file.
+The lit process (tests/lit_runner.py) starts when collection finishes and runs beside the other
+tests; each test here waits for its own file's result. `pytest -k softmax tests/test_lit.py`
+runs just that lit file.
 """
 
 from __future__ import annotations
 
-import os
-import re
-import subprocess
-import sys
-import threading
-from collections.abc import Iterator
-from dataclasses import dataclass, field
-from pathlib import Path
-
 import pytest
-
-LIT_DIR = Path(__file__).parent / "lit"
-SUITE = "tlc"
-LIT_FILES = sorted(
-    path.relative_to(LIT_DIR).as_posix()
-    for path in LIT_DIR.rglob("*")
-    if path.suffix in (".tlir", ".mlir") and not {"Inputs", "Output"} & set(path.parts)
-)
-# lit -v: `PASS: tlc :: ops/softmax.tlir (3 of 97)`; a failure is followed by its output between
-# `******************** TEST 'tlc :: ops/softmax.tlir' FAILED ********************` and a rule.
-RESULT_LINE = re.compile(rf"^([A-Z]+): {SUITE} :: (\S+) \(\d+ of \d+\)$")
-FAILED_BLOCK = re.compile(rf"^\*{{20}} TEST '{SUITE} :: (\S+)' \w+ \*{{20}}$")
-BLOCK_END = "*" * 20
-PASSING = {"PASS", "XFAIL"}
-
-
-@dataclass
-class LitRun:
-    """One lit process over the selected files, and each file's result as it arrives."""
-
-    files: list[str]
-    results: dict[str, tuple[str, str]] = field(default_factory=dict)
-    transcript: list[str] = field(default_factory=list)
-    done: threading.Condition = field(default_factory=threading.Condition)
-    finished: bool = False
-
-    def start(self) -> None:
-        command = [
-            sys.executable, "-c", "from lit.main import main; main()",
-            "-v", "--order=lexical", f"-j{os.cpu_count() or 1}",
-            *(str(LIT_DIR / name) for name in self.files),
-        ]  # fmt: skip
-        # `sys.executable -c`, not a `lit` script: lit.cfg.py puts this interpreter's directory
-        # first on PATH, so the tools under test are the ones installed beside it.
-        proc = subprocess.Popen(
-            command,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env={**os.environ, "PYTHONHASHSEED": "0"},
-        )
-        threading.Thread(target=self._read, args=(proc,), daemon=True).start()
-
-    def _read(self, proc: subprocess.Popen[str]) -> None:
-        assert proc.stdout is not None
-        lines = iter(proc.stdout)
-        for line in lines:
-            line = line.rstrip("\n")
-            self.transcript.append(line)
-            if m := RESULT_LINE.match(line):
-                status, name = m.groups()
-                if status in PASSING or status == "UNSUPPORTED":
-                    self._record(name, status, "")
-            elif m := FAILED_BLOCK.match(line):
-                self._record(m.group(1), "FAIL", "\n".join(self._block(lines)))
-        proc.wait()
-        with self.done:
-            self.finished = True
-            self.done.notify_all()
-
-    def _block(self, lines: Iterator[str]) -> Iterator[str]:
-        for line in lines:
-            line = line.rstrip("\n")
-            self.transcript.append(line)
-            if line == BLOCK_END:
-                return
-            yield line
-
-    def _record(self, name: str, status: str, output: str) -> None:
-        with self.done:
-            self.results[name] = (status, output)
-            self.done.notify_all()
-
-    def result(self, name: str) -> tuple[str, str]:
-        """(lit's status, its output for a failure) of one file, once lit has reported it."""
-        with self.done:
-            self.done.wait_for(lambda: name in self.results or self.finished)
-            if name in self.results:
-                return self.results[name]
-        tail = "\n".join(self.transcript[-200:])
-        return "NO RESULT", f"lit ended without reporting {name}:\n{tail}"
+from lit_runner import LIT_DIR, LIT_FILES, PASSING, LitRun, lit_run_for
 
 
 @pytest.fixture(scope="session")
 def lit_run(request: pytest.FixtureRequest) -> LitRun:
-    selected = [
-        item.callspec.params["name"]
-        for item in request.session.items
-        if item.originalname == "test_lit" and hasattr(item, "callspec")
-    ]
-    run = LitRun(selected)
-    run.start()
+    run = lit_run_for(request.session)
+    assert run is not None, "this test is selected, so its file is"
     return run
 
 

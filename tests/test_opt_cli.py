@@ -85,6 +85,26 @@ def test_usage_errors_are_2(good: str, argv: list[str], capsys: pytest.CaptureFi
     assert "usage: tlc-opt" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("argv", "last_line"),
+    [
+        (["--emit", "lisitng"], "tlc-opt: error: argument --emit: invalid choice: 'lisitng' "
+         "(choose from 'asm', 'asm-f32', 'dot', 'listing', 'llvm', 'llvm-f32', 'mlir', 'plan', "
+         "'tlir'); did you mean 'listing'?"),
+        (["--emitt", "listing"], "tlc-opt: error: unrecognized arguments: --emitt listing; did "
+         "you mean '--emit'?"),
+        (["--timming=1"], "tlc-opt: error: unrecognized arguments: --timming=1; did you mean "
+         "'--timing'?"),
+        (["--zzz"], "tlc-opt: error: unrecognized arguments: --zzz"),
+    ],
+)  # fmt: skip
+def test_usage_errors_suggest_the_close_spelling(
+    good: str, argv: list[str], last_line: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert opt.main([good, *argv]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == last_line
+
+
 def test_internal_error_is_70(
     good: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

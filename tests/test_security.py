@@ -82,7 +82,8 @@ def test_planted_lark_cache_is_not_unpickled(tmp_path: Path) -> None:
 
 def _compile(tmp_path: Path, *args: str) -> Path:
     out = tmp_path / "libmlp.so"
-    assert compile_main([str(MLP_PATH), "-o", str(out), *args]) == 0
+    # f64 unless `args` say otherwise (the last --dtype counts), as these tests' values are
+    assert compile_main([str(MLP_PATH), "-o", str(out), "--dtype", "f64", *args]) == 0
     return out
 
 
@@ -175,7 +176,7 @@ def test_batch_beyond_64_bits_is_a_usage_error(
     out = str(tmp_path / "lib.so")
     assert compile_main([str(MLP_PATH), "-o", out, "--batch", "100000000000000000000"]) == 2
     assert "batch size 100000000000000000000 is too large (at most 2^62)" in capsys.readouterr().err
-    assert compile_main([str(MLP_PATH), "-o", out, "--batch", str(2**61)]) == 1
+    assert compile_main([str(MLP_PATH), "-o", out, "--batch", str(2**61), "--dtype", "f64"]) == 1
     assert (
         "mlp.tlir:3:3: error: codegen: node 0: 73,786,976,294,838,206,464 bytes is more than "
         "compiled code can address" in capsys.readouterr().err

@@ -13,8 +13,8 @@ Tolerances, relative to the largest output magnitude:
   reducing up to 4608 products and some 50 layers, measured up to 1.6e-6.
 
 Inputs are 32x32 (the smallest every model accepts: their last features are 1x1), one forward
-each; vgg11 64x64 through FX (its adaptive pool then has uneven windows, 2 to 7) and 224x224
-through ONNX (see below).
+each; vgg11 64x64 through FX (its adaptive pool then has uneven windows, 2 to 7). The ONNX
+exports run one case per pattern (`ONNX_CASES`); bench/real_networks.py runs them all.
 """
 
 from __future__ import annotations
@@ -56,15 +56,30 @@ def test_fx_matches_torch_in_float64_and_float32(name: str) -> None:
     assert relative_error(got32, expected32) < 1e-4
 
 
-@pytest.mark.parametrize("dynamo", [False, True], ids=["torchscript", "dynamo"])
-@pytest.mark.parametrize("name", MODELS)
+#: The models exported to ONNX by each exporter: one case per pattern the importer meets. The
+#: TorchScript exporter on every model but vgg11; dynamo on those whose exports hold what no
+#: other model's does (the transformer's attention and layer norm, squeezenet's Concat and
+#: ReduceMean pool, shufflenet's Split and channel shuffle, mobilenet_v3_small's HardSigmoid
+#: and HardSwish). The rest repeat those op types and attributes (resnet18, mobilenet_v2 and
+#: efficientnet_b0 through dynamo) or only add an op the conformance tests check (vgg11's
+#: AveragePool, at 224x224 where its 7x7 features make the adaptive pool exportable: 103M
+#: weights, 23 s of CPU for both routes). `python bench/real_networks.py --routes onnx,dynamo`
+#: runs every model through both (vgg11: `--models vgg11 --size 224`).
+ONNX_CASES = [(name, False) for name in MODELS if name != "vgg11"] + [
+    (name, True)
+    for name in ("transformer", "squeezenet1_0", "shufflenet_v2_x1_0", "mobilenet_v3_small")
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "dynamo"),
+    ONNX_CASES,
+    ids=[f"{name}-{'dynamo' if dynamo else 'torchscript'}" for name, dynamo in ONNX_CASES],
+)
 def test_onnx_export_matches_torch_in_float32(name: str, dynamo: bool, tmp_path: Path) -> None:
     if dynamo:
         pytest.importorskip("onnxscript")
-    # vgg11 at 224x224: its features are then 7x7, which both exporters write; smaller, the
-    # TorchScript exporter refuses the uneven adaptive pool and dynamo writes it with ops tl
-    # lacks (GatherND, Where)
-    net, x = network(name, 224 if name == "vgg11" else 32)
+    net, x = network(name)
     path = tmp_path / f"{name}.onnx"
     with contextlib.redirect_stdout(io.StringIO()):
         torch.onnx.export(net, (x,), str(path), dynamo=dynamo)

@@ -5,6 +5,7 @@ every unsat cross-checked by dense sampling; VNN-LIB forms; the instances csv.""
 from __future__ import annotations
 
 import csv
+import pickle
 import subprocess
 import sys
 from pathlib import Path
@@ -191,19 +192,26 @@ def test_huge_variable_index_is_a_diagnostic() -> None:
     )
 
 
-def test_instances_csv_in_parallel(acas, tmp_path: Path) -> None:
+def _instances(acas: tuple[list, Path], tmp_path: Path, radii: list[float], bad: bool) -> None:
+    """instances.csv in `tmp_path`: the ACAS-shaped net with a robustness property per radius
+    around one centre (the first unsat, a large one sat), then (`bad`) a malformed property."""
     layers, net = acas
     centre = np.full(5, 0.2)
     label = int(np.argmax(_numpy_net(layers, centre)))
     rows = []
-    for i, radius in enumerate([0.01, 0.2, 0.02]):
+    for i, radius in enumerate(radii):
         (tmp_path / f"p{i}.vnnlib").write_text(
             robustness_property(centre - radius, centre + radius, label, 5)
         )
         rows.append(f"{net},p{i}.vnnlib,30")
-    (tmp_path / "bad.vnnlib").write_text("(assert")
-    rows.append(f"{net},bad.vnnlib,30")
+    if bad:
+        (tmp_path / "bad.vnnlib").write_text("(assert")
+        rows.append(f"{net},bad.vnnlib,30")
     (tmp_path / "instances.csv").write_text("\n".join(rows) + "\n")
+
+
+def test_instances_csv_in_parallel(acas, tmp_path: Path) -> None:
+    _instances(acas, tmp_path, [0.01, 0.2, 0.02], bad=True)
     for workers in ("1", "2"):
         out = tmp_path / f"results{workers}.csv"
         done = subprocess.run(
@@ -258,18 +266,71 @@ def test_ray_option_errors(
     assert "error: --ray 10.0.0.1:6379: cannot connect: no GCS at 10.0.0.1:6379" in err
 
 
+class RecordingRay:
+    """Ray's task interface as `tlc-verify --ray` uses it (`init`, `remote`, `wait`, `get`,
+    `shutdown`), run in this process: a task runs when it is submitted, but `wait` hands the
+    results back last-submitted first, as a cluster may finish them, so the rows must be put
+    back in csv order by their index. Each task's function and arguments are pickled, as Ray
+    must to ship them to a worker."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+        self.results: dict[object, object] = {}
+
+    def init(self, address: str, **options: object) -> None:
+        self.calls.append(f"init {address}")
+
+    def remote(self, function):  # noqa: ANN001, ANN201
+        ray = self
+
+        class Task:
+            @staticmethod
+            def remote(*args: object) -> object:
+                shipped = pickle.loads(pickle.dumps((function, args)))
+                ref = object()
+                ray.results[ref] = shipped[0](*shipped[1])
+                ray.calls.append("submit")
+                return ref
+
+        return Task
+
+    def wait(self, refs: list[object], num_returns: int) -> tuple[list[object], list[object]]:
+        assert num_returns == 1 and len(set(map(id, refs))) == len(refs)
+        return refs[-1:], refs[:-1]
+
+    def get(self, ref: object) -> object:
+        self.calls.append("get")
+        return self.results.pop(ref)
+
+    def shutdown(self) -> None:
+        self.calls.append("shutdown")
+
+
+def test_instances_as_ray_tasks(
+    acas, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:  # noqa: ANN001
+    """--ray's contract with a cluster, without one: every row one task, results back in csv
+    order whatever order they finish in, the connection closed. The same run on a real local
+    cluster is the next test, collected when Ray is installed."""
+    _instances(acas, tmp_path, [0.01, 0.2], bad=True)
+    ray = RecordingRay()
+    monkeypatch.setitem(sys.modules, "ray", ray)
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "results.csv"
+    args = ["--instances", "instances.csv", "--ray", "10.0.0.1:6379", "--results", str(out)]
+    assert main(args) == 0
+    results = [row[2] for row in csv.reader(out.read_text().splitlines())]
+    assert results[:2] == ["unsat", "sat"]
+    assert results[2].startswith("error: ") and "unexpected end of file" in results[2]
+    assert ray.calls == ["init 10.0.0.1:6379", *["submit"] * 3, *["get"] * 3, "shutdown"]
+    assert "instances: 3/3 in " in capsys.readouterr().err
+
+
+@pytest.mark.needs("ray", "Ray", "tlc[ray]")
 def test_instances_on_a_local_ray_cluster(acas, tmp_path: Path) -> None:  # noqa: ANN001
-    ray = pytest.importorskip("ray", reason="Ray is an optional extra (pip install 'tlc[ray]')")
-    layers, net = acas
-    centre = np.full(5, 0.2)
-    label = int(np.argmax(_numpy_net(layers, centre)))
-    rows = []
-    for i, radius in enumerate([0.01, 0.2]):
-        (tmp_path / f"p{i}.vnnlib").write_text(
-            robustness_property(centre - radius, centre + radius, label, 5)
-        )
-        rows.append(f"{net},p{i}.vnnlib,30")
-    (tmp_path / "instances.csv").write_text("\n".join(rows) + "\n")
+    import ray
+
+    _instances(acas, tmp_path, [0.01, 0.2], bad=False)
     context = ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR")
     try:
         out = tmp_path / "results.csv"

@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from functools import cache
 from typing import Any
 
-from tlc.core.diagnostics import DiagnosticError, SourceManager
+from tlc.core.diagnostics import DiagnosticError, SourceManager, did_you_mean
 from tlc.core.limits import ENV_MAX_ELEMENTS
 
 EXIT_DIAGNOSTICS = 1
@@ -30,10 +30,30 @@ EXIT_BROKEN_PIPE = 1  # what CPython itself exits with when stdout's pipe closes
 
 def tool_parser(prog: str, doc: str | None) -> argparse.ArgumentParser:
     """The argument parser every tool starts from: its name, the first line of its docstring,
-    and `--version`."""
-    parser = argparse.ArgumentParser(prog=prog, description=(doc or "").splitlines()[0])
+    `--version`, and did-you-mean hints on usage errors."""
+    parser = _ToolParser(prog=prog, description=(doc or "").splitlines()[0])
     parser.add_argument("--version", action=_Version, help="print tlc's version and exit")
     return parser
+
+
+#: argparse's message for a value not among an option's choices (Python 3.11-3.13 wording).
+INVALID_CHOICE = re.compile(r"argument \S+: invalid choice: '(.*)' \(choose from (.*)\)")
+
+
+class _ToolParser(argparse.ArgumentParser):
+    """argparse with the hint every "unknown X" diagnostic has: a misspelt choice
+    (`--emit lisitng`) or option (`--emitt`) gets `; did you mean 'listing'?`."""
+
+    def error(self, message: str) -> Any:
+        if m := re.fullmatch(
+            r"argument (\S+): invalid choice: '(.*)' \(choose from (.*)\)", message
+        ):
+            message += did_you_mean(m.group(2), re.findall(r"'([^']*)'", m.group(3)))
+        elif m := re.fullmatch(r"unrecognized arguments: (.*)", message):
+            unknown = [word.split("=")[0] for word in m.group(1).split() if word.startswith("--")]
+            if unknown:
+                message += did_you_mean(unknown[0], self._option_string_actions)
+        return super().error(message)
 
 
 class _Version(argparse.Action):

@@ -25,10 +25,11 @@ import sys
 import numpy as np
 
 from tlc.api.evaluate import checked_graph, resolve_payload
-from tlc.codegen.shared_lib import build_library
+from tlc.codegen.shared_lib import build_library, library_variants
 from tlc.codegen.target import target_from_options
 from tlc.core.diagnostics import DiagnosticError, SourceManager
 from tlc.core.limits import MAX_BYTES
+from tlc.core.progress import Progress
 from tlc.dialect.ops import GraphOp
 from tlc.frontends.text import parse_source
 from tlc.tools.common import add_target_options, read_input, run_tool, tool_parser
@@ -54,7 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", dest="output", required=True, metavar="libNAME.so", help="library path")
     p.add_argument("--payload", metavar="P.npz", help="payload file (default: inline tl.payload)")
     p.add_argument("--graph", metavar="@NAME", help="compile only this graph")
-    p.add_argument("--dtype", choices=sorted(DTYPES), default="f64", help="scalar type (f64)")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="f32",
+                   help="scalar type (default f32, as tlc.compile)")  # fmt: skip
     p.add_argument(
         "--batch",
         type=positive,
@@ -101,15 +103,19 @@ def _main(argv: list[str] | None, sources: SourceManager) -> int:
             "graphs: choose one with --graph @name"
         )
     jobs = [(g, resolve_payload(module, g, args.payload)) for g in graphs]
-    built = build_library(
-        jobs,
-        args.output,
-        DTYPES[args.dtype],
-        batch=args.batch,
-        runtime_payload=args.runtime_payload,
-        source=name,
-        target=target,
-    )
+    steps = len(jobs) * len(library_variants(target)) + 1
+    # a bar on a terminal only: stderr off one holds just the line below
+    with Progress(steps, "compiling", summary=False, transient=True) as bar:
+        built = build_library(
+            jobs,
+            args.output,
+            DTYPES[args.dtype],
+            batch=args.batch,
+            runtime_payload=args.runtime_payload,
+            source=name,
+            target=target,
+            progress=bar.advance,
+        )
     print(f"wrote {built.library} and {built.header}", file=sys.stderr)
     return 0
 

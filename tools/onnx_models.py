@@ -34,6 +34,7 @@ import onnx
 from onnx import numpy_helper
 
 from tlc.core.diagnostics import DiagnosticError
+from tlc.core.progress import Progress
 from tlc.frontends.onnx_prepare import UnsupportedNodes
 
 #: ONNX's backend-test tolerances (`onnx.backend.test.runner`), for float32 stored outputs.
@@ -267,7 +268,15 @@ def _reason(message: str) -> str:
 
 
 def run_all(collections: tuple[str, ...] = SETS) -> list[Result]:
-    return [run_model(c, path) for c in collections for path in model_paths(c)]
+    """Every model of `collections`, with a progress bar on a terminal (stdout stays the
+    report)."""
+    jobs = [(c, path) for c in collections for path in model_paths(c)]
+    results = []
+    with Progress(len(jobs), "models", summary=False) as bar:
+        for collection, path in jobs:
+            results.append(run_model(collection, path))
+            bar.advance(f"{collection}/{model_name(path)}")
+    return results
 
 
 def report(results: list[Result]) -> str:

@@ -321,8 +321,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="input values: '0.3,-0.2,0.1,0.4' (row-major) or an .npy file; for a "
                    "graph with several inputs, once per input as %%ID=VALUES (node id) or "
                    "K=VALUES (K-th input)")  # fmt: skip
-    p.add_argument("--arithmetic", choices=list(ARITHMETICS), default="f64",
-                   help="scalar context (default f64)")  # fmt: skip
+    p.add_argument("--arithmetic", choices=list(ARITHMETICS),
+                   help="scalar context (default f64; f32 with --backend llvm, as compiled "
+                   "code defaults to f32)")  # fmt: skip
     p.add_argument("--radius", metavar="R|R0,R1,...|R.npy",
                    help="interval: l-infinity radius of the input box (default 0), one number "
                    "or one per coordinate")  # fmt: skip
@@ -364,6 +365,8 @@ def _main(argv: list[str] | None, sources: SourceManager) -> int:
     parser = build_parser()
     flags = ["--input", "--lo", "--hi", "--radius"]
     args = parser.parse_args(glue_values(sys.argv[1:] if argv is None else argv, flags))
+    if args.arithmetic is None:  # the reference and gradients in f64, compiled code in f32
+        args.arithmetic = "f32" if args.backend == "llvm" and not args.grad else "f64"
     box_options = (args.radius, args.samples, args.lo, args.hi, args.method, args.spec)
     if args.arithmetic != "interval" and any(v is not None for v in box_options):
         parser.error("--radius, --samples, --lo, --hi, --method and --spec need --arithmetic "

@@ -25,8 +25,8 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 
 from tlc.api.verify import Network, Verdict, check_sizes, verify
 from tlc.core.diagnostics import DiagnosticError, SourceManager, error
+from tlc.core.progress import Progress
 from tlc.tools.common import read_input, run_tool, tool_parser, write_output
-from tlc.tools.progress import Progress
 
 ARITHMETIC = {"f64": "f64", "f32": "f32"}
 

@@ -19,12 +19,13 @@ from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import Operation
 
 from tlc.core.arrays import as_float_array
-from tlc.core.diagnostics import DiagnosticError, SourceManager, did_you_mean
+from tlc.core.diagnostics import DiagnosticError, SourceManager, did_you_mean, error
 from tlc.core.npyio import read_npy
 from tlc.core.payload import Payload, load_npz
 from tlc.dialect.batch import batch_of, batch_of_value, concrete, has_batch, specialise
 from tlc.dialect.ops import GraphOp, InputOp
 from tlc.dialect.payload_section import payload_from_module
+from tlc.dialect.program_ops import ProgramOp
 from tlc.dialect.shapes import BATCH, fmt_shape, numel
 from tlc.frontends.text import parse_source, read_document
 
@@ -112,6 +113,15 @@ def select_graph(module: ModuleOp, name: str | None = None, how: str = CHOOSE_FL
     """The graph `@name` (the leading `@` is optional), or the only graph of the module; `how`
     is how the caller's user chooses one, for the message when the choice is missing."""
     graphs = [op for op in module.walk() if isinstance(op, GraphOp)]
+    if not graphs:
+        programs = [op for op in module.walk() if isinstance(op, ProgramOp)]
+        if programs:
+            names = ", ".join(f"@{op.graph_name}" for op in programs)
+            raise error(
+                f"the document holds no tl.graph, only tl.program {names}: lower it to a graph "
+                "first (tlc-opt -p lower-program; docs/programs.md)",
+                programs[0],
+            )
     if name is None:
         if len(graphs) != 1:
             names = ", ".join(f"@{g.graph_name}" for g in graphs) or "none"

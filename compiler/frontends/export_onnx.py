@@ -36,13 +36,14 @@ from tlc.core.payload import Payload, Record
 from tlc.core.rule_table import RuleTable
 from tlc.dialect import backward_ops as bw
 from tlc.dialect import ops as tl
-from tlc.dialect.batch import has_batch
+from tlc.dialect.batch import has_batch, specialise
 from tlc.dialect.families import OnnxSpelling
 from tlc.dialect.metadata import Kind
 from tlc.dialect.ops import GraphOp, NodeOp
 from tlc.dialect.registry import NODE_OPS
 from tlc.dialect.shapes import Shape
 from tlc.dialect.verify import graph_shapes
+from tlc.frontends.export_batch import export_with_batch
 from tlc.semantics.emitter import Emitter
 from tlc.semantics.payload_check import check_payload
 
@@ -447,11 +448,9 @@ def to_onnx(
     checked by `onnx.checker`. The op kinds in `decompose` are written as their decomposition
     even where ONNX has the operator (for a runtime that lacks it)."""
     payload = payload or Payload()
-    if has_batch(graph):
-        raise error(
-            f"ONNX export: graph @{graph.graph_name} has the batch extent N; export it for one "
-            "batch size (tlc.to_onnx(..., batch=64))",
-            graph,
+    if has_batch(graph):  # exported at two batch sizes, the batch extent N found between them
+        return export_with_batch(
+            lambda n: to_onnx(specialise(graph, n), payload, dtype, opset, decompose), graph
         )
     shapes = graph_shapes(graph)
     check_payload(graph, payload, shapes)

@@ -27,6 +27,7 @@ from onnx import numpy_helper
 from onnx.backend.base import Backend, BackendRep
 
 from tlc.core.diagnostics import DiagnosticError
+from tlc.core.progress import Progress
 from tlc.frontends.import_onnx import RULES, from_onnx
 from tlc.semantics.interpret import interpret
 from tlc.semantics.program import Traced
@@ -184,7 +185,13 @@ def _short(message: str) -> str:
 
 
 def run_all() -> list[Outcome]:
-    return [run_case(name) for name in node_cases()]
+    """Every case, with a progress bar on a terminal (stdout stays the report)."""
+    outcomes = []
+    with Progress(len(node_cases()), "conformance", summary=False) as bar:
+        for name in node_cases():
+            outcomes.append(run_case(name))
+            bar.advance(f"{name}: {outcomes[-1].status}")
+    return outcomes
 
 
 def report(outcomes: list[Outcome]) -> str:
