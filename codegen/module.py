@@ -5,6 +5,7 @@
     i32 @tlc_<graph>(T* in, T* out, i32 threads)            ; or (T* in, T* out, T* params, ..)
     i32 @tlc_<graph>_input_rank() / _output_rank()
     i32 @tlc_<graph>_input_shape(i64* dims) / _output_shape(i64* dims)
+    i32 @tlc_<graph>_scalar_size()             ; bytes of a scalar: 4 (float) or 8 (double)
     i64 @tlc_<graph>_params_size()             ; --runtime-payload only
 
 The entry checks its pointers (status 1 on null), then runs every node in the order and the
@@ -326,6 +327,8 @@ def build_graph_module(
     if queries:
         _shape_query(module, f"{symbol}_input", full_in)
         _shape_query(module, f"{symbol}_output", full_out)
+        scalar = ir.Function(module, ir.FunctionType(I32, []), f"{symbol}_scalar_size")
+        ir.IRBuilder(scalar.append_basic_block()).ret(ir.Constant(I32, np.dtype(dtype).itemsize))
     if slots is not None and queries:
         size = ir.Function(module, ir.FunctionType(I64, []), f"{symbol}_params_size")
         ir.IRBuilder(size.append_basic_block()).ret(

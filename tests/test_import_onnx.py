@@ -632,6 +632,13 @@ def test_malformed_models_are_diagnostics() -> None:
     unknown = make_model([helper.make_node("Add", ["x", "w"], ["y"])], [("x", (3,))], "y")
     unknown.graph.initializer.append(onnx.TensorProto(name="w", data_type=999, dims=[3]))
     assert _refusal(unknown).startswith("ONNX import: initializer 'w': not valid ONNX:")
+    # Found by the fuzzer: with raw data the checker passes an unknown type (numpy_helper's
+    # KeyError escaped).
+    raw = make_model([helper.make_node("Add", ["x", "w"], ["y"])], [("x", (3,))], "y")
+    raw.graph.initializer.append(
+        onnx.TensorProto(name="w", data_type=86, dims=[3], raw_data=bytes(24))
+    )
+    assert _refusal(raw) == "ONNX import: initializer 'w': not valid ONNX: unknown data type 86"
     huge_init = make_model([helper.make_node("Add", ["x", "w"], ["y"])], [("x", (3,))], "y")
     huge_init.graph.initializer.append(
         onnx.TensorProto(name="w", data_type=TensorProto.DOUBLE, dims=[2**31, 2**31])

@@ -456,6 +456,20 @@ class _Caller:
         }[kind]()
 
 
+def forge_metadata(library: bytes, edit: Callable[[Any], Any]) -> bytes | None:
+    """`library` (a .so from tlc-compile) with its `tlc_library` JSON text replaced by
+    `edit(metadata)` (a JSON value, or a str written as it is), padded with spaces to the
+    original length so the ELF file stays valid; None if the new text is longer."""
+    start = library.index(b'{"format":')
+    end = library.index(b"\0", start)
+    edited = edit(json.loads(library[start:end]))
+    text = edited if isinstance(edited, str) else json.dumps(edited, separators=(",", ":"))
+    data = text.encode()
+    if len(data) > end - start:
+        return None
+    return library[:start] + data.ljust(end - start) + library[end:]
+
+
 def _weight(shape: tuple[int, ...]) -> int:
     """What building an argument of `shape` costs: its elements, counting an empty axis as one
     (`tolist()` of a [2^40, 0] array still makes 2^40 lists)."""

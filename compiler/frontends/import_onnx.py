@@ -1315,6 +1315,12 @@ def _check_model(model: onnx.ModelProto) -> None:
             raise import_error(
                 PREFIX, f"initializer '{t.name}': not valid ONNX: {reason}"
             ) from None
+        try:  # the checker passes a data type it does not know when the data is raw bytes
+            helper.tensor_dtype_to_np_dtype(t.data_type)
+        except KeyError:
+            raise import_error(
+                PREFIX, f"initializer '{t.name}': not valid ONNX: unknown data type {t.data_type}"
+            ) from None
 
 
 def _real(name: str, value: np.ndarray) -> np.ndarray:
