@@ -179,6 +179,8 @@ class Library:
         for entry in self._metadata(path)["graphs"]:
             graph, described = _described(entry, path)
             self.graphs[graph] = self._entry(*described)
+        if not self.graphs:
+            raise _malformed(path, "it describes no graph")
         if threads is not None:
             self.set_num_threads(threads)
 
@@ -334,10 +336,7 @@ def _described(entry: object, path: str) -> tuple[str, tuple[Any, ...]]:
     shape, params size)), each of the type the format gives it; anything else is refused."""
 
     def refuse(what: str) -> DiagnosticError:
-        return DiagnosticError.simple(
-            f"cannot load '{path}': its {METADATA_SYMBOL} metadata is malformed ({what}); "
-            "rebuild it with this tlc's tlc-compile"
-        )
+        return _malformed(path, what)
 
     def shape(key: str) -> Shape:
         value = entry.get(key)
@@ -358,6 +357,13 @@ def _described(entry: object, path: str) -> tuple[str, tuple[Any, ...]]:
     if size is not None and not (type(size) is int and 0 <= size <= _MAX_EXTENT):
         raise refuse(f"{symbol}: params_size {size!r} is not a size")
     return graph, (symbol, np.dtype(dtype), shape("input_shape"), shape("output_shape"), size)
+
+
+def _malformed(path: str, what: str) -> DiagnosticError:
+    return DiagnosticError.simple(
+        f"cannot load '{path}': its {METADATA_SYMBOL} metadata is malformed ({what}); "
+        "rebuild it with this tlc's tlc-compile"
+    )
 
 
 def _private_copy(path: str) -> tuple[str, str]:

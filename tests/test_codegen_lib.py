@@ -276,6 +276,7 @@ FORGED = [
      "size)"),
     (lambda m: {**m, "graphs": [7]}, "is malformed (a graph is not described by an object)"),
     (lambda m: {**m, "graphs": {}}, None),
+    (lambda m: {**m, "graphs": []}, "is malformed (it describes no graph)"),
     (lambda m: '{"format": 2', None),
 ]  # fmt: skip
 

@@ -189,7 +189,7 @@ def _printed_ends(line: str) -> tuple[np.ndarray, np.ndarray]:
 
 
 @pytest.mark.parametrize("method", ["ibp", "crown", "crown-ibp"])
-@pytest.mark.parametrize("digits", [0, 3, 6, 17])
+@pytest.mark.parametrize("digits", [0, 3, 6, 17, 100])  # 100: decimal's default precision
 def test_tlc_run_prints_every_method_rounded_outward(
     method: str, digits: int, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:

@@ -1070,7 +1070,7 @@ class PreparedCrown:
             lower, upper = out_box.lo.reshape(batch, -1), out_box.hi.reshape(batch, -1)
         else:
             lower, upper = min_over_box(rows, out_box), -min_over_box(-rows, out_box)
-        if method != "ibp":
+        if method != "ibp" and rows.size:  # an empty output or C: nothing to tighten
             both = self._backward(self.output_id, np.concatenate([rows, -rows], axis=1), boxes,
                                   fallbacks)  # fmt: skip
             k = matrix.shape[0]
@@ -1093,13 +1093,13 @@ class PreparedCrown:
     def _spec(self, spec: np.ndarray | None) -> np.ndarray:
         n = numel(self.steps[self.output_id].shape)
         if spec is None:
-            return np.eye(max(n, 1))
+            return np.eye(n)
         matrix = np.asarray(spec, dtype=F64)
         if matrix.ndim == 1:
             matrix = matrix[None, :]
-        if matrix.ndim != 2 or matrix.shape[1] != max(n, 1):
+        if matrix.ndim != 2 or matrix.shape[1] != n:
             raise DiagnosticError.simple(
-                f"bounds: C must be a matrix with {max(n, 1)} columns (the output's elements), "
+                f"bounds: C must be a matrix with {n} columns (the output's elements), "
                 f"got shape {list(matrix.shape)}"
             )
         return matrix
