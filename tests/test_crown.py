@@ -179,6 +179,8 @@ def test_api_errors() -> None:
         tlc.bounds(SEED_MLP, center=X, radius=[0.1, -0.1, 0, 0])
     with pytest.raises(DiagnosticError, match="C must be a matrix with 1 columns"):
         tlc.bounds(SEED_MLP, center=X, radius=0.1, C=np.eye(2))
+    with pytest.raises(DiagnosticError, match=r"C must be a matrix .* got shape \[\]$"):
+        tlc.bounds(SEED_MLP, center=X, radius=0.1, C=np.array(1.0))  # was an IndexError
     with pytest.raises(ValueError, match="method must be one of ibp, crown, crown-ibp"):
         tlc.bounds(SEED_MLP, center=X, radius=0.1, method="deeppoly")
 

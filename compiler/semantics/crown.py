@@ -1028,6 +1028,8 @@ class PreparedCrown:
         [K, numel(output)]), by `method` (see `METHODS`)."""
         if method not in METHODS:
             raise ValueError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
+        if spec is not None:  # checked (a matrix, one column per output element) before use
+            spec = self._spec(spec)
         fallbacks: dict[int, str] = {}
         for step in self.steps:
             for key in PER_CALL:
