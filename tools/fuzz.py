@@ -8,12 +8,24 @@ instead of ending the campaign: the worker is restarted and the campaign goes on
 - `tlir`, `mlir`: the MLP example (text and MLIR generic form) with random byte mutations and
   integers replaced by boundary values (0, -1, 2^31, 2^63, 4,500 digits), through tlc-opt,
   tlc-run, tlc-translate and tlc-compile;
-- `npz`, `npy`, `params`: the MLP's payload, an input array and the MLP program's parameters,
-  mutated, as `--payload` / `--input` / `--params` of tlc-run;
-- `onnx`: the MLP exported to ONNX, mutated, through `tlc-translate --import-onnx`;
+- `traced`: the document `Traced.save` writes for the MLP with a `tl.params` binding of dotted
+  source names (`%2.0.weight`), mutated, through the same tools (tlc-run with and without
+  `--params` by those names);
+- `npz`, `npy`, `params`: the MLP's payload, an input array and parameters by name (the MLP
+  program's, or the traced MLP's dotted ones), mutated, as `--payload` / `--input` /
+  `--params` of tlc-run;
+- `onnx`: the MLP exported to ONNX, mutated (bytes, or `mutate_onnx`'s structural edits),
+  through `tlc-translate --import-onnx`;
 - `vnnlib`: a property of the MLP, mutated, through tlc-verify;
-- `graph`: a graph drawn by the hypothesis strategy `graph_cases` (extents include 0 and huge
-  values), run by tlc-run in f64, f32, intervals, with `--grad` or the LLVM JIT;
+- `box`: tlc-run's box options (`--radius`, `--lo`/`--hi`, `--method`, `--spec`, `--samples`,
+  `--digits`) drawn at random, values of any shape, dtype and kind (`option_value`);
+- `verify`: tlc-verify's options drawn at random (networks of every format, `--timeout`,
+  `--arithmetic`, `-o`, `--instances` lists with mutated rows, `--workers`, `--results`);
+- `library`: an MLP library whose `tlc_library` metadata is forged (`forge_edit`), loaded and,
+  where it loads, called;
+- `graph`: a graph drawn by the hypothesis strategy `graph_cases` (extents include 0, huge
+  values and the batch extent `N`), run by tlc-run in f64, f32, intervals (each `--method`),
+  with `--grad` or the LLVM JIT;
 - `compile`: such a graph through tlc-compile (dtype, `--batch`, `--runtime-payload`,
   `--target-cpu` drawn too); each library built is then called (`call` cases below);
 - `call`: calls into compiled libraries through `tlc.load` with fuzzed arguments: inputs of the
@@ -210,6 +222,67 @@ def mutate_arrays(archive: bytes, rng: random.Random) -> bytes:
     out = io.BytesIO()
     np.savez(out, **arrays)
     return out.getvalue()
+
+
+#: Op types an ONNX edit puts in a node: ones the importer reads, and one it does not know.
+ONNX_OPS = ("Relu", "Add", "MatMul", "Gemm", "Reshape", "Expand", "Concat", "Slice",
+            "Gather", "Conv", "MaxPool", "Softmax", "ReduceSum", "Tile", "Pad", "Resize",
+            "NoSuchOp")  # fmt: skip
+
+
+def mutate_onnx(model_bytes: bytes, rng: random.Random) -> bytes:
+    """The ONNX model with a few structural edits, which (unlike byte flips of the protobuf)
+    keep it a model the importer reads: an initializer's dims, data type or data changed, a
+    node's op type, inputs or outputs changed or a node dropped or duplicated, an attribute
+    set to a boundary value, the input's shape or element type changed, an output added."""
+    import onnx
+
+    model = onnx.load_from_string(model_bytes)
+    graph = model.graph
+    names = [i.name for i in graph.input] + [t.name for t in graph.initializer]
+    names += [o for n in graph.node for o in n.output] + ["", "missing"]
+    boundary = [0, -1, 1, 2, 3, 2**31, 2**62, -(2**63)]
+    for _ in range(rng.randint(1, 3)):
+        kind = rng.randrange(8)
+        if kind == 0 and graph.initializer:
+            t = rng.choice(graph.initializer)
+            t.dims[:] = rng.choice([[], [0], [4, 5], [5, 4], [20], [2**31, 2], [-1, 5], [3, 0]])
+        elif kind == 1 and graph.initializer:
+            t = rng.choice(graph.initializer)
+            t.data_type = rng.choice([0, 2, 6, 7, 9, 10, 11, 16, 86])
+        elif kind == 2 and graph.initializer:
+            t = rng.choice(graph.initializer)
+            t.raw_data = t.raw_data[: rng.randrange(len(t.raw_data) + 1)] if t.raw_data else b""
+        elif kind == 3 and graph.node:
+            rng.choice(graph.node).op_type = rng.choice(ONNX_OPS)
+        elif kind == 4 and graph.node:
+            node = rng.choice(graph.node)
+            if node.input and rng.random() < 0.7:
+                node.input[rng.randrange(len(node.input))] = rng.choice(names)
+            else:
+                node.input.append(rng.choice(names))
+        elif kind == 5 and graph.node:
+            node = rng.choice(graph.node)
+            if rng.random() < 0.5:
+                graph.node.remove(node)
+            else:
+                graph.node.append(node)
+        elif kind == 6 and graph.node:
+            node = rng.choice(graph.node)
+            name = rng.choice(["axis", "keepdims", "perm", "shape", "kernel_shape", "pads"])
+            value = rng.choice(boundary)
+            node.attribute.append(onnx.helper.make_attribute(
+                name, value if rng.random() < 0.5 else [value, rng.choice(boundary)]))  # fmt: skip
+        else:
+            dims = graph.input[0].type.tensor_type.shape.dim
+            if dims and rng.random() < 0.7:
+                dim = rng.choice(dims)
+                dim.dim_value = rng.choice([v for v in boundary if v >= 0] + [4])
+                if rng.random() < 0.3:
+                    dim.dim_param = rng.choice(["N", "batch", ""])
+            else:
+                graph.input[0].type.tensor_type.elem_type = rng.choice([1, 7, 10, 11, 99])
+    return model.SerializeToString()
 
 
 # --------------------------------------------------------------------------------------------
@@ -831,6 +904,8 @@ class Fuzzer:
             seed = self.seeds.dotted_params
         if fmt in ("npz", "params") and rng.random() < 0.5:
             path.write_bytes(mutate_arrays(seed, rng))
+        elif fmt == "onnx" and rng.random() < 0.7:
+            path.write_bytes(mutate_onnx(seed, rng))
         else:
             path.write_bytes(mutate(seed, rng))
         p = str(path)
