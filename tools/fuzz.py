@@ -871,6 +871,7 @@ class Fuzzer:
         if self.progress and sum(self.counts[k] for k in OUTCOMES) % self.progress == 0:
             print(_summary(self.counts), file=sys.stderr, flush=True)
         self.counts[f"cases:{fmt}"] += 1
+        self.counts[f"tool:{request.get('tool', 'tlc.load')}"] += 1
         if reply.get("code") == 0:
             self.counts[f"accepted:{fmt}"] += 1
         if outcome != "ok":
@@ -1160,6 +1161,8 @@ def main(argv: list[str] | None = None) -> int:
                            if counts[f"{o}:{fmt}"])  # fmt: skip
         print(f"  {fmt:8} {counts[f'cases:{fmt}']:6} cases, {counts[f'accepted:{fmt}']:6} "
               f"accepted (exit 0)" + (f"; {failed}" if failed else ""))  # fmt: skip
+    tools = sorted(k.removeprefix("tool:") for k in counts if k.startswith("tool:"))
+    print("  per tool: " + ", ".join(f"{t} {counts['tool:' + t]}" for t in tools))
     for fmt, index, request, reply in failures[:20]:
         print(f"case {index} ({fmt}): {reply['outcome']}: {json.dumps(request)} -> {reply}")
     return 0 if counts["ok"] == total else 1
