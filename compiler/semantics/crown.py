@@ -1173,8 +1173,8 @@ class PreparedCrown:
             if any(p is None for p in parents):
                 continue
             box = self._reapply(step, parents, boxes[i])
-            if i in needs:
-                n = max(numel(step.shape), 1)
+            if i in needs and numel(step.shape):  # an empty node has nothing to tighten
+                n = numel(step.shape)
                 eye = np.eye(n).reshape((n,) + step.shape)
                 rows = np.broadcast_to(np.concatenate([eye, -eye]), (box.lo.shape[0], 2 * n)
                                        + step.shape)  # fmt: skip
@@ -1222,6 +1222,8 @@ class PreparedCrown:
                 if i not in lams:
                     continue
                 lam = lams.pop(i)
+                if not numel(step.shape):  # an empty value: <lam, z> is exactly 0
+                    continue
                 own = boxes[i]
                 assert own is not None
                 back = None
