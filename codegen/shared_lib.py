@@ -109,7 +109,7 @@ def build_library(
                 module = build_graph_module(
                     g, p, dtype, batch=batch, runtime_payload=runtime_payload or embed,
                     target=variant, entry_name=variant_symbol(graph_symbol(g), variant),
-                    queries=i == len(variants) - 1,
+                    queries=i == len(variants) - 1, params_query=not embed,
                 )  # fmt: skip
                 # Not named after the graph: a 250-character name overflows NAME_MAX.
                 path = os.path.join(tmp, f"graph{len(objects)}.o")

@@ -718,7 +718,8 @@ def serve(requests: io.TextIOBase, replies: io.TextIOBase, directory: Path) -> N
         request = json.loads(line)
         reply: dict[str, Any]
         if "tool" in request:
-            outcome, detail, code = tool_outcome(request["argv"], tools[request["tool"]])
+            with _bake_limit(request.get("bake_limit")):
+                outcome, detail, code = tool_outcome(request["argv"], tools[request["tool"]])
             reply = {"outcome": outcome, "code": code}
             if detail:
                 reply["detail"] = detail
@@ -726,6 +727,22 @@ def serve(requests: io.TextIOBase, replies: io.TextIOBase, directory: Path) -> N
             reply = caller.reply(request)
         replies.write(json.dumps(reply) + "\n")
         replies.flush()
+
+
+@contextlib.contextmanager
+def _bake_limit(limit: int | None) -> Iterator[None]:
+    """Code generation's bake limit set to `limit` bytes (if given) for one request: a small
+    graph then builds the embedded-payload library a large one would."""
+    if limit is None:
+        yield
+        return
+    from tlc.codegen import module
+
+    saved, module.BAKE_LIMIT = module.BAKE_LIMIT, limit
+    try:
+        yield
+    finally:
+        module.BAKE_LIMIT = saved
 
 
 def worker_main(directory: str) -> int:
@@ -1030,14 +1047,18 @@ class Fuzzer:
         return self.run("call", spec, index)["outcome"]
 
     def seed_libraries(self) -> list[str]:
-        """The MLP compiled as f64, f32, batched and runtime-payload libraries (built once)."""
+        """The MLP compiled as f64, f32, batched, runtime-payload and embedded-payload (the
+        bake limit lowered so its payload is over it) libraries, built once."""
         if not self.libraries:
             for i, options in enumerate(
-                [[], ["--dtype", "f32"], ["--batch", "2"], ["--runtime-payload"]]
+                [[], ["--dtype", "f32"], ["--batch", "2"], ["--runtime-payload"], ["embed"]]
             ):
                 library = self.directory / f"mlp{i}.so"
-                argv = [str(MLP), "-o", str(library), "--target-cpu", "x86-64-v2", *options]
-                reply = self.worker.run({"tool": "tlc-compile", "argv": argv}, 120.0)
+                argv = [str(MLP), "-o", str(library), "--target-cpu", "x86-64-v2"]
+                request: dict[str, Any] = {"tool": "tlc-compile", "argv": argv + options}
+                if options == ["embed"]:
+                    request = {"tool": "tlc-compile", "argv": argv, "bake_limit": 64}
+                reply = self.worker.run(request, 120.0)
                 if reply.get("code") != 0:
                     raise RuntimeError(f"tlc-compile {' '.join(argv)} failed: {reply}")
                 self.libraries.append(str(library))
