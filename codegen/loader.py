@@ -19,6 +19,7 @@ import shutil
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -157,7 +158,7 @@ def _address(array: np.ndarray) -> int:
 #: points (`tlc.load` reads it, so a library needs no header beside it).
 METADATA_SYMBOL = "tlc_library"
 #: The layout of that text; `tlc.load` refuses a library of another format.
-METADATA_FORMAT = 1
+METADATA_FORMAT = 2
 
 
 class Library:
@@ -176,7 +177,10 @@ class Library:
             raise DiagnosticError.simple(f"cannot load '{path}': {exc}") from None
         self.graphs: dict[str, EntryPoint] = {}
         for entry in self._metadata(path)["graphs"]:
-            self.graphs[entry["graph"]] = self._entry(entry)
+            graph, described = _described(entry, path)
+            self.graphs[graph] = self._entry(*described)
+        if not self.graphs:
+            raise _malformed(path, "it describes no graph")
         if threads is not None:
             self.set_num_threads(threads)
 
@@ -206,31 +210,93 @@ class Library:
             metadata = json.loads(text)
         except ValueError:  # no such symbol (ctypes says ValueError), or not JSON
             metadata = None
-        if not isinstance(metadata, dict) or metadata.get("format") != METADATA_FORMAT:
+        if (
+            not isinstance(metadata, dict)
+            or metadata.get("format") != METADATA_FORMAT
+            or not isinstance(metadata.get("graphs"), list)
+        ):
             raise DiagnosticError.simple(
                 f"cannot load '{path}': it holds no tlc metadata of format {METADATA_FORMAT} "
                 f"(the {METADATA_SYMBOL} symbol); rebuild it with this tlc's tlc-compile"
             )
         return metadata
 
-    def _entry(self, entry: dict) -> EntryPoint:
-        symbol = entry["symbol"]
+    def _entry(
+        self, symbol: str, dtype: np.dtype, input_shape: Shape, output_shape: Shape,
+        params_size: int | None,
+    ) -> EntryPoint:  # fmt: skip
+        """The entry point `symbol` as the metadata describes it, once the code's own queries
+        have confirmed the description: the code reads and writes buffers of the sizes the
+        wrapper checks, so a description that is not the code's (an edited or corrupted
+        `tlc_library` text) would let a call read or write past them."""
         self._check_cpu(symbol)
+        for what, shape in (("input", input_shape), ("output", output_shape)):
+            found = self._query_shape(f"{symbol}_{what}", len(shape))
+            if found != fmt_shape(shape):
+                raise self._mismatch(
+                    f"{symbol}: {what} shape {fmt_shape(shape)} in the metadata, {found} in "
+                    "the code"
+                )
+        scalar = self._function(f"{symbol}_scalar_size")()
+        if scalar != dtype.itemsize:
+            raise self._mismatch(
+                f"{symbol}: dtype {dtype} in the metadata, {scalar}-byte scalars in the code"
+            )
+        sized = self._function(f"{symbol}_params_size", ctypes.c_int64, required=False)
+        found_size = None if sized is None else int(sized())
+        if found_size != params_size:
+            raise self._mismatch(
+                f"{symbol}: params size {params_size} in the metadata, {found_size} in the code"
+            )
         return EntryPoint(
             symbol,
-            ctypes.cast(getattr(self.lib, symbol), ctypes.c_void_p).value,
-            tuple(entry["input_shape"]),
-            tuple(entry["output_shape"]),
-            np.dtype(entry["dtype"]),
-            entry["params_size"],
+            ctypes.cast(self._function(symbol), ctypes.c_void_p).value,
+            input_shape,
+            output_shape,
+            dtype,
+            params_size,
             owner=self.lib,
+        )
+
+    def _function(self, name: str, restype: type = ctypes.c_int32, required: bool = True) -> Any:
+        """The library's function `name` (by the dynamic loader's lookup, never a Python
+        attribute of the CDLL object), None if it is missing and not `required`."""
+        try:
+            function = self.lib[name]
+        except AttributeError:
+            if not required:
+                return None
+            raise self._mismatch(f"it has no function {name}") from None
+        function.restype = restype
+        function.argtypes = []
+        return function
+
+    def _query_shape(self, prefix: str, rank: int) -> str:
+        """The shape `<prefix>_rank/_shape` report, as text; its extents are read only when
+        the rank is `rank` (the metadata's: a forged rank must not size the buffer)."""
+        found = self._function(f"{prefix}_rank")()
+        if found != rank:
+            return f"rank {found}"
+        dims = (ctypes.c_int64 * max(rank, 1))()
+        query = self._function(f"{prefix}_shape")
+        query.argtypes = [ctypes.c_void_p]
+        if query(ctypes.addressof(dims)) != Status.OK:
+            return "no shape"
+        return fmt_shape(tuple(int(d) for d in dims[:rank]))
+
+    def _mismatch(self, detail: str) -> DiagnosticError:
+        return DiagnosticError.simple(
+            f"cannot load '{self.path}': its {METADATA_SYMBOL} metadata does not describe its "
+            f"code ({detail}); rebuild it with this tlc's tlc-compile"
         )
 
     def _check_cpu(self, symbol: str) -> None:
         """Refuse a library built for CPU features this machine lacks (its entry would only
         return TLC_ERR_UNSUPPORTED_CPU)."""
         missing = ctypes.c_char_p()
-        if getattr(self.lib, f"{symbol}_cpu_check")(ctypes.byref(missing)) != Status.OK:
+        check = self._function(f"{symbol}_cpu_check")
+        check.argtypes = [ctypes.c_void_p]
+        if check(ctypes.byref(missing)) != Status.OK:
             lacks = (missing.value or b"?").decode()
             raise DiagnosticError.simple(
                 f"cannot load '{self.path}': {symbol} was built for CPU features this machine "
@@ -259,6 +325,45 @@ class Library:
                 f"{self.path} has graphs {sorted(self.graphs)}; pick one with lib[name]"
             )
         return next(iter(self.graphs.values()))(x, params, out)
+
+
+#: Extents a described shape may have (compiled code addresses at most 2^62 bytes).
+_MAX_EXTENT = 2**62
+
+
+def _described(entry: object, path: str) -> tuple[str, tuple[Any, ...]]:
+    """A graph's description in the metadata, as (graph, (symbol, dtype, input shape, output
+    shape, params size)), each of the type the format gives it; anything else is refused."""
+
+    def refuse(what: str) -> DiagnosticError:
+        return _malformed(path, what)
+
+    def shape(key: str) -> Shape:
+        value = entry.get(key)
+        if not isinstance(value, list) or not all(
+            type(d) is int and 0 <= d <= _MAX_EXTENT for d in value
+        ):
+            raise refuse(f"{key} is not a list of extents")
+        return tuple(value)
+
+    if not isinstance(entry, dict):
+        raise refuse("a graph is not described by an object")
+    graph, symbol, dtype = entry.get("graph"), entry.get("symbol"), entry.get("dtype")
+    if not isinstance(graph, str) or not isinstance(symbol, str) or not symbol.isidentifier():
+        raise refuse("a graph's name or symbol is not a name")
+    if dtype not in ("float32", "float64"):
+        raise refuse(f"{symbol}: dtype {dtype!r} is not float32 or float64")
+    size = entry.get("params_size")
+    if size is not None and not (type(size) is int and 0 <= size <= _MAX_EXTENT):
+        raise refuse(f"{symbol}: params_size {size!r} is not a size")
+    return graph, (symbol, np.dtype(dtype), shape("input_shape"), shape("output_shape"), size)
+
+
+def _malformed(path: str, what: str) -> DiagnosticError:
+    return DiagnosticError.simple(
+        f"cannot load '{path}': its {METADATA_SYMBOL} metadata is malformed ({what}); "
+        "rebuild it with this tlc's tlc-compile"
+    )
 
 
 def _private_copy(path: str) -> tuple[str, str]:

@@ -47,6 +47,7 @@ from tlc.codegen.gemm import (
 )
 from tlc.codegen.target import TargetInfo
 from tlc.core.diagnostics import error
+from tlc.core.limits import LimitError
 from tlc.core.payload import Payload
 from tlc.core.rule_table import RuleTable
 from tlc.dialect import backward_ops as bw
@@ -1689,7 +1690,10 @@ class Decomposition:
     def of(node: NodeOp, parents: list[Shape]) -> Decomposition:
         block = Block([ops.InputOp(i, [], shape) for i, shape in enumerate(parents)])
         payload = Payload()
-        result = node.decompose(GraphEmitter(block, payload), *block.ops)
+        try:
+            result = node.decompose(GraphEmitter(block, payload), *block.ops)
+        except LimitError as exc:  # a constant of the decomposition over the element budget
+            raise error(f"codegen: node {node.id}: {exc}", node) from None
         parts = tuple(op for op in block.ops if isinstance(op, NodeOp))[len(parents) :]
         return Decomposition(parts, result.id, payload)
 

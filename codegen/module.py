@@ -5,6 +5,7 @@
     i32 @tlc_<graph>(T* in, T* out, i32 threads)            ; or (T* in, T* out, T* params, ..)
     i32 @tlc_<graph>_input_rank() / _output_rank()
     i32 @tlc_<graph>_input_shape(i64* dims) / _output_shape(i64* dims)
+    i32 @tlc_<graph>_scalar_size()             ; bytes of a scalar: 4 (float) or 8 (double)
     i64 @tlc_<graph>_params_size()             ; --runtime-payload only
 
 The entry checks its pointers (status 1 on null), then runs every node in the order and the
@@ -241,12 +242,16 @@ def build_graph_module(
     target: Target = HOST,
     entry_name: str | None = None,
     queries: bool = True,
+    params_query: bool = True,
 ) -> GraphModule:
     """Check `graph` and its payload, and emit its module (see the module docstring) with
     kernels shaped for `target`. `entry_name` renames the entry point and `queries=False` leaves
     out the shape queries: a library holding one variant per CPU level calls its variants
-    through a dispatcher that owns the public names. A graph with the batch extent `N` is
-    compiled for `batch` rows (its `N` specialised, tlc.dialect.batch)."""
+    through a dispatcher that owns the public names. `params_query=False` leaves out
+    `_params_size` of a runtime-payload module whose public entry takes no params (a library
+    embedding its payload): that query is how `tlc.load` tells which entries take params. A
+    graph with the batch extent `N` is compiled for `batch` rows (its `N` specialised,
+    tlc.dialect.batch)."""
     if has_batch(graph):
         if batch is None:
             raise error(
@@ -355,7 +360,9 @@ def build_graph_module(
     if queries:
         _shape_query(module, f"{symbol}_input", full_in)
         _shape_query(module, f"{symbol}_output", full_out)
-    if slots is not None and queries:
+        scalar = ir.Function(module, ir.FunctionType(I32, []), f"{symbol}_scalar_size")
+        ir.IRBuilder(scalar.append_basic_block()).ret(ir.Constant(I32, np.dtype(dtype).itemsize))
+    if slots is not None and queries and params_query:
         size = ir.Function(module, ir.FunctionType(I64, []), f"{symbol}_params_size")
         ir.IRBuilder(size.append_basic_block()).ret(
             ir.Constant(I64, sum(numel(s.shape) for s in slots))

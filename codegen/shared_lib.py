@@ -114,6 +114,7 @@ def build_library(
                     target=variant,
                     entry_name=variant_symbol(graph_symbol(g), variant),
                     queries=i == len(variants) - 1,
+                    params_query=not embed,
                 )  # fmt: skip
                 for i, variant in enumerate(variants)
             ]
@@ -384,6 +385,7 @@ def _declarations(m: GraphModule) -> list[str]:
         f"int {m.symbol}_input_shape(int64_t *dims);",
         f"int {m.symbol}_output_rank(void);",
         f"int {m.symbol}_output_shape(int64_t *dims);",
+        f"int {m.symbol}_scalar_size(void); /* sizeof({t}) */",
         f"/* TLC_OK if this CPU can run {m.symbol}; else TLC_ERR_UNSUPPORTED_CPU and, if",
         " * missing is not NULL, *missing names a CPU feature it lacks. */",
         f"int {m.symbol}_cpu_check(const char **missing);",

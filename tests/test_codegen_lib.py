@@ -194,7 +194,7 @@ def test_load_reads_the_librarys_own_metadata_without_a_header(tmp_path: Path) -
     raw = ctypes.CDLL(str(lib_path))
     text = ctypes.string_at(ctypes.addressof(ctypes.c_char.in_dll(raw, "tlc_library")))
     assert json.loads(text) == {
-        "format": 1,
+        "format": 2,
         "graphs": [
             {"graph": "mlp", "symbol": "tlc_mlp", "dtype": "float32", "input_shape": [4],
              "output_shape": [], "params_size": None},
@@ -225,7 +225,7 @@ def test_a_library_without_tlc_metadata_is_refused(tmp_path: Path) -> None:
     other = tmp_path / "libother.so"
     subprocess.run(["cc", "-shared", "-fPIC", "-o", other, tmp_path / "other.c"], check=True)
     message = (
-        f"cannot load '{other}': it holds no tlc metadata of format 1 (the tlc_library symbol); "
+        f"cannot load '{other}': it holds no tlc metadata of format 2 (the tlc_library symbol); "
         "rebuild it with this tlc's tlc-compile"
     )
     with pytest.raises(tlc.DiagnosticError, match=f"^{re.escape(message)}$"):
@@ -266,3 +266,70 @@ def test_tlc_compile_defaults_to_f32(tmp_path: Path, capsys: pytest.CaptureFixtu
         printed[name] = capsys.readouterr().out
     assert printed["llvm"] == printed["llvm f32"] == printed["reference f32"]
     assert printed["reference"] != printed["reference f32"]  # f64 by default: 12 digits tell
+
+
+def _retyped(metadata: dict, **fields: object) -> dict:
+    """`metadata` with its graph's `fields` changed (and a null params_size left out, which
+    reads the same, to leave room for the edit in the library's text)."""
+    (entry,) = metadata["graphs"]
+    entry = {**entry, **fields}
+    if entry["params_size"] is None:
+        del entry["params_size"]
+    return {**metadata, "graphs": [entry]}
+
+
+#: Metadata edited after the build (issue 14: a forged or inconsistent `tlc_library`) and what
+#: `tlc.load` says: the wrapper sizes its checks by the metadata, so a description that is not
+#: the code's would let a call read or write past the buffers.
+FORGED = [
+    (lambda m: _retyped(m, input_shape=[1]),
+     "does not describe its code (tlc_mlp: input shape [1] in the metadata, [4] in the code)"),
+    (lambda m: _retyped(m, output_shape=[9]),
+     "does not describe its code (tlc_mlp: output shape [9] in the metadata, rank 0 in the "
+     "code)"),
+    (lambda m: _retyped(m, dtype="float32"),
+     "does not describe its code (tlc_mlp: dtype float32 in the metadata, 8-byte scalars in the "
+     "code)"),
+    (lambda m: _retyped(m, params_size=43),
+     "does not describe its code (tlc_mlp: params size 43 in the metadata, None in the code)"),
+    (lambda m: _retyped(m, symbol="tlc_gone"),
+     "does not describe its code (it has no function tlc_gone_cpu_check)"),
+    (lambda m: _retyped(m, symbol="_handle"),
+     "does not describe its code (it has no function _handle_cpu_check)"),
+    (lambda m: _retyped(m, input_shape=[-4]), "is malformed (input_shape is not a list of "
+     "extents)"),
+    (lambda m: _retyped(m, dtype="float128"), "is malformed (tlc_mlp: dtype 'float128' is not "
+     "float32 or float64)"),
+    (lambda m: _retyped(m, params_size=True), "is malformed (tlc_mlp: params_size True is not a "
+     "size)"),
+    (lambda m: {**m, "graphs": [7]}, "is malformed (a graph is not described by an object)"),
+    (lambda m: {**m, "graphs": {}}, None),
+    (lambda m: {**m, "graphs": []}, "is malformed (it describes no graph)"),
+    (lambda m: '{"format": 2', None),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("edit", "detail"), FORGED)
+def test_load_refuses_metadata_that_does_not_describe_the_code(
+    tmp_path: Path, edit: object, detail: str | None
+) -> None:
+    from tlc.tools.fuzz import forge_metadata
+
+    built = compile_lib(tmp_path)
+    forged = forge_metadata(built.read_bytes(), edit)  # type: ignore[arg-type]
+    assert forged is not None
+    path = tmp_path / "libforged.so"
+    path.write_bytes(forged)
+    if detail is None:
+        message = (
+            f"cannot load '{path}': it holds no tlc metadata of format 2 (the tlc_library "
+            "symbol); rebuild it with this tlc's tlc-compile"
+        )
+    else:
+        message = (
+            f"cannot load '{path}': its tlc_library metadata {detail}; rebuild it with this "
+            "tlc's tlc-compile"
+        )
+    with pytest.raises(tlc.DiagnosticError, match=f"^{re.escape(message)}$"):
+        tlc.load(path)
+    assert tlc.load(built)(X0) == tlc.load(built)(X0)  # the unedited library still loads

@@ -179,6 +179,8 @@ def test_api_errors() -> None:
         tlc.bounds(SEED_MLP, center=X, radius=[0.1, -0.1, 0, 0])
     with pytest.raises(DiagnosticError, match="C must be a matrix with 1 columns"):
         tlc.bounds(SEED_MLP, center=X, radius=0.1, C=np.eye(2))
+    with pytest.raises(DiagnosticError, match=r"C must be a matrix .* got shape \[\]$"):
+        tlc.bounds(SEED_MLP, center=X, radius=0.1, C=np.array(1.0))  # was an IndexError
     with pytest.raises(ValueError, match="method must be one of ibp, crown, crown-ibp"):
         tlc.bounds(SEED_MLP, center=X, radius=0.1, method="deeppoly")
 
@@ -189,7 +191,7 @@ def _printed_ends(line: str) -> tuple[np.ndarray, np.ndarray]:
 
 
 @pytest.mark.parametrize("method", ["ibp", "crown", "crown-ibp"])
-@pytest.mark.parametrize("digits", [0, 3, 6, 17])
+@pytest.mark.parametrize("digits", [0, 3, 6, 17, 100])  # 100: decimal's default precision
 def test_tlc_run_prints_every_method_rounded_outward(
     method: str, digits: int, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:

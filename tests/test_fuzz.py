@@ -1,9 +1,11 @@
 """A small fuzzing budget on every run (tlc.tools.fuzz has the generators; docs/security.md):
-mutated .tlir/.mlir/.npz/.npy/params/.onnx/.vnnlib inputs through the tools, graphs with
-zero-size and huge extents (a hypothesis strategy) through tlc-run and tlc-compile, and fuzzed
-calls into the compiled libraries. Every case runs in a worker process, so a crash (a signal) or
-a hang is counted rather than taking the test run down; each must end `ok`: exit 0, 1 or 2 with
-no traceback, a call that returns or raises a documented error."""
+mutated .tlir/.mlir/.npz/.npy/params/.onnx/.vnnlib inputs and traced documents through the
+tools, tlc-run's box options and tlc-verify's options drawn at random, graphs with zero-size,
+huge and batch (N) extents (a hypothesis strategy) through tlc-run and tlc-compile, fuzzed
+calls into the compiled libraries and libraries with forged metadata. Every case runs in a
+worker process, so a crash (a signal) or a hang is counted rather than taking the test run
+down; each must end `ok`: exit 0, 1 or 2 with no traceback, a call that returns or raises a
+documented error."""
 
 from __future__ import annotations
 
@@ -38,6 +40,17 @@ def _failures(f: fuzz.Fuzzer) -> list[Any]:
 @given(seed=st.integers(min_value=0, max_value=2**32 - 1))
 def test_tools_survive_mutated_inputs(fz: fuzz.Fuzzer, fmt: str, seed: int) -> None:
     fz.mutated(fmt, random.Random(seed), seed)
+    assert not _failures(fz)
+
+
+@pytest.mark.parametrize("fmt", fuzz.GENERATED)
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(min_value=0, max_value=2**32 - 1))
+def test_tools_survive_drawn_options_and_forged_libraries(
+    fz: fuzz.Fuzzer, fmt: str, seed: int
+) -> None:
+    """tlc-run's box options, tlc-verify's options, libraries with forged metadata."""
+    getattr(fz, fmt)(random.Random(seed), seed)
     assert not _failures(fz)
 
 

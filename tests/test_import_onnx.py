@@ -694,6 +694,29 @@ def test_malformed_models_are_diagnostics() -> None:
     unknown = make_model([helper.make_node("Add", ["x", "w"], ["y"])], [("x", (3,))], "y")
     unknown.graph.initializer.append(onnx.TensorProto(name="w", data_type=999, dims=[3]))
     assert _refusal(unknown).startswith("ONNX import: initializer 'w': not valid ONNX:")
+    # Found by the fuzzer: with raw data the checker passes an unknown type (numpy_helper's
+    # KeyError escaped).
+    raw = make_model([helper.make_node("Add", ["x", "w"], ["y"])], [("x", (3,))], "y")
+    raw.graph.initializer.append(
+        onnx.TensorProto(name="w", data_type=86, dims=[3], raw_data=bytes(24))
+    )
+    assert _refusal(raw) == "ONNX import: initializer 'w': not valid ONNX: unknown data type 86"
+    resized = make_model([helper.make_node("Add", ["x", "w"], ["y"])], [("x", (3,))], "y")
+    resized.graph.initializer.append(  # ... nor raw data not matching the dims (a reshape)
+        onnx.TensorProto(name="w", data_type=TensorProto.DOUBLE, dims=[3], raw_data=bytes(32))
+    )
+    assert _refusal(resized) == (
+        "ONNX import: initializer 'w': not valid ONNX: 32 bytes of raw data for dims [3], which "
+        "take 24"
+    )
+    for target in ([6, 0, 0], [-1, -1], [-2, 6]):  # a 0 past the rank was an IndexError
+        bad_reshape = make_model(
+            [helper.make_node("Reshape", ["x", "s"], ["y"], name="r")], [("x", (2, 3))], "y"
+        )
+        bad_reshape.graph.initializer.append(int_init("s", target))
+        assert _refusal(bad_reshape) == (
+            f"ONNX import: node 'r' (Reshape): cannot reshape [2, 3] to shape {target}"
+        )
     huge_init = make_model([helper.make_node("Add", ["x", "w"], ["y"])], [("x", (3,))], "y")
     huge_init.graph.initializer.append(
         onnx.TensorProto(name="w", data_type=TensorProto.DOUBLE, dims=[2**31, 2**31])

@@ -3,7 +3,7 @@ tables; sound boxes print with their ends rounded outward (`format_box(..., outw
 
 from __future__ import annotations
 
-from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
+from decimal import ROUND_CEILING, ROUND_FLOOR, Context, Decimal
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -26,7 +26,10 @@ def format_value(value: np.ndarray, digits: int = 6, rounding: str | None = None
             return f"{x:.{digits}{style}}"
         exact = Decimal(x)  # the double's exact value
         exponent = exact.adjusted() - digits if style == "e" else -digits
-        return f"{exact.quantize(Decimal(1).scaleb(exponent), rounding=rounding):.{digits}{style}}"
+        # Enough precision for every digit printed (decimal's default 28 refuses --digits 100).
+        context = Context(prec=digits + abs(exact.adjusted()) + 2)
+        rounded = exact.quantize(Decimal(1).scaleb(exponent), rounding=rounding, context=context)
+        return f"{rounded:.{digits}{style}}"
     return "[" + ", ".join(format_value(row, digits, rounding) for row in value) + "]"
 
 

@@ -8,12 +8,24 @@ instead of ending the campaign: the worker is restarted and the campaign goes on
 - `tlir`, `mlir`: the MLP example (text and MLIR generic form) with random byte mutations and
   integers replaced by boundary values (0, -1, 2^31, 2^63, 4,500 digits), through tlc-opt,
   tlc-run, tlc-translate and tlc-compile;
-- `npz`, `npy`, `params`: the MLP's payload, an input array and the MLP program's parameters,
-  mutated, as `--payload` / `--input` / `--params` of tlc-run;
-- `onnx`: the MLP exported to ONNX, mutated, through `tlc-translate --import-onnx`;
+- `traced`: the document `Traced.save` writes for the MLP with a `tl.params` binding of dotted
+  source names (`%2.0.weight`), mutated, through the same tools (tlc-run with and without
+  `--params` by those names);
+- `npz`, `npy`, `params`: the MLP's payload, an input array and parameters by name (the MLP
+  program's, or the traced MLP's dotted ones), mutated, as `--payload` / `--input` /
+  `--params` of tlc-run;
+- `onnx`: the MLP exported to ONNX, mutated (bytes, or `mutate_onnx`'s structural edits),
+  through `tlc-translate --import-onnx`;
 - `vnnlib`: a property of the MLP, mutated, through tlc-verify;
-- `graph`: a graph drawn by the hypothesis strategy `graph_cases` (extents include 0 and huge
-  values), run by tlc-run in f64, f32, intervals, with `--grad` or the LLVM JIT;
+- `box`: tlc-run's box options (`--radius`, `--lo`/`--hi`, `--method`, `--spec`, `--samples`,
+  `--digits`) drawn at random, values of any shape, dtype and kind (`option_value`);
+- `verify`: tlc-verify's options drawn at random (networks of every format, `--timeout`,
+  `--arithmetic`, `-o`, `--instances` lists with mutated rows, `--workers`, `--results`);
+- `library`: an MLP library whose `tlc_library` metadata is forged (`forge_edit`), loaded and,
+  where it loads, called;
+- `graph`: a graph drawn by the hypothesis strategy `graph_cases` (extents include 0, huge
+  values and the batch extent `N`), run by tlc-run in f64, f32, intervals (each `--method`),
+  with `--grad` or the LLVM JIT;
 - `compile`: such a graph through tlc-compile (dtype, `--batch`, `--runtime-payload`,
   `--target-cpu` drawn too); each library built is then called (`call` cases below);
 - `call`: calls into compiled libraries through `tlc.load` with fuzzed arguments: inputs of the
@@ -62,9 +74,11 @@ MLP_PARAMS = ROOT / "examples" / "mlp_params.npz"
 X0 = "0.3,-0.2,0.1,0.4"
 BOUNDARY_INTS = ["0", "-1", "1", "2147483648", "9223372036854775808", "4611686018427387904",
                  "9" * 4500, "-9223372036854775809"]  # fmt: skip
-#: Mutation formats (a seed file mutated) and generated ones (graphs drawn by hypothesis).
-MUTATED = ("tlir", "mlir", "npz", "npy", "params", "onnx", "vnnlib")
-FORMATS = (*MUTATED, "graph", "compile", "call")
+#: Mutation formats (a seed file mutated) and generated ones (option sets, graphs drawn by
+#: hypothesis, calls into libraries, libraries with forged metadata).
+MUTATED = ("tlir", "mlir", "npz", "npy", "params", "onnx", "vnnlib", "traced")
+GENERATED = ("box", "verify", "library")
+FORMATS = (*MUTATED, *GENERATED, "graph", "compile", "call")
 #: Extents of generated graphs: mostly small, with empty axes and sizes no buffer can hold.
 EXTENTS = (0, 1, 2, 3, 5, 0, 1, 2, 3, 2**31, 2**62)
 VNNLIB = """(declare-const X_0 Real)
@@ -77,6 +91,16 @@ VNNLIB = """(declare-const X_0 Real)
 (assert (and (>= X_2 0.05) (<= X_2 0.15)))
 (assert (and (>= X_3 0.35) (<= X_3 0.45)))
 (assert (or (<= Y_0 0.02) (>= Y_0 0.04)))
+"""
+#: The MLP's parameters under PyTorch-style dotted names (what the importers write into
+#: `tl.params`, e.g. `%2.0.weight` for a Linear inside a Sequential), by their names in
+#: examples/mlp_params.npz.
+DOTTED = {"0.weight": "W1", "0.bias": "b1", "2.0.weight": "W2", "2.0.bias": "b2"}
+TRACED_PARAMS = """
+tl.params @mlp(%0.weight: [5, 4], %0.bias: [5], %2.0.weight: [3, 5], %2.0.bias: [3]) {
+  %1 = linear {weight = %0.weight, bias = %0.bias}
+  %3 = linear {weight = %2.0.weight, bias = %2.0.bias}
+}
 """
 #: The worker's address-space limit: a runaway allocation fails instead of taking the machine.
 WORKER_MEMORY = 6 * 2**30
@@ -95,30 +119,45 @@ class Seeds:
     params: bytes
     onnx: bytes | None
     vnnlib: bytes
+    #: `Traced.save` of the MLP with a `tl.params` binding of dotted source names (inline
+    #: payload), and the parameters by those names (an .npz for `--params`).
+    traced: bytes
+    dotted_params: bytes
 
 
 def make_seeds(directory: Path) -> Seeds:
     from tlc.api.emit import EMITTERS
+    from tlc.api.evaluate import choose
+    from tlc.core.payload import save_npz
+    from tlc.dialect.ops import GraphOp
+    from tlc.dialect.payload_section import payload_from_module
     from tlc.frontends.text import parse_source
+    from tlc.semantics.program import Traced
 
     text = MLP.read_text()
     mlir = EMITTERS["mlir"](parse_source(text, str(MLP)))
     np.save(directory / "x.npy", np.array([0.3, -0.2, 0.1, 0.4]))
+    save_npz(choose(text, None, None)[1], str(directory / "payload.npz"))
+    module = parse_source(text + TRACED_PARAMS, str(MLP))
+    graph = next(op for op in module.ops if isinstance(op, GraphOp))
+    Traced(module, graph, payload_from_module(module, "mlp")).save(directory / "traced.tlir")
+    named = np.load(MLP_PARAMS)
+    np.savez(directory / "dotted.npz", **{k: named[v] for k, v in DOTTED.items()})
     onnx_bytes = None
     with contextlib.suppress(ImportError):
-        from tlc.api.evaluate import choose
         from tlc.frontends.export_onnx import to_onnx
 
-        graph, payload = choose(text, None, None)
-        onnx_bytes = to_onnx(graph, payload).SerializeToString()
+        onnx_bytes = to_onnx(*choose(text, None, None)).SerializeToString()
     return Seeds(
         text.encode(),
         mlir.encode(),
-        (ROOT / "examples" / "mlp_params.npz").read_bytes(),
+        (directory / "payload.npz").read_bytes(),
         (directory / "x.npy").read_bytes(),
         MLP_PARAMS.read_bytes(),
         onnx_bytes,
         VNNLIB.encode(),
+        (directory / "traced.tlir").read_bytes(),
+        (directory / "dotted.npz").read_bytes(),
     )
 
 
@@ -185,6 +224,67 @@ def mutate_arrays(archive: bytes, rng: random.Random) -> bytes:
     return out.getvalue()
 
 
+#: Op types an ONNX edit puts in a node: ones the importer reads, and one it does not know.
+ONNX_OPS = ("Relu", "Add", "MatMul", "Gemm", "Reshape", "Expand", "Concat", "Slice",
+            "Gather", "Conv", "MaxPool", "Softmax", "ReduceSum", "Tile", "Pad", "Resize",
+            "NoSuchOp")  # fmt: skip
+
+
+def mutate_onnx(model_bytes: bytes, rng: random.Random) -> bytes:
+    """The ONNX model with a few structural edits, which (unlike byte flips of the protobuf)
+    keep it a model the importer reads: an initializer's dims, data type or data changed, a
+    node's op type, inputs or outputs changed or a node dropped or duplicated, an attribute
+    set to a boundary value, the input's shape or element type changed, an output added."""
+    import onnx
+
+    model = onnx.load_from_string(model_bytes)
+    graph = model.graph
+    names = [i.name for i in graph.input] + [t.name for t in graph.initializer]
+    names += [o for n in graph.node for o in n.output] + ["", "missing"]
+    boundary = [0, -1, 1, 2, 3, 2**31, 2**62, -(2**63)]
+    for _ in range(rng.randint(1, 3)):
+        kind = rng.randrange(8)
+        if kind == 0 and graph.initializer:
+            t = rng.choice(graph.initializer)
+            t.dims[:] = rng.choice([[], [0], [4, 5], [5, 4], [20], [2**31, 2], [-1, 5], [3, 0]])
+        elif kind == 1 and graph.initializer:
+            t = rng.choice(graph.initializer)
+            t.data_type = rng.choice([0, 2, 6, 7, 9, 10, 11, 16, 86])
+        elif kind == 2 and graph.initializer:
+            t = rng.choice(graph.initializer)
+            t.raw_data = t.raw_data[: rng.randrange(len(t.raw_data) + 1)] if t.raw_data else b""
+        elif kind == 3 and graph.node:
+            rng.choice(graph.node).op_type = rng.choice(ONNX_OPS)
+        elif kind == 4 and graph.node:
+            node = rng.choice(graph.node)
+            if node.input and rng.random() < 0.7:
+                node.input[rng.randrange(len(node.input))] = rng.choice(names)
+            else:
+                node.input.append(rng.choice(names))
+        elif kind == 5 and graph.node:
+            node = rng.choice(graph.node)
+            if rng.random() < 0.5:
+                graph.node.remove(node)
+            else:
+                graph.node.append(node)
+        elif kind == 6 and graph.node:
+            node = rng.choice(graph.node)
+            name = rng.choice(["axis", "keepdims", "perm", "shape", "kernel_shape", "pads"])
+            value = rng.choice(boundary)
+            node.attribute.append(onnx.helper.make_attribute(
+                name, value if rng.random() < 0.5 else [value, rng.choice(boundary)]))  # fmt: skip
+        else:
+            dims = graph.input[0].type.tensor_type.shape.dim
+            if dims and rng.random() < 0.7:
+                dim = rng.choice(dims)
+                dim.dim_value = rng.choice([v for v in boundary if v >= 0] + [4])
+                if rng.random() < 0.3:
+                    dim.dim_param = rng.choice(["N", "batch", ""])
+            else:
+                graph.input[0].type.tensor_type.elem_type = rng.choice([1, 7, 10, 11, 99])
+    return model.SerializeToString()
+
+
 # --------------------------------------------------------------------------------------------
 # Generated graphs (a hypothesis strategy)
 # --------------------------------------------------------------------------------------------
@@ -207,6 +307,15 @@ class GraphCase:
 UNARY = ("relu", "exp", "tanh", "sigmoid", "log", "sqrt", "softplus", "gelu", "abs", "neg")
 
 
+class Batch(int):
+    """The batch extent `N` of a generated graph: prints as `N` in the document, and is this
+    concrete batch size where the case's input array is built. Arithmetic on it gives plain
+    integers (a reduced or pooled batch axis is no longer the batch extent)."""
+
+    def __repr__(self) -> str:
+        return "N"
+
+
 def graph_cases() -> Any:
     """A hypothesis strategy of `GraphCase`s: a chain of up to six ops over an input whose
     extents include 0, 2^31 and 2^62 (elementwise, axis, reductions, broadcasts, layout,
@@ -216,6 +325,8 @@ def graph_cases() -> Any:
     @st.composite
     def cases(draw: Any) -> GraphCase:
         shape = draw(st.lists(st.sampled_from(EXTENTS), min_size=1, max_size=3))
+        if draw(st.integers(0, 3)) == 0:  # a batch extent N (the input array has 1-3 rows)
+            shape[0] = Batch(draw(st.integers(1, 3)))
         graph = _GraphText(tuple(shape))
         for _ in range(draw(st.integers(1, 6))):
             graph.add(draw, st)
@@ -223,6 +334,9 @@ def graph_cases() -> Any:
         run = ["--arithmetic", arithmetic]
         if arithmetic != "interval":
             run += draw(st.sampled_from([[], [], ["--backend", "llvm"], ["--grad"]]))
+        else:
+            run += draw(st.sampled_from([[], ["--method", "crown"], ["--method", "crown-ibp"],
+                                         ["--radius", "0.1", "--samples", "3"]]))  # fmt: skip
         build = draw(st.sampled_from([[], ["--dtype", "f32"]]))
         build += draw(st.sampled_from([[], [], ["--batch", "3"], ["--batch", str(2**40)]]))
         build += draw(st.sampled_from([[], [], ["--runtime-payload"]]))
@@ -310,7 +424,7 @@ def input_argument(case: GraphCase, directory: Path) -> str:
     shape = case.input_shape
     if max(shape, default=0) > 64 or int(np.prod(shape, dtype=object)) > 64:
         return "0"
-    path = directory / "input.npy"
+    path = directory / "case-input.npy"
     np.save(path, call_values(random.Random(case.seed), shape, np.dtype(np.float64)))
     return str(path)
 
@@ -391,9 +505,9 @@ class _Caller:
         from tlc.codegen.loader import load
 
         path = spec["call"]
-        if path not in self.loaded:
-            self.loaded[path] = load(path)
-        library = self.loaded[path]
+        library = self.loaded[path] if path in self.loaded else load(path)
+        if not spec.get("forget"):  # a forged library is loaded once
+            self.loaded[path] = library
         names = sorted(library.graphs)
         entry = library[spec["graph"] or names[0]]
         rng = random.Random(spec["seed"])
@@ -456,6 +570,97 @@ class _Caller:
         }[kind]()
 
 
+#: Values an edit of a library's metadata puts in a field (`forge_edit`).
+FORGED_VALUES: dict[str, list[Any]] = {
+    "graph": ["mlp", "", "g" * 40, None, 3],
+    "symbol": ["tlc_mlp", "tlc_mlp__x86_64_v2", "tlc_mlp_input_rank", "tlc_set_num_threads",
+               "_handle", "__init__", "tlc_library", "", "tlc mlp", None],
+    "dtype": ["float32", "float64", "float16", "int64", "", None, 8],
+    "input_shape": [[], [1], [3], [4], [5], [2, 2], [4, 1], [-1], [2**62], [2**63], [1.5],
+                    ["4"], None, {}],
+    "output_shape": [[], [1], [2], [0], [-1], [2**62], None],
+    "params_size": [None, 0, 1, 42, 43, 44, -1, 2**62, 2**64, True, "43"],
+}  # fmt: skip
+
+
+def forge_edit(metadata: Any, rng: random.Random) -> Any:
+    """A forged or inconsistent version of a library's metadata: a field of its graph set to
+    another (plausible or absurd) value or left out, another format, a graphs list that is
+    empty, doubled or not a list, or the text truncated or mutated (returned as bytes)."""
+    kind = rng.randrange(10)
+    graphs = metadata.get("graphs") if isinstance(metadata, dict) else None
+    entry = dict(graphs[0]) if isinstance(graphs, list) and graphs else {}
+    if kind <= 5:
+        key = rng.choice(sorted(FORGED_VALUES))
+        entry[key] = rng.choice(FORGED_VALUES[key])
+        if entry.get("params_size", 0) is None:  # read the same as null: room for the edit
+            del entry["params_size"]
+        return {**metadata, "graphs": [entry]}
+    if kind == 6:
+        entry.pop(rng.choice(sorted(FORGED_VALUES)), None)
+        return {**metadata, "graphs": [entry]}
+    if kind == 7:
+        return {**metadata, "format": rng.choice([1, 3, "2", None])}
+    if kind == 8:
+        return {**metadata, "graphs": rng.choice([[], {}, None, [entry, entry], "mlp"])}
+    text = json.dumps(metadata, separators=(",", ":")).encode()
+    return text[: rng.randrange(len(text))] if rng.random() < 0.3 else mutate(text, rng)
+
+
+def option_value(option: str, rng: random.Random, path: Path) -> str:
+    """A value for one of tlc-run's box options: mostly a valid one, else a number, a comma
+    list or an .npy file (written to `path`) of any shape, dtype and values, a missing file
+    or a directory."""
+    valid = rng.random() < 0.6
+    numbers = ["0", "0.1", "1", "-1", "nan", "inf", "-inf", "1e308", "1e-320", "x", ""]
+    if option == "--method":
+        return rng.choice(["ibp", "crown", "crown-ibp"] if valid else ["CROWN", "", "x"])
+    if option == "--samples":
+        return rng.choice(["0", "3", "20"] if valid else ["-1", "x", ""])
+    if option == "--digits":
+        return rng.choice(["0", "3", "17", "100"] if valid else ["101", "-1", "x"])
+    if valid and option != "--spec":
+        lo = {"--lo": -0.1, "--hi": 0.1, "--radius": 0.0}[option]
+        values = [f"{float(x) + lo:g}" for x in X0.split(",")]
+        return ",".join(values) if option != "--radius" else rng.choice(["0.05", "0", ",".join(
+            rng.choices(["0", "0.1", "0.01"], k=4))])  # fmt: skip
+    kind = rng.randrange(4 if option != "--spec" else 2)
+    if kind == 0:
+        shape = rng.choice([(4,), (1, 4), (2, 4), (3,), (), (0,), (4, 1), (2, 2), (0, 4),
+                            (1, 1), (2, 1), (3, 1)])  # fmt: skip
+        dtype = rng.choice([np.float64, np.float64, np.float64, np.float32, np.int64, np.bool_,
+                            np.complex128, object])  # fmt: skip
+        pool = [0.0, 0.1, -0.5, 1.0] if valid else [0.0, 0.1, -0.5, 1.0, np.nan, np.inf, 1e308]
+        array = np.resize(np.array(rng.choices(pool, k=4)), shape)
+        with np.errstate(invalid="ignore", over="ignore"):
+            array = array.astype(dtype)
+        np.save(path, array, allow_pickle=dtype is object)
+        return str(path)
+    if kind == 1:
+        return rng.choice([str(path.with_name("missing.npy")), str(MLP), str(path.parent)])
+    if kind == 2:
+        return ",".join(rng.choices(numbers, k=rng.choice([1, 3, 4, 4, 5])))
+    return rng.choice(numbers)
+
+
+def forge_metadata(library: bytes, edit: Callable[[Any], Any]) -> bytes | None:
+    """`library` (a .so from tlc-compile) with its `tlc_library` JSON text replaced by
+    `edit(metadata)` (a JSON value, or a str or bytes written as they are), padded with
+    spaces to the original length so the ELF file stays valid; None if the new text is
+    longer."""
+    start = library.index(b'{"format":')
+    end = library.index(b"\0", start)
+    edited = edit(json.loads(library[start:end]))
+    if isinstance(edited, bytes):
+        data = edited.split(b"\0")[0]  # the symbol's text ends at the first NUL
+    else:
+        text = edited if isinstance(edited, str) else json.dumps(edited, separators=(",", ":"))
+        data = text.encode()
+    if len(data) > end - start:
+        return None
+    return library[:start] + data.ljust(end - start) + library[end:]
+
+
 def _weight(shape: tuple[int, ...]) -> int:
     """What building an argument of `shape` costs: its elements, counting an empty axis as one
     (`tolist()` of a [2^40, 0] array still makes 2^40 lists)."""
@@ -513,7 +718,8 @@ def serve(requests: io.TextIOBase, replies: io.TextIOBase, directory: Path) -> N
         request = json.loads(line)
         reply: dict[str, Any]
         if "tool" in request:
-            outcome, detail, code = tool_outcome(request["argv"], tools[request["tool"]])
+            with _bake_limit(request.get("bake_limit")):
+                outcome, detail, code = tool_outcome(request["argv"], tools[request["tool"]])
             reply = {"outcome": outcome, "code": code}
             if detail:
                 reply["detail"] = detail
@@ -521,6 +727,22 @@ def serve(requests: io.TextIOBase, replies: io.TextIOBase, directory: Path) -> N
             reply = caller.reply(request)
         replies.write(json.dumps(reply) + "\n")
         replies.flush()
+
+
+@contextlib.contextmanager
+def _bake_limit(limit: int | None) -> Iterator[None]:
+    """Code generation's bake limit set to `limit` bytes (if given) for one request: a small
+    graph then builds the embedded-payload library a large one would."""
+    if limit is None:
+        yield
+        return
+    from tlc.codegen import module
+
+    saved, module.BAKE_LIMIT = module.BAKE_LIMIT, limit
+    try:
+        yield
+    finally:
+        module.BAKE_LIMIT = saved
 
 
 def worker_main(directory: str) -> int:
@@ -666,6 +888,7 @@ class Fuzzer:
         if self.progress and sum(self.counts[k] for k in OUTCOMES) % self.progress == 0:
             print(_summary(self.counts), file=sys.stderr, flush=True)
         self.counts[f"cases:{fmt}"] += 1
+        self.counts[f"tool:{request.get('tool', 'tlc.load')}"] += 1
         if reply.get("code") == 0:
             self.counts[f"accepted:{fmt}"] += 1
         if outcome != "ok":
@@ -693,16 +916,25 @@ class Fuzzer:
         seed = getattr(self.seeds, fmt)
         if seed is None:  # onnx is not installed
             return "ok"
+        # Half the parameter archives are the traced MLP's, by dotted source names.
+        dotted = fmt == "params" and rng.random() < 0.5
+        if dotted:
+            seed = self.seeds.dotted_params
         if fmt in ("npz", "params") and rng.random() < 0.5:
             path.write_bytes(mutate_arrays(seed, rng))
+        elif fmt == "onnx" and rng.random() < 0.7:
+            path.write_bytes(mutate_onnx(seed, rng))
         else:
             path.write_bytes(mutate(seed, rng))
         p = str(path)
-        if fmt in ("tlir", "mlir"):
+        if fmt in ("tlir", "mlir", "traced"):
+            run = [p, "--input", X0]
+            if fmt == "traced" and rng.random() < 0.5:
+                run += ["--params", str(d / "dotted.npz")]
             argvs = {
                 "tlc-opt": [p],
-                "tlc-run": [p, "--input", X0],
-                "tlc-translate": ["--to-mlir", p] if fmt == "tlir" else ["--from-mlir", p],
+                "tlc-run": run,
+                "tlc-translate": ["--from-mlir", p] if fmt == "mlir" else ["--to-mlir", p],
                 "tlc-compile": [p, "-o", str(d / "case-lib.so"), "--target-cpu", "x86-64-v2"],
             }
             tool = rng.choice(["tlc-opt", "tlc-run", "tlc-translate", "tlc-opt", "tlc-run",
@@ -713,12 +945,81 @@ class Fuzzer:
         elif fmt == "npy":
             name, argv = "tlc-run", [str(MLP), "--input", p]
         elif fmt == "params":
-            name, argv = "tlc-run", [str(MLP_PROGRAM), "--input", X0, "--params", p]
+            doc = d / "traced.tlir" if dotted else MLP_PROGRAM
+            name, argv = "tlc-run", [str(doc), "--input", X0, "--params", p]
         elif fmt == "onnx":
             name, argv = "tlc-translate", ["--import-onnx", p]
         else:
             name, argv = "tlc-verify", [str(MLP), p, "--timeout", "2"]
         return self.tool(fmt, index, name, argv)["outcome"]
+
+    def box(self, rng: random.Random, index: int) -> str:
+        """tlc-run's box options drawn at random on the MLP, the traced MLP or the MLP program
+        (which refuses them): the box as --radius or --lo/--hi, with --method, --spec,
+        --samples and --digits; each value mostly valid, else a number, a comma list or an
+        .npy file of another shape, dtype or values (`option_value`)."""
+        d = self.directory
+        doc = rng.choice([str(MLP), str(MLP), str(d / "traced.tlir"), str(MLP_PROGRAM)])
+        argv = [doc, "--arithmetic", rng.choice(["interval"] * 8 + ["f64", "f32"])]
+        if doc == str(MLP_PROGRAM):
+            argv += ["--params", str(MLP_PARAMS)]
+        box = rng.choice(["--radius", "--radius", "--lo", "none"])
+        if box != "--lo" or rng.random() < 0.1:
+            argv += ["--input", rng.choice([X0, X0, X0, str(d / "x.npy"), "0.3,-0.2", "nan,0,0,0"])]
+        options = [box] if box != "--lo" else ["--lo", "--hi"]
+        options += rng.sample(["--method", "--spec", "--samples", "--digits"], rng.randint(0, 2))
+        for k, option in enumerate(options):
+            if option != "none":
+                argv += [option, option_value(option, rng, d / f"case-{k}.npy")]
+        return self.tool("box", index, "tlc-run", argv)["outcome"]
+
+    def verify(self, rng: random.Random, index: int) -> str:
+        """tlc-verify with its options drawn at random: the network (.tlir, .mlir, the traced
+        document, .onnx, a program), the property (the seed or a mutation), --arithmetic,
+        --timeout, -o, and --instances lists (mutated CSV rows) with --workers/--results."""
+        d = self.directory
+        (d / "case.mlir").write_bytes(self.seeds.mlir)
+        networks = [str(MLP), str(d / "case.mlir"), str(d / "traced.tlir"), str(MLP_PROGRAM)]
+        if self.seeds.onnx is not None:
+            (d / "case.onnx").write_bytes(self.seeds.onnx)
+            networks.append(str(d / "case.onnx"))
+        prop = d / "case.vnnlib"
+        prop.write_bytes(
+            self.seeds.vnnlib if rng.random() < 0.6 else mutate(self.seeds.vnnlib, rng)
+        )
+        timeouts = ["2", "2", "2", "0", "-1", "nan", "1e-9", "x", ""]
+        argv: list[str] = []
+        if rng.random() < 0.3:
+            rows = [f"{rng.choice(networks)},{prop},{rng.choice(timeouts)}"
+                    for _ in range(rng.randint(0, 3))]  # fmt: skip
+            csv = "\n".join(rows).encode()
+            (d / "case.csv").write_bytes(mutate(csv, rng) if csv and rng.random() < 0.5 else csv)
+            argv += ["--instances", str(d / "case.csv"), "--workers", rng.choice("1110x")]
+            if rng.random() < 0.5:
+                argv += ["--results", rng.choice([str(d / "case-results.csv"), str(d),
+                                                  str(d / "missing" / "r.csv")])]  # fmt: skip
+        else:
+            argv += [rng.choice(networks), str(prop)]
+        argv += ["--timeout", rng.choice(timeouts)]
+        if rng.random() < 0.4:
+            argv += ["--arithmetic", rng.choice(["f64", "f32"])]
+        if rng.random() < 0.3:
+            argv += ["-o", rng.choice([str(d / "case-out.txt"), str(d), str(d / "no" / "o.txt")])]
+        return self.tool("verify", index, "tlc-verify", argv)["outcome"]
+
+    def library(self, rng: random.Random, index: int) -> str:
+        """One of the MLP's libraries with its `tlc_library` metadata forged (`forge_edit`),
+        loaded by `tlc.load` and, where it loads, called."""
+        data = Path(rng.choice(self.seed_libraries())).read_bytes()
+        forged = forge_metadata(data, lambda m: forge_edit(m, rng))
+        path = self.directory / f"forged{index}.so"
+        path.write_bytes(forged if forged is not None else data)
+        try:
+            return self.run("library", {**call_spec(rng, str(path)), "forget": True}, index)[
+                "outcome"
+            ]
+        finally:
+            path.unlink()
 
     def graph(self, case: GraphCase, index: int) -> str:
         """A generated graph through tlc-run."""
@@ -746,14 +1047,18 @@ class Fuzzer:
         return self.run("call", spec, index)["outcome"]
 
     def seed_libraries(self) -> list[str]:
-        """The MLP compiled as f64, f32, batched and runtime-payload libraries (built once)."""
+        """The MLP compiled as f64, f32, batched, runtime-payload and embedded-payload (the
+        bake limit lowered so its payload is over it) libraries, built once."""
         if not self.libraries:
             for i, options in enumerate(
-                [[], ["--dtype", "f32"], ["--batch", "2"], ["--runtime-payload"]]
+                [[], ["--dtype", "f32"], ["--batch", "2"], ["--runtime-payload"], ["embed"]]
             ):
                 library = self.directory / f"mlp{i}.so"
-                argv = [str(MLP), "-o", str(library), "--target-cpu", "x86-64-v2", *options]
-                reply = self.worker.run({"tool": "tlc-compile", "argv": argv}, 120.0)
+                argv = [str(MLP), "-o", str(library), "--target-cpu", "x86-64-v2"]
+                request: dict[str, Any] = {"tool": "tlc-compile", "argv": argv + options}
+                if options == ["embed"]:
+                    request = {"tool": "tlc-compile", "argv": argv, "bake_limit": 64}
+                reply = self.worker.run(request, 120.0)
                 if reply.get("code") != 0:
                     raise RuntimeError(f"tlc-compile {' '.join(argv)} failed: {reply}")
                 self.libraries.append(str(library))
@@ -800,6 +1105,11 @@ def _rounds(fz: Fuzzer, cases: int, seed: int, rng: random.Random) -> None:
         for k in range(ROUND * len(MUTATED)):
             fz.mutated(MUTATED[k % len(MUTATED)], rng, index + k)
         index += ROUND * len(MUTATED)
+        for k in range(ROUND):
+            fz.box(rng, index + 3 * k)
+            fz.verify(rng, index + 3 * k + 1)
+            fz.library(rng, index + 3 * k + 2)
+        index += ROUND * len(GENERATED)
         for k in range(ROUND):
             fz.call(call_spec(rng, libraries[k % len(libraries)]), index + k)
         index += ROUND
@@ -872,6 +1182,8 @@ def main(argv: list[str] | None = None) -> int:
                            if counts[f"{o}:{fmt}"])  # fmt: skip
         print(f"  {fmt:8} {counts[f'cases:{fmt}']:6} cases, {counts[f'accepted:{fmt}']:6} "
               f"accepted (exit 0)" + (f"; {failed}" if failed else ""))  # fmt: skip
+    tools = sorted(k.removeprefix("tool:") for k in counts if k.startswith("tool:"))
+    print("  per tool: " + ", ".join(f"{t} {counts['tool:' + t]}" for t in tools))
     for fmt, index, request, reply in failures[:20]:
         print(f"case {index} ({fmt}): {reply['outcome']}: {json.dumps(request)} -> {reply}")
     return 0 if counts["ok"] == total else 1

@@ -637,6 +637,9 @@ def _reshape(call: NodeCall) -> SSAValue:
     source = call.shape(x)
     target = ints(call.const(1, "shape").reshape(-1))
     allowzero = call.attr("allowzero", 0)
+    copies = [i for i, d in enumerate(target) if d == 0 and not allowzero]  # 0: keep the extent
+    if target.count(-1) > 1 or min(target, default=0) < -1 or any(i >= len(source) for i in copies):
+        raise call.refuse(f"cannot reshape {fmt_shape(source)} to shape {list(target)}")
     target = [source[i] if d == 0 and not allowzero else d for i, d in enumerate(target)]
     if -1 in target:
         known = prod(d for d in target if d != -1)
@@ -1498,6 +1501,10 @@ def _graph_name(model: onnx.ModelProto) -> str:
     return name if re.match(r"[A-Za-z_]", name) else f"g_{name}"
 
 
+#: Data types whose raw data packs two elements per byte (INT4, UINT4, FLOAT4E2M1).
+PACKED_4BIT = frozenset({21, 22, 23})
+
+
 def _check_model(model: onnx.ModelProto) -> None:
     """ONNX's own checker on every initializer first: data not matching its dims and unknown
     data types are its diagnostics rather than exceptions in numpy_helper. (Not `check_model`:
@@ -1519,6 +1526,22 @@ def _check_model(model: onnx.ModelProto) -> None:
             raise import_error(
                 PREFIX, f"initializer '{t.name}': not valid ONNX: {reason}"
             ) from None
+        try:  # the checker passes a data type it does not know when the data is raw bytes
+            itemsize = helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+        except KeyError:
+            raise import_error(
+                PREFIX, f"initializer '{t.name}': not valid ONNX: unknown data type {t.data_type}"
+            ) from None
+        # ... nor raw data of another size than its dims (4-bit types pack two per byte)
+        count = prod(t.dims)
+        size = (count + 1) // 2 if t.data_type in PACKED_4BIT else count * itemsize
+        external = t.data_location == TensorProto.EXTERNAL
+        if t.HasField("raw_data") and not external and len(t.raw_data) != size:
+            raise import_error(
+                PREFIX,
+                f"initializer '{t.name}': not valid ONNX: {len(t.raw_data)} bytes of raw data "
+                f"for dims {fmt_shape(tuple(t.dims))}, which take {size}",
+            )
 
 
 def _real(name: str, value: np.ndarray) -> np.ndarray:

@@ -56,8 +56,8 @@ def _parse_mlir(text: str, filename: str, line_offset: int) -> ModuleOp:
     source = "\n" * line_offset + text
     _check_string_literals(source, filename)
     _check_integer_types(source, filename)
-    parser = _LocatingParser(context(), source, filename)
-    try:
+    try:  # the parser lexes its first token when it is made
+        parser = _LocatingParser(context(), source, filename)
         module = parser.parse_module()
     except ParseError as exc:
         raise error(exc.msg, _location(source, exc.span.start, filename)) from None
@@ -75,8 +75,9 @@ def _parse_mlir(text: str, filename: str, line_offset: int) -> ModuleOp:
 
 
 def _check_string_literals(source: str, filename: str) -> None:
-    """Reject a string literal left open at the end of its line before xDSL sees it: MLIR's
-    strings never span lines, and xDSL 0.75's parser can loop forever on an unterminated one
+    """Reject a string literal left open at the end of its line (or at a vertical tab or form
+    feed, which xDSL's strings cannot hold either) before xDSL sees it: MLIR's strings never
+    span lines, and xDSL 0.75's parser can loop forever on an unterminated one
     (e.g. `%0 = "tl.input{id = 0} : () -> !tl.tensor<[4]>` at the end of a file)."""
     start: int | None = None
     i = 0
@@ -90,7 +91,7 @@ def _check_string_literals(source: str, filename: str) -> None:
             start = i if start is None else None
         elif c == "\\" and start is not None:
             i += 1
-        elif c == "\n" and start is not None:
+        elif c in "\n\v\f" and start is not None:  # xDSL's strings hold none of them
             break
         i += 1
     if start is not None:

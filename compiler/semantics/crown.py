@@ -1028,6 +1028,8 @@ class PreparedCrown:
         [K, numel(output)]), by `method` (see `METHODS`)."""
         if method not in METHODS:
             raise ValueError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
+        if spec is not None:  # checked (a matrix, one column per output element) before use
+            spec = self._spec(spec)
         fallbacks: dict[int, str] = {}
         for step in self.steps:
             for key in PER_CALL:
@@ -1070,7 +1072,7 @@ class PreparedCrown:
             lower, upper = out_box.lo.reshape(batch, -1), out_box.hi.reshape(batch, -1)
         else:
             lower, upper = min_over_box(rows, out_box), -min_over_box(-rows, out_box)
-        if method != "ibp":
+        if method != "ibp" and rows.size:  # an empty output or C: nothing to tighten
             both = self._backward(self.output_id, np.concatenate([rows, -rows], axis=1), boxes,
                                   fallbacks)  # fmt: skip
             k = matrix.shape[0]
@@ -1093,13 +1095,13 @@ class PreparedCrown:
     def _spec(self, spec: np.ndarray | None) -> np.ndarray:
         n = numel(self.steps[self.output_id].shape)
         if spec is None:
-            return np.eye(max(n, 1))
+            return np.eye(n)
         matrix = np.asarray(spec, dtype=F64)
         if matrix.ndim == 1:
             matrix = matrix[None, :]
-        if matrix.ndim != 2 or matrix.shape[1] != max(n, 1):
+        if matrix.ndim != 2 or matrix.shape[1] != n:
             raise DiagnosticError.simple(
-                f"bounds: C must be a matrix with {max(n, 1)} columns (the output's elements), "
+                f"bounds: C must be a matrix with {n} columns (the output's elements), "
                 f"got shape {list(matrix.shape)}"
             )
         return matrix
@@ -1171,8 +1173,8 @@ class PreparedCrown:
             if any(p is None for p in parents):
                 continue
             box = self._reapply(step, parents, boxes[i])
-            if i in needs:
-                n = max(numel(step.shape), 1)
+            if i in needs and numel(step.shape):  # an empty node has nothing to tighten
+                n = numel(step.shape)
                 eye = np.eye(n).reshape((n,) + step.shape)
                 rows = np.broadcast_to(np.concatenate([eye, -eye]), (box.lo.shape[0], 2 * n)
                                        + step.shape)  # fmt: skip
@@ -1220,6 +1222,8 @@ class PreparedCrown:
                 if i not in lams:
                     continue
                 lam = lams.pop(i)
+                if not numel(step.shape):  # an empty value: <lam, z> is exactly 0
+                    continue
                 own = boxes[i]
                 assert own is not None
                 back = None

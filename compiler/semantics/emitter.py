@@ -30,6 +30,7 @@ from typing import Any, Generic, TypeVar
 import numpy as np
 from xdsl.ir import Block
 
+from tlc.core.limits import check_elements
 from tlc.core.payload import Payload, Record
 from tlc.dialect import ops
 from tlc.dialect.backward_ops import SignOp
@@ -132,6 +133,9 @@ class Emitter(ABC, Generic[V]):
         return self.bind(ops.ConstOp, [], {"shape": array.shape}, array.shape, {"value": array})
 
     def full(self, shape: Shape, value: float) -> V:
+        """A constant filled with `value`, built in memory: within the element budget
+        (`tlc.core.limits`; LimitError otherwise), which a shape like [0, 2^62] is not."""
+        check_elements(shape, "constant")
         return self.const(np.full(shape, value, dtype=np.float64))
 
     def full_like(self, v: V, value: float) -> V:
