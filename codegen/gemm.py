@@ -54,15 +54,39 @@ def tiles_for(k: KernelBuilder) -> tuple[Tiles, ir.VectorType]:
 
 
 def emit_dot_tiles(
-    k: KernelBuilder, a: Buf, w: Buf, out: Buf, *, m: int, n: int, kk: int, bias: Buf | None
-) -> None:
-    """out[i, j] = sum_p a[i, p] * w[j, p] (+ bias[j]) for i < m, j < n."""
+    k: KernelBuilder,
+    a: Buf,
+    w: Buf,
+    out: Buf,
+    *,
+    m: int,
+    n: int,
+    kk: int,
+    bias: Buf | None,
+    share: Share | None = None,
+) -> tuple[ir.Value | int, ir.Value | int]:
+    """out[i, j] = sum_p a[i, p] * w[j, p] (+ bias[j]) for i < m, j < n (with `share`: only
+    its tiles of NR columns, of ceil(n / NR)). Returns the columns [lo, hi) computed."""
     tiles, vec = tiles_for(k)
     MR, NR = tiles.mr, tiles.nr
     n_main, m_main = n - n % NR, m - m % MR
+    units = n_main // NR + (n > n_main)
+    cols = share(units) if share is not None else None
+    done: tuple[ir.Value | int, ir.Value | int] = (0, n)
+    if cols is not None:
+        b = k.b
+        done = (b.mul(cols[0], k.i64(NR)),
+                b.select(b.icmp_signed("==", cols[1], k.i64(units)), k.i64(n),
+                         b.mul(cols[1], k.i64(NR))))  # fmt: skip
     for j_lo, j_hi, nr in ((0, n_main, NR), (n_main, n, n % NR)):
         if j_hi <= j_lo:
             continue
+        if cols is not None:  # units u_lo.. are the tiles of nr columns from j_lo on
+            u_lo = j_lo // NR
+            start, end = _clip(k, cols, u_lo, u_lo + -(-(j_hi - j_lo) // nr))
+            first = k.i64(j_lo)
+            j_lo = k.b.add(first, k.b.mul(k.b.sub(start, k.i64(u_lo)), k.i64(nr)))
+            j_hi = k.b.add(first, k.b.mul(k.b.sub(end, k.i64(u_lo)), k.i64(nr)))
         if m_main:
             with k.loop(m_main, "ib", step=ROW_BLOCK) as ib:
                 next_block = k.b.add(ib, k.i64(ROW_BLOCK))
@@ -76,6 +100,7 @@ def emit_dot_tiles(
         if m_main < m:
             with k.loop(j_hi, "j", start=j_lo, step=nr) as j0:
                 _tile(k, vec, a, w, out, k.i64(m_main), j0, m - m_main, nr, kk, n, bias)
+    return done
 
 
 def _tile(
@@ -245,6 +270,20 @@ FMA_PER_CYCLE, LOADS_PER_CYCLE, MIN_STEP = 2, 2, 5
 
 #: A vector -> vector map applied to the finished tile before it is stored (a fused relu).
 Epilogue = Callable[[ir.Value], ir.Value]
+#: The units [lo, hi) of `units` one part of a split call computes (`Step.part_range`).
+Share = Callable[[int], tuple[ir.Value, ir.Value]]
+
+
+def _clip(
+    k: KernelBuilder, share: tuple[ir.Value, ir.Value] | None, lo: int, hi: int
+) -> tuple[ir.Value | int, ir.Value | int]:
+    """[lo, hi) intersected with a part's `share` of units (the whole range without one)."""
+    if share is None:
+        return lo, hi
+    b = k.b
+    start = b.select(b.icmp_signed(">", share[0], k.i64(lo)), share[0], k.i64(lo))
+    end = b.select(b.icmp_signed("<", share[1], k.i64(hi)), share[1], k.i64(hi))
+    return start, end
 
 
 @dataclass(frozen=True)
@@ -416,6 +455,7 @@ def emit_packed_linear(
     n: int,
     kk: int,
     epilogue: Epilogue | None,
+    share: Share | None = None,
 ) -> None:
     """out[i, j] = epilogue(sum_p x[i, p] W[j, p] + bias[j]) with W^T packed at compile time
     (`pack_panels(W.T, NR)`, bias zero-padded to whole panels).
@@ -427,7 +467,7 @@ def emit_packed_linear(
     K block but the first adds onto the partial sums in `out`, the last adds the bias and
     applies the epilogue as it stores. Rows past the last whole tile get a tile of their own
     height, columns past the last whole panel are computed on the zero padding and stored
-    under a mask."""
+    under a mask. With `share`, only its panels (of ceil(n / NR)) are computed."""
     mk = micro_kernel(k.info, k.dtype.itemsize, m, n)
     b, lanes, nr, kc, MR = k.b, mk.lanes, mk.nr, min(mk.kc, kk), mk.mr
     vec = ir.VectorType(k.T, lanes)
@@ -437,6 +477,7 @@ def emit_packed_linear(
     mc = max(L2_BLOCK // (max(kc, 1) * k.dtype.itemsize) // MR, 1) * MR
     assert min(mc, -(-m // MR) * MR) * kc <= scratch.size <= linear_scratch(m, kk)
     blocked = kk > kc
+    panel_share = share(full + (tail > 0)) if share is not None else None
 
     def k_block(pc: ir.Value, klen: ir.Value, first: ir.Value | None, last: ir.Value | None):
         def pack(i_lo: ir.Value, tiles: ir.Value, mr: int) -> None:
@@ -484,7 +525,8 @@ def emit_packed_linear(
             pack(i_lo, tiles, mr)
             for j_lo, j_hi, cols in ((0, full, nr), (full, full + (tail > 0), tail)):
                 if j_hi > j_lo:
-                    with k.loop(j_hi, "jr", start=j_lo) as jr, k.loop(tiles, "t") as t:
+                    start, end = _clip(k, panel_share, j_lo, j_hi)
+                    with k.loop(end, "jr", start=start) as jr, k.loop(tiles, "t") as t:
                         tile(b.add(i_lo, b.mul(t, k.i64(MR))), t, mr, jr, cols)
 
         if m_main:
@@ -520,6 +562,7 @@ def emit_packed_block(
     partial: Callable[[ir.Value, ir.Value, int], ir.Value] | None = None,
     first: ir.Value | None = None,
     last: ir.Value | None = None,
+    tiles: tuple[ir.Value, ir.Value] | None = None,
 ) -> None:
     """C = A B over `panels` panels of NR columns of B (filled at run time: convolution's
     patches), `klen` steps along k: for each panel, every tile of MR rows of A (the last one
@@ -527,7 +570,9 @@ def emit_packed_block(
     j at `b_at(j, v, p)`; each finished accumulator goes to finish(row, panel, v, acc), then
     after(first row, panel, rows). With `partial` (the address of a vector of partial sums
     per row, panel and v), this is one K block: the tiles start from the partial sums unless
-    `first`, keep them there, and are finished only when `last`."""
+    `first`, keep them there, and are finished only when `last`. `tiles` = (lo, hi) limits
+    the row tiles to [lo, hi) (of ceil(m / MR), the short one last): one part of a split
+    call."""
     b, lanes = k.b, mk.lanes
     vec = ir.VectorType(k.T, lanes)
     zero = ir.Constant(vec, [0.0] * lanes)
@@ -571,8 +616,20 @@ def emit_packed_block(
                 after(row(0), jp, mr)
 
     with k.loop(panels, "jp") as jp:
-        if whole:
-            with k.loop(whole, "ib") as ib:
-                tile(jp, ib, mk.mr)
-        if rest:
-            tile(jp, k.i64(whole), rest)
+        if tiles is None:
+            if whole:
+                with k.loop(whole, "ib") as ib:
+                    tile(jp, ib, mk.mr)
+            if rest:
+                tile(jp, k.i64(whole), rest)
+        else:
+            lo, hi = tiles
+            if whole:
+                end = b.select(b.icmp_signed("<", hi, k.i64(whole)), hi, k.i64(whole))
+                with k.loop(end, "ib", start=lo) as ib:
+                    tile(jp, ib, mk.mr)
+            if rest:
+                short = b.and_(b.icmp_signed("<=", lo, k.i64(whole)),
+                               b.icmp_signed(">", hi, k.i64(whole)))  # fmt: skip
+                with b.if_then(short):
+                    tile(jp, k.i64(whole), rest)

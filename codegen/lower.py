@@ -89,11 +89,27 @@ class Step:
     #: An elementwise node of `EPILOGUES` fused into the rule's stores (`Lowering.fuses`):
     #: the node writes that node's value, not its own.
     fused: NodeOp | None = None
+    #: The kernel computes part `part` (an i64 value) of `parts` of the output (`Lowering.
+    #: parts`): the parts are disjoint, fixed at compile time, and together the whole value.
+    part: ir.Value | None = None
+    parts: int = 1
+
+    def part_range(self, k: KernelBuilder, units: int | ir.Value) -> tuple[ir.Value, ir.Value]:
+        """The units [lo, hi) of `units` (equal shares, the same split for any thread count)
+        this call computes: all of them when the kernel is not split."""
+        if self.part is None or self.parts == 1:
+            return k.i64(0), units if isinstance(units, ir.Value) else k.i64(units)
+        b, count = k.b, units if isinstance(units, ir.Value) else k.i64(units)
+        lo = b.udiv(b.mul(self.part, count), k.i64(self.parts))
+        hi = b.udiv(b.mul(b.add(self.part, k.i64(1)), count), k.i64(self.parts))
+        return lo, hi
 
 
 Emit = Callable[[KernelBuilder, Step], "Buf | None"]
 ParamLayout = Callable[[NodeOp, list[Shape], Shape], dict[str, ParamSpec]]
 ScratchSize = Callable[[NodeOp, list[Shape], Shape], int]
+#: Into how many independent parts a kernel call for these shapes can be split at most.
+PartCount = Callable[[NodeOp, list[Shape], Shape], int]
 
 
 def _none(node: NodeOp, parents: list[Shape], out: Shape) -> dict[str, ParamSpec]:
@@ -102,6 +118,10 @@ def _none(node: NodeOp, parents: list[Shape], out: Shape) -> dict[str, ParamSpec
 
 def _no_scratch(node: NodeOp, parents: list[Shape], out: Shape) -> int:
     return 0
+
+
+def _whole(node: NodeOp, parents: list[Shape], out: Shape) -> int:
+    return 1
 
 
 @dataclass(frozen=True)
@@ -115,6 +135,9 @@ class Lowering:
     #: The rule applies `Step.epilogue` to its values as it stores them, so an elementwise
     #: node of `EPILOGUES` that is the only user of this node's value can be fused into it.
     fuses: bool = False
+    #: How many parts (`Step.part`) the rule can split one call into, so that a call with a
+    #: single leading row (batch 1) still runs on several threads; 1: never split.
+    parts: PartCount = _whole
 
     @property
     def uses_scratch(self) -> bool:
@@ -131,11 +154,12 @@ def register(
     params: ParamLayout = _none,
     scratch: ScratchSize = _no_scratch,
     fuses: bool = False,
+    parts: PartCount = _whole,
 ):
     """Decorator: `emit` lowers each of `op_classes`."""
 
     def add(emit: Emit) -> Emit:
-        LOWERINGS.register(*op_classes)(Lowering(emit, view, params, scratch, fuses))
+        LOWERINGS.register(*op_classes)(Lowering(emit, view, params, scratch, fuses, parts))
         return emit
 
     return add
@@ -203,11 +227,31 @@ def elementwise(op_class: type[NodeOp], fn: Scalar) -> None:
 
     def emit(k: KernelBuilder, s: Step) -> None:
         scalars = {j: k.load(a, 0) for j, a in enumerate(s.args) if a.size == 1 < s.out.size}
-        with k.loop(s.out.size) as i:
+        lo, hi = _element_range(k, s)
+        with k.loop(hi, start=lo) as i:
             xs = [scalars[j] if j in scalars else k.load(a, i) for j, a in enumerate(s.args)]
             k.store(fn(k, s.node, *xs), s.out, i)
 
-    register(op_class)(emit)
+    register(op_class, parts=_element_parts)(emit)
+
+
+#: Elements of a flat map's unit of parallel work (whole vectors of any target).
+ELEMENT_BLOCK = 64
+
+
+def _element_parts(node: NodeOp, parents: list[Shape], out: Shape) -> int:
+    return max(numel(out) // ELEMENT_BLOCK, 1)
+
+
+def _element_range(k: KernelBuilder, s: Step) -> tuple[ir.Value | int, ir.Value | int]:
+    """The flat elements [lo, hi) this call of a map computes (`Step.part`)."""
+    if s.parts == 1:
+        return 0, s.out.size
+    lo, hi = s.part_range(k, _element_parts(s.node, [], s.out.shape))
+    b, block = k.b, k.i64(ELEMENT_BLOCK)
+    top = b.mul(hi, block)
+    last = b.icmp_signed("==", hi, k.i64(_element_parts(s.node, [], s.out.shape)))
+    return b.mul(lo, block), b.select(last, k.i64(s.out.size), top)
 
 
 def _relu(k: KernelBuilder, node: NodeOp, x: ir.Value) -> ir.Value:
@@ -309,15 +353,6 @@ def epilogue(k: KernelBuilder, s: Step) -> Epilogue | None:
         return None
     rule = EPILOGUES[type(fused)]
     return lambda x: rule(k, fused, x)
-
-
-def apply_epilogue(k: KernelBuilder, s: Step) -> None:
-    """The fused map over the finished output, for the paths that do not fuse it into their
-    stores."""
-    fn = epilogue(k, s)
-    if fn is not None:
-        with k.loop(s.out.size, "e") as e:
-            k.store(fn(k.load(s.out, e)), s.out, e)
 
 
 @register(ops.LogOp)
@@ -700,7 +735,15 @@ def _linear_scratch(node: NodeOp, parents: list[Shape], out: Shape) -> int:
     return linear_scratch(numel(parents[0][:-1]), parents[0][-1])
 
 
-@register(ops.LinearOp, params=_linear_params, scratch=_linear_scratch, fuses=True)
+def _linear_parts(node: NodeOp, parents: list[Shape], out: Shape) -> int:
+    """A linear layer splits into blocks of output columns (as many as the widest panels,
+    MAX_PANEL columns, so any target's kernel has at least as many units as parts)."""
+    return -(-out[-1] // MAX_PANEL) if parents[0][-1] > 0 else 1
+
+
+@register(
+    ops.LinearOp, params=_linear_params, scratch=_linear_scratch, fuses=True, parts=_linear_parts
+)
 def _linear(k: KernelBuilder, s: Step) -> None:
     """y[m, :] = W x[m, :] + b for every leading index m. Baked weights of a wide enough
     layer: the packed, cache-blocked broadcast kernel (`emit_packed_linear`) with the bias
@@ -709,13 +752,19 @@ def _linear(k: KernelBuilder, s: Step) -> None:
     x, out = s.args[0], s.out
     n_out, n_in = out.shape[-1], x.shape[-1]
     m = numel(x.shape[:-1])  # rows: also with no input features (the result is the bias)
+    share = None if s.parts == 1 else (lambda units: s.part_range(k, units))
     if s.packed and _linear_kernel(k.info, k.dtype.itemsize, m, n_out, n_in) is not None:
         assert s.scratch is not None
         emit_packed_linear(k, x, s.params["weight"], s.params["bias"], out, s.scratch, m=m,
-                           n=n_out, kk=n_in, epilogue=epilogue(k, s))  # fmt: skip
+                           n=n_out, kk=n_in, epilogue=epilogue(k, s), share=share)  # fmt: skip
         return
-    emit_dot_tiles(k, x, s.params["weight"], out, m=m, n=n_out, kk=n_in, bias=s.params["bias"])
-    apply_epilogue(k, s)
+    lo, hi = emit_dot_tiles(k, x, s.params["weight"], out, m=m, n=n_out, kk=n_in,
+                            bias=s.params["bias"], share=share)  # fmt: skip
+    fn = epilogue(k, s)
+    if fn is not None:  # over the columns this call computed
+        with k.loop(m, "i") as i, k.loop(hi, "j", start=lo) as j:
+            at = k.b.add(k.b.mul(i, k.i64(n_out)), j)
+            k.store(fn(k.load(out, at)), out, at)
 
 
 @register(ops.MatmulOp)
@@ -1189,7 +1238,35 @@ def _conv_params(node: NodeOp, parents: list[Shape], out: Shape) -> dict[str, Pa
     return {"weight": ParamSpec(weight, pack=packing), "bias": ParamSpec((cout,), 0.0)}
 
 
-@register(ops.ConvOp, params=_conv_params, scratch=_conv_scratch, fuses=True)
+#: Flops one element copied by a split convolution's parts costs, about (each part stages its
+#: whole input, and re-packs a block of columns it shares with another part): a split stops
+#: where the copies would exceed `DUPLICATE_SHARE` of the product's flops.
+COPY_FLOPS, DUPLICATE_SHARE = 16, 1 / 8
+
+
+def _conv_parts(node: NodeOp, parents: list[Shape], out: Shape) -> int:
+    """A convolution splits into (block of columns, tile of output channels) pairs
+    (depthwise: into its groups), as many as the copies every part repeats allow: on one
+    thread a split call does that extra work too."""
+    f = ConvFrame.of(node, parents[0], out)
+    if _depthwise(f):
+        return f.groups
+    plan = ConvPlan.of(f, 8)
+    blocks = -(-(plan.images * f.positions) // plan.columns) * -(-f.lead // plan.images)
+    units = blocks * -(-f.cout_g // 8)  # tiles of 8 rows: no target's are narrower
+    stage = f.groups * plan.images * f.cin_g * f.staged_plane
+    pack = f.groups * f.depth * plan.columns
+    work = 2 * f.cout * f.depth * f.positions * f.lead
+    parts = 1
+    while parts < units:
+        copies = (parts + 1) * (stage + (pack if parts + 1 > blocks else 0))
+        if copies * COPY_FLOPS > work * DUPLICATE_SHARE:
+            break
+        parts += 1
+    return parts
+
+
+@register(ops.ConvOp, params=_conv_params, scratch=_conv_scratch, fuses=True, parts=_conv_parts)
 def _conv(k: KernelBuilder, s: Step) -> None:
     """Convolution as an implicit matrix product over the whole batch: out[oc, column] =
     W[oc, :] patches[:, column] + bias[oc], the columns running over every output position
@@ -1255,7 +1332,26 @@ def _conv(k: KernelBuilder, s: Step) -> None:
             row = b.add(b.mul(g, k.i64(f.cout_g)), b.add(b.mul(ib, k.i64(mk.mr)), k.i64(r)))
             return k.at(w, b.add(b.mul(row, k.i64(f.depth)), p))
 
-        with k.loop(valid, "c0", step=nc) as c0:
+        # Units of a split call: (block of columns, row tile) pairs, block-major, so a part
+        # packs each block of columns it needs once and runs its share of the tiles on it.
+        blocks = -(-(plan.images * P) // nc)
+        here = b.udiv(b.add(valid, k.i64(nc - 1)), k.i64(nc))
+        if s.parts == 1:
+            cb_lo, cb_hi, u_lo, u_hi = k.i64(0), here, None, None
+        else:
+            u_lo, u_hi = s.part_range(k, blocks * tiles_m)
+            cb_lo = b.udiv(u_lo, k.i64(tiles_m))
+            cb_hi = b.udiv(b.add(u_hi, k.i64(tiles_m - 1)), k.i64(tiles_m))
+            cb_hi = b.select(b.icmp_signed("<", cb_hi, here), cb_hi, here)
+        with k.loop(cb_hi, "cb", start=cb_lo) as cb:
+            c0 = b.mul(cb, k.i64(nc))
+            share = None
+            if u_lo is not None and u_hi is not None:
+                base = b.mul(cb, k.i64(tiles_m))
+                t_lo, t_hi = b.sub(u_lo, base), b.sub(u_hi, base)
+                share = (b.select(b.icmp_signed("<", t_lo, k.i64(0)), k.i64(0), t_lo),
+                         b.select(b.icmp_signed(">", t_hi, k.i64(tiles_m)), k.i64(tiles_m),
+                                  t_hi))  # fmt: skip
             rest = b.sub(valid, c0)
             cols = b.select(b.icmp_signed("<", rest, k.i64(nc)), rest, k.i64(nc))
             panels = b.udiv(b.add(cols, k.i64(mk.nr - 1)), k.i64(mk.nr))
@@ -1309,7 +1405,7 @@ def _conv(k: KernelBuilder, s: Step) -> None:
                     a_at=a_at, b_at=b_at, panels=panels, finish=finish,
                     after=None if aligned else after, partial=partial if blocked else None,
                     first=b.icmp_signed("==", pc, k.i64(0)),
-                    last=b.icmp_signed("<=", left_k, k.i64(kc)),
+                    last=b.icmp_signed("<=", left_k, k.i64(kc)), tiles=share,
                 )  # fmt: skip
 
 
@@ -1431,7 +1527,8 @@ def _conv_depthwise(k: KernelBuilder, s: Step, f: ConvFrame) -> None:
         assert s.scratch is not None
         staged = Buf(s.scratch.ptr, (1, f.staged_plane))
         zero(k, staged)
-    with k.loop(f.lead, "lead") as lead, k.loop(f.groups, "g") as g:
+    g_lo, g_hi = s.part_range(k, f.groups)
+    with k.loop(f.lead, "lead") as lead, k.loop(g_hi, "g", start=g_lo) as g:
         plane = f.input_block(k, x, lead, g)
         if f.staged:
             f.stage(k, plane, staged)
@@ -1547,7 +1644,8 @@ def _pool(k: KernelBuilder, s: Step, init: float, combine: Combine, scale: float
     contributes: -inf for max, 0 for the average), then scale."""
     x, out = s.args[0], s.out
     f = PoolFrame.of(s.node, x.shape, out.shape)
-    with k.loop(f.lead, "lead") as lead:
+    lo, hi = s.part_range(k, f.lead)
+    with k.loop(hi, "lead", start=lo) as lead:
         x_base, out_base = f.planes(k, lead)
         with k.loop(f.out_plane, "o") as o:
             k.store(k.const(init), out, k.b.add(out_base, o))
@@ -1562,12 +1660,17 @@ def _pool(k: KernelBuilder, s: Step, init: float, combine: Combine, scale: float
                 k.store(k.b.fdiv(k.load(out, at), k.const(scale)), out, at)
 
 
-@register(ops.MaxPoolOp)
+def _pool_parts(node: NodeOp, parents: list[Shape], out: Shape) -> int:
+    """Pooling splits into its planes (leading indices: the channels at batch 1)."""
+    return PoolFrame.of(node, parents[0], out).lead
+
+
+@register(ops.MaxPoolOp, parts=_pool_parts)
 def _max_pool(k: KernelBuilder, s: Step) -> None:
     _pool(k, s, -math.inf, lambda acc, v: k.intrinsic("maximum", acc, v), 1.0)
 
 
-@register(ops.AvgPoolOp)
+@register(ops.AvgPoolOp, parts=_pool_parts)
 def _avg_pool(k: KernelBuilder, s: Step) -> None:
     _pool(k, s, 0.0, lambda acc, v: k.b.fadd(acc, v), float(math.prod(s.node.meta("kernel"))))
 
