@@ -323,13 +323,25 @@ def micro_kernel(info: TargetInfo, itemsize: int, m: int, n: int) -> MicroKernel
     regs = info.vector_registers
 
     def cycles(mr: int, nv: int) -> float:
-        per_step = max(mr * nv / FMA_PER_CYCLE, (mr + nv) / LOADS_PER_CYCLE, MIN_STEP)
-        return math.ceil(m / mr) * math.ceil(n / (nv * lanes)) * per_step
+        return _cycles(mr, nv, lanes, m, n)
 
     shapes = [(mr, nv) for nv in range(1, 5) for mr in range(1, regs)
               if mr * nv + _reserved(nv) <= regs]  # fmt: skip
     mr, nv = min(shapes, key=lambda s: (cycles(*s), -(-m // s[0]) * s[0], -s[0] * s[1], -s[0]))
     return MicroKernel(mr, nv, lanes, min(max(PANEL_BYTES // (nv * lanes * itemsize), 8), 1024))
+
+
+def _cycles(mr: int, nv: int, lanes: int, m: int, n: int) -> float:
+    """The issue model's cycles per step along k of MR x NV tiles covering m x n."""
+    per_step = max(mr * nv / FMA_PER_CYCLE, (mr + nv) / LOADS_PER_CYCLE, MIN_STEP)
+    return math.ceil(m / mr) * math.ceil(n / (nv * lanes)) * per_step
+
+
+def product_cycles(info: TargetInfo, itemsize: int, m: int, n: int) -> float:
+    """The cycles per step along k of an m x n product by its micro-kernel (`micro_kernel`):
+    what choosing between C and C^T compares."""
+    mk = micro_kernel(info, itemsize, m, n)
+    return _cycles(mk.mr, mk.nv, mk.lanes, m, n)
 
 
 def pack_panels(b: np.ndarray, width: int) -> np.ndarray:
@@ -395,14 +407,17 @@ def store_vector(
     k.b.call(_masked(k, vec, True), [value, vptr, align, mask or _prefix(vec, count)])
 
 
-def load_vector(k: KernelBuilder, vec: ir.VectorType, ptr: ir.Value, count: int) -> ir.Value:
-    """The first `count` lanes at `ptr` (the others zero)."""
+def load_vector(
+    k: KernelBuilder, vec: ir.VectorType, ptr: ir.Value, count: int, mask: ir.Value | None = None
+) -> ir.Value:
+    """The first `count` lanes at `ptr` (or those under `mask` when given; the others
+    zero)."""
     vptr = k.b.bitcast(ptr, vec.as_pointer())
-    if count >= vec.count:
+    if mask is None and count >= vec.count:
         return k.b.load(vptr, align=k.dtype.itemsize)
     zero = ir.Constant(vec, [0.0] * vec.count)
     align = ir.Constant(I32, k.dtype.itemsize)
-    return k.b.call(_masked(k, vec, False), [vptr, align, _prefix(vec, count), zero])
+    return k.b.call(_masked(k, vec, False), [vptr, align, mask or _prefix(vec, count), zero])
 
 
 def packed_tile(
@@ -456,6 +471,7 @@ def emit_packed_linear(
     kk: int,
     epilogue: Epilogue | None,
     share: Share | None = None,
+    x_at: Callable[[ir.Value, ir.Value], ir.Value] | None = None,
 ) -> None:
     """out[i, j] = epilogue(sum_p x[i, p] W[j, p] + bias[j]) with W^T packed at compile time
     (`pack_panels(W.T, NR)`, bias zero-padded to whole panels).
@@ -467,7 +483,9 @@ def emit_packed_linear(
     K block but the first adds onto the partial sums in `out`, the last adds the bias and
     applies the epilogue as it stores. Rows past the last whole tile get a tile of their own
     height, columns past the last whole panel are computed on the zero padding and stored
-    under a mask. With `share`, only its panels (of ceil(n / NR)) are computed."""
+    under a mask. With `share`, only its panels (of ceil(n / NR)) are computed; `x_at(i, p)`,
+    when given, is the address of x[i, p] (x need not be a matrix in memory: convolution's
+    patches), else x is row-major [m, k]."""
     mk = micro_kernel(k.info, k.dtype.itemsize, m, n)
     b, lanes, nr, kc, MR = k.b, mk.lanes, mk.nr, min(mk.kc, kk), mk.mr
     vec = ir.VectorType(k.T, lanes)
@@ -486,8 +504,12 @@ def emit_packed_linear(
                 row = b.add(i_lo, b.mul(t, k.i64(MR)))
                 dst = b.mul(b.add(b.mul(t, k.i64(kc)), p), k.i64(MR))
                 for r in range(mr):
-                    src = b.add(b.mul(b.add(row, k.i64(r)), k.i64(kk)), b.add(pc, p))
-                    k.store(k.load(x, src), scratch, b.add(dst, k.i64(r)))
+                    if x_at is not None:
+                        value = b.load(x_at(b.add(row, k.i64(r)), b.add(pc, p)))
+                    else:
+                        src = b.add(b.mul(b.add(row, k.i64(r)), k.i64(kk)), b.add(pc, p))
+                        value = k.load(x, src)
+                    k.store(value, scratch, b.add(dst, k.i64(r)))
 
         def tile(i0: ir.Value, t: ir.Value, mr: int, jr: ir.Value, cols: int) -> None:
             def a_at(r: int, p: ir.Value) -> ir.Value:

@@ -42,6 +42,7 @@ from tlc.codegen.gemm import (
     micro_kernel,
     pack_panels,
     pad_to,
+    product_cycles,
     splat,
     store_vector,
 )
@@ -1212,7 +1213,41 @@ def _conv_scratch(node: NodeOp, parents: list[Shape], out: Shape) -> int:
         return f.staged_plane
     plan = ConvPlan.of(f, 8)
     staging = plan.images * f.cin_g * f.staged_plane
-    return (plan.columns + MAX_PANEL) * f.depth + staging + plan.partials(f)
+    normal = (plan.columns + MAX_PANEL) * f.depth + staging + plan.partials(f)
+    if not _transposable(f):
+        return normal
+    rows = f.lead * f.positions
+    return max(normal, rows * f.cout + linear_scratch(rows, f.depth) + f.lead * f.staged_plane
+               * f.cin)  # fmt: skip
+
+
+#: Most output positions (of all leading indices) a convolution computed as C^T may have: its
+#: product is then small enough to keep whole in scratch.
+TRANSPOSE_ROWS = 256
+#: C^T is chosen when its tiles take at most this share of C's cycles: it packs its rows
+#: element by element through two tables, and writes the product transposed (on Zen 4, 3x3
+#: over 256 channels of 14x14, C^T at 0.875 of C's cycles ran at 78 GFLOP/s, C at 91).
+TRANSPOSE_GAIN = 0.8
+
+
+def _transposable(f: ConvFrame) -> bool:
+    return f.groups == 1 and 0 < f.lead * f.positions <= TRANSPOSE_ROWS and f.depth > 0
+
+
+def _transposed_mk(info: TargetInfo, itemsize: int, f: ConvFrame) -> MicroKernel | None:
+    """The micro-kernel of the convolution as C^T = patches^T W^T (rows: output positions,
+    columns: output channels, W^T packed in panels like a linear layer's) when that covers
+    the product in fewer cycles than C = W patches: few positions, many channels (a 7x7
+    plane of 512 channels: 7 x 32 tiles cover 49 positions exactly, 8 x 32 tiles over the
+    positions compute 64 columns for 49). None: C = W patches."""
+    if not _transposable(f):
+        return None
+    rows = f.lead * f.positions
+    if product_cycles(info, itemsize, rows, f.cout) >= TRANSPOSE_GAIN * product_cycles(
+        info, itemsize, f.cout, rows
+    ):
+        return None
+    return micro_kernel(info, itemsize, rows, f.cout)
 
 
 def _conv_mk(info: TargetInfo, itemsize: int, f: ConvFrame) -> MicroKernel:
@@ -1230,12 +1265,21 @@ def _conv_params(node: NodeOp, parents: list[Shape], out: Shape) -> dict[str, Pa
     f = ConvFrame.of(node, parents[0], out)
 
     def pack(value: np.ndarray, info: TargetInfo) -> np.ndarray:
+        transposed = _transposed_mk(info, value.dtype.itemsize, f)
+        if transposed is not None:  # W^T [depth, cout] in panels of NR channels
+            return pack_panels(value.reshape(cout, f.depth).T, transposed.nr)
         mr = _conv_mk(info, value.dtype.itemsize, f).mr
         per_group = value.reshape(f.groups, f.cout_g, f.depth)
         return np.concatenate([pack_panels(w.T, mr).reshape(-1) for w in per_group])
 
+    def pad(value: np.ndarray, info: TargetInfo) -> np.ndarray:
+        transposed = _transposed_mk(info, value.dtype.itemsize, f)
+        return value if transposed is None else pad_to(value, -(-cout // transposed.nr)
+                                                       * transposed.nr)  # fmt: skip
+
     packing = None if _depthwise(f) else pack
-    return {"weight": ParamSpec(weight, pack=packing), "bias": ParamSpec((cout,), 0.0)}
+    return {"weight": ParamSpec(weight, pack=packing),
+            "bias": ParamSpec((cout,), 0.0, pack=None if _depthwise(f) else pad)}  # fmt: skip
 
 
 #: Flops one element copied by a split convolution's parts costs, about (each part stages its
@@ -1282,6 +1326,10 @@ def _conv(k: KernelBuilder, s: Step) -> None:
     if _depthwise(f):
         _conv_depthwise(k, s, f)
         return
+    transposed = _transposed_mk(k.info, k.dtype.itemsize, f) if s.packed else None
+    if transposed is not None:
+        _conv_transposed(k, s, f, transposed)
+        return
     b, P = k.b, f.positions
     mk = _conv_mk(k.info, k.dtype.itemsize, f)
     plan = ConvPlan.of(f, 8)
@@ -1295,9 +1343,15 @@ def _conv(k: KernelBuilder, s: Step) -> None:
     # Output rows of whole vectors: each vector of a panel's columns is contiguous in the
     # planes read, and the tiles load it there (no packing); else runs of `chunk` columns.
     direct = f.window.out_sp[-1] % mk.lanes == 0
-    chunk = mk.lanes if direct else math.gcd(f.window.out_sp[-1], mk.nr)
-    table = k.global_constant("columns", _column_bases(f, plan.images, nc, chunk, image), I32)
+    chunk = mk.lanes
     taps = k.global_constant("taps", f.tap_table(), I32)
+    if direct:
+        table = k.global_constant("columns", _column_bases(f, plan.images, nc, chunk, image), I32)
+    else:
+        runs = [k.global_constant(name, column, I32) for name, column in
+                zip(("run_first", "run_column", "run_source", "run_length"),
+                    _column_runs(f, plan.images, nc, mk.lanes, image), strict=True)]  # fmt: skip
+        zero(k, block)  # the padding columns of a last panel: never stored, but finite
     w, bias = s.params["weight"], s.params["bias"]
     tiles_m = -(-f.cout_g // mk.mr)
     fn = epilogue(k, s)
@@ -1356,7 +1410,7 @@ def _conv(k: KernelBuilder, s: Step) -> None:
             cols = b.select(b.icmp_signed("<", rest, k.i64(nc)), rest, k.i64(nc))
             panels = b.udiv(b.add(cols, k.i64(mk.nr - 1)), k.i64(mk.nr))
             if not direct:
-                _pack_patches(k, f, mk, block, source, table, taps, c0, panels, valid, chunk)
+                _pack_runs(k, f, mk, block, source, runs, taps, cb, nc, valid)
 
             def b_at(jp: ir.Value, v: int, p: ir.Value) -> ir.Value:
                 p = b.add(pc, p)
@@ -1409,6 +1463,50 @@ def _conv(k: KernelBuilder, s: Step) -> None:
                 )  # fmt: skip
 
 
+def _conv_transposed(k: KernelBuilder, s: Step, f: ConvFrame, mk: MicroKernel) -> None:
+    """C^T = patches^T W^T (`_transposed_mk`): the packed linear kernel with its rows read
+    from the input (staged when padded or strided) through a table of each output position's
+    patch start plus the tap table, its panels the packed W^T; the product [positions,
+    channels] is kept in scratch and written transposed into the output planes (a split call:
+    its panels of channels)."""
+    x, out, b = s.args[0], s.out, k.b
+    assert s.scratch is not None
+    rows = f.lead * f.positions
+    product = Buf(s.scratch.ptr, (rows * f.cout,))
+    packed = Buf(k.at(s.scratch, product.size), (linear_scratch(rows, f.depth),))
+    source, image = x, f.cin * f.in_plane
+    if f.staged:
+        staging = Buf(k.at(packed, packed.size), (f.lead * f.cin * f.staged_plane,))
+        zero(k, staging)
+        with k.loop(f.lead, "bi") as bi:
+            at = k.at(staging, b.mul(bi, k.i64(f.cin * f.staged_plane)))
+            f.stage(k, f.input_block(k, x, bi, k.i64(0)), Buf(at, (f.cin, f.staged_plane)))
+        source, image = staging, f.cin * f.staged_plane
+    bases = k.global_constant("rows", _column_bases(f, f.lead, 1, 1, image), I32)
+    taps = k.global_constant("taps", f.tap_table(), I32)
+
+    def x_at(i: ir.Value, p: ir.Value) -> ir.Value:
+        start = b.sext(b.load(b.gep(bases, [i], inbounds=True)), I64)
+        return k.at(source, b.add(start, b.sext(b.load(b.gep(taps, [p], inbounds=True)), I64)))
+
+    panels = -(-f.cout // mk.nr)
+    share = None if s.parts == 1 else (lambda units: s.part_range(k, units))
+    emit_packed_linear(k, source, s.params["weight"], s.params["bias"], product, packed,
+                       m=rows, n=f.cout, kk=f.depth, epilogue=epilogue(k, s), share=share,
+                       x_at=x_at)  # fmt: skip
+    lo, hi = k.i64(0), k.i64(f.cout)
+    if share is not None:
+        first, last = share(panels)
+        lo, top = b.mul(first, k.i64(mk.nr)), b.mul(last, k.i64(mk.nr))
+        hi = b.select(b.icmp_signed("<", top, hi), top, hi)
+    with k.loop(hi, "oc", start=lo) as oc, k.loop(f.lead, "img") as img:
+        plane = b.mul(b.add(b.mul(img, k.i64(f.cout)), oc), k.i64(f.positions))
+        first_row = b.mul(img, k.i64(f.positions))
+        with k.loop(f.positions, "pos") as pos:
+            at = b.add(b.mul(b.add(first_row, pos), k.i64(f.cout)), oc)
+            k.store(k.load(product, at), out, b.add(plane, pos))
+
+
 def _column_bases(f: ConvFrame, images: int, nc: int, chunk: int, image: int) -> np.ndarray:
     """For every `chunk` consecutive columns of a group of images (padded to whole blocks of
     `nc`), where the first one's patch starts in the planes im2col reads (before the tap's
@@ -1423,36 +1521,66 @@ def _column_bases(f: ConvFrame, images: int, nc: int, chunk: int, image: int) ->
     return base.astype(np.int32)
 
 
-def _pack_patches(
+def _column_runs(
+    f: ConvFrame, images: int, nc: int, lanes: int, image: int
+) -> tuple[np.ndarray, ...]:
+    """The columns of a group of images (blocks of `nc`) as runs that the packing copies with
+    one masked vector each per patch row: consecutive columns of one output row (consecutive
+    elements in the planes im2col reads) within one vector of a panel. Returns, as i32 tables:
+    the first run of every block (and the end), each run's first column, where its patch
+    starts (before the tap's offset) and its length."""
+    P = max(f.positions, 1)
+    ow = f.window.out_sp[-1] if f.window.out_sp else 1
+    columns = np.arange(images * f.positions)
+    starts = (columns % lanes == 0) | (columns % P % ow == 0)
+    first_columns = columns[starts]
+    lengths = np.diff(np.append(first_columns, columns.size))
+    img, pos = np.divmod(first_columns, P)
+    index = np.unravel_index(pos, f.window.out_sp)
+    source = img * image + sum(i * st for i, st in zip(index, strides(f.extents), strict=True))
+    blocks = -(-columns.size // nc)
+    first = np.searchsorted(first_columns, np.arange(blocks + 1) * nc)
+    assert max(source.max(initial=0), columns.size) < 2**31, "column offsets fit in 32 bits"
+    return tuple(a.astype(np.int32) for a in (first, first_columns, source, lengths))
+
+
+def _pack_runs(
     k: KernelBuilder,
     f: ConvFrame,
     mk: MicroKernel,
     block: Buf,
     source: Buf,
-    table: ir.Value,
+    runs: list[ir.Value],
     taps: ir.Value,
-    c0: ir.Value,
-    panels: ir.Value,
+    cb: ir.Value,
+    nc: int,
     valid: ir.Value,
-    chunk: int,
 ) -> None:
-    """Gather columns [c0, c0 + panels * NR) of the patch matrix into `panels` panels [depth,
-    NR]: row p = (input channel, tap), as in W, reads `taps[p]` (`ConvFrame.tap_table`)
-    further on than row 0. Each panel's columns are NR / chunk runs of `chunk` consecutive
-    input elements (one `copy_run` each per row); columns past `valid` read the group's
-    first elements (their results are never stored)."""
+    """Gather block `cb` of the patch matrix into its panels [depth, NR]: row p = (input
+    channel, tap), as in W, reads `taps[p]` (`ConvFrame.tap_table`) further on than row 0;
+    each run of columns (`_column_runs`) is one masked vector load and store per row. Runs
+    past `valid` (a last, smaller group of images) are skipped."""
     b, nr = k.b, mk.nr
-    with k.loop(panels, "jp") as jp:
-        first = b.add(c0, b.mul(jp, k.i64(nr)))
-        starts = [_column_start(k, table, b.add(first, k.i64(q * chunk)), chunk, valid)
-                  for q in range(nr // chunk)]  # fmt: skip
-        panel = b.mul(jp, k.i64(f.depth * nr))
-        with k.loop(f.depth, "row") as row:
-            offset = b.sext(b.load(b.gep(taps, [row], inbounds=True)), ir.IntType(64))
-            dst = b.add(panel, b.mul(row, k.i64(nr)))
-            for q, start in enumerate(starts):
-                k.copy_run(block, b.add(dst, k.i64(q * chunk)), source,
-                           b.add(start, offset), chunk)  # fmt: skip
+    vec = ir.VectorType(k.T, mk.lanes)
+    first, column, start, length = runs
+
+    def entry(table: ir.Value, i: ir.Value) -> ir.Value:
+        return b.sext(b.load(b.gep(table, [i], inbounds=True)), I64)
+
+    lo, hi = entry(first, cb), entry(first, b.add(cb, k.i64(1)))
+    with k.loop(hi, "run", start=lo) as r:
+        col = entry(column, r)
+        with b.if_then(b.icmp_signed("<", col, valid)):
+            at = b.sub(col, b.mul(cb, k.i64(nc)))
+            panel, lane = b.udiv(at, k.i64(nr)), b.urem(at, k.i64(nr))
+            dst = b.add(b.mul(panel, k.i64(f.depth * nr)), lane)
+            src, count = entry(start, r), b.trunc(entry(length, r), I32)
+            mask = lane_mask(k, vec, ir.Constant(I32, 0), count)
+            with k.loop(f.depth, "row") as row:
+                offset = b.add(src, entry(taps, row))
+                value = load_vector(k, vec, k.at(source, offset), mk.lanes, mask)
+                store_vector(k, value, k.at(block, b.add(dst, b.mul(row, k.i64(nr)))),
+                             mk.lanes, mask)  # fmt: skip
 
 
 def _column_start(
