@@ -1643,13 +1643,17 @@ def _store_columns(
 
 
 def _conv_depthwise(k: KernelBuilder, s: Step, f: ConvFrame) -> None:
-    """A direct kernel for one input channel per group: per output row, the bias, then each
-    tap's weight times the input row it reads (contiguous in the staged plane, so every tap
-    is a vector loop over the row), then the fused epilogue; the row stays in L1."""
+    """A direct kernel for one input channel per group: each output row in strips of one
+    vector (the last one masked): the bias, plus each tap's weight times the inputs it reads
+    (contiguous in the staged plane), in a register; then the fused epilogue and one store.
+    Explicit vectors: LLVM's vectoriser left rows of 28 or 54 positions scalar (3 GFLOP/s)."""
     x, out, w, bias = s.args[0], s.out, s.params["weight"], s.params["bias"]
     b, win = k.b, f.window
     fn = epilogue(k, s)
     ow = win.out_sp[-1]
+    lanes = max(k.info.vector_bytes // k.dtype.itemsize, 1)
+    vec = ir.VectorType(k.T, lanes)
+    whole = ow - ow % lanes
     in_steps, out_steps = strides(f.extents), strides(win.out_sp)
     if f.staged:
         assert s.scratch is not None
@@ -1667,19 +1671,27 @@ def _conv_depthwise(k: KernelBuilder, s: Step, f: ConvFrame) -> None:
             with k.nest(win.out_sp[:-1], "row") as rows:
                 dst = b.add(base, k.linear_index(rows, out_steps[:-1]))
                 src = k.linear_index(rows, in_steps[:-1])
-                shift = k.load(bias, channel)
-                with k.loop(ow, "ow") as i:
-                    k.store(shift, out, b.add(dst, i))
-                with k.nest(win.kernel, "tap") as position:
-                    tap = k.linear_index(position, strides(win.kernel))
-                    weight = k.load(w, b.add(b.mul(channel, k.i64(win.taps)), tap))
-                    at = b.add(src, f.tap_offset(k, k.i64(0), position))
-                    with k.loop(ow, "ow") as i:
-                        term = k.fmul_r(weight, k.load(plane, b.add(at, i)))
-                        k.store(k.fadd_r(k.load(out, b.add(dst, i)), term), out, b.add(dst, i))
-                if fn is not None:
-                    with k.loop(ow, "ow") as i:
-                        k.store(fn(k.load(out, b.add(dst, i))), out, b.add(dst, i))
+                shift = splat(k, vec, k.load(bias, channel))
+
+                def strip(j: ir.Value, count: int) -> None:
+                    """Output positions j .. j+count of the row, in one vector register."""
+                    acc = k.local(shift, "dacc")
+                    with k.nest(win.kernel, "tap") as position:
+                        tap = k.linear_index(position, strides(win.kernel))
+                        weight = k.load(w, b.add(b.mul(channel, k.i64(win.taps)), tap))
+                        at = b.add(b.add(src, f.tap_offset(k, k.i64(0), position)), j)
+                        term = k.fmul_r(splat(k, vec, weight),
+                                        load_vector(k, vec, k.at(plane, at), count))  # fmt: skip
+                        b.store(k.fadd_r(b.load(acc), term), acc)
+                    value = b.load(acc)
+                    store_vector(k, fn(value) if fn is not None else value,
+                                 k.at(out, b.add(dst, j)), count)  # fmt: skip
+
+                if whole:
+                    with k.loop(whole, "ow", step=lanes) as j:
+                        strip(j, lanes)
+                if ow > whole:
+                    strip(k.i64(whole), ow - whole)
 
 
 def _conv_input_grad_scratch(node: NodeOp, parents: list[Shape], out: Shape) -> int:
