@@ -187,11 +187,15 @@ def test_micro_kernel_loops_are_fmas_on_full_registers(
     assert other not in loop
 
 
-def test_relu_is_fused_into_the_stores() -> None:
-    """A relu that is the only user of a linear or convolution is applied as the tiles are
-    stored: the graph has no function for the relu node, and the values match."""
-    for name in ("linear", "conv_7x7", "depthwise"):
-        _, graph, payload, x, expected = case(name, np.float32)
+@pytest.mark.parametrize("activation", ["relu(%1)", "clip(%1) {min = 0.0, max = 6.0}"])
+def test_relu_is_fused_into_the_stores(activation: str) -> None:
+    """A relu (or relu6, a clip) that is the only user of a linear or convolution is applied
+    as the tiles are stored: the graph has no function for the relu node, and the values
+    match."""
+    for name in ("linear", "conv_7x7", "depthwise", "conv_transposed"):
+        text, _, payload, x, _ = case(name, np.float32)
+        graph = checked_graph(tlc.parse(text.replace("relu(%1)", activation)))
+        expected = interpret(graph, payload, x, np.float32).output
         built = build_graph_module(graph, payload, np.float32)
         assert re.search(r'@"tlc_\w\.n1"', built.ir), "the producer has a function"
         assert '.n2"' not in built.ir, f"{name}: relu compiled on its own"

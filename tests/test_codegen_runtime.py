@@ -151,11 +151,11 @@ def test_results_do_not_depend_on_the_thread_count(dtype: type) -> None:
 
 
 def single_row_graphs(rng: np.random.Generator) -> list[tuple[str, Payload, np.ndarray]]:
-    """Batch-1 graphs whose every computed node has enough work to be split into parts: an
+    """Batch-1 graphs whose computed nodes have enough work to be split into parts: an
     im2col convolution (K blocked: 576 > CONV_KC, an output plane not of whole vectors), a
-    depthwise one, strided convolutions (the last to 7x7 planes), linear layers (packed in f32; f64's
-    payload is over BAKE_LIMIT, a runtime payload: dot tiles; few columns: dot tiles on
-    AVX-512), pooling and elementwise maps."""
+    depthwise one, strided convolutions (the last to 7x7 planes), linear layers (packed in
+    f32; f64's payload is over BAKE_LIMIT, a runtime payload: dot tiles; few columns: dot
+    tiles on AVX-512), pooling and elementwise maps."""
     dw = "groups = 64, in_channels = 64, out_channels = 64"
     convs = f"""tl.graph @c {{
   %0 = input : [1, 64, 40, 40]
