@@ -2,6 +2,9 @@
 
     python bench/real_networks.py [--models resnet18,...] [--routes fx,onnx,dynamo] [--size 32]
                                   [--no-compile]
+    python bench/real_networks.py --speed [--models resnet18,...] [--size 224]
+                                  [--batches 1,16] [--threads 1,2] [--target-cpu znver3]
+                                  [--cpu-time]
 
 For each model (random weights, batch 1, `--size` x `--size` input; the transformer 2 x 10 x 32)
 and route (`fx`: tlc.from_torch on the float64 model; `onnx`: torch.onnx.export(dynamo=False)
@@ -11,6 +14,14 @@ the largest error relative to the largest output magnitude, of the reference and
 code, against PyTorch (float64 for fx, float32 for the exports). Needs torchvision (see
 tests/torchvision_models.py for why its import needs a shim) and, for `dynamo`, onnxscript.
 Figures drift on a loaded machine: compare rows of one run.
+
+`--speed` times instead: each model exported to ONNX (dynamo=False) at each batch size, the
+same file run by tlc (`tlc.from_onnx` + `tlc.compile`, float32, optionally for another
+`--target-cpu` this machine can run) and ONNX Runtime, and the model by PyTorch eager, at each
+thread count (tlc's `threads=`, ORT's intra_op_num_threads, torch.set_num_threads). Runners
+take turns (`--repeats` rounds of a timed loop each), so load drifting on a shared machine hits
+them alike; a row per model, batch and thread count gives the medians in ms and
+`ORT/tlc` (above 1: tlc is faster). Outputs are checked against PyTorch first.
 """
 
 from __future__ import annotations
@@ -18,9 +29,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -69,13 +82,106 @@ def row(name: str, route: str, size: int, compile_too: bool) -> str:
     return "| " + " | ".join(cells) + " |"
 
 
+#: The clock of the speed rows: wall time, or (--cpu-time) the calling thread's CPU time for
+#: the 1-thread rows, which leaves out the time other processes hold the core on a loaded
+#: machine (every 1-thread runner computes on the calling thread).
+CLOCK = [time.perf_counter]
+
+
+def timed_loop(fn: Callable[[], object], n: int, clock: Callable[[], float]) -> float:
+    start = clock()
+    for _ in range(n):
+        fn()
+    return (clock() - start) / n
+
+
+def speed_rows(name: str, size: int, batch: int, threads: list[int], target_cpu: str,
+               repeats: int) -> list[str]:  # fmt: skip
+    """One row per thread count: tlc, ONNX Runtime and PyTorch on model `name` at `batch`."""
+    import onnxruntime as ort
+
+    net, x = network(name, size)
+    x = torch.randn(batch, *x.shape[1:])
+    with tempfile.TemporaryDirectory() as tmp, contextlib.redirect_stdout(io.StringIO()):
+        path = str(Path(tmp) / "m.onnx")
+        torch.onnx.export(net, (x,), path, dynamo=False)
+        traced = tlc.from_onnx(path)
+        with open(path, "rb") as f:
+            model = f.read()
+    xs = x.numpy()
+    with torch.no_grad():
+        expected = net(x).numpy()
+    rows = []
+    for t in threads:
+        start = time.perf_counter()
+        compiled = tlc.compile(traced, dtype="f32", threads=t, target_cpu=target_cpu)
+        built = time.perf_counter() - start
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads, opts.inter_op_num_threads = t, 1
+        session = ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
+        feed = {session.get_inputs()[0].name: xs}
+
+        def eager(t: int = t) -> object:
+            if torch.get_num_threads() != t:
+                torch.set_num_threads(t)
+            with torch.inference_mode():
+                return net(x)
+
+        runners = {"tlc": lambda f=compiled: f(xs),
+                   "ort": lambda s=session, feed=feed: s.run(None, feed)[0],
+                   "torch": eager}  # fmt: skip
+        for label, run in runners.items():
+            got = np.asarray(run())  # also the first, untimed call
+            assert relative(got, expected) < 1e-3, (name, label, relative(got, expected))
+        clock = CLOCK[0] if t == 1 else time.perf_counter
+        n = max(1, int(0.3 / max(timed_loop(runners["tlc"], 1, clock), 1e-6)))
+        samples: dict[str, list[float]] = {label: [] for label in runners}
+        for _ in range(repeats):
+            for label, run in runners.items():
+                samples[label].append(timed_loop(run, n, clock))
+        ms = {label: statistics.median(v) * 1e3 for label, v in samples.items()}
+        rows.append(f"| {name} | {batch} | {t} | {ms['tlc']:.2f} | {ms['ort']:.2f} | "
+                    f"{ms['torch']:.2f} | {ms['ort'] / ms['tlc']:.2f} | {built:.1f} |")  # fmt: skip
+    return rows
+
+
+def speed(args: argparse.Namespace) -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from run import cpu_model
+
+    if args.cpu_time:
+        CLOCK[0] = time.thread_time
+    clock = "1 thread: thread CPU time, 2+: wall time" if args.cpu_time else "wall time"
+    print(
+        f"CPU: {cpu_model()}; float32; tlc --target-cpu {args.target_cpu}; "
+        f"{args.size}x{args.size} images; medians of {args.repeats} alternating rounds; {clock}"
+    )
+    print("| model | batch | threads | tlc ms | ORT ms | PyTorch ms | ORT/tlc | compile s |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    threads = [int(t) for t in args.threads.split(",")]
+    for name in args.models.split(","):
+        for batch in (int(b) for b in args.batches.split(",")):
+            for line in speed_rows(name, args.size, batch, threads, args.target_cpu,
+                                   args.repeats):  # fmt: skip
+                print(line, flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join(NETWORKS))
     parser.add_argument("--routes", default="fx,onnx,dynamo")
     parser.add_argument("--size", type=int, default=32)
     parser.add_argument("--no-compile", action="store_true")
+    parser.add_argument("--speed", action="store_true", help="time tlc, ORT and PyTorch")
+    parser.add_argument("--batches", default="1,16")
+    parser.add_argument("--threads", default="1,2")
+    parser.add_argument("--target-cpu", default="host")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--cpu-time", action="store_true", help="1-thread rows by CPU time")
     args = parser.parse_args()
+    if args.speed:
+        speed(args)
+        return
     print("| model | route | import | import s | reference s | tlc.compile s | "
           "rel. error ref | rel. error compiled |")  # fmt: skip
     print("|---|---|---|---:|---:|---:|---:|---:|")

@@ -54,15 +54,39 @@ def tiles_for(k: KernelBuilder) -> tuple[Tiles, ir.VectorType]:
 
 
 def emit_dot_tiles(
-    k: KernelBuilder, a: Buf, w: Buf, out: Buf, *, m: int, n: int, kk: int, bias: Buf | None
-) -> None:
-    """out[i, j] = sum_p a[i, p] * w[j, p] (+ bias[j]) for i < m, j < n."""
+    k: KernelBuilder,
+    a: Buf,
+    w: Buf,
+    out: Buf,
+    *,
+    m: int,
+    n: int,
+    kk: int,
+    bias: Buf | None,
+    share: Share | None = None,
+) -> tuple[ir.Value | int, ir.Value | int]:
+    """out[i, j] = sum_p a[i, p] * w[j, p] (+ bias[j]) for i < m, j < n (with `share`: only
+    its tiles of NR columns, of ceil(n / NR)). Returns the columns [lo, hi) computed."""
     tiles, vec = tiles_for(k)
     MR, NR = tiles.mr, tiles.nr
     n_main, m_main = n - n % NR, m - m % MR
+    units = n_main // NR + (n > n_main)
+    cols = share(units) if share is not None else None
+    done: tuple[ir.Value | int, ir.Value | int] = (0, n)
+    if cols is not None:
+        b = k.b
+        done = (b.mul(cols[0], k.i64(NR)),
+                b.select(b.icmp_signed("==", cols[1], k.i64(units)), k.i64(n),
+                         b.mul(cols[1], k.i64(NR))))  # fmt: skip
     for j_lo, j_hi, nr in ((0, n_main, NR), (n_main, n, n % NR)):
         if j_hi <= j_lo:
             continue
+        if cols is not None:  # units u_lo.. are the tiles of nr columns from j_lo on
+            u_lo = j_lo // NR
+            start, end = _clip(k, cols, u_lo, u_lo + -(-(j_hi - j_lo) // nr))
+            first = k.i64(j_lo)
+            j_lo = k.b.add(first, k.b.mul(k.b.sub(start, k.i64(u_lo)), k.i64(nr)))
+            j_hi = k.b.add(first, k.b.mul(k.b.sub(end, k.i64(u_lo)), k.i64(nr)))
         if m_main:
             with k.loop(m_main, "ib", step=ROW_BLOCK) as ib:
                 next_block = k.b.add(ib, k.i64(ROW_BLOCK))
@@ -76,6 +100,7 @@ def emit_dot_tiles(
         if m_main < m:
             with k.loop(j_hi, "j", start=j_lo, step=nr) as j0:
                 _tile(k, vec, a, w, out, k.i64(m_main), j0, m - m_main, nr, kk, n, bias)
+    return done
 
 
 def _tile(
@@ -245,6 +270,20 @@ FMA_PER_CYCLE, LOADS_PER_CYCLE, MIN_STEP = 2, 2, 5
 
 #: A vector -> vector map applied to the finished tile before it is stored (a fused relu).
 Epilogue = Callable[[ir.Value], ir.Value]
+#: The units [lo, hi) of `units` one part of a split call computes (`Step.part_range`).
+Share = Callable[[int], tuple[ir.Value, ir.Value]]
+
+
+def _clip(
+    k: KernelBuilder, share: tuple[ir.Value, ir.Value] | None, lo: int, hi: int
+) -> tuple[ir.Value | int, ir.Value | int]:
+    """[lo, hi) intersected with a part's `share` of units (the whole range without one)."""
+    if share is None:
+        return lo, hi
+    b = k.b
+    start = b.select(b.icmp_signed(">", share[0], k.i64(lo)), share[0], k.i64(lo))
+    end = b.select(b.icmp_signed("<", share[1], k.i64(hi)), share[1], k.i64(hi))
+    return start, end
 
 
 @dataclass(frozen=True)
@@ -284,13 +323,25 @@ def micro_kernel(info: TargetInfo, itemsize: int, m: int, n: int) -> MicroKernel
     regs = info.vector_registers
 
     def cycles(mr: int, nv: int) -> float:
-        per_step = max(mr * nv / FMA_PER_CYCLE, (mr + nv) / LOADS_PER_CYCLE, MIN_STEP)
-        return math.ceil(m / mr) * math.ceil(n / (nv * lanes)) * per_step
+        return _cycles(mr, nv, lanes, m, n)
 
     shapes = [(mr, nv) for nv in range(1, 5) for mr in range(1, regs)
               if mr * nv + _reserved(nv) <= regs]  # fmt: skip
     mr, nv = min(shapes, key=lambda s: (cycles(*s), -(-m // s[0]) * s[0], -s[0] * s[1], -s[0]))
     return MicroKernel(mr, nv, lanes, min(max(PANEL_BYTES // (nv * lanes * itemsize), 8), 1024))
+
+
+def _cycles(mr: int, nv: int, lanes: int, m: int, n: int) -> float:
+    """The issue model's cycles per step along k of MR x NV tiles covering m x n."""
+    per_step = max(mr * nv / FMA_PER_CYCLE, (mr + nv) / LOADS_PER_CYCLE, MIN_STEP)
+    return math.ceil(m / mr) * math.ceil(n / (nv * lanes)) * per_step
+
+
+def product_cycles(info: TargetInfo, itemsize: int, m: int, n: int) -> float:
+    """The cycles per step along k of an m x n product by its micro-kernel (`micro_kernel`):
+    what choosing between C and C^T compares."""
+    mk = micro_kernel(info, itemsize, m, n)
+    return _cycles(mk.mr, mk.nv, mk.lanes, m, n)
 
 
 def pack_panels(b: np.ndarray, width: int) -> np.ndarray:
@@ -356,14 +407,17 @@ def store_vector(
     k.b.call(_masked(k, vec, True), [value, vptr, align, mask or _prefix(vec, count)])
 
 
-def load_vector(k: KernelBuilder, vec: ir.VectorType, ptr: ir.Value, count: int) -> ir.Value:
-    """The first `count` lanes at `ptr` (the others zero)."""
+def load_vector(
+    k: KernelBuilder, vec: ir.VectorType, ptr: ir.Value, count: int, mask: ir.Value | None = None
+) -> ir.Value:
+    """The first `count` lanes at `ptr` (or those under `mask` when given; the others
+    zero)."""
     vptr = k.b.bitcast(ptr, vec.as_pointer())
-    if count >= vec.count:
+    if mask is None and count >= vec.count:
         return k.b.load(vptr, align=k.dtype.itemsize)
     zero = ir.Constant(vec, [0.0] * vec.count)
     align = ir.Constant(I32, k.dtype.itemsize)
-    return k.b.call(_masked(k, vec, False), [vptr, align, _prefix(vec, count), zero])
+    return k.b.call(_masked(k, vec, False), [vptr, align, mask or _prefix(vec, count), zero])
 
 
 def packed_tile(
@@ -416,6 +470,8 @@ def emit_packed_linear(
     n: int,
     kk: int,
     epilogue: Epilogue | None,
+    share: Share | None = None,
+    x_at: Callable[[ir.Value, ir.Value], ir.Value] | None = None,
 ) -> None:
     """out[i, j] = epilogue(sum_p x[i, p] W[j, p] + bias[j]) with W^T packed at compile time
     (`pack_panels(W.T, NR)`, bias zero-padded to whole panels).
@@ -427,7 +483,9 @@ def emit_packed_linear(
     K block but the first adds onto the partial sums in `out`, the last adds the bias and
     applies the epilogue as it stores. Rows past the last whole tile get a tile of their own
     height, columns past the last whole panel are computed on the zero padding and stored
-    under a mask."""
+    under a mask. With `share`, only its panels (of ceil(n / NR)) are computed; `x_at(i, p)`,
+    when given, is the address of x[i, p] (x need not be a matrix in memory: convolution's
+    patches), else x is row-major [m, k]."""
     mk = micro_kernel(k.info, k.dtype.itemsize, m, n)
     b, lanes, nr, kc, MR = k.b, mk.lanes, mk.nr, min(mk.kc, kk), mk.mr
     vec = ir.VectorType(k.T, lanes)
@@ -437,6 +495,7 @@ def emit_packed_linear(
     mc = max(L2_BLOCK // (max(kc, 1) * k.dtype.itemsize) // MR, 1) * MR
     assert min(mc, -(-m // MR) * MR) * kc <= scratch.size <= linear_scratch(m, kk)
     blocked = kk > kc
+    panel_share = share(full + (tail > 0)) if share is not None else None
 
     def k_block(pc: ir.Value, klen: ir.Value, first: ir.Value | None, last: ir.Value | None):
         def pack(i_lo: ir.Value, tiles: ir.Value, mr: int) -> None:
@@ -445,8 +504,12 @@ def emit_packed_linear(
                 row = b.add(i_lo, b.mul(t, k.i64(MR)))
                 dst = b.mul(b.add(b.mul(t, k.i64(kc)), p), k.i64(MR))
                 for r in range(mr):
-                    src = b.add(b.mul(b.add(row, k.i64(r)), k.i64(kk)), b.add(pc, p))
-                    k.store(k.load(x, src), scratch, b.add(dst, k.i64(r)))
+                    if x_at is not None:
+                        value = b.load(x_at(b.add(row, k.i64(r)), b.add(pc, p)))
+                    else:
+                        src = b.add(b.mul(b.add(row, k.i64(r)), k.i64(kk)), b.add(pc, p))
+                        value = k.load(x, src)
+                    k.store(value, scratch, b.add(dst, k.i64(r)))
 
         def tile(i0: ir.Value, t: ir.Value, mr: int, jr: ir.Value, cols: int) -> None:
             def a_at(r: int, p: ir.Value) -> ir.Value:
@@ -484,7 +547,8 @@ def emit_packed_linear(
             pack(i_lo, tiles, mr)
             for j_lo, j_hi, cols in ((0, full, nr), (full, full + (tail > 0), tail)):
                 if j_hi > j_lo:
-                    with k.loop(j_hi, "jr", start=j_lo) as jr, k.loop(tiles, "t") as t:
+                    start, end = _clip(k, panel_share, j_lo, j_hi)
+                    with k.loop(end, "jr", start=start) as jr, k.loop(tiles, "t") as t:
                         tile(b.add(i_lo, b.mul(t, k.i64(MR))), t, mr, jr, cols)
 
         if m_main:
@@ -520,6 +584,7 @@ def emit_packed_block(
     partial: Callable[[ir.Value, ir.Value, int], ir.Value] | None = None,
     first: ir.Value | None = None,
     last: ir.Value | None = None,
+    tiles: tuple[ir.Value, ir.Value] | None = None,
 ) -> None:
     """C = A B over `panels` panels of NR columns of B (filled at run time: convolution's
     patches), `klen` steps along k: for each panel, every tile of MR rows of A (the last one
@@ -527,7 +592,9 @@ def emit_packed_block(
     j at `b_at(j, v, p)`; each finished accumulator goes to finish(row, panel, v, acc), then
     after(first row, panel, rows). With `partial` (the address of a vector of partial sums
     per row, panel and v), this is one K block: the tiles start from the partial sums unless
-    `first`, keep them there, and are finished only when `last`."""
+    `first`, keep them there, and are finished only when `last`. `tiles` = (lo, hi) limits
+    the row tiles to [lo, hi) (of ceil(m / MR), the short one last): one part of a split
+    call."""
     b, lanes = k.b, mk.lanes
     vec = ir.VectorType(k.T, lanes)
     zero = ir.Constant(vec, [0.0] * lanes)
@@ -571,8 +638,20 @@ def emit_packed_block(
                 after(row(0), jp, mr)
 
     with k.loop(panels, "jp") as jp:
-        if whole:
-            with k.loop(whole, "ib") as ib:
-                tile(jp, ib, mk.mr)
-        if rest:
-            tile(jp, k.i64(whole), rest)
+        if tiles is None:
+            if whole:
+                with k.loop(whole, "ib") as ib:
+                    tile(jp, ib, mk.mr)
+            if rest:
+                tile(jp, k.i64(whole), rest)
+        else:
+            lo, hi = tiles
+            if whole:
+                end = b.select(b.icmp_signed("<", hi, k.i64(whole)), hi, k.i64(whole))
+                with k.loop(end, "ib", start=lo) as ib:
+                    tile(jp, ib, mk.mr)
+            if rest:
+                short = b.and_(b.icmp_signed("<=", lo, k.i64(whole)),
+                               b.icmp_signed(">", hi, k.i64(whole)))  # fmt: skip
+                with b.if_then(short):
+                    tile(jp, k.i64(whole), rest)

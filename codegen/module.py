@@ -127,19 +127,20 @@ def node_function(
     in_place: bool = False,
     packed: bool = False,
     fused: NodeOp | None = None,
+    parts: int = 1,
 ) -> ir.Function:
-    """`i32 name(args..., params..., out[, scratch])`: one node as an internal function of
-    pointers, so the optimiser works on one node at a time and nodes that differ only in their
-    data share code (a graph of 1,000 nodes compiles in seconds). `out` is `noalias` unless the
-    plan has the node overwrite an operand (`in_place`); `packed` and `fused` as in
-    `lower_node`."""
+    """`i32 name(args..., params..., out[, scratch][, i64 part])`: one node as an internal
+    function of pointers, so the optimiser works on one node at a time and nodes that differ
+    only in their data share code (a graph of 1,000 nodes compiles in seconds). `out` is
+    `noalias` unless the plan has the node overwrite an operand (`in_place`); `packed` and
+    `fused` as in `lower_node`; with `parts` > 1 the function computes part `part` of them."""
     T = scalar_type(dtype)
     shapes = [*arg_shapes, *param_shapes.values(), out_shape, *([(scratch,)] if scratch else [])]
-    func = ir.Function(module, ir.FunctionType(I32, [T.as_pointer()] * len(shapes)),
-                       module.get_unique_name(name))  # fmt: skip
+    types = [T.as_pointer()] * len(shapes) + ([I64] if parts > 1 else [])
+    func = ir.Function(module, ir.FunctionType(I32, types), module.get_unique_name(name))
     func.linkage = "internal"
     k = KernelBuilder(func, dtype, info)
-    inner = [Buf(arg, shape) for arg, shape in zip(func.args, shapes, strict=True)]
+    inner = [Buf(arg, shape) for arg, shape in zip(func.args, shapes, strict=False)]
     n_args, n_params = len(arg_shapes), len(param_shapes)
     dest = inner[n_args + n_params]
     if not in_place:
@@ -150,9 +151,11 @@ def node_function(
         inner[:n_args],
         dict(zip(param_shapes, inner[n_args : n_args + n_params], strict=True)),
         dest,
-        inner[-1] if scratch else None,
+        inner[len(shapes) - 1] if scratch else None,
         packed=packed,
         fused=fused,
+        part=func.args[-1] if parts > 1 else None,
+        parts=parts,
     )
     if value.ptr is not dest.ptr:
         k.copy(dest, value)
@@ -196,12 +199,15 @@ def lower_node(
     *,
     packed: bool = False,
     fused: NodeOp | None = None,
+    part: ir.Value | None = None,
+    parts: int = 1,
 ) -> Buf:
     """Emit one node; returns where its value lives (`out`, or the buffer a view aliases).
     `packed`: the params are baked in their `ParamSpec.pack` layouts; `fused`: the
-    elementwise node whose value the node writes (see `fusions`)."""
+    elementwise node whose value the node writes (see `fusions`); `part` of `parts`: the
+    share of a split call (`Step.part`)."""
     lowering = LOWERINGS[type(node)]
-    result = lowering.emit(k, Step(node, args, params, out, scratch, packed, fused))
+    result = lowering.emit(k, Step(node, args, params, out, scratch, packed, fused, part, parts))
     return result if lowering.view else out
 
 
@@ -584,15 +590,16 @@ class _NodeEmitter:
     def kernel(self, p: NodePlan, kernel: Kernel, params: dict[str, Buf], scratch: int
                ) -> ir.Function:  # fmt: skip
         param_shapes = {name: b.shape for name, b in params.items()}
+        parts = p.parts if p.rows is None else 1
         key = (type(kernel.node), repr(kernel.node.metadata()), kernel.arg_shapes,
                tuple(param_shapes.items()), kernel.out_shape, scratch, p.in_place,
-               type(p.epilogue))  # fmt: skip
+               type(p.epilogue), parts)  # fmt: skip
         func = self.functions.get(key)
         if func is None:
             func = node_function(
                 self.module, f"{self.symbol}.n{p.node.id}", kernel.node, kernel.arg_shapes,
                 param_shapes, kernel.out_shape, scratch, self.k.dtype.type, self.info,
-                in_place=p.in_place, packed=self.packed, fused=p.epilogue,
+                in_place=p.in_place, packed=self.packed, fused=p.epilogue, parts=parts,
             )  # fmt: skip
             if self.separate:
                 func.attributes.add("noinline")
@@ -603,19 +610,24 @@ class _NodeEmitter:
             scratch: Buf | None, arena: _Arena, threads: ir.Value) -> ir.Value:  # fmt: skip
         """Emit node `p`'s computation; returns its i32 status."""
         k = self.k
-        if p.rows is None:
+        if p.rows is None and p.parts == 1:
             assert p.kernel is not None
             buffers = [*args, *params.values(), dest, *([scratch] if scratch is not None else [])]
             func, extra = self.callee(p, p.kernel, params, p.scratch if scratch is not None else 0)
             return k.b.call(func, [*(b.ptr for b in buffers), *extra])
         rows = p.rows
-        task = self.task(p, rows, params)
+        task = self.task(p, rows, params) if rows is not None else self.part_task(p, params)
         pointers = [b.ptr for b in (*args, *params.values(), dest)]
         pointers.append(arena.worker_base() if p.scratch else ir.Constant(k.T.as_pointer(), None))
         with k.b.goto_block(k.alloca_block):
             ctx = k.b.alloca(ir.ArrayType(k.T.as_pointer(), len(pointers)), name=f"ctx{p.node.id}")
         for i, ptr in enumerate(pointers):
             k.b.store(ptr, k.b.gep(ctx, [ir.Constant(I32, 0), ir.Constant(I32, i)]))
+        if rows is None:
+            return k.b.call(
+                _runtime(self.module, "tlc_rt_parallel"),
+                [k.b.bitcast(task, I8P), k.b.bitcast(ctx, I8P), k.i64(p.parts), threads],
+            )
         if not rows.parallel:  # not worth threads: the tasks in order, on this thread
             with k.loop(rows.tasks, "task") as index:
                 status = k.b.call(task, [k.b.bitcast(ctx, I8P), index, k.i64(0)])
@@ -625,6 +637,25 @@ class _NodeEmitter:
             _runtime(self.module, "tlc_rt_parallel"),
             [k.b.bitcast(task, I8P), k.b.bitcast(ctx, I8P), k.i64(rows.tasks), threads],
         )
+
+    def part_task(self, p: NodePlan, params: dict[str, Buf]) -> ir.Function:
+        """`i32 task(ctx, index, worker)`: part `index` of the node's split kernel call, on
+        the worker's scratch."""
+        assert p.kernel is not None
+        kernel = self.kernel(p, p.kernel, params, p.scratch)
+        func = ir.Function(self.module, TASK_TYPE, f"{self.symbol}.p{p.node.id}")
+        func.linkage = "internal"
+        ctx, index, worker = func.args
+        b = ir.IRBuilder(func.append_basic_block("entry"))
+        slots = b.bitcast(ctx, self.k.T.as_pointer().as_pointer())
+        count = len(p.kernel.arg_shapes) + len(params) + 1
+        pointers = [b.load(b.gep(slots, [ir.Constant(I64, i)])) for i in range(count)]
+        if p.scratch:
+            base = b.load(b.gep(slots, [ir.Constant(I64, count)]))
+            mine = b.mul(worker, ir.Constant(I64, self.plan.worker_scratch))
+            pointers.append(b.gep(base, [mine], inbounds=True))
+        b.ret(b.call(kernel, [*pointers, index]))
+        return func
 
     def task(self, p: NodePlan, rows: Rows, params: dict[str, Buf]) -> ir.Function:
         """`i32 task(ctx, index, worker)`: kernel call on rows [index * chunk, ...)."""

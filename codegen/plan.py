@@ -102,6 +102,16 @@ class NodePlan:
     #: value it writes; on that node, the producer (the node is then a view of it).
     epilogue: NodeOp | None = None
     fused_into: int | None = None
+    #: A single call split into this many parts (`Lowering.parts`), run as a parallel region
+    #: with per-worker scratch: how a node with one leading row (batch 1) uses threads.
+    parts: int = 1
+
+    @property
+    def tasks(self) -> int:
+        """Tasks of the node's parallel region (1: one call on the calling thread)."""
+        if self.rows is not None:
+            return self.rows.tasks if self.rows.parallel else 1
+        return self.parts
 
 
 @dataclass
@@ -229,8 +239,8 @@ def plan_graph(
             _choose_kernel(p, [plans[q] for q in parents], shapes, batch)
         plans.append(p)
     arena, unshared = _assign_memory(plans, writer, itemsize)
-    worker = max((p.scratch for p in plans if p.rows is not None), default=0)
-    workers = max((p.rows.tasks for p in plans if p.rows and p.rows.parallel), default=1)
+    worker = max((p.scratch for p in plans if p.rows is not None or p.parts > 1), default=0)
+    workers = max((p.tasks for p in plans), default=1)
     return GraphPlan(plans, arena, aligned(worker, itemsize) if worker else 0, workers, unshared,
                      writer, itemsize)  # fmt: skip
 
@@ -274,6 +284,12 @@ def _choose_kernel(p: NodePlan, parents: list[NodePlan], shapes: list[Shape], ba
         p.kernel = Kernel(node, tuple(args), p.shape)
     kernels = [p.kernel] if p.kernel else [k for k in (p.rows.full, p.rows.last) if k]
     lowering = LOWERINGS[type(node)]
+    if p.kernel is not None:
+        one = p.kernel
+        shapes_in = list(one.arg_shapes)
+        units = lowering.parts(one.node, shapes_in, one.out_shape)
+        if units > 1 and work(one.node, shapes_in, one.out_shape) >= PARALLEL_WORK:
+            p.parts = min(TASKS, units)
     if lowering.uses_scratch:  # at least one element: an empty one is still a buffer
         p.scratch = max(
             max(lowering.scratch(k.node, list(k.arg_shapes), k.out_shape) for k in kernels), 1
@@ -345,7 +361,7 @@ def _assign_memory(plans: list[NodePlan], out_id: int, itemsize: int) -> tuple[i
                 p.in_place = True
             else:
                 regions[i] = _Region(i, last[i], size)
-        if p.scratch and p.rows is None:
+        if p.scratch and p.rows is None and p.parts == 1:
             region = _Region(i, i, aligned(p.scratch, itemsize))
             unshared += region.size
             scratch.append((p, region))

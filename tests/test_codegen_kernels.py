@@ -23,6 +23,7 @@ import tlc
 from tlc.api.evaluate import checked_graph
 from tlc.codegen.gemm import micro_kernel
 from tlc.codegen.jit import compile_graph
+from tlc.codegen.lower import ConvFrame, _transposed_mk
 from tlc.codegen.module import build_graph_module, pack_params
 from tlc.codegen.target import Target, compile_ir, emit_assembly, target_info
 from tlc.core.payload import Payload
@@ -68,6 +69,12 @@ GRAPHS = {
     "conv_deep": (
         conv([2, 32, 7, 7], "kernel = [3, 3], padding = [1, 1]", 32, 20),
         {"weight": (20, 32, 3, 3), "bias": (20,)},
+    ),
+    # 5x5 output planes of 128 channels over 2 images, strided and padded: few positions, many
+    # channels, computed as C^T = patches^T W^T on AVX-512 (`_transposed_mk`).
+    "conv_transposed": (
+        conv([2, 32, 10, 10], "kernel = [3, 3], stride = [2, 2], padding = [1, 1]", 32, 128),
+        {"weight": (128, 32, 3, 3), "bias": (128,)},
     ),
     # Depthwise (one input channel per group, two outputs each), strided and padded.
     "depthwise": (
@@ -132,6 +139,25 @@ def test_micro_kernels_come_from_the_target(
     assert mk.mr * mk.nv + mk.nv + 1 <= info.vector_registers
 
 
+@pytest.mark.parametrize(
+    ("shape", "stride", "cout", "transposed"),
+    [((2, 32, 10, 10), 2, 128, True), ((1, 512, 7, 7), 1, 512, True),
+     ((1, 64, 56, 56), 1, 64, False), ((1, 256, 14, 14), 1, 256, False)],
+)  # fmt: skip
+def test_few_positions_and_many_channels_compute_c_transposed(
+    shape: tuple[int, ...], stride: int, cout: int, transposed: bool
+) -> None:
+    """On AVX-512, a 7x7 plane's 49 positions fill 7-row tiles exactly where 32-column panels
+    over them would compute 64 columns for 49; a 56x56 plane stays C = W patches, and so does
+    14x14 (196 positions: C^T would save only 12.5% of the cycles, less than it costs)."""
+    attrs = f"kernel = [3, 3], stride = [{stride}, {stride}], padding = [1, 1]"
+    text = conv(list(shape), attrs, shape[1], cout)
+    node = checked_graph(tlc.parse(text)).nodes[1]
+    out = node.infer([shape])
+    info = target_info(Target("znver4", triple=X86_64))
+    assert (_transposed_mk(info, 4, ConvFrame.of(node, shape, out)) is not None) == transposed
+
+
 def hot_loop(asm: str) -> str:
     """The basic block with the most FMAs, up to its first branch (the micro-kernel's loop
     over k, up to its back edge)."""
@@ -161,11 +187,15 @@ def test_micro_kernel_loops_are_fmas_on_full_registers(
     assert other not in loop
 
 
-def test_relu_is_fused_into_the_stores() -> None:
-    """A relu that is the only user of a linear or convolution is applied as the tiles are
-    stored: the graph has no function for the relu node, and the values match."""
-    for name in ("linear", "conv_7x7", "depthwise"):
-        _, graph, payload, x, expected = case(name, np.float32)
+@pytest.mark.parametrize("activation", ["relu(%1)", "clip(%1) {min = 0.0, max = 6.0}"])
+def test_relu_is_fused_into_the_stores(activation: str) -> None:
+    """A relu (or relu6, a clip) that is the only user of a linear or convolution is applied
+    as the tiles are stored: the graph has no function for the relu node, and the values
+    match."""
+    for name in ("linear", "conv_7x7", "depthwise", "conv_transposed"):
+        text, _, payload, x, _ = case(name, np.float32)
+        graph = checked_graph(tlc.parse(text.replace("relu(%1)", activation)))
+        expected = interpret(graph, payload, x, np.float32).output
         built = build_graph_module(graph, payload, np.float32)
         assert re.search(r'@"tlc_\w\.n1"', built.ir), "the producer has a function"
         assert '.n2"' not in built.ir, f"{name}: relu compiled on its own"

@@ -150,6 +150,84 @@ def test_results_do_not_depend_on_the_thread_count(dtype: type) -> None:
         assert outputs[1] == outputs[2] == outputs[3]
 
 
+def single_row_graphs(rng: np.random.Generator) -> list[tuple[str, Payload, np.ndarray]]:
+    """Batch-1 graphs whose computed nodes have enough work to be split into parts: an
+    im2col convolution (K blocked: 576 > CONV_KC, an output plane not of whole vectors), a
+    depthwise one, strided convolutions (the last to 7x7 planes), linear layers (packed in
+    f32; f64's payload is over BAKE_LIMIT, a runtime payload: dot tiles; few columns: dot
+    tiles on AVX-512), pooling and elementwise maps."""
+    dw = "groups = 64, in_channels = 64, out_channels = 64"
+    convs = f"""tl.graph @c {{
+  %0 = input : [1, 64, 40, 40]
+  %1 = conv(%0) {conv_fields(64, 64)} : [1, 64, 40, 40]
+  %2 = relu(%1) : [1, 64, 40, 40]
+  %3 = conv(%2) {{kernel = [3, 3], padding = [1, 1], channel_axis = 1, {dw}}} : [1, 64, 40, 40]
+  %4 = conv(%3) {conv_fields(64, 256, 2)} : [1, 256, 20, 20]
+  %5 = conv(%4) {conv_fields(256, 256, 3)} : [1, 256, 7, 7]
+  %6 = reshape(%5) {{from = [1, 256, 7, 7], to = [1, 12544]}} : [1, 12544]
+  %7 = linear(%6) : [1, 256]
+  %8 = relu(%7) : [1, 256]
+  %9 = linear(%8) : [1, 10]
+  output %9
+}}
+"""
+    payload = Payload()
+    for node, (cin, cout) in {1: (64, 64), 4: (64, 256), 5: (256, 256)}.items():
+        payload.records[node] = {"weight": rng.normal(size=(cout, cin, 3, 3)) / np.sqrt(9 * cin),
+                                 "bias": rng.normal(size=cout) * 0.1}  # fmt: skip
+    payload.records[3] = {"weight": rng.normal(size=(64, 1, 3, 3)) / 3}
+    for node, (n_in, n_out) in {7: (12544, 256), 9: (256, 10)}.items():
+        payload.records[node] = {"weight": rng.normal(size=(n_out, n_in)) / np.sqrt(n_in)}
+    few = "tl.graph @f {\n  %0 = input : [1, 4096]\n  %1 = linear(%0) : [1, 150]\n" \
+        "  %2 = relu(%1) : [1, 150]\n  output %2\n}\n"  # fmt: skip
+    maps = """tl.graph @m {
+  %0 = input : [1, 64, 160, 160]
+  %1 = exp(%0) : [1, 64, 160, 160]
+  %2 = max_pool(%1) {kernel = [2, 2]} : [1, 64, 80, 80]
+  %3 = avg_pool(%1) {kernel = [2, 2]} : [1, 64, 80, 80]
+  %4 = add(%2, %3) : [1, 64, 80, 80]
+  output %4
+}
+"""
+    return [(convs, payload, rng.normal(size=(1, 64, 40, 40))),
+            (maps, Payload(), rng.normal(size=(1, 64, 160, 160))),
+            (few, Payload({1: {"weight": rng.normal(size=(150, 4096)) / 64}}),
+             rng.normal(size=(1, 4096)))]  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32], ids=["f64", "f32"])
+def test_single_row_layers_are_split_over_threads(dtype: type) -> None:
+    """At batch 1 a layer's call is split into parts (output column blocks and channel tiles
+    of a convolution, column panels of a linear, planes of a pooling, element blocks of a
+    map) fixed at compile time: every thread count gives the same bits, and the reference's
+    values (contractions: the op records' summation-order tolerance)."""
+    rng = np.random.default_rng(8)
+    graphs = single_row_graphs(rng)
+    convs = graphs[0][0]
+    for text, payload, x in graphs:
+        graph = graph_of(text)
+        plan = build_graph_module(graph, payload, dtype).plan
+        assert plan is not None
+        # Every computed node is split but, in the conv graph, the head (%9: 256 -> 10, too
+        # little work) and %5, whose parts would each stage its whole input (147K elements,
+        # 256 planes split into 9 stride phases) and pack every column: more copies than
+        # DUPLICATE_SHARE of its product.
+        whole = {5, 9} if text == convs else set()
+        parts = {p.node.id: p.parts for p in plan.nodes if not p.view and p.rows is None}
+        assert len(parts) == sum(not p.view for p in plan.nodes), "no row tasks at batch 1"
+        assert all((n in whole) == (count == 1) for n, count in parts.items()), parts
+        x = x.astype(dtype)
+        outputs = {t: compile_graph(graph, payload, dtype, threads=t)(x) for t in (1, 2, 3)}
+        assert bits(outputs[1]) == bits(outputs[2]) == bits(outputs[3])
+        expected = interpret(graph, payload, x, dtype).output
+        np.testing.assert_allclose(
+            outputs[2],
+            expected,
+            rtol=1e-10 if dtype == np.float64 else 1e-4,
+            atol=1e-12 if dtype == np.float64 else 1e-5,
+        )
+
+
 @needs_cc
 def test_library_threads_and_concurrent_callers(tmp_path: Path) -> None:
     rng = np.random.default_rng(3)
