@@ -230,6 +230,7 @@ CASES: dict[str, Case] = {
     "div": ([3], lambda o, x, p: o.div(x, o.add(o.mul_elem(x, x), p["a"])), {"a": (3,)}),
     "prelu": ([3], lambda o, x, p: o.prelu(x, p["a"]), {"a": (3,)}),
     "pow": ([3], lambda o, x, p: o.add(o.pow(x, exponent=3.0), o.pow(o.abs(x), exponent=0.5)), {}),
+    "pow_elem": ([3], lambda o, x, p: o.pow_elem(o.exp(x), o.tanh(x)), {}),  # a positive base
     "less": ([3], lambda o, x, p: o.mul_elem(o.less(x, p["a"]), x), {"a": (3,)}),
     "where": ([3], lambda o, x, p: o.where(o.less(x, p["a"]), x, o.neg(x)), {"a": (3,)}),
     "lrn": ([2, 3, 4], lambda o, x, p: o.lrn(x, size=3, alpha=0.5, k=2.0), {}),
