@@ -282,6 +282,11 @@ FORMS: dict[str, tuple[Any, dict[str, nn.Module], list[str]]] = {
         {},
         ["pow"] * 4,
     ),
+    "swapaxes": (
+        lambda x, m: torch.swapaxes(x, 0, 1).swapdims(1, 0) + torch.swapdims(x, -1, 0).swapaxes(0, 1),
+        {},
+        ["transpose"] * 4,
+    ),
     "rsqrt": (lambda x, m: torch.rsqrt(x * x + 1) + (x * x + 2).rsqrt(), {}, ["rsqrt"] * 2),
     "less_and_where": (
         lambda x, m: (

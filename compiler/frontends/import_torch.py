@@ -680,7 +680,7 @@ def _permute(call: Call) -> SSAValue:
     return call.ops.permute(x, perm=[norm_axis(d, rank) for d in call.rest(1, "dims")])
 
 
-@on(torch.transpose, "transpose")
+@on(torch.transpose, "transpose", torch.swapaxes, "swapaxes", torch.swapdims, "swapdims")
 def _transpose(call: Call) -> SSAValue:
     x = call.tensor(0)
     rank = len(call.ops.shape_of(x))
