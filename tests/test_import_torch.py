@@ -222,6 +222,14 @@ def test_leaky_relu_forms_match_pytorch() -> None:
     np.testing.assert_allclose(ours, F.leaky_relu(x, 0.2).numpy(), rtol=0, atol=1e-12)
 
 
+def _masked(x: torch.Tensor) -> torch.Tensor:
+    """masked_fill by a computed mask and by one built in place on `new_zeros` (as swin's
+    attention mask is), which the trace holds as a constant."""
+    mask = x.new_zeros((3, 5))
+    mask[0, 1:3] = 1
+    return x.masked_fill(x > 0, 1.0) + torch.masked_fill(x, mask != 0, -2.0)
+
+
 class Applied(nn.Module):
     """A model that is one function of its input and submodules (the forms of an op kind)."""
 
@@ -283,10 +291,18 @@ FORMS: dict[str, tuple[Any, dict[str, nn.Module], list[str]]] = {
         ["pow"] * 4,
     ),
     "swapaxes": (
-        lambda x, m: torch.swapaxes(x, 0, 1).swapdims(1, 0) + torch.swapdims(x, -1, 0).swapaxes(0, 1),
+        lambda x, m: (
+            torch.swapaxes(x, 0, 1).swapdims(1, 0) + torch.swapdims(x, -1, 0).swapaxes(0, 1)
+        ),
         {},
         ["transpose"] * 4,
+    ),  # fmt: skip
+    "roll": (
+        lambda x, m: torch.roll(x, 1, 0) + x.roll((2, -6), (0, 1)) * torch.roll(x, shifts=4),
+        {},
+        ["gather"] * 4,
     ),
+    "masked_fill": (lambda x, m: _masked(x) + F.dropout(x, 0.3, training=False), {}, ["where"] * 2),
     "rsqrt": (lambda x, m: torch.rsqrt(x * x + 1) + (x * x + 2).rsqrt(), {}, ["rsqrt"] * 2),
     "less_and_where": (
         lambda x, m: (
@@ -502,6 +518,12 @@ def test_refusals_of_the_real_model_rules() -> None:
             {"i": nn.InstanceNorm1d(4)},
             "FX node 'layers_i' (torch.nn.modules.instancenorm.InstanceNorm1d): an input "
             "without a batch axis",
+        ),
+        (
+            lambda x, m: F.dropout(x, 0.1),
+            {},
+            "FX node 'dropout' (torch.nn.functional.dropout): dropout in training mode (call "
+            ".eval() first)",
         ),
         (
             lambda x, m: torch.where(x > 0),
