@@ -5,7 +5,7 @@
 
 Each builder of `torchvision.models.list_models(module=torchvision.models)` is built with random
 weights (seed 0) in eval mode and run on one image of the smallest size it accepts (`SIZES`;
-32 x 32 otherwise). Routes: `fx` is `tlc.from_torch` on the model converted to float64, compared
+32 x 32 otherwise); an all-zero weight (ViT's head) is made random (`built`). Routes: `fx` is `tlc.from_torch` on the model converted to float64, compared
 with PyTorch in float64; `onnx` and `dynamo` are `torch.onnx.export(dynamo=False / True)` of the
 float32 model then `tlc.from_onnx`, evaluated in float64 and compared with PyTorch's float32
 output. One table row per model and route: whether the import succeeded (or the first line of
@@ -74,9 +74,21 @@ class ExportFailed(Exception):
     pass
 
 
+def built(name: str) -> Any:
+    """The builder's model (seed 0, eval) with every all-zero weight (ViT's head, zeros by
+    torchvision's initialisation, which would make the output 0) drawn from N(0, 0.02^2)."""
+    net = model(name)
+    generator = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for p in net.parameters():
+            if p.ndim > 1 and not p.any():
+                p.copy_(torch.randn(p.shape, generator=generator) * 0.02)
+    return net
+
+
 def row(name: str, route: str) -> list[str]:
     size = SIZES.get(name, 32)
-    net = model(name)
+    net = built(name)
     x = torch.randn(1, 3, size, size, generator=torch.Generator().manual_seed(1))
     if route == "fx":
         net, x = net.double(), x.double()

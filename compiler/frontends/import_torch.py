@@ -994,6 +994,25 @@ def _masked_fill(call: Call) -> SSAValue:
     return call.ops.apply(tl.WhereOp, broadcast_all(call.ops, values))
 
 
+@on(F.normalize)
+def _normalize(call: Call) -> SSAValue:
+    """`F.normalize(x, p=2, dim)`: x / max(sqrt(sum of x^2 over dim), eps), the norm kept as an
+    axis of extent 1 and broadcast (swin v2's cosine attention)."""
+    if call.arg(1, "p", 2.0) != 2:
+        raise call.refuse(f"p={call.arg(1, 'p')} (the Euclidean norm, p=2, only)")
+    _check_arguments(call, 1, ("p", "dim", "eps"))
+    x = call.tensor(0)
+    squares = reduce(
+        call.ops, tl.ReduceSumOp, call.ops.mul_elem(x, x), [call.arg(2, "dim", 1)], True
+    )
+    norm = elementwise(
+        call.ops,
+        tl.MaxElemOp,
+        [call.ops.apply(tl.SqrtOp, [squares]), lift(call.ops, float(call.arg(3, "eps", 1e-12)))],
+    )
+    return elementwise(call.ops, tl.DivOp, [x, norm])
+
+
 @on(F.dropout)
 def _dropout(call: Call) -> SSAValue:
     if call.arg(2, "training", True) and call.arg(1, "p", 0.5) > 0:
@@ -1436,6 +1455,10 @@ class ConcreteTracer(fx.Tracer):
         return ExampleProxy(node, self)
 
     def create_proxy(self, kind: str, target: Any, args: Any, kwargs: Any, *rest: Any, **kw: Any):  # type: ignore[no-untyped-def]
+        if kind == "call_method" and target == "clone" and _module_tensor(args[0]):
+            # a copy of a parameter (swin v2 zeroes a part of its qkv bias copy in place): a
+            # tensor of the trace, a constant of the graph where a node reads it
+            return _attribute(self.root, str(args[0].node.target)).detach().clone()
         fresh = kind == "call_method" and target in FRESH_TENSORS and isinstance(args[0], fx.Proxy)
         if fresh and not _holds_proxy((args[1:], kwargs)):
             # zeros or ones of a static size: a tensor of the trace (swin's attention mask,
@@ -1542,6 +1565,10 @@ def _attribute(root: nn.Module, path: str) -> Any:
 
 #: Tensor methods whose value depends only on the receiver's dtype (`x.new_zeros(size)`).
 FRESH_TENSORS = frozenset({"new_zeros", "new_ones", "new_full"})
+
+
+def _module_tensor(value: Any) -> bool:
+    return isinstance(value, fx.Proxy) and value.node.op == "get_attr"
 
 
 def _holds_proxy(value: Any) -> bool:
