@@ -543,6 +543,11 @@ def test_refusals_of_the_real_model_rules() -> None:
             "only)",
         ),
         (
+            lambda x, m: F.normalize(x, out=torch.empty(1, 4, 3)),
+            {},
+            "FX node 'normalize' (torch.nn.functional.normalize): unsupported argument 'out'",
+        ),
+        (
             lambda x, m: F.dropout(x, 0.1),
             {},
             "FX node 'dropout' (torch.nn.functional.dropout): dropout in training mode (call "
