@@ -282,6 +282,12 @@ CASES = {
          helper.make_node("Add", ["m", "w"], ["y"])],
         [("x", (2, 3))], [("c", RNG2.standard_normal(3) * 0.1)], "where",
     ),
+    "reduce_l2": (
+        [helper.make_node("ReduceL2", ["x", "axes"], ["a"]),
+         helper.make_node("ReduceL2", ["x"], ["b"], keepdims=0),
+         helper.make_node("Mul", ["a", "b"], ["y"])],
+        [("x", (2, 3, 4))], [], "sqrt",
+    ),
     "max_pool_dilated": (
         [helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[2, 3], strides=[2, 2],
                           dilations=[2, 1], pads=[1, 1, 1, 1])],
@@ -293,6 +299,7 @@ INT_INITIALIZERS = {
     "reduce_sum_opset13": [int_init("axes", [0, 2])],
     "tile": [int_init("repeats", [2, 3])],
     "reduce_max_min": [int_init("axes", [0, -1])],
+    "reduce_l2": [int_init("axes", [1, -1])],
     "pad_modes_and_axes": [
         int_init("pads", [0, 1, 2, 1, 0, 1]),
         int_init("pads1", [3, 0]),

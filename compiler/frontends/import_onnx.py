@@ -932,6 +932,24 @@ def _reduce(call: NodeCall, op: type[tl.ReductionOp], since: int) -> SSAValue:
     return reduce(call.ops, op, x, axes, bool(call.attr("keepdims", 1)))
 
 
+@on("ReduceL2", attributes=["axes", "keepdims", "noop_with_empty_axes"])
+def _reduce_l2(call: NodeCall) -> SSAValue:
+    """The Euclidean norm over the axes (an input from opset 18): `sqrt` of the `reduce_sum`
+    of `mul_elem(x, x)` (swin v2's cosine attention, F.normalize exported)."""
+    x = call.tensor(0)
+    axes = _given_axes(call, 18)
+    if not axes:
+        if call.attr("noop_with_empty_axes", 0):
+            return x
+        axes = None
+    if any(d == 0 for d in call.shape(x)):
+        raise call.refuse("reduction over an empty tensor")
+    squares = reduce(
+        call.ops, tl.ReduceSumOp, call.ops.mul_elem(x, x), axes, bool(call.attr("keepdims", 1))
+    )
+    return call.ops.apply(tl.SqrtOp, [squares])
+
+
 @on("ReduceMax", attributes=["axes", "keepdims", "noop_with_empty_axes"], negate=False)
 @on("ReduceMin", attributes=["axes", "keepdims", "noop_with_empty_axes"], negate=True)
 def _reduce_extreme(call: NodeCall, negate: bool) -> SSAValue:

@@ -69,6 +69,7 @@ PARAMETER_INPUTS: dict[str, tuple[int, ...]] = {
     "Pad": (1, 2, 3),
     "ReduceMax": (1,),
     "ReduceMin": (1,),
+    "ReduceL2": (1,),
 }
 
 
