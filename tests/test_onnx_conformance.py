@@ -149,6 +149,8 @@ PASSING = [
     "test_gather_1",
     "test_gather_2d_indices",
     "test_gather_negative_indices",
+    "test_gathernd_example_float32",
+    "test_gathernd_example_int32",
     "test_gelu_default_1",
     "test_gelu_default_1_expanded",
     "test_gelu_default_2",
@@ -557,6 +559,7 @@ NOT_PASSING = {
     "test_selu_example": "node #0 (Selu): alpha=2 (tl's selu has SELU's alpha, 1.673263)",
     "test_reduce_l2_empty_set": "node #0 (ReduceL2): reduction over an empty tensor",
     "test_reduce_l2_empty_set_expanded": "node #1 (ReduceSum): reduction over an empty tensor",
+    "test_gathernd_example_int32_batch_dim1": "node #0 (GatherND): batch_dims=1 (0 only)",
     "test_wrap_pad": "node #0 (Pad): mode='wrap' (tl pads constant, reflect or edge)",
 }
 

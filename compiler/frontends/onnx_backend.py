@@ -70,6 +70,7 @@ PARAMETER_INPUTS: dict[str, tuple[int, ...]] = {
     "ReduceMax": (1,),
     "ReduceMin": (1,),
     "ReduceL2": (1,),
+    "GatherND": (1,),
 }
 
 
