@@ -65,14 +65,18 @@ def test_onnx_export_matches_torch_in_float32(name: str, dynamo: bool, tmp_path:
     # TorchScript exporter refuses the uneven adaptive pool and dynamo writes it with ops tl
     # lacks (GatherND, Where)
     net, x = network(name, 224 if name == "vgg11" else 32)
-    path = tmp_path / f"{name}.onnx"
+    assert exported_error(net, x, tmp_path / f"{name}.onnx", dynamo) < 1e-4
+
+
+def exported_error(net: torch.nn.Module, x: torch.Tensor, path: Path, dynamo: bool) -> float:
+    """The relative error of `net` exported to `path` and imported, against PyTorch."""
     with contextlib.redirect_stdout(io.StringIO()):
         torch.onnx.export(net, (x,), str(path), dynamo=dynamo)
     traced = tlc.from_onnx(str(path))
     with torch.no_grad():
         expected = net(x).numpy()
     got = interpret(traced.graph, traced.payload, x.double().numpy()).output
-    assert relative_error(got, expected) < 1e-4
+    return relative_error(got, expected)
 
 
 #: A builder beyond the issue's list that bench/torchvision_zoo.py found gaps in (docs/
@@ -97,11 +101,4 @@ def test_zoo_fx_matches_torch_in_float64() -> None:
 
 def test_zoo_onnx_export_matches_torch_in_float32(tmp_path: Path) -> None:
     net, x = model(ZOO), torch.randn(1, 3, 32, 32)
-    path = tmp_path / f"{ZOO}.onnx"
-    with contextlib.redirect_stdout(io.StringIO()):
-        torch.onnx.export(net, (x,), str(path), dynamo=False)
-    traced = tlc.from_onnx(str(path))
-    with torch.no_grad():
-        expected = net(x).numpy()
-    got = interpret(traced.graph, traced.payload, x.double().numpy()).output
-    assert relative_error(got, expected) < 1e-4
+    assert exported_error(net, x, tmp_path / f"{ZOO}.onnx", dynamo=False) < 1e-4
