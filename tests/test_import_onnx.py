@@ -288,6 +288,18 @@ CASES = {
          helper.make_node("Add", ["m", "w"], ["y"])],
         [("x", (2, 3))], [("c", RNG2.standard_normal(3) * 0.1)], "where",
     ),
+    "reduce_l2": (
+        [helper.make_node("ReduceL2", ["x", "axes"], ["a"]),
+         helper.make_node("ReduceL2", ["x"], ["b"], keepdims=0),
+         helper.make_node("Mul", ["a", "b"], ["y"])],
+        [("x", (2, 3, 4))], [], "sqrt",
+    ),
+    "gather_nd": (
+        [helper.make_node("GatherND", ["x", "rows"], ["a"]),
+         helper.make_node("GatherND", ["x", "cells"], ["b"]),
+         helper.make_node("Mul", ["a", "b"], ["y"])],
+        [("x", (3, 2, 4))], [], "gather",
+    ),
     "max_pool_dilated": (
         [helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[2, 3], strides=[2, 2],
                           dilations=[2, 1], pads=[1, 1, 1, 1])],
@@ -351,6 +363,11 @@ INT_INITIALIZERS = {
     "tile": [int_init("repeats", [2, 3])],
     "reduce_max_min": [int_init("axes", [0, -1])],
     "reduce_sum_of_nothing": [int_init("axes", [1])],
+    "reduce_l2": [int_init("axes", [1, -1])],
+    "gather_nd": [
+        int_init("rows", [[[2], [-1]], [[0], [1]]]),
+        int_init("cells", [[[2, 1], [0, 0]], [[-1, 1], [1, 0]]]),
+    ],
     "pad_modes_and_axes": [
         int_init("pads", [0, 1, 2, 1, 0, 1]),
         int_init("pads1", [3, 0]),
@@ -620,6 +637,27 @@ def test_refusals_of_the_real_model_rules() -> None:
             [],
             [int_init("p", [1, 1])],
             "node #0 (Pad): 2 pads for an input of rank 3 (expected 6)",
+        ),
+        (
+            [helper.make_node("GatherND", ["x", "i"], ["y"])],
+            x4,
+            [],
+            [int_init("i", [[0, 4]])],
+            "node #0 (GatherND): an index out of range for the data's leading axes [1, 4]",
+        ),
+        (
+            [helper.make_node("GatherND", ["x", "i"], ["y"])],
+            x4,
+            [],
+            [int_init("i", [[0, 1, 2, 0]])],
+            "node #0 (GatherND): index rows of length 4 (1 to the data's rank, 3)",
+        ),
+        (
+            [helper.make_node("GatherND", ["x", "i"], ["y"], batch_dims=1)],
+            x4,
+            [],
+            [int_init("i", [[1]])],
+            "node #0 (GatherND): batch_dims=1 (0 only)",
         ),
     ]
     for nodes, inputs, inits, ints_, message in cases:

@@ -218,6 +218,21 @@ def test_leaky_relu_forms_match_pytorch() -> None:
     np.testing.assert_allclose(ours, F.leaky_relu(x, 0.2).numpy(), rtol=0, atol=1e-12)
 
 
+def _masked(x: torch.Tensor) -> torch.Tensor:
+    """masked_fill by a computed mask and by one built in place on `new_zeros` (as swin's
+    attention mask is), which the trace holds as a constant."""
+    mask = x.new_zeros((3, 5))
+    mask[0, 1:3] = 1
+    return x.masked_fill(x > 0, 1.0) + torch.masked_fill(x, mask != 0, -2.0)
+
+
+def _zeroed_bias(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
+    """A copy of a parameter changed in place (as swin v2's qkv bias is): a constant."""
+    bias = layer.bias.clone()
+    bias[1:3].zero_()
+    return F.linear(x, layer.weight, bias)
+
+
 class Applied(nn.Module):
     """A model that is one function of its input and submodules (the forms of an op kind)."""
 
@@ -283,6 +298,29 @@ FORMS: dict[str, tuple[Any, dict[str, nn.Module], list[str]]] = {
         {},
         ["pow"] * 4,
     ),
+    "swapaxes": (
+        lambda x, m: (
+            torch.swapaxes(x, 0, 1).swapdims(1, 0) + torch.swapdims(x, -1, 0).swapaxes(0, 1)
+        ),
+        {},
+        ["transpose"] * 4,
+    ),  # fmt: skip
+    "roll": (
+        lambda x, m: torch.roll(x, 1, 0) + x.roll((2, -6), (0, 1)) * torch.roll(x, shifts=4),
+        {},
+        ["gather"] * 4,
+    ),
+    "normalize": (
+        lambda x, m: F.normalize(x, dim=-1) + F.normalize(x * 1e-13, dim=0, eps=1e-12),
+        {},
+        ["div"] * 2,
+    ),
+    "clone_of_a_parameter": (
+        lambda x, m: _zeroed_bias(x, m["l"]),
+        {"l": nn.Linear(5, 4)},
+        ["linear"],
+    ),
+    "masked_fill": (lambda x, m: _masked(x) + F.dropout(x, 0.3, training=False), {}, ["where"] * 2),
     "rsqrt": (lambda x, m: torch.rsqrt(x * x + 1) + (x * x + 2).rsqrt(), {}, ["rsqrt"] * 2),
     "less_and_where": (
         lambda x, m: (
@@ -520,6 +558,23 @@ def test_refusals_of_the_real_model_rules() -> None:
             {"i": nn.InstanceNorm1d(4)},
             "FX node 'layers_i' (torch.nn.modules.instancenorm.InstanceNorm1d): an input "
             "without a batch axis",
+        ),
+        (
+            lambda x, m: F.normalize(x, p=1),
+            {},
+            "FX node 'normalize' (torch.nn.functional.normalize): p=1 (the Euclidean norm, p=2, "
+            "only)",
+        ),
+        (
+            lambda x, m: F.normalize(x, out=torch.empty(1, 4, 3)),
+            {},
+            "FX node 'normalize' (torch.nn.functional.normalize): unsupported argument 'out'",
+        ),
+        (
+            lambda x, m: F.dropout(x, 0.1),
+            {},
+            "FX node 'dropout' (torch.nn.functional.dropout): dropout in training mode (call "
+            ".eval() first)",
         ),
         (
             lambda x, m: torch.where(x > 0),

@@ -148,6 +148,24 @@ def test_constants_casts_and_identities_fold() -> None:
     assert [n.TAG for n in traced.graph.nodes] == ["input", "const", "add"]
 
 
+def test_folding_runs_to_the_fixed_point() -> None:
+    """Twelve Pads whose pads are computed from the shape of the previous one (as swin's
+    per-block padding is): shape inference reveals one more each round, and all fold."""
+    nodes, last = [], "x"
+    for i in range(12):
+        nodes += [
+            helper.make_node("Shape", [last], [f"s{i}"]),
+            helper.make_node("Div", [f"s{i}", f"s{i}"], [f"one{i}"]),
+            helper.make_node("Concat", [f"one{i}", f"one{i}"], [f"pads{i}"], axis=0),
+            helper.make_node("Pad", [last, f"pads{i}"], [f"p{i}"]),
+        ]
+        last = f"p{i}"
+    nodes.append(helper.make_node("Relu", [last], ["y"]))
+    m = model(nodes, [("x", (2,))])
+    traced = matches_reference(m, np.array([1.0, -2.0]))
+    assert [n.TAG for n in traced.graph.nodes].count("pad") == 12
+
+
 def test_training_dropout_is_not_removed() -> None:
     nodes = [helper.make_node("Dropout", ["x", "", "train"], ["y"], name="drop")]
     m = model(nodes, [("x", (4,))], initializers=[("train", np.array(True))])

@@ -28,7 +28,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("onnx")
-from torchvision_models import NETWORKS, network  # noqa: E402
+from torchvision_models import NETWORKS, model, network  # noqa: E402
 
 import tlc  # noqa: E402
 from tlc.semantics.interpret import interpret  # noqa: E402
@@ -80,11 +80,40 @@ def test_onnx_export_matches_torch_in_float32(name: str, dynamo: bool, tmp_path:
     if dynamo:
         pytest.importorskip("onnxscript")
     net, x = network(name)
-    path = tmp_path / f"{name}.onnx"
+    assert exported_error(net, x, tmp_path / f"{name}.onnx", dynamo) < 1e-4
+
+
+def exported_error(net: torch.nn.Module, x: torch.Tensor, path: Path, dynamo: bool) -> float:
+    """The relative error of `net` exported to `path` and imported, against PyTorch."""
     with contextlib.redirect_stdout(io.StringIO()):
         torch.onnx.export(net, (x,), str(path), dynamo=dynamo)
     traced = tlc.from_onnx(str(path))
     with torch.no_grad():
         expected = net(x).numpy()
     got = interpret(traced.graph, traced.payload, x.double().numpy()).output
-    assert relative_error(got, expected) < 1e-4
+    return relative_error(got, expected)
+
+
+#: A builder beyond the issue's list that bench/torchvision_zoo.py found gaps in (docs/
+#: torchvision.md has its table for every builder), kept importing at 32 x 32: swin v2, whose
+#: shifted windows need `torch.roll`, a mask built in place on `new_zeros`, functions marked
+#: `torch.fx.wrap` traced through, and its cosine attention `F.normalize` (ONNX `ReduceL2`) and
+#: a parameter copied and changed in place; exported by TorchScript, per-block shape arithmetic
+#: that the constant folding needs more than 8 rounds for. (The dynamo export and swin_t, which
+#: the runner also checks, would take this test past CI's budget.) Tolerances as above.
+ZOO = "swin_v2_t"
+
+
+def test_zoo_fx_matches_torch_in_float64() -> None:
+    net = model(ZOO).double()
+    x = torch.randn(1, 3, 32, 32, dtype=torch.float64)
+    traced = tlc.from_torch(net, x)
+    with torch.no_grad():
+        expected = net(x).numpy()
+    got = interpret(traced.graph, traced.payload, x.numpy()).output
+    assert relative_error(got, expected) < 1e-9
+
+
+def test_zoo_onnx_export_matches_torch_in_float32(tmp_path: Path) -> None:
+    net, x = model(ZOO), torch.randn(1, 3, 32, 32)
+    assert exported_error(net, x, tmp_path / f"{ZOO}.onnx", dynamo=False) < 1e-4

@@ -108,7 +108,7 @@ EXACT_TYPES: dict[int, np.dtype] = {
 #: Op types whose every output element, on integers or float16, is an element of an input, a
 #: constant of the node or 0 and 1: their float64 value is ONNX's value of the type.
 SELECTING = frozenset({
-    "Identity", "Reshape", "Flatten", "Transpose", "Concat", "Gather", "Slice", "Split",
+    "Identity", "Reshape", "Flatten", "Transpose", "Concat", "Gather", "GatherND", "Slice", "Split",
     "Squeeze", "Unsqueeze", "Expand", "Tile", "Pad", "Where", "MaxPool", "GlobalMaxPool",
     "ReduceMax", "ReduceMin", "Max", "Min", "Clip", "Relu", "Abs", "Neg", "Sign", "Less",
     "Greater", "Constant", "Cast", "CastLike",
@@ -700,6 +700,28 @@ def _gather(call: NodeCall) -> SSAValue:
     return take(call.ops, x, norm_axis(call.attr("axis", 0), len(call.shape(x))), indices)
 
 
+@on("GatherND", attributes=["batch_dims"])
+def _gather_nd(call: NodeCall) -> SSAValue:
+    """Constant indices [..., k] (batch_dims 0): each index row picks a slice of the data's
+    first k axes; those axes flattened to one, the rows' flat (row-major) positions `take`n
+    from it (PyTorch's dynamo export of an adaptive pool that repeats elements)."""
+    if call.attr("batch_dims", 0):
+        raise call.refuse(f"batch_dims={call.attr('batch_dims')} (0 only)")
+    x = call.tensor(0)
+    indices = call.const(1, "indices")  # int64 (the checker refuses other types)
+    shape = call.shape(x)
+    k = indices.shape[-1] if indices.ndim else 0
+    if not 1 <= k <= len(shape):
+        raise call.refuse(f"index rows of length {k} (1 to the data's rank, {len(shape)})")
+    head = np.asarray(shape[:k])
+    if np.any((indices < -head) | (indices >= head)):
+        raise call.refuse(f"an index out of range for the data's leading axes {list(shape[:k])}")
+    rows = np.where(indices < 0, indices + head, indices)
+    flat = np.ravel_multi_index(tuple(np.moveaxis(rows, -1, 0)), tuple(head))
+    merged = reshape(call.ops, x, (int(np.prod(head)), *shape[k:]))
+    return take(call.ops, merged, 0, flat)
+
+
 def _lookup(call: NodeCall, data: np.ndarray, indices: SSAValue) -> SSAValue:
     """Gather from constant data at indices the graph computes: the indices' one-hot rows over
     the axis (1 where index = k or k - n, by two `less` against the constant k), times the data
@@ -970,6 +992,24 @@ def _reduce(call: NodeCall, op: type[tl.ReductionOp], since: int) -> SSAValue:
         out = [1 if a in chosen else d for a, d in enumerate(shape) if keep or a not in chosen]
         return call.ops.const(np.full(out, 0.0 if op is tl.ReduceSumOp else np.nan))
     return reduce(call.ops, op, x, axes, keep)
+
+
+@on("ReduceL2", attributes=["axes", "keepdims", "noop_with_empty_axes"])
+def _reduce_l2(call: NodeCall) -> SSAValue:
+    """The Euclidean norm over the axes (an input from opset 18): `sqrt` of the `reduce_sum`
+    of `mul_elem(x, x)` (swin v2's cosine attention, F.normalize exported)."""
+    x = call.tensor(0)
+    axes = _given_axes(call, 18)
+    if not axes:
+        if call.attr("noop_with_empty_axes", 0):
+            return x
+        axes = None
+    if any(d == 0 for d in call.shape(x)):
+        raise call.refuse("reduction over an empty tensor")
+    squares = reduce(
+        call.ops, tl.ReduceSumOp, call.ops.mul_elem(x, x), axes, bool(call.attr("keepdims", 1))
+    )
+    return call.ops.apply(tl.SqrtOp, [squares])
 
 
 @on("ReduceMax", attributes=["axes", "keepdims", "noop_with_empty_axes"], negate=False)

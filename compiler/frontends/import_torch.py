@@ -699,7 +699,7 @@ def _permute(call: Call) -> SSAValue:
     return call.ops.permute(x, perm=[norm_axis(d, rank) for d in call.rest(1, "dims")])
 
 
-@on(torch.transpose, "transpose")
+@on(torch.transpose, "transpose", torch.swapaxes, "swapaxes", torch.swapdims, "swapdims")
 def _transpose(call: Call) -> SSAValue:
     x = call.tensor(0)
     rank = len(call.ops.shape_of(x))
@@ -1011,6 +1011,65 @@ def _flip(call: Call) -> SSAValue:
         axis = _axis(call, x, dim)
         x = take(call.ops, x, axis, list(range(call.ops.shape_of(x)[axis] - 1, -1, -1)))
     return x
+
+
+@on(torch.roll, "roll")
+def _roll(call: Call) -> SSAValue:
+    """`torch.roll` by constant shifts: per axis, element i is x[(i - shift) mod n] (a
+    `gather`); without dims, the flattened tensor rolled and reshaped back. (PyTorch itself
+    refuses, on the example, shifts and dims of different lengths.)"""
+    x = call.tensor(0)
+    shape = call.ops.shape_of(x)
+    shifts, dims = call.arg(1, "shifts"), call.arg(2, "dims", None)
+    shifts = list(shifts) if isinstance(shifts, list | tuple) else [shifts]
+    if dims is None:
+        flat = reshape(call.ops, x, (int(np.prod(shape)),))
+        return reshape(call.ops, _rolled(call.ops, flat, 0, sum(shifts)), shape)
+    dims = list(dims) if isinstance(dims, list | tuple) else [dims]
+    for shift, dim in zip(shifts, dims, strict=True):
+        x = _rolled(call.ops, x, _axis(call, x, dim), shift)
+    return x
+
+
+def _rolled(ops: GraphBuilder, x: SSAValue, axis: int, shift: int) -> SSAValue:
+    n = ops.shape_of(x)[axis]
+    return take(ops, x, axis, (np.arange(n) - shift) % n) if n and shift % n else x
+
+
+@on(torch.masked_fill, "masked_fill")
+def _masked_fill(call: Call) -> SSAValue:
+    """`x.masked_fill(mask, value)`: where(mask, value, x)."""
+    values = [
+        call.value(call.arg(i, name)) for i, name in ((1, "mask"), (2, "value"), (0, "input"))
+    ]
+    return call.ops.apply(tl.WhereOp, broadcast_all(call.ops, values))
+
+
+@on(F.normalize)
+def _normalize(call: Call) -> SSAValue:
+    """`F.normalize(x, p=2, dim)`: x / max(sqrt(sum of x^2 over dim), eps), the norm kept as an
+    axis of extent 1 and broadcast (swin v2's cosine attention)."""
+    if call.arg(1, "p", 2.0) != 2:
+        raise call.refuse(f"p={call.arg(1, 'p')} (the Euclidean norm, p=2, only)")
+    if call.arg(4, "out", None) is not None:
+        raise call.refuse("unsupported argument 'out'")
+    x = call.tensor(0)
+    squares = reduce(
+        call.ops, tl.ReduceSumOp, call.ops.mul_elem(x, x), [call.arg(2, "dim", 1)], True
+    )
+    norm = elementwise(
+        call.ops,
+        tl.MaxElemOp,
+        [call.ops.apply(tl.SqrtOp, [squares]), lift(call.ops, float(call.arg(3, "eps", 1e-12)))],
+    )
+    return elementwise(call.ops, tl.DivOp, [x, norm])
+
+
+@on(F.dropout)
+def _dropout(call: Call) -> SSAValue:
+    if call.arg(2, "training", True) and call.arg(1, "p", 0.5) > 0:
+        raise call.refuse("dropout in training mode (call .eval() first)")
+    return call.tensor(0)
 
 
 @on("expand", "expand_as", torch.broadcast_to, "broadcast_to")
@@ -1431,6 +1490,16 @@ class ConcreteTracer(fx.Tracer):
         return ExampleProxy(node, self)
 
     def create_proxy(self, kind: str, target: Any, args: Any, kwargs: Any, *rest: Any, **kw: Any):  # type: ignore[no-untyped-def]
+        if kind == "call_method" and target == "clone" and _module_tensor(args[0]):
+            # a copy of a parameter (swin v2 zeroes a part of its qkv bias copy in place): a
+            # tensor of the trace, a constant of the graph where a node reads it
+            return _attribute(self.root, str(args[0].node.target)).detach().clone()
+        fresh = kind == "call_method" and target in FRESH_TENSORS and isinstance(args[0], fx.Proxy)
+        if fresh and not _holds_proxy((args[1:], kwargs)):
+            # zeros or ones of a static size: a tensor of the trace (swin's attention mask,
+            # filled in place), a constant of the graph where a node reads it
+            dtype = args[0].node.meta["example"].dtype
+            return getattr(torch.empty(0, dtype=dtype), target)(*args[1:], **kwargs)
         proxy = super().create_proxy(kind, target, args, kwargs, *rest, **kw)
         node = proxy.node
         node.meta["example"] = value = self._run(node)
@@ -1495,6 +1564,28 @@ def _modules_unpatched() -> Iterator[None]:
         nn.Module.__call__, nn.Module.__getattr__ = patched  # type: ignore[method-assign]
 
 
+@contextlib.contextmanager
+def _wrapped_with_rules() -> Iterator[None]:
+    """The functions a library marked `torch.fx.wrap` (torchvision's `stochastic_depth`, swin's
+    `shifted_window_attention`) stay FX leaves only where a rule imports them; the others are
+    traced through, as modules without a rule are."""
+    table = fx._symbolic_trace._wrapped_fns_to_patch
+    saved = dict(table)
+    for key, frame in saved.items():
+        function = frame.get(key[1])
+        if (
+            function is not None
+            and function not in RULES
+            and fx.node._get_qualified_name(function) not in RULES
+        ):
+            del table[key]
+    try:
+        yield
+    finally:
+        table.clear()
+        table.update(saved)
+
+
 def _attribute(root: nn.Module, path: str) -> Any:
     """The attribute at a dotted path, read past the module `__getattr__` FX patches while
     tracing (which would record the read)."""
@@ -1505,6 +1596,20 @@ def _attribute(root: nn.Module, path: str) -> Any:
         else:
             value = getattr(value, part)
     return value
+
+
+#: Tensor methods whose value depends only on the receiver's dtype (`x.new_zeros(size)`).
+FRESH_TENSORS = frozenset({"new_zeros", "new_ones", "new_full"})
+
+
+def _module_tensor(value: Any) -> bool:
+    return isinstance(value, fx.Proxy) and value.node.op == "get_attr"
+
+
+def _holds_proxy(value: Any) -> bool:
+    found: list[fx.Proxy] = []
+    fx.node.map_aggregate(value, lambda v: found.append(v) if isinstance(v, fx.Proxy) else v)
+    return bool(found)
 
 
 def _static(value: Any) -> bool:
@@ -1557,7 +1662,7 @@ def trace(module: nn.Module, examples: Sequence[Any]) -> fx.GraphModule:
         )
     concrete = {p.name: p.default for p in extra if p.default is not inspect.Parameter.empty}
     tracer = ConcreteTracer(examples)
-    with mock.patch.object(F, "has_torch_function", lambda *_: False):
+    with mock.patch.object(F, "has_torch_function", lambda *_: False), _wrapped_with_rules():
         graph = tracer.trace(module, concrete_args=concrete or None)
     gm = fx.GraphModule(tracer.root, graph, type(module).__name__)
     for node in reversed(graph.nodes):

@@ -70,6 +70,8 @@ PARAMETER_INPUTS: dict[str, tuple[int, ...]] = {
     "Pad": (1, 2, 3),
     "ReduceMax": (1,),
     "ReduceMin": (1,),
+    "ReduceL2": (1,),
+    "GatherND": (1,),
 }
 
 
