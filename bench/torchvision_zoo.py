@@ -4,16 +4,17 @@
                                     [--max-params 100]
 
 Each builder of `torchvision.models.list_models(module=torchvision.models)` is built with random
-weights (seed 0) in eval mode and run on one image of the smallest size it accepts (`SIZES`;
-32 x 32 otherwise); an all-zero weight (ViT's head) is made random (`built`). Routes: `fx` is
-`tlc.from_torch` on the model converted to float64, compared with PyTorch in float64; `onnx` and `dynamo` are `torch.onnx.export(dynamo=False / True)` of the
-float32 model then `tlc.from_onnx`, evaluated in float64 and compared with PyTorch's float32
-output. One table row per model and route: whether the import succeeded (or the first line of
-its refusal; `TRACEBACK` marks an exception that is not a located ImportFailure, a bug) and the
-largest error relative to the largest output magnitude of the reference denotation. An export
-torch itself refuses is marked `export failed`. Models over `--max-params` million parameters
-are skipped (their float64 reference evaluation needs several GB). Needs torchvision (see
-tests/torchvision_models.py for its import shim) and, for `dynamo`, onnxscript.
+weights (seed 0) in eval mode and run on one image of the smallest size it accepts (`SIZES`; 32
+x 32 otherwise); an all-zero weight (ViT's head) is made random (`built`). Routes: `fx` is
+`tlc.from_torch` on the model converted to float64, compared with PyTorch in float64; `onnx` and
+`dynamo` are `torch.onnx.export(dynamo=False / True)` of the float32 model then `tlc.from_onnx`,
+evaluated in float64 and compared with PyTorch's float32 output. One table row per model and
+route: whether the import succeeded (or the first line of its refusal; `TRACEBACK` marks an
+exception that is not a located ImportFailure, a bug) and the largest error relative to the
+largest output magnitude of the reference denotation. An export torch itself refuses is marked
+`export failed`. Models over `--max-params` million parameters are skipped (their float64
+reference evaluation needs several GB). Needs torchvision (see tests/torchvision_models.py for
+its import shim) and, for `dynamo`, onnxscript.
 """
 
 from __future__ import annotations
