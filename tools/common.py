@@ -15,6 +15,7 @@ import os
 import re
 import sys
 import traceback
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from functools import cache
@@ -154,8 +155,12 @@ def tool_collector() -> Iterator[None]:
 
 
 def run_tool(body: Callable[[], int], prog: str, sources: SourceManager | None = None) -> int:
-    """Run a tool's body, mapping diagnostics to exit 1 and anything unexpected to exit 70."""
+    """Run a tool's body, mapping diagnostics to exit 1 and anything unexpected to exit 70.
+    numpy's RuntimeWarnings are not shown: NaN and infinities are values of tl's denotation
+    (`mse_loss` of empty tensors is NaN, the mean of nothing, as in numpy and torch), so "Mean
+    of empty slice" on stderr would only interleave numpy's source lines with the output."""
     _freeze_at_exit()
+    warnings.filterwarnings("ignore", category=RuntimeWarning, module=r"numpy(\.|$)")
     with tool_collector():
         return _run_tool(body, prog, sources)
 
