@@ -300,6 +300,12 @@ CASES = {
          helper.make_node("Mul", ["a", "b"], ["y"])],
         [("x", (3, 2, 4))], [], "gather",
     ),
+    "gather_nd_batch_dims": (
+        [helper.make_node("GatherND", ["x", "per_image"], ["a"], batch_dims=1),
+         helper.make_node("GatherND", ["x", "per_row"], ["b"], batch_dims=2),
+         helper.make_node("Mul", ["a", "b"], ["y"])],
+        [("x", (2, 3, 4, 5))], [], "gather",
+    ),
     "max_pool_dilated": (
         [helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[2, 3], strides=[2, 2],
                           dilations=[2, 1], pads=[1, 1, 1, 1])],
@@ -364,9 +370,17 @@ INT_INITIALIZERS = {
     "reduce_max_min": [int_init("axes", [0, -1])],
     "reduce_sum_of_nothing": [int_init("axes", [1])],
     "reduce_l2": [int_init("axes", [1, -1])],
+    "gather_nd_batch_dims": [
+        int_init("per_image", [[[2, -1], [0, 1], [1, 3]], [[0, 0], [-3, 2], [2, -4]]]),
+        int_init("per_row", [[[3], [1], [-1]], [[0], [2], [1]]]),
+    ],
     "gather_nd": [
         int_init("rows", [[[2], [-1]], [[0], [1]]]),
         int_init("cells", [[[2, 1], [0, 0]], [[-1, 1], [1, 0]]]),
+    ],
+    "pad_wrap_and_crop": [
+        int_init("wraps", [1, 4, 0, 2, 1, 9]),  # more than an extent: wraps round several times
+        int_init("crops", [-1, 1, -2, 0, -1, 1]),
     ],
     "pad_modes_and_axes": [
         int_init("pads", [0, 1, 2, 1, 0, 1]),
@@ -422,9 +436,10 @@ def test_hand_built_graphs_match_onnx_reference(name: str) -> None:
 
 
 #: Ops whose `onnx.reference` implementation is wrong for these cases (LRN sums the channels
-#: of the first N only; ConvTranspose with groups or output_shape raises), compared with ONNX
-#: Runtime instead, in float32 (ORT's LRN and ConvTranspose take float only): rtol 1e-5,
-#: atol 1e-6, float32 rounding over one sum of a few dozen products.
+#: of the first N only; ConvTranspose with groups or output_shape raises; np.pad refuses Pad's
+#: negative pads, which crop), compared with ONNX Runtime instead, in float32 (ORT's LRN and
+#: ConvTranspose take float only): rtol 1e-5, atol 1e-6, float32 rounding over one sum of a few
+#: dozen products.
 ORT_CASES = {
     "lrn": (
         [helper.make_node("LRN", ["x"], ["a"], size=3, alpha=0.3, beta=0.75, bias=2.0),
@@ -447,6 +462,12 @@ ORT_CASES = {
         [("x", (1, 1, 3, 3))],
         [("w", RNG2.standard_normal((1, 2, 3, 3))), ("b", RNG2.standard_normal(2))], "conv",
     ),
+    "pad_wrap_and_crop": (
+        [helper.make_node("Pad", ["x", "wraps"], ["a"], mode="wrap"),
+         helper.make_node("Pad", ["a", "crops", "v"], ["b"]),
+         helper.make_node("Pad", ["b", "crops"], ["y"], mode="edge")],
+        [("x", (2, 3, 4))], [("v", np.array(-2.0))], "gather",
+    ),
     "conv_transpose_pads_beyond_the_span": (
         [helper.make_node("ConvTranspose", ["x", "w"], ["y"], strides=[2, 1],
                           pads=[3, 1, 4, 2])],
@@ -466,6 +487,7 @@ def test_hand_built_graphs_match_onnxruntime(name: str) -> None:
         model.graph.initializer[i].CopyFrom(
             numpy_helper.from_array(numpy_helper.to_array(t).astype(np.float32), t.name)
         )
+    model.graph.initializer.extend(INT_INITIALIZERS.get(name, []))
     xs = [RNG2.standard_normal(s).astype(np.float32) for _, s in inputs]
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     (expected,) = session.run(None, dict(zip((n for n, _ in inputs), xs, strict=True)))
@@ -611,11 +633,18 @@ def test_refusals_of_the_real_model_rules() -> None:
             "per channel",
         ),
         (
-            [helper.make_node("Pad", ["x", "p"], ["y"], mode="wrap")],
+            [helper.make_node("Pad", ["x", "p"], ["y"], mode="circular")],
             x4,
             [],
             [int_init("p", [0] * 6)],
-            "node #0 (Pad): mode='wrap' (tl pads constant, reflect or edge)",
+            "node #0 (Pad): mode='circular' (tl pads constant, reflect, edge or wrap)",
+        ),
+        (
+            [helper.make_node("Pad", ["x", "p"], ["y"], mode="reflect")],
+            x4,
+            [],
+            [int_init("p", [0, 0, -1, 0, 0, 1])],
+            "node #0 (Pad): negative pads (cropping) with mode='reflect'",
         ),
         (
             [helper.make_node("Pad", ["x", "p", "", "a"], ["y"])],
@@ -628,8 +657,8 @@ def test_refusals_of_the_real_model_rules() -> None:
             [helper.make_node("Pad", ["x", "p"], ["y"])],
             x4,
             [],
-            [int_init("p", [0, 0, -1, 0, 0, 0])],
-            "node #0 (Pad): negative pads (cropping)",
+            [int_init("p", [0, 0, -2, 0, 0, -2])],
+            "node #0 (Pad): pads crop 4 elements from axis 2 of extent 3",
         ),
         (
             [helper.make_node("Pad", ["x", "p"], ["y"])],
@@ -650,14 +679,23 @@ def test_refusals_of_the_real_model_rules() -> None:
             x4,
             [],
             [int_init("i", [[0, 1, 2, 0]])],
-            "node #0 (GatherND): index rows of length 4 (1 to the data's rank, 3)",
+            "node #0 (GatherND): index rows of length 4 (1 to the data's rank after the batch "
+            "axes, 3)",
+        ),
+        (
+            [helper.make_node("GatherND", ["x", "i"], ["y"], batch_dims=2)],
+            x4,
+            [],
+            [int_init("i", [[1]])],
+            "node #0 (GatherND): batch_dims=2 (0 to one less than the smaller rank: data 3, "
+            "indices 2)",
         ),
         (
             [helper.make_node("GatherND", ["x", "i"], ["y"], batch_dims=1)],
             x4,
             [],
-            [int_init("i", [[1]])],
-            "node #0 (GatherND): batch_dims=1 (0 only)",
+            [int_init("i", [[1], [0]])],
+            "node #0 (GatherND): the indices' batch axes [2] differ from the data's [1]",
         ),
     ]
     for nodes, inputs, inits, ints_, message in cases:

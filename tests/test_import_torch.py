@@ -347,6 +347,17 @@ NCHW_FORMS: dict[str, tuple[Any, dict[str, nn.Module], list[str]]] = {
          "m": nn.ReflectionPad2d((1, 2, 2, 0)), "c": nn.ConstantPad2d((1, 2, 0, 2), -1.0)},
         ["pad"] * 7,
     ),
+    "pad_circular_and_crop": (
+        lambda x, m: (
+            F.pad(x, (2, 3, 1, -1), mode="circular")
+            + m["c"](x)
+            + F.pad(x, (-1, 6, 1, -1))
+            + F.pad(x, (-2, 7, 0, 0), mode="replicate")
+        ),
+        {"c": nn.CircularPad2d((1, 4, 2, -2))},
+        # circular: crop H, wrap W, wrap H (twice); constant: crop W, H, pad; replicate: crop, pad
+        ["gather"] * 8 + ["pad", "gather", "pad"],
+    ),
     "prelu": (
         lambda x, m: (
             m["one"](x) + m["per_channel"](x)
@@ -530,15 +541,9 @@ def test_refusals_of_the_real_model_rules() -> None:
     x = torch.randn(1, 4, 3)
     cases = [
         (
-            lambda x, m: F.pad(x, (1, 1), mode="circular"),
+            lambda x, m: F.pad(x, (-1, 0), mode="reflect"),
             {},
-            "FX node 'pad' (torch.nn.functional.pad): mode='circular' (tl pads constant, reflect "
-            "or replicate)",
-        ),
-        (
-            lambda x, m: F.pad(x, (-1, 0)),
-            {},
-            "FX node 'pad' (torch.nn.functional.pad): negative pads (cropping)",
+            "FX node 'pad' (torch.nn.functional.pad): negative pads (cropping) with mode='reflect'",
         ),
         (
             lambda x, m: F.local_response_norm(x, 2),

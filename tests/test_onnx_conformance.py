@@ -162,6 +162,7 @@ PASSING = [
     "test_gather_negative_indices",
     "test_gathernd_example_float32",
     "test_gathernd_example_int32",
+    "test_gathernd_example_int32_batch_dim1",
     "test_gelu_default_1",
     "test_gelu_default_1_expanded",
     "test_gelu_default_2",
@@ -366,6 +367,7 @@ PASSING = [
     "test_reduce_l2_do_not_keepdims_example_expanded",
     "test_reduce_l2_do_not_keepdims_random",
     "test_reduce_l2_do_not_keepdims_random_expanded",
+    "test_reduce_l2_empty_set",
     "test_reduce_l2_empty_set_expanded",
     "test_reduce_l2_keep_dims_example",
     "test_reduce_l2_keep_dims_example_expanded",
@@ -558,18 +560,16 @@ PASSING = [
     "test_unsqueeze_unsorted_axes",
     "test_where_example",
     "test_where_long_example",
+    "test_wrap_pad",
 ]
 NOT_PASSING = {
     "test_einsum_batch_matmul_bfloat16": "input 'x' has element type BFLOAT16 (tl graph inputs are FLOAT/DOUBLE, BOOL as 0 and 1, or integers and FLOAT16 held as reals)",
     "test_einsum_sum_bfloat16": "input 'x' has element type BFLOAT16 (tl graph inputs are FLOAT/DOUBLE, BOOL as 0 and 1, or integers and FLOAT16 held as reals)",
     "test_einsum_transpose_bfloat16": "input 'x' has element type BFLOAT16 (tl graph inputs are FLOAT/DOUBLE, BOOL as 0 and 1, or integers and FLOAT16 held as reals)",
-    "test_gathernd_example_int32_batch_dim1": "node #0 (GatherND): batch_dims=1 (0 only)",
     "test_identity_opt": "input 'opt_in' is not a tensor",
     "test_identity_sequence": "input 'x' is not a tensor",
     "test_maxpool_with_argmax_2d_precomputed_pads": "node #0 (MaxPool): output 'z' is used (only the first is supported)",
     "test_maxpool_with_argmax_2d_precomputed_strides": "node #0 (MaxPool): output 'z' is used (only the first is supported)",
-    "test_reduce_l2_empty_set": "node #0 (ReduceL2): reduction over an empty tensor",
-    "test_wrap_pad": "node #0 (Pad): mode='wrap' (tl pads constant, reflect or edge)",
 }
 
 

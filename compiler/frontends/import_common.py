@@ -190,6 +190,44 @@ def pad(
     return value
 
 
+def pad_or_crop(
+    builder: GraphBuilder,
+    value: SSAValue,
+    before: Sequence[int],
+    after: Sequence[int],
+    mode: str,
+    fill: float,
+) -> SSAValue:
+    """ONNX's Pad and F.pad, one width per axis on each side. Negative widths crop, first, as
+    ONNX Runtime and torch do (the other sides are then padded from the cropped tensor);
+    `wrap` repeats each axis circularly (numpy's `pad(mode="wrap")`, torch's "circular"): a
+    `gather` of the indices (i - before) mod n; the other modes are the `pad` op kind. Reflect
+    with a negative width is refused by the callers: torch pads before cropping there."""
+    shape = builder.shape_of(value)
+    for axis, (lo, hi) in enumerate(zip(before, after, strict=True)):
+        cut_lo, cut_hi = max(-lo, 0), max(-hi, 0)
+        if cut_lo or cut_hi:
+            n = shape[axis]
+            if cut_lo + cut_hi > n:
+                raise DiagnosticError.simple(
+                    f"pads crop {cut_lo + cut_hi} elements from axis {axis} of extent {n}"
+                )
+            value = take(builder, value, axis, range(cut_lo, n - cut_hi))
+    before, after = [max(w, 0) for w in before], [max(w, 0) for w in after]
+    if not any(before) and not any(after):
+        return value
+    if mode != "wrap":
+        fields = {"before": before, "after": after, "mode": mode, "value": fill}
+        return builder.apply(tl.PadOp, [value], fields)
+    for axis, (lo, hi) in enumerate(zip(before, after, strict=True)):
+        n = builder.shape_of(value)[axis]
+        if lo or hi:
+            if n == 0:
+                raise DiagnosticError.simple(f"mode='wrap' pads axis {axis} of extent 0")
+            value = take(builder, value, axis, np.arange(-lo, n + hi) % n)
+    return value
+
+
 def channel_norm(
     builder: GraphBuilder,
     value: SSAValue,

@@ -35,7 +35,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from math import prod
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import onnx
@@ -74,6 +74,7 @@ from tlc.frontends.import_common import (
     new_builder,
     norm_axis,
     pad,
+    pad_or_crop,
     reduce,
     reshape,
     take,
@@ -702,23 +703,41 @@ def _gather(call: NodeCall) -> SSAValue:
 
 @on("GatherND", attributes=["batch_dims"])
 def _gather_nd(call: NodeCall) -> SSAValue:
-    """Constant indices [..., k] (batch_dims 0): each index row picks a slice of the data's
-    first k axes; those axes flattened to one, the rows' flat (row-major) positions `take`n
-    from it (PyTorch's dynamo export of an adaptive pool that repeats elements)."""
-    if call.attr("batch_dims", 0):
-        raise call.refuse(f"batch_dims={call.attr('batch_dims')} (0 only)")
+    """Constant indices [B..., I..., k] over data [B..., D1..Dk, ...] (B: the first
+    `batch_dims` axes, the same in both): each index row picks a slice of its batch entry's
+    axes D1..Dk. The batch and D axes flattened to one, the rows' flat (row-major) positions
+    `take`n from it (PyTorch's dynamo export of an adaptive pool that repeats elements)."""
     x = call.tensor(0)
     indices = call.const(1, "indices")  # int64 (the checker refuses other types)
     shape = call.shape(x)
+    b = int(call.attr("batch_dims", 0))
+    if not 0 <= b < min(len(shape), max(indices.ndim, 1)):
+        raise call.refuse(
+            f"batch_dims={b} (0 to one less than the smaller rank: data {len(shape)}, "
+            f"indices {indices.ndim})"
+        )
+    if list(indices.shape[:b]) != list(shape[:b]):
+        raise call.refuse(
+            f"the indices' batch axes {list(indices.shape[:b])} differ from the data's "
+            f"{list(shape[:b])}"
+        )
     k = indices.shape[-1] if indices.ndim else 0
-    if not 1 <= k <= len(shape):
-        raise call.refuse(f"index rows of length {k} (1 to the data's rank, {len(shape)})")
-    head = np.asarray(shape[:k])
+    if not 1 <= k <= len(shape) - b:
+        raise call.refuse(
+            f"index rows of length {k} (1 to the data's rank after the batch axes, "
+            f"{len(shape) - b})"
+        )
+    head = np.asarray(shape[b : b + k])
     if np.any((indices < -head) | (indices >= head)):
-        raise call.refuse(f"an index out of range for the data's leading axes {list(shape[:k])}")
+        raise call.refuse(
+            f"an index out of range for the data's leading axes {list(shape[b : b + k])}"
+        )
     rows = np.where(indices < 0, indices + head, indices)
     flat = np.ravel_multi_index(tuple(np.moveaxis(rows, -1, 0)), tuple(head))
-    merged = reshape(call.ops, x, (int(np.prod(head)), *shape[k:]))
+    batches, span = int(np.prod(shape[:b])), int(np.prod(head))
+    starts = np.arange(batches).reshape(*shape[:b], *[1] * (flat.ndim - b)) * span
+    merged = reshape(call.ops, x, (batches * span, *shape[b + k :]))
+    flat = flat + starts
     return take(call.ops, merged, 0, flat)
 
 
@@ -958,13 +977,37 @@ def _resize(call: NodeCall) -> SSAValue:
     return x
 
 
-def _given_axes(call: NodeCall, since: int) -> list[int] | None:
-    """A reduction's axes: an input from opset `since`, an attribute before (None or empty
-    where none are given)."""
+class Reduction(NamedTuple):
+    """A reduction node's operand and what it reduces: `axes` normalised and sorted (None when
+    none are given and noop_with_empty_axes makes the node the identity), `out` the result's
+    shape under keepdims."""
+
+    x: SSAValue
+    axes: list[int] | None
+    keep: bool
+    out: list[int]
+
+
+def _reduction(call: NodeCall, since: int, x: SSAValue | None = None) -> Reduction:
+    """Read a reduction's operand (`x` when given: a value derived from input 0), axes and
+    keepdims. The axes are an input from opset `since`, an attribute before; none given means
+    every axis, or no reduction at all under noop_with_empty_axes."""
+    x = call.tensor(0) if x is None else x
+    shape = call.shape(x)
+    rank = len(shape)
     if call.opset >= since:
         given = call.const(1, "axes", None)
-        return None if given is None else ints(given.reshape(-1))
-    return call.attr("axes", None)
+        axes = None if given is None else ints(given.reshape(-1))
+    else:
+        axes = call.attr("axes", None)
+    keep = bool(call.attr("keepdims", 1))
+    if not axes:
+        if call.attr("noop_with_empty_axes", 0):
+            return Reduction(x, None, keep, list(shape))
+        axes = range(rank)
+    chosen = sorted({norm_axis(a, rank) for a in axes})
+    out = [1 if a in chosen else d for a, d in enumerate(shape) if keep or a not in chosen]
+    return Reduction(x, chosen, keep, out)
 
 
 @on("ReduceSum", attributes=["keepdims", "noop_with_empty_axes"], op=tl.ReduceSumOp, since=13)
@@ -974,41 +1017,28 @@ def _given_axes(call: NodeCall, since: int) -> list[int] | None:
     op=tl.ReduceMeanOp,
     since=18,
 )
-def _reduce(call: NodeCall, op: type[tl.ReductionOp], since: int) -> SSAValue:
+def _reduce(
+    call: NodeCall, op: type[tl.ReductionOp], since: int, x: SSAValue | None = None
+) -> SSAValue:
     """`since`: the opset from which the axes are an input rather than an attribute."""
-    x = call.tensor(0)
-    axes = _given_axes(call, since)
-    if not axes:
-        if call.attr("noop_with_empty_axes", 0):
-            return x
-        axes = None
-    keep = bool(call.attr("keepdims", 1))
-    shape = call.shape(x)
-    if any(d == 0 for d in shape):
+    r = _reduction(call, since, x)
+    if r.axes is None:
+        return r.x
+    if 0 in call.shape(r.x):
         # The sum of no elements is 0, their mean 0 / 0 (NaN), as in ONNX's reference; an
         # output of extent 0 holds nothing either way.
-        rank = len(shape)
-        chosen = range(rank) if axes is None else {norm_axis(a, rank) for a in axes}
-        out = [1 if a in chosen else d for a, d in enumerate(shape) if keep or a not in chosen]
-        return call.ops.const(np.full(out, 0.0 if op is tl.ReduceSumOp else np.nan))
-    return reduce(call.ops, op, x, axes, keep)
+        return call.ops.const(np.full(r.out, 0.0 if op is tl.ReduceSumOp else np.nan))
+    return reduce(call.ops, op, r.x, r.axes, r.keep)
 
 
 @on("ReduceL2", attributes=["axes", "keepdims", "noop_with_empty_axes"])
 def _reduce_l2(call: NodeCall) -> SSAValue:
     """The Euclidean norm over the axes (an input from opset 18): `sqrt` of the `reduce_sum`
-    of `mul_elem(x, x)` (swin v2's cosine attention, F.normalize exported)."""
+    of `mul_elem(x, x)` (swin v2's cosine attention, F.normalize exported); over no elements
+    0, as in ONNX's reference. Under noop_with_empty_axes with no axes ONNX still takes
+    sqrt(x * x), i.e. |x|."""
     x = call.tensor(0)
-    axes = _given_axes(call, 18)
-    if not axes:
-        if call.attr("noop_with_empty_axes", 0):
-            return x
-        axes = None
-    if any(d == 0 for d in call.shape(x)):
-        raise call.refuse("reduction over an empty tensor")
-    squares = reduce(
-        call.ops, tl.ReduceSumOp, call.ops.mul_elem(x, x), axes, bool(call.attr("keepdims", 1))
-    )
+    squares = _reduce(call, tl.ReduceSumOp, 18, call.ops.mul_elem(x, x))
     return call.ops.apply(tl.SqrtOp, [squares])
 
 
@@ -1019,33 +1049,24 @@ def _reduce_extreme(call: NodeCall, negate: bool) -> SSAValue:
     {kernel = n, stride = n}: exactly the max. The min is -max(-x) (negation is exact). Axes are
     an input from opset 18. Over no elements the result is ONNX's -inf (+inf for the min), for
     booleans False (True)."""
-    x = call.tensor(0)
-    shape = call.shape(x)
-    rank = len(shape)
-    axes = _given_axes(call, 18)
-    if not axes:
-        if call.attr("noop_with_empty_axes", 0):
-            return x
-        axes = list(range(rank))
-    chosen = sorted({norm_axis(a, rank) for a in axes})
-    kept = [a for a in range(rank) if a not in chosen]
-    n = prod(shape[a] for a in chosen)
-    keep = bool(call.attr("keepdims", 1))
-    out = (
-        [1 if a in chosen else d for a, d in enumerate(shape)] if keep else [shape[a] for a in kept]
-    )
+    r = _reduction(call, 18)
+    if r.axes is None:
+        return r.x
+    x, shape, rank = r.x, call.shape(r.x), len(call.shape(r.x))
+    kept = [a for a in range(rank) if a not in r.axes]
+    n = prod(shape[a] for a in r.axes)
     if n == 0:  # ONNX: the max of no elements is -inf (False), the min +inf (True)
         if call.node.input[0] in call.importer.bools:
-            return call.ops.const(np.full(out, 1.0 if negate else 0.0))
-        return call.ops.const(np.full(out, np.inf if negate else -np.inf))
+            return call.ops.const(np.full(r.out, 1.0 if negate else 0.0))
+        return call.ops.const(np.full(r.out, np.inf if negate else -np.inf))
     if negate:
         x = call.ops.apply(tl.NegOp, [x])
-    moved = x if kept + chosen == list(range(rank)) else call.ops.permute(x, perm=kept + chosen)
+    moved = x if kept + r.axes == list(range(rank)) else call.ops.permute(x, perm=kept + r.axes)
     rows = reshape(call.ops, moved, [*(shape[a] for a in kept), n])
     y = call.ops.apply(tl.MaxPoolOp, [rows], {"kernel": [n], "stride": [n], "padding": [0]})
     if negate:
         y = call.ops.apply(tl.NegOp, [y])
-    return reshape(call.ops, y, out)
+    return reshape(call.ops, y, r.out)
 
 
 CONSTANT_ATTRIBUTES = ["value", "value_float", "value_floats", "value_int", "value_ints"]
@@ -1225,13 +1246,13 @@ def _conv_transpose(call: NodeCall) -> SSAValue:
 @on("Pad", attributes=["mode", "pads", "value"])
 def _pad(call: NodeCall) -> SSAValue:
     """Pad-2's attribute form (opset < 11: `pads`, `value`) and Pad-11's inputs (pads, the
-    constant value, from opset 18 the axes), all constants; `wrap` mode and negative pads
-    (cropping) are refused."""
+    constant value, from opset 18 the axes), all constants; every mode, negative pads crop
+    (`pad_or_crop`; reflect only with pads >= 0)."""
     x = call.tensor(0)
     rank = len(call.shape(x))
     mode = call.attr("mode", "constant")
-    if mode not in ("constant", "reflect", "edge"):
-        raise call.refuse(f"mode='{mode}' (tl pads constant, reflect or edge)")
+    if mode not in ("constant", "reflect", "edge", "wrap"):
+        raise call.refuse(f"mode='{mode}' (tl pads constant, reflect, edge or wrap)")
     if call.opset < 11:
         pads, value = ints(call.attr("pads")), float(call.attr("value", 0.0))
     else:
@@ -1251,12 +1272,9 @@ def _pad(call: NodeCall) -> SSAValue:
             pads = full
     if len(pads) != 2 * rank:
         raise call.refuse(f"{len(pads)} pads for an input of rank {rank} (expected {2 * rank})")
-    if any(p < 0 for p in pads):
-        raise call.refuse("negative pads (cropping)")
-    if not any(pads):
-        return x
-    fields = {"before": pads[:rank], "after": pads[rank:], "mode": mode, "value": value}
-    return call.ops.apply(tl.PadOp, [x], fields)
+    if mode == "reflect" and any(p < 0 for p in pads):
+        raise call.refuse("negative pads (cropping) with mode='reflect'")
+    return pad_or_crop(call.ops, x, pads[:rank], pads[rank:], mode, value)
 
 
 # --------------------------------------------------------------------------------------------

@@ -81,6 +81,7 @@ from tlc.frontends.import_common import (
     new_builder,
     norm_axis,
     pad,
+    pad_or_crop,
     reduce,
     reshape,
     take,
@@ -430,8 +431,13 @@ def _layernorm(call: Call) -> SSAValue:
 # Padding, prelu, local response norm, transposed convolutions, group and instance norm
 # --------------------------------------------------------------------------------------------
 
-#: PyTorch's pad modes -> tl's (F.pad's `circular` has none).
-PAD_MODES = {"constant": "constant", "reflect": "reflect", "replicate": "edge"}
+#: PyTorch's pad modes -> tl's (`circular` is a gather: `pad_or_crop`).
+PAD_MODES = {
+    "constant": "constant",
+    "reflect": "reflect",
+    "replicate": "edge",
+    "circular": "wrap",
+}
 
 
 @on(torch.gt, torch.greater, operator.gt, "gt")
@@ -458,18 +464,17 @@ def _pad_of(call: Call, widths: Sequence[int], mode: str, value: Any) -> SSAValu
     x = call.tensor(0)
     rank = len(call.ops.shape_of(x))
     if mode not in PAD_MODES:
-        raise call.refuse(f"mode='{mode}' (tl pads constant, reflect or replicate)")
+        raise call.refuse(f"mode='{mode}' (tl pads constant, reflect, replicate or circular)")
     widths = ints(widths)
     if len(widths) % 2 or len(widths) > 2 * rank:
         raise call.refuse(f"{len(widths)} pad widths for an input of rank {rank}")
-    if any(w < 0 for w in widths):
-        raise call.refuse("negative pads (cropping)")
+    if mode == "reflect" and any(w < 0 for w in widths):
+        raise call.refuse("negative pads (cropping) with mode='reflect'")
     before, after = [0] * rank, [0] * rank
     for i in range(len(widths) // 2):
         before[rank - 1 - i], after[rank - 1 - i] = widths[2 * i], widths[2 * i + 1]
-    fields = {"before": before, "after": after, "mode": PAD_MODES[mode]}
-    fields["value"] = 0.0 if value is None else float(value)
-    return call.ops.apply(tl.PadOp, [x], fields)
+    fill = 0.0 if value is None else float(value)
+    return pad_or_crop(call.ops, x, before, after, PAD_MODES[mode], fill)
 
 
 @on(F.pad)
@@ -484,6 +489,7 @@ PAD_MODULES = {
                  nn.ConstantPad3d),
     "reflect": (nn.ReflectionPad1d, nn.ReflectionPad2d, nn.ReflectionPad3d),
     "replicate": (nn.ReplicationPad1d, nn.ReplicationPad2d, nn.ReplicationPad3d),
+    "circular": (nn.CircularPad1d, nn.CircularPad2d, nn.CircularPad3d),
 }  # fmt: skip
 
 
