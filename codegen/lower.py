@@ -21,7 +21,8 @@ the kernel's extent), each tap's loop over output positions bounded so padding n
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -1055,18 +1056,26 @@ class ConvFrame:
         w = self.window
         return numel(w.stride) * numel(w.phases) if self.staged else 0
 
-    def stage(self, k: KernelBuilder, x_block: Buf, staged: Buf) -> None:
+    def stage(
+        self,
+        k: KernelBuilder,
+        x_block: Buf,
+        staged: Buf,
+        rows: tuple[ir.Value, ir.Value] | None = None,
+    ) -> None:
         """Copy the input planes into their zeroed staged copies: input position i goes to
         padded position p = i + padding, phase p % stride, element p // stride. Leading axes
-        loop over input rows; along the last axis the elements whose every phase is inside
-        the input are a loop of constant bounds reading `stride` consecutive inputs per step
-        (a contiguous copy, or a de-interleave of whole vectors by shuffles, the last one
-        masked), the few at the edges are emitted one by one."""
+        loop over input rows (with `rows`, only the input rows [lo, hi) of the first axis:
+        what one part of a split convolution reads, `stage_rows`); along the last axis the
+        elements whose every phase is inside the input are a loop of constant bounds reading
+        `stride` consecutive inputs per step (a contiguous copy, or a de-interleave of whole
+        vectors by shuffles, the last one masked), the few at the edges are emitted one by
+        one."""
         w, b = self.window, k.b
         phase_block = [step * numel(w.phases) for step in strides(w.stride)]
         element_steps = strides(w.phases)
         size, st, pad, length = w.in_sp[-1], w.stride[-1], w.padding[-1], w.phases[-1]
-        with k.loop(self.cin_g, "ic") as ic, k.nest(w.in_sp[:-1], "row") as rows:
+        with k.loop(self.cin_g, "ic") as ic, self._input_rows(k, rows) as rows:
             dst = b.mul(ic, k.i64(self.staged_plane), flags=NSW)
             for i, pad_d, st_d, block, step in zip(rows, w.padding, w.stride, phase_block,
                                                    element_steps, strict=False):  # fmt: skip
@@ -1109,6 +1118,46 @@ class ConvFrame:
                     if 0 <= edge * st + r - pad < size:
                         value = k.load(x_block, b.add(src, k.i64(edge * st + r - pad)))
                         k.store(value, staged, b.add(dst, k.i64(r * phase_block[-1] + edge)))
+
+    @contextmanager
+    def _input_rows(
+        self, k: KernelBuilder, first: tuple[ir.Value, ir.Value] | None
+    ) -> Iterator[list[ir.Value]]:
+        """Loops over the input rows (every spatial axis but the last), the first axis only
+        over [lo, hi) when `first` is given."""
+        lead = self.window.in_sp[:-1]
+        if first is None:
+            with k.nest(lead, "row") as rows:
+                yield rows
+            return
+        with k.loop(first[1], "row0", start=first[0]) as r0, k.nest(lead[1:], "row_") as rest:
+            yield [r0, *rest]
+
+    def stage_rows(self, k: KernelBuilder, lo: ir.Value, hi: ir.Value) -> tuple[ir.Value, ...]:
+        """What a part of a split convolution computing output rows [lo, hi) of the first
+        spatial axis reads (one image, at least two spatial axes): the elements [e_lo, e_hi)
+        of every stride phase along that axis, and the input rows [i_lo, i_hi) they come
+        from (as `stage`'s `rows`). Output row o's taps read phase elements o + tap *
+        dilation // stride."""
+        w, b = self.window, k.b
+        st, pad = w.stride[0], w.padding[0]
+        e_lo, e_hi = lo, b.add(hi, k.i64((w.kernel[0] - 1) * w.dilation[0] // st))
+        i_lo = b.sub(b.mul(e_lo, k.i64(st)), k.i64(pad))
+        i_hi = b.sub(b.mul(e_hi, k.i64(st)), k.i64(pad))
+        i_lo = b.select(b.icmp_signed("<", i_lo, k.i64(0)), k.i64(0), i_lo)
+        i_hi = b.select(b.icmp_signed(">", i_hi, k.i64(w.in_sp[0])), k.i64(w.in_sp[0]), i_hi)
+        return e_lo, e_hi, i_lo, b.select(b.icmp_signed("<", i_hi, i_lo), i_lo, i_hi)
+
+    def zero_rows(self, k: KernelBuilder, staged: Buf, e_lo: ir.Value, e_hi: ir.Value) -> None:
+        """Zero the elements [e_lo, e_hi) along the first spatial axis of every stride phase
+        of every staged plane (`stage_rows`): contiguous runs of whole phase rows."""
+        w, b = self.window, k.b
+        row = numel(w.phases[1:])
+        start, end = b.mul(e_lo, k.i64(row)), b.mul(e_hi, k.i64(row))
+        with k.loop(self.cin_g * numel(w.stride), "plane") as q:
+            base = b.mul(q, k.i64(numel(w.phases)))
+            with k.loop(b.add(base, end), "z", start=b.add(base, start)) as z:
+                k.store(k.const(0), staged, z)
 
     @property
     def extents(self) -> Shape:
@@ -1318,30 +1367,54 @@ def _conv_params(node: NodeOp, parents: list[Shape], out: Shape) -> dict[str, Pa
             "bias": ParamSpec((cout,), 0.0, pack=None if _depthwise(f) else pad)}  # fmt: skip
 
 
-#: Flops one element copied by a split convolution's parts costs, about (each part stages its
-#: whole input, and re-packs a block of columns it shares with another part): a split stops
-#: where the copies would exceed `DUPLICATE_SHARE` of the product's flops.
+#: Flops one element copied by a split convolution's parts costs, about: a split stops where
+#: the copies the parts repeat (a shared block of columns re-packed, input rows staged by two
+#: parts, a C^T part's packed rows) would exceed `DUPLICATE_SHARE` of the product's flops.
 COPY_FLOPS, DUPLICATE_SHARE = 16, 1 / 32
+#: The most parts `_conv_parts` considers (a plan takes at most 8).
+MAX_PARTS = 16
 
 
 def _conv_parts(node: NodeOp, parents: list[Shape], out: Shape) -> int:
     """A convolution splits into (block of columns, tile of output channels) pairs
-    (depthwise: into its groups), as many as the copies every part repeats allow: on one
-    thread a split call does that extra work too."""
+    (depthwise: into its groups), as many as the copies the parts repeat allow: on one
+    thread a split call does that extra work too. Repeated are the blocks of columns two
+    parts share (each packs it) and, as a part over one image stages only the input rows its
+    columns read (`ConvFrame.stage_rows`), the staged rows two parts share; both counted
+    exactly here for tiles of 8 rows (no target's are narrower). When the product may run as
+    C^T (`_transposable`: the target decides), the split must suit that too: there every
+    part packs all rows of patches and stages the whole input."""
     f = ConvFrame.of(node, parents[0], out)
     if _depthwise(f):
         return f.groups
     plan = ConvPlan.of(f, 8)
-    blocks = -(-(plan.images * f.positions) // plan.columns) * -(-f.lead // plan.images)
-    units = blocks * -(-f.cout_g // 8)  # tiles of 8 rows: no target's are narrower
+    w, P = f.window, max(f.positions, 1)
+    blocks = -(-(plan.images * P) // plan.columns)
+    tiles = -(-f.cout_g // 8)
     stage = f.groups * plan.images * f.cin_g * f.staged_plane
-    pack = f.groups * f.depth * plan.columns
+    limited = f.staged and plan.images == 1 and len(w.in_sp) >= 2
+    pack = f.groups * f.depth * plan.columns * -(-f.lead // plan.images)
     work = 2 * f.cout * f.depth * f.positions * f.lead
+    row, halo = numel(w.out_sp[1:]), (w.kernel[0] - 1) * w.dilation[0] // w.stride[0]
+
+    def repeated(parts: int) -> float:
+        packed = staged = 0
+        for part in range(parts):
+            lo, hi = part * blocks * tiles // parts, (part + 1) * blocks * tiles // parts
+            first, last = lo // tiles, -(-hi // tiles)
+            packed += last - first
+            rows = -(-min(last * plan.columns, P) // row) - first * plan.columns // row
+            staged += max(rows, 0) + halo
+        copies = (packed - blocks) / blocks * pack
+        if f.staged:
+            copies += (staged / w.phases[0] - 1) * stage if limited else (parts - 1) * stage
+        if _transposable(f):
+            rows = f.lead * f.positions
+            copies = max(copies, (parts - 1) * (rows * f.depth + f.lead * f.cin * f.staged_plane))
+        return copies * COPY_FLOPS
+
     parts = 1
-    while parts < units:
-        copies = (parts + 1) * (stage + (pack if parts + 1 > blocks else 0))
-        if copies * COPY_FLOPS > work * DUPLICATE_SHARE:
-            break
+    while parts < min(blocks * tiles, MAX_PARTS) and repeated(parts + 1) <= work * DUPLICATE_SHARE:
         parts += 1
     return parts
 
@@ -1396,7 +1469,34 @@ def _conv(k: KernelBuilder, s: Step) -> None:
     aligned = P % mk.lanes == 0
     with b.goto_block(k.alloca_block):
         tile = b.alloca(ir.ArrayType(vec, mk.mr * mk.nv), name="tile")
-    if f.staged:
+    # Units of a split call: (block of columns, row tile) pairs, block-major, so a part
+    # packs each block of columns it needs once and runs its share of the tiles on it.
+    blocks = -(-(plan.images * P) // nc)
+
+    def part_blocks(here: ir.Value) -> tuple[ir.Value, ir.Value, ir.Value | None, ir.Value | None]:
+        """The blocks of columns [lo, hi) (of `here` in this group of images) a part packs, and
+        its units [lo, hi) (None: not split)."""
+        if s.parts == 1:
+            return k.i64(0), here, None, None
+        u_lo, u_hi = s.part_range(k, blocks * tiles_m)
+        cb_hi = b.udiv(b.add(u_hi, k.i64(tiles_m - 1)), k.i64(tiles_m))
+        return (b.udiv(u_lo, k.i64(tiles_m)), b.select(b.icmp_signed("<", cb_hi, here), cb_hi,
+                                                       here), u_lo, u_hi)  # fmt: skip
+
+    # A part of a split call over one image stages only the input rows its columns read.
+    rows = None
+    if f.staged and s.parts > 1 and plan.images == 1 and len(f.window.in_sp) >= 2:
+        lo, hi, _, _ = part_blocks(k.i64(blocks))
+        row = numel(f.window.out_sp[1:])
+        first = b.udiv(b.mul(lo, k.i64(nc)), k.i64(row))
+        end = b.mul(hi, k.i64(nc))
+        end = b.select(b.icmp_signed("<", end, k.i64(P)), end, k.i64(P))
+        last = b.udiv(b.add(end, k.i64(row - 1)), k.i64(row))
+        e_lo, e_hi, i_lo, i_hi = f.stage_rows(k, first, b.select(b.icmp_signed("<", last, first),
+                                                                 first, last))  # fmt: skip
+        f.zero_rows(k, staging, e_lo, e_hi)
+        rows = (i_lo, i_hi)
+    elif f.staged:
         zero(k, staging)
     with k.loop(f.groups, "g") as g, k.loop(f.lead, "b0", step=plan.images) as b0:
         left = b.sub(k.i64(f.lead), b0)
@@ -1407,7 +1507,7 @@ def _conv(k: KernelBuilder, s: Step) -> None:
             with k.loop(images, "bi") as bi:
                 at = k.at(staging, b.mul(bi, k.i64(f.cin_g * f.staged_plane)))
                 f.stage(k, f.input_block(k, x, b.add(b0, bi), g),
-                        Buf(at, (f.cin_g, f.staged_plane)))  # fmt: skip
+                        Buf(at, (f.cin_g, f.staged_plane)), rows)  # fmt: skip
             source = staging
         else:
             first = b.add(b.mul(b0, k.i64(f.cin)), b.mul(g, k.i64(f.cin_g)))
@@ -1422,17 +1522,8 @@ def _conv(k: KernelBuilder, s: Step) -> None:
             row = b.add(b.mul(g, k.i64(f.cout_g)), b.add(b.mul(ib, k.i64(mk.mr)), k.i64(r)))
             return k.at(w, b.add(b.mul(row, k.i64(f.depth)), p))
 
-        # Units of a split call: (block of columns, row tile) pairs, block-major, so a part
-        # packs each block of columns it needs once and runs its share of the tiles on it.
-        blocks = -(-(plan.images * P) // nc)
         here = b.udiv(b.add(valid, k.i64(nc - 1)), k.i64(nc))
-        if s.parts == 1:
-            cb_lo, cb_hi, u_lo, u_hi = k.i64(0), here, None, None
-        else:
-            u_lo, u_hi = s.part_range(k, blocks * tiles_m)
-            cb_lo = b.udiv(u_lo, k.i64(tiles_m))
-            cb_hi = b.udiv(b.add(u_hi, k.i64(tiles_m - 1)), k.i64(tiles_m))
-            cb_hi = b.select(b.icmp_signed("<", cb_hi, here), cb_hi, here)
+        cb_lo, cb_hi, u_lo, u_hi = part_blocks(here)
         with k.loop(cb_hi, "cb", start=cb_lo) as cb:
             c0 = b.mul(cb, k.i64(nc))
             share = None
