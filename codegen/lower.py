@@ -1376,17 +1376,32 @@ MAX_PARTS = 16
 
 
 def _conv_parts(node: NodeOp, parents: list[Shape], out: Shape) -> int:
-    """A convolution splits into (block of columns, tile of output channels) pairs
-    (depthwise: into its groups), as many as the copies the parts repeat allow: on one
-    thread a split call does that extra work too. Repeated are the blocks of columns two
-    parts share (each packs it) and, as a part over one image stages only the input rows its
-    columns read (`ConvFrame.stage_rows`), the staged rows two parts share; both counted
-    exactly here for tiles of 8 rows (no target's are narrower). When the product may run as
-    C^T (`_transposable`: the target decides), the split must suit that too: there every
-    part packs all rows of patches and stages the whole input."""
+    """Into how many parts a convolution's call splits (depthwise: its groups): as many as
+    its product's path allows, C = W patches (`_product_parts`) or, when the target may run
+    it as C^T (`_transposable`), C^T (`_transposed_parts`); each path computes on its own
+    first parts of them and leaves the others empty (`_part_share`)."""
     f = ConvFrame.of(node, parents[0], out)
     if _depthwise(f):
         return f.groups
+    return max(_product_parts(f), _transposed_parts(f) if _transposable(f) else 1)
+
+
+def _split(units: int, repeated: Callable[[int], float], work: int) -> int:
+    """The most parts (of at most `units`) whose repeated copies stay under DUPLICATE_SHARE
+    of the work."""
+    parts = 1
+    while parts < min(units, MAX_PARTS) and repeated(parts + 1) <= work * DUPLICATE_SHARE:
+        parts += 1
+    return parts
+
+
+def _product_parts(f: ConvFrame) -> int:
+    """C = W patches splits into (block of columns, tile of output channels) pairs, as many
+    as the copies the parts repeat allow: on one thread a split call does that extra work
+    too. Repeated are the blocks of columns two parts share (each packs it) and, as a part
+    over one image stages only the input rows its columns read (`ConvFrame.stage_rows`), the
+    staged rows two parts share; both counted exactly for tiles of 8 rows (no target's are
+    narrower)."""
     plan = ConvPlan.of(f, 8)
     w, P = f.window, max(f.positions, 1)
     blocks = -(-(plan.images * P) // plan.columns)
@@ -1394,7 +1409,6 @@ def _conv_parts(node: NodeOp, parents: list[Shape], out: Shape) -> int:
     stage = f.groups * plan.images * f.cin_g * f.staged_plane
     limited = f.staged and plan.images == 1 and len(w.in_sp) >= 2
     pack = f.groups * f.depth * plan.columns * -(-f.lead // plan.images)
-    work = 2 * f.cout * f.depth * f.positions * f.lead
     row, halo = numel(w.out_sp[1:]), (w.kernel[0] - 1) * w.dilation[0] // w.stride[0]
 
     def repeated(parts: int) -> float:
@@ -1408,15 +1422,33 @@ def _conv_parts(node: NodeOp, parents: list[Shape], out: Shape) -> int:
         copies = (packed - blocks) / blocks * pack
         if f.staged:
             copies += (staged / w.phases[0] - 1) * stage if limited else (parts - 1) * stage
-        if _transposable(f):
-            rows = f.lead * f.positions
-            copies = max(copies, (parts - 1) * (rows * f.depth + f.lead * f.cin * f.staged_plane))
         return copies * COPY_FLOPS
 
-    parts = 1
-    while parts < min(blocks * tiles, MAX_PARTS) and repeated(parts + 1) <= work * DUPLICATE_SHARE:
-        parts += 1
-    return parts
+    return _split(blocks * tiles, repeated, 2 * f.cout * f.depth * f.positions * f.lead)
+
+
+def _transposed_parts(f: ConvFrame) -> int:
+    """C^T splits into panels of output channels (at least 64 wide on any target); every
+    part packs all rows of patches and stages the whole input."""
+    rows, whole = f.lead * f.positions, f.lead * f.cin * f.staged_plane
+    return _split(-(-f.cout // MAX_PANEL),
+                  lambda parts: (parts - 1) * (rows * f.depth + whole) * COPY_FLOPS,
+                  2 * f.cout * f.depth * rows)  # fmt: skip
+
+
+def _part_share(
+    k: KernelBuilder, s: Step, units: int | ir.Value, parts: int
+) -> tuple[ir.Value, ir.Value]:
+    """The units [lo, hi) of `units` of the call's part when its kernel computes on only the
+    first `parts` of the call's `Step.parts` (`_conv_parts`): the same split as
+    `Step.part_range` over `parts`, empty for the parts past them."""
+    assert s.part is not None
+    b, count = k.b, units if isinstance(units, ir.Value) else k.i64(units)
+    first = b.select(b.icmp_signed("<", s.part, k.i64(parts)), s.part, k.i64(parts))
+    after = b.add(first, k.i64(1))
+    after = b.select(b.icmp_signed("<", after, k.i64(parts)), after, k.i64(parts))
+    return (b.udiv(b.mul(first, count), k.i64(parts)),
+            b.udiv(b.mul(after, count), k.i64(parts)))  # fmt: skip
 
 
 @register(ops.ConvOp, params=_conv_params, scratch=_conv_scratch, fuses=True, parts=_conv_parts)
@@ -1437,8 +1469,28 @@ def _conv(k: KernelBuilder, s: Step) -> None:
         return
     transposed = _transposed_mk(k.info, k.dtype.itemsize, f) if s.packed else None
     if transposed is not None:
-        _conv_transposed(k, s, f, transposed)
-        return
+        used = min(s.parts, _transposed_parts(f))
+
+        def emit(parts: int) -> None:
+            _conv_transposed(k, s, f, transposed, parts)
+    else:
+        used = min(s.parts, _product_parts(f))
+
+        def emit(parts: int) -> None:
+            _conv_product(k, s, f, parts)
+
+    if s.parts > used:  # the parts past this path's own do nothing
+        assert s.part is not None
+        with k.b.if_then(k.b.icmp_signed("<", s.part, k.i64(used))):
+            emit(used)
+    else:
+        emit(used)
+
+
+def _conv_product(k: KernelBuilder, s: Step, f: ConvFrame, parts: int) -> None:
+    """C = W patches over `parts` of the call's parts (`_product_parts`)."""
+    x, out = s.args[0], s.out
+    assert s.scratch is not None
     b, P = k.b, f.positions
     mk = _conv_mk(k.info, k.dtype.itemsize, f)
     plan = ConvPlan.of(f, 8)
@@ -1478,14 +1530,14 @@ def _conv(k: KernelBuilder, s: Step) -> None:
         its units [lo, hi) (None: not split)."""
         if s.parts == 1:
             return k.i64(0), here, None, None
-        u_lo, u_hi = s.part_range(k, blocks * tiles_m)
+        u_lo, u_hi = _part_share(k, s, blocks * tiles_m, parts)
         cb_hi = b.udiv(b.add(u_hi, k.i64(tiles_m - 1)), k.i64(tiles_m))
         return (b.udiv(u_lo, k.i64(tiles_m)), b.select(b.icmp_signed("<", cb_hi, here), cb_hi,
                                                        here), u_lo, u_hi)  # fmt: skip
 
     # A part of a split call over one image stages only the input rows its columns read.
     rows = None
-    if f.staged and s.parts > 1 and plan.images == 1 and len(f.window.in_sp) >= 2:
+    if f.staged and parts > 1 and plan.images == 1 and len(f.window.in_sp) >= 2:
         lo, hi, _, _ = part_blocks(k.i64(blocks))
         row = numel(f.window.out_sp[1:])
         first = b.udiv(b.mul(lo, k.i64(nc)), k.i64(row))
@@ -1590,7 +1642,7 @@ def _conv(k: KernelBuilder, s: Step) -> None:
                 )  # fmt: skip
 
 
-def _conv_transposed(k: KernelBuilder, s: Step, f: ConvFrame, mk: MicroKernel) -> None:
+def _conv_transposed(k: KernelBuilder, s: Step, f: ConvFrame, mk: MicroKernel, parts: int) -> None:
     """C^T = patches^T W^T (`_transposed_mk`): the packed linear kernel with its rows read
     from the input (staged when padded or strided) through a table of each output position's
     patch start plus the tap table, its panels the packed W^T; the product [positions,
@@ -1617,7 +1669,7 @@ def _conv_transposed(k: KernelBuilder, s: Step, f: ConvFrame, mk: MicroKernel) -
         return k.at(source, b.add(start, b.sext(b.load(b.gep(taps, [p], inbounds=True)), I64)))
 
     panels = -(-f.cout // mk.nr)
-    share = None if s.parts == 1 else (lambda units: s.part_range(k, units))
+    share = None if parts == 1 else (lambda units: _part_share(k, s, units, parts))
     emit_packed_linear(k, source, s.params["weight"], s.params["bias"], product, packed,
                        m=rows, n=f.cout, kk=f.depth, epilogue=epilogue(k, s), share=share,
                        x_at=x_at)  # fmt: skip
