@@ -1503,7 +1503,12 @@ def _conv_product(k: KernelBuilder, s: Step, f: ConvFrame, parts: int) -> None:
     image = f.cin_g * f.plane if f.staged else f.cin * f.in_plane
     # Output rows of whole vectors: each vector of a panel's columns is contiguous in the
     # planes read, and the tiles load it there (no packing); else runs of `chunk` columns.
-    direct = f.window.out_sp[-1] % mk.lanes == 0
+    # So is any vector of one image's columns of a 1x1 convolution read in place, whose
+    # planes are its columns: the vectors reaching past an image's last column load only the
+    # lanes before it (on AVX-512, where masked loads cost what plain ones do).
+    flat = (not f.staged and f.window.taps == 1 and plan.images == 1
+            and f.positions % mk.lanes != 0 and k.info.vector_bytes == 64)  # fmt: skip
+    direct = f.window.out_sp[-1] % mk.lanes == 0 or flat
     chunk = mk.lanes
     taps = k.global_constant("taps", f.tap_table(), I32)
     if direct:
@@ -1603,6 +1608,14 @@ def _conv_product(k: KernelBuilder, s: Step, f: ConvFrame, parts: int) -> None:
             def column(jp: ir.Value, v: ir.Value) -> ir.Value:
                 return b.add(c0, b.add(b.mul(jp, k.i64(mk.nr)), b.mul(v, k.i64(mk.lanes))))
 
+            def inside(jp: ir.Value, v: int) -> ir.Value:
+                """The lanes of vector v of panel jp before the image's last column."""
+                left = b.sub(valid, column(jp, k.i64(v)))
+                left = b.select(b.icmp_signed("<", left, k.i64(0)), k.i64(0), left)
+                left = b.select(b.icmp_signed("<", left, k.i64(mk.lanes)), left,
+                                k.i64(mk.lanes))  # fmt: skip
+                return lane_mask(k, vec, ir.Constant(I32, 0), b.trunc(left, I32))
+
             def finish(oc: ir.Value, jp: ir.Value, v: int, acc: ir.Value) -> None:
                 channel = b.add(b.mul(g, k.i64(f.cout_g)), oc)
                 value = b.fadd(acc, splat(k, vec, k.load(bias, channel)))
@@ -1639,6 +1652,7 @@ def _conv_product(k: KernelBuilder, s: Step, f: ConvFrame, parts: int) -> None:
                     after=None if aligned else after, partial=partial if blocked else None,
                     first=b.icmp_signed("==", pc, k.i64(0)),
                     last=b.icmp_signed("<=", left_k, k.i64(kc)), tiles=share,
+                    b_mask=inside if flat else None,
                 )  # fmt: skip
 
 
