@@ -1246,6 +1246,8 @@ MAX_PANEL = 64
 #: Columns a group of images reaches for when its output planes leave a partial panel, and
 #: the bytes of staged input planes it may hold for that (`ConvPlan.of`).
 GROUP_COLUMNS, STAGE_BLOCK = 1024, 1024 * 1024
+#: The vector bytes from which the tiles' masked loads of B cost what plain loads do (AVX-512).
+MASKED_LOADS = 64
 #: Steps along k of one K block of a convolution's product: longer products (deep layers,
 #: 3x3 over 256 channels = 2304) keep partial sums of the block's columns in scratch, so the
 #: weights' K slice (cout x 256, in L2) is read once per block of columns instead of once
@@ -1507,7 +1509,7 @@ def _conv_product(k: KernelBuilder, s: Step, f: ConvFrame, parts: int) -> None:
     # planes are its columns: the vectors reaching past an image's last column load only the
     # lanes before it (on AVX-512, where masked loads cost what plain ones do).
     flat = (not f.staged and f.window.taps == 1 and plan.images == 1
-            and f.positions % mk.lanes != 0 and k.info.vector_bytes == 64)  # fmt: skip
+            and f.positions % mk.lanes != 0 and k.info.vector_bytes >= MASKED_LOADS)  # fmt: skip
     direct = f.window.out_sp[-1] % mk.lanes == 0 or flat
     chunk = mk.lanes
     taps = k.global_constant("taps", f.tap_table(), I32)
