@@ -429,19 +429,25 @@ def packed_tile(
     klen: ir.Value,
     start: Callable[[int, int], ir.Value],
     finish: Callable[[int, int, ir.Value], None],
+    b_mask: Callable[[int], ir.Value] | None = None,
 ) -> None:
     """The micro-kernel: acc[r][v] = start(r, v); for p < klen, acc[r][v] += A(r, p) * B(v, p)
     with A(r, p) the scalar at `a_at(r, p)` broadcast and B(v, p) the vector at `b_at(v, p)`
-    (a packed panel row); then finish(r, v, acc[r][v]). The MR * NV accumulators are stack
-    slots SROA keeps in registers. Loads claim only element alignment: a malloc'ed workspace
-    is 16-byte aligned (unaligned vector loads of aligned data cost nothing extra)."""
+    (a packed panel row; with `b_mask`, only its lanes under b_mask(v), the others zero);
+    then finish(r, v, acc[r][v]). The MR * NV accumulators are stack slots SROA keeps in
+    registers. Loads claim only element alignment: a malloc'ed workspace is 16-byte aligned
+    (unaligned vector loads of aligned data cost nothing extra)."""
     b = k.b
     vec = ir.VectorType(k.T, mk.lanes)
     acc = [[k.local(start(r, v), "vacc") for v in range(mk.nv)] for r in range(mr)]
     fma, vptr = _fma(k, vec), vec.as_pointer()
     align = k.dtype.itemsize
+    masks = [b_mask(v) for v in range(mk.nv)] if b_mask is not None else None
     with k.loop(klen, "p") as p:
-        bs = [b.load(b.bitcast(b_at(v, p), vptr), align=align) for v in range(mk.nv)]
+        if masks is None:
+            bs = [b.load(b.bitcast(b_at(v, p), vptr), align=align) for v in range(mk.nv)]
+        else:
+            bs = [load_vector(k, vec, b_at(v, p), mk.lanes, masks[v]) for v in range(mk.nv)]
         for r in range(mr):
             x = splat(k, vec, b.load(a_at(r, p), align=k.dtype.itemsize))
             for v in range(mk.nv):
@@ -585,6 +591,7 @@ def emit_packed_block(
     first: ir.Value | None = None,
     last: ir.Value | None = None,
     tiles: tuple[ir.Value, ir.Value] | None = None,
+    b_mask: Callable[[ir.Value, int], ir.Value] | None = None,
 ) -> None:
     """C = A B over `panels` panels of NR columns of B (filled at run time: convolution's
     patches), `klen` steps along k: for each panel, every tile of MR rows of A (the last one
@@ -594,7 +601,8 @@ def emit_packed_block(
     per row, panel and v), this is one K block: the tiles start from the partial sums unless
     `first`, keep them there, and are finished only when `last`. `tiles` = (lo, hi) limits
     the row tiles to [lo, hi) (of ceil(m / MR), the short one last): one part of a split
-    call."""
+    call. With `b_mask`, vector v of panel j loads only the lanes under b_mask(j, v)
+    (B read in place, whose last columns end with the buffer)."""
     b, lanes = k.b, mk.lanes
     vec = ir.VectorType(k.T, lanes)
     zero = ir.Constant(vec, [0.0] * lanes)
@@ -613,8 +621,10 @@ def emit_packed_block(
         def bv(v: int, p: ir.Value) -> ir.Value:
             return b_at(jp, v, p)
 
+        mask = None if b_mask is None else (lambda v: b_mask(jp, v))
+
         if partial is None:
-            packed_tile(k, mk, mr, a, bv, klen, lambda r, v: zero, done)
+            packed_tile(k, mk, mr, a, bv, klen, lambda r, v: zero, done, mask)
             if after is not None:
                 after(row(0), jp, mr)
             return
@@ -629,7 +639,7 @@ def emit_packed_block(
         def keep(r: int, v: int, acc: ir.Value) -> None:
             b.store(acc, held(r, v), align=k.dtype.itemsize)
 
-        packed_tile(k, mk, mr, a, bv, klen, start, keep)
+        packed_tile(k, mk, mr, a, bv, klen, start, keep, mask)
         with b.if_then(last):
             for r in range(mr):
                 for v in range(mk.nv):

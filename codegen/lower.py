@@ -21,7 +21,8 @@ the kernel's extent), each tap's loop over output positions bounded so padding n
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -1055,18 +1056,26 @@ class ConvFrame:
         w = self.window
         return numel(w.stride) * numel(w.phases) if self.staged else 0
 
-    def stage(self, k: KernelBuilder, x_block: Buf, staged: Buf) -> None:
+    def stage(
+        self,
+        k: KernelBuilder,
+        x_block: Buf,
+        staged: Buf,
+        rows: tuple[ir.Value, ir.Value] | None = None,
+    ) -> None:
         """Copy the input planes into their zeroed staged copies: input position i goes to
         padded position p = i + padding, phase p % stride, element p // stride. Leading axes
-        loop over input rows; along the last axis the elements whose every phase is inside
-        the input are a loop of constant bounds reading `stride` consecutive inputs per step
-        (a contiguous copy, or a de-interleave of whole vectors by shuffles, the last one
-        masked), the few at the edges are emitted one by one."""
+        loop over input rows (with `rows`, only the input rows [lo, hi) of the first axis:
+        what one part of a split convolution reads, `stage_rows`); along the last axis the
+        elements whose every phase is inside the input are a loop of constant bounds reading
+        `stride` consecutive inputs per step (a contiguous copy, or a de-interleave of whole
+        vectors by shuffles, the last one masked), the few at the edges are emitted one by
+        one."""
         w, b = self.window, k.b
         phase_block = [step * numel(w.phases) for step in strides(w.stride)]
         element_steps = strides(w.phases)
         size, st, pad, length = w.in_sp[-1], w.stride[-1], w.padding[-1], w.phases[-1]
-        with k.loop(self.cin_g, "ic") as ic, k.nest(w.in_sp[:-1], "row") as rows:
+        with k.loop(self.cin_g, "ic") as ic, self._input_rows(k, rows) as rows:
             dst = b.mul(ic, k.i64(self.staged_plane), flags=NSW)
             for i, pad_d, st_d, block, step in zip(rows, w.padding, w.stride, phase_block,
                                                    element_steps, strict=False):  # fmt: skip
@@ -1109,6 +1118,46 @@ class ConvFrame:
                     if 0 <= edge * st + r - pad < size:
                         value = k.load(x_block, b.add(src, k.i64(edge * st + r - pad)))
                         k.store(value, staged, b.add(dst, k.i64(r * phase_block[-1] + edge)))
+
+    @contextmanager
+    def _input_rows(
+        self, k: KernelBuilder, first: tuple[ir.Value, ir.Value] | None
+    ) -> Iterator[list[ir.Value]]:
+        """Loops over the input rows (every spatial axis but the last), the first axis only
+        over [lo, hi) when `first` is given."""
+        lead = self.window.in_sp[:-1]
+        if first is None:
+            with k.nest(lead, "row") as rows:
+                yield rows
+            return
+        with k.loop(first[1], "row0", start=first[0]) as r0, k.nest(lead[1:], "row_") as rest:
+            yield [r0, *rest]
+
+    def stage_rows(self, k: KernelBuilder, lo: ir.Value, hi: ir.Value) -> tuple[ir.Value, ...]:
+        """What a part of a split convolution computing output rows [lo, hi) of the first
+        spatial axis reads (one image, at least two spatial axes): the elements [e_lo, e_hi)
+        of every stride phase along that axis, and the input rows [i_lo, i_hi) they come
+        from (as `stage`'s `rows`). Output row o's taps read phase elements o + tap *
+        dilation // stride."""
+        w, b = self.window, k.b
+        st, pad = w.stride[0], w.padding[0]
+        e_lo, e_hi = lo, b.add(hi, k.i64((w.kernel[0] - 1) * w.dilation[0] // st))
+        i_lo = b.sub(b.mul(e_lo, k.i64(st)), k.i64(pad))
+        i_hi = b.sub(b.mul(e_hi, k.i64(st)), k.i64(pad))
+        i_lo = b.select(b.icmp_signed("<", i_lo, k.i64(0)), k.i64(0), i_lo)
+        i_hi = b.select(b.icmp_signed(">", i_hi, k.i64(w.in_sp[0])), k.i64(w.in_sp[0]), i_hi)
+        return e_lo, e_hi, i_lo, b.select(b.icmp_signed("<", i_hi, i_lo), i_lo, i_hi)
+
+    def zero_rows(self, k: KernelBuilder, staged: Buf, e_lo: ir.Value, e_hi: ir.Value) -> None:
+        """Zero the elements [e_lo, e_hi) along the first spatial axis of every stride phase
+        of every staged plane (`stage_rows`): contiguous runs of whole phase rows."""
+        w, b = self.window, k.b
+        row = numel(w.phases[1:])
+        start, end = b.mul(e_lo, k.i64(row)), b.mul(e_hi, k.i64(row))
+        with k.loop(self.cin_g * numel(w.stride), "plane") as q:
+            base = b.mul(q, k.i64(numel(w.phases)))
+            with k.loop(b.add(base, end), "z", start=b.add(base, start)) as z:
+                k.store(k.const(0), staged, z)
 
     @property
     def extents(self) -> Shape:
@@ -1197,6 +1246,8 @@ MAX_PANEL = 64
 #: Columns a group of images reaches for when its output planes leave a partial panel, and
 #: the bytes of staged input planes it may hold for that (`ConvPlan.of`).
 GROUP_COLUMNS, STAGE_BLOCK = 1024, 1024 * 1024
+#: The vector bytes from which the tiles' masked loads of B cost what plain loads do (AVX-512).
+MASKED_LOADS = 64
 #: Steps along k of one K block of a convolution's product: longer products (deep layers,
 #: 3x3 over 256 channels = 2304) keep partial sums of the block's columns in scratch, so the
 #: weights' K slice (cout x 256, in L2) is read once per block of columns instead of once
@@ -1318,32 +1369,88 @@ def _conv_params(node: NodeOp, parents: list[Shape], out: Shape) -> dict[str, Pa
             "bias": ParamSpec((cout,), 0.0, pack=None if _depthwise(f) else pad)}  # fmt: skip
 
 
-#: Flops one element copied by a split convolution's parts costs, about (each part stages its
-#: whole input, and re-packs a block of columns it shares with another part): a split stops
-#: where the copies would exceed `DUPLICATE_SHARE` of the product's flops.
+#: Flops one element copied by a split convolution's parts costs, about: a split stops where
+#: the copies the parts repeat (a shared block of columns re-packed, input rows staged by two
+#: parts, a C^T part's packed rows) would exceed `DUPLICATE_SHARE` of the product's flops.
 COPY_FLOPS, DUPLICATE_SHARE = 16, 1 / 32
+#: The most parts `_conv_parts` considers (a plan takes at most 8).
+MAX_PARTS = 16
 
 
 def _conv_parts(node: NodeOp, parents: list[Shape], out: Shape) -> int:
-    """A convolution splits into (block of columns, tile of output channels) pairs
-    (depthwise: into its groups), as many as the copies every part repeats allow: on one
-    thread a split call does that extra work too."""
+    """Into how many parts a convolution's call splits (depthwise: its groups): as many as
+    its product's path allows, C = W patches (`_product_parts`) or, when the target may run
+    it as C^T (`_transposable`), C^T (`_transposed_parts`); each path computes on its own
+    first parts of them and leaves the others empty (`_part_share`)."""
     f = ConvFrame.of(node, parents[0], out)
     if _depthwise(f):
         return f.groups
-    plan = ConvPlan.of(f, 8)
-    blocks = -(-(plan.images * f.positions) // plan.columns) * -(-f.lead // plan.images)
-    units = blocks * -(-f.cout_g // 8)  # tiles of 8 rows: no target's are narrower
-    stage = f.groups * plan.images * f.cin_g * f.staged_plane
-    pack = f.groups * f.depth * plan.columns
-    work = 2 * f.cout * f.depth * f.positions * f.lead
+    return max(_product_parts(f), _transposed_parts(f) if _transposable(f) else 1)
+
+
+def _split(units: int, repeated: Callable[[int], float], work: int) -> int:
+    """The most parts (of at most `units`) whose repeated copies stay under DUPLICATE_SHARE
+    of the work."""
     parts = 1
-    while parts < units:
-        copies = (parts + 1) * (stage + (pack if parts + 1 > blocks else 0))
-        if copies * COPY_FLOPS > work * DUPLICATE_SHARE:
-            break
+    while parts < min(units, MAX_PARTS) and repeated(parts + 1) <= work * DUPLICATE_SHARE:
         parts += 1
     return parts
+
+
+def _product_parts(f: ConvFrame) -> int:
+    """C = W patches splits into (block of columns, tile of output channels) pairs, as many
+    as the copies the parts repeat allow: on one thread a split call does that extra work
+    too. Repeated are the blocks of columns two parts share (each packs it) and, as a part
+    over one image stages only the input rows its columns read (`ConvFrame.stage_rows`), the
+    staged rows two parts share; both counted exactly for tiles of 8 rows (no target's are
+    narrower)."""
+    plan = ConvPlan.of(f, 8)
+    w, P = f.window, max(f.positions, 1)
+    blocks = -(-(plan.images * P) // plan.columns)
+    tiles = -(-f.cout_g // 8)
+    stage = f.groups * plan.images * f.cin_g * f.staged_plane
+    limited = f.staged and plan.images == 1 and len(w.in_sp) >= 2
+    pack = f.groups * f.depth * plan.columns * -(-f.lead // plan.images)
+    row, halo = numel(w.out_sp[1:]), (w.kernel[0] - 1) * w.dilation[0] // w.stride[0]
+
+    def repeated(parts: int) -> float:
+        packed = staged = 0
+        for part in range(parts):
+            lo, hi = part * blocks * tiles // parts, (part + 1) * blocks * tiles // parts
+            first, last = lo // tiles, -(-hi // tiles)
+            packed += last - first
+            rows = -(-min(last * plan.columns, P) // row) - first * plan.columns // row
+            staged += max(rows, 0) + halo
+        copies = (packed - blocks) / blocks * pack
+        if f.staged:
+            copies += (staged / w.phases[0] - 1) * stage if limited else (parts - 1) * stage
+        return copies * COPY_FLOPS
+
+    return _split(blocks * tiles, repeated, 2 * f.cout * f.depth * f.positions * f.lead)
+
+
+def _transposed_parts(f: ConvFrame) -> int:
+    """C^T splits into panels of output channels (at least 64 wide on any target); every
+    part packs all rows of patches and stages the whole input."""
+    rows, whole = f.lead * f.positions, f.lead * f.cin * f.staged_plane
+    return _split(-(-f.cout // MAX_PANEL),
+                  lambda parts: (parts - 1) * (rows * f.depth + whole) * COPY_FLOPS,
+                  2 * f.cout * f.depth * rows)  # fmt: skip
+
+
+def _part_share(
+    k: KernelBuilder, s: Step, units: int | ir.Value, parts: int
+) -> tuple[ir.Value, ir.Value]:
+    """The units [lo, hi) of `units` of the call's part when its kernel computes on only the
+    first `parts` of the call's `Step.parts` (`_conv_parts`): the same split as
+    `Step.part_range` over `parts`, empty for the parts past them."""
+    assert s.part is not None
+    b, count = k.b, units if isinstance(units, ir.Value) else k.i64(units)
+    first = b.select(b.icmp_signed("<", s.part, k.i64(parts)), s.part, k.i64(parts))
+    after = b.add(first, k.i64(1))
+    after = b.select(b.icmp_signed("<", after, k.i64(parts)), after, k.i64(parts))
+    return (b.udiv(b.mul(first, count), k.i64(parts)),
+            b.udiv(b.mul(after, count), k.i64(parts)))  # fmt: skip
 
 
 @register(ops.ConvOp, params=_conv_params, scratch=_conv_scratch, fuses=True, parts=_conv_parts)
@@ -1364,8 +1471,28 @@ def _conv(k: KernelBuilder, s: Step) -> None:
         return
     transposed = _transposed_mk(k.info, k.dtype.itemsize, f) if s.packed else None
     if transposed is not None:
-        _conv_transposed(k, s, f, transposed)
-        return
+        used = min(s.parts, _transposed_parts(f))
+
+        def emit(parts: int) -> None:
+            _conv_transposed(k, s, f, transposed, parts)
+    else:
+        used = min(s.parts, _product_parts(f))
+
+        def emit(parts: int) -> None:
+            _conv_product(k, s, f, parts)
+
+    if s.parts > used:  # the parts past this path's own do nothing
+        assert s.part is not None
+        with k.b.if_then(k.b.icmp_signed("<", s.part, k.i64(used))):
+            emit(used)
+    else:
+        emit(used)
+
+
+def _conv_product(k: KernelBuilder, s: Step, f: ConvFrame, parts: int) -> None:
+    """C = W patches over `parts` of the call's parts (`_product_parts`)."""
+    x, out = s.args[0], s.out
+    assert s.scratch is not None
     b, P = k.b, f.positions
     mk = _conv_mk(k.info, k.dtype.itemsize, f)
     plan = ConvPlan.of(f, 8)
@@ -1378,7 +1505,12 @@ def _conv(k: KernelBuilder, s: Step) -> None:
     image = f.cin_g * f.plane if f.staged else f.cin * f.in_plane
     # Output rows of whole vectors: each vector of a panel's columns is contiguous in the
     # planes read, and the tiles load it there (no packing); else runs of `chunk` columns.
-    direct = f.window.out_sp[-1] % mk.lanes == 0
+    # So is any vector of one image's columns of a 1x1 convolution read in place, whose
+    # planes are its columns: the vectors reaching past an image's last column load only the
+    # lanes before it (on AVX-512, where masked loads cost what plain ones do).
+    flat = (not f.staged and f.window.taps == 1 and plan.images == 1
+            and f.positions % mk.lanes != 0 and k.info.vector_bytes >= MASKED_LOADS)  # fmt: skip
+    direct = f.window.out_sp[-1] % mk.lanes == 0 or flat
     chunk = mk.lanes
     taps = k.global_constant("taps", f.tap_table(), I32)
     if direct:
@@ -1396,7 +1528,34 @@ def _conv(k: KernelBuilder, s: Step) -> None:
     aligned = P % mk.lanes == 0
     with b.goto_block(k.alloca_block):
         tile = b.alloca(ir.ArrayType(vec, mk.mr * mk.nv), name="tile")
-    if f.staged:
+    # Units of a split call: (block of columns, row tile) pairs, block-major, so a part
+    # packs each block of columns it needs once and runs its share of the tiles on it.
+    blocks = -(-(plan.images * P) // nc)
+
+    def part_blocks(here: ir.Value) -> tuple[ir.Value, ir.Value, ir.Value | None, ir.Value | None]:
+        """The blocks of columns [lo, hi) (of `here` in this group of images) a part packs, and
+        its units [lo, hi) (None: not split)."""
+        if s.parts == 1:
+            return k.i64(0), here, None, None
+        u_lo, u_hi = _part_share(k, s, blocks * tiles_m, parts)
+        cb_hi = b.udiv(b.add(u_hi, k.i64(tiles_m - 1)), k.i64(tiles_m))
+        return (b.udiv(u_lo, k.i64(tiles_m)), b.select(b.icmp_signed("<", cb_hi, here), cb_hi,
+                                                       here), u_lo, u_hi)  # fmt: skip
+
+    # A part of a split call over one image stages only the input rows its columns read.
+    rows = None
+    if f.staged and parts > 1 and plan.images == 1 and len(f.window.in_sp) >= 2:
+        lo, hi, _, _ = part_blocks(k.i64(blocks))
+        row = numel(f.window.out_sp[1:])
+        first = b.udiv(b.mul(lo, k.i64(nc)), k.i64(row))
+        end = b.mul(hi, k.i64(nc))
+        end = b.select(b.icmp_signed("<", end, k.i64(P)), end, k.i64(P))
+        last = b.udiv(b.add(end, k.i64(row - 1)), k.i64(row))
+        e_lo, e_hi, i_lo, i_hi = f.stage_rows(k, first, b.select(b.icmp_signed("<", last, first),
+                                                                 first, last))  # fmt: skip
+        f.zero_rows(k, staging, e_lo, e_hi)
+        rows = (i_lo, i_hi)
+    elif f.staged:
         zero(k, staging)
     with k.loop(f.groups, "g") as g, k.loop(f.lead, "b0", step=plan.images) as b0:
         left = b.sub(k.i64(f.lead), b0)
@@ -1407,7 +1566,7 @@ def _conv(k: KernelBuilder, s: Step) -> None:
             with k.loop(images, "bi") as bi:
                 at = k.at(staging, b.mul(bi, k.i64(f.cin_g * f.staged_plane)))
                 f.stage(k, f.input_block(k, x, b.add(b0, bi), g),
-                        Buf(at, (f.cin_g, f.staged_plane)))  # fmt: skip
+                        Buf(at, (f.cin_g, f.staged_plane)), rows)  # fmt: skip
             source = staging
         else:
             first = b.add(b.mul(b0, k.i64(f.cin)), b.mul(g, k.i64(f.cin_g)))
@@ -1422,17 +1581,8 @@ def _conv(k: KernelBuilder, s: Step) -> None:
             row = b.add(b.mul(g, k.i64(f.cout_g)), b.add(b.mul(ib, k.i64(mk.mr)), k.i64(r)))
             return k.at(w, b.add(b.mul(row, k.i64(f.depth)), p))
 
-        # Units of a split call: (block of columns, row tile) pairs, block-major, so a part
-        # packs each block of columns it needs once and runs its share of the tiles on it.
-        blocks = -(-(plan.images * P) // nc)
         here = b.udiv(b.add(valid, k.i64(nc - 1)), k.i64(nc))
-        if s.parts == 1:
-            cb_lo, cb_hi, u_lo, u_hi = k.i64(0), here, None, None
-        else:
-            u_lo, u_hi = s.part_range(k, blocks * tiles_m)
-            cb_lo = b.udiv(u_lo, k.i64(tiles_m))
-            cb_hi = b.udiv(b.add(u_hi, k.i64(tiles_m - 1)), k.i64(tiles_m))
-            cb_hi = b.select(b.icmp_signed("<", cb_hi, here), cb_hi, here)
+        cb_lo, cb_hi, u_lo, u_hi = part_blocks(here)
         with k.loop(cb_hi, "cb", start=cb_lo) as cb:
             c0 = b.mul(cb, k.i64(nc))
             share = None
@@ -1459,6 +1609,14 @@ def _conv(k: KernelBuilder, s: Step) -> None:
 
             def column(jp: ir.Value, v: ir.Value) -> ir.Value:
                 return b.add(c0, b.add(b.mul(jp, k.i64(mk.nr)), b.mul(v, k.i64(mk.lanes))))
+
+            def inside(jp: ir.Value, v: int) -> ir.Value:
+                """The lanes of vector v of panel jp before the image's last column."""
+                left = b.sub(valid, column(jp, k.i64(v)))
+                left = b.select(b.icmp_signed("<", left, k.i64(0)), k.i64(0), left)
+                left = b.select(b.icmp_signed("<", left, k.i64(mk.lanes)), left,
+                                k.i64(mk.lanes))  # fmt: skip
+                return lane_mask(k, vec, ir.Constant(I32, 0), b.trunc(left, I32))
 
             def finish(oc: ir.Value, jp: ir.Value, v: int, acc: ir.Value) -> None:
                 channel = b.add(b.mul(g, k.i64(f.cout_g)), oc)
@@ -1496,10 +1654,11 @@ def _conv(k: KernelBuilder, s: Step) -> None:
                     after=None if aligned else after, partial=partial if blocked else None,
                     first=b.icmp_signed("==", pc, k.i64(0)),
                     last=b.icmp_signed("<=", left_k, k.i64(kc)), tiles=share,
+                    b_mask=inside if flat else None,
                 )  # fmt: skip
 
 
-def _conv_transposed(k: KernelBuilder, s: Step, f: ConvFrame, mk: MicroKernel) -> None:
+def _conv_transposed(k: KernelBuilder, s: Step, f: ConvFrame, mk: MicroKernel, parts: int) -> None:
     """C^T = patches^T W^T (`_transposed_mk`): the packed linear kernel with its rows read
     from the input (staged when padded or strided) through a table of each output position's
     patch start plus the tap table, its panels the packed W^T; the product [positions,
@@ -1526,7 +1685,7 @@ def _conv_transposed(k: KernelBuilder, s: Step, f: ConvFrame, mk: MicroKernel) -
         return k.at(source, b.add(start, b.sext(b.load(b.gep(taps, [p], inbounds=True)), I64)))
 
     panels = -(-f.cout // mk.nr)
-    share = None if s.parts == 1 else (lambda units: s.part_range(k, units))
+    share = None if parts == 1 else (lambda units: _part_share(k, s, units, parts))
     emit_packed_linear(k, source, s.params["weight"], s.params["bias"], product, packed,
                        m=rows, n=f.cout, kk=f.depth, epilogue=epilogue(k, s), share=share,
                        x_at=x_at)  # fmt: skip

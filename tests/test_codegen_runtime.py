@@ -228,6 +228,52 @@ def test_single_row_layers_are_split_over_threads(dtype: type) -> None:
         )
 
 
+@pytest.mark.parametrize(
+    ("x", "fields", "cout"),
+    [((1, 64, 56, 56), "kernel = [3, 3], stride = [2, 2], padding = [1, 1]", 128),
+     ((1, 3, 112, 112), "kernel = [7, 7], stride = [2, 2], padding = [3, 3]", 64),
+     ((1, 32, 40, 37), "kernel = [3, 3], padding = [2, 2], dilation = [2, 2]", 64),
+     ((1, 32, 91, 80), "kernel = [3, 3], stride = [3, 3], padding = [1, 1]", 128),
+     ((1, 32, 64, 32), "kernel = [3, 3], padding = [1, 1]", 64),
+     ((1, 16, 12, 20, 20), "kernel = [3, 3, 3], padding = [1, 1, 1]", 32),
+     ((1, 128, 28, 28), "kernel = [3, 3], stride = [2, 2], padding = [1, 1]", 256)],
+)  # fmt: skip
+def test_split_convolutions_stage_only_their_rows(
+    x: tuple[int, ...], fields: str, cout: int
+) -> None:
+    """A part of a split padded or strided convolution stages only the input rows its output
+    rows read (`ConvFrame.stage_rows`), so these split into several parts (before, each part
+    staged the whole input and a stride-2 3x3 layer of 64 channels on 56 x 56 ran as one call):
+    strides of 2 and 3, a 7x7 stem, a dilation, 32-wide rows (tiles load the staged planes
+    directly), a 3-d convolution; and one whose 196 positions may run as C^T (on AVX-512),
+    which packs the rows of patches in every part: its C^T kernel computes on one of the two
+    parts, the other is empty. The bits are the same at every thread count and match the
+    reference (f32 summation order: the op records' tolerance)."""
+    rng = np.random.default_rng(5)
+    cin, kernel = x[1], [int(e) for e in fields.split("]")[0].split("[")[1].split(",")]
+    axes = ", ".join(["channel_axis = 1", f"in_channels = {cin}", f"out_channels = {cout}"])
+    text = f"""tl.graph @s {{
+  %0 = input : {list(x)}
+  %1 = conv(%0) {{{fields}, {axes}}} : OUT
+  output %1
+}}
+"""
+    graph = checked_graph(tlc.parse(text.replace(" : OUT", "")))
+    node = graph.nodes[1]
+    text = text.replace("OUT", str(list(node.infer([x]))))
+    graph = checked_graph(tlc.parse(text.replace("OUT", "")))
+    payload = Payload()
+    payload.records[1] = {"weight": rng.normal(size=(cout, cin, *kernel)) / np.sqrt(cin * 9),
+                          "bias": rng.normal(size=cout) * 0.1}  # fmt: skip
+    plan = build_graph_module(graph, payload, np.float32).plan
+    assert plan is not None and plan.nodes[1].parts >= 2, plan.nodes[1].parts
+    inputs = rng.normal(size=x).astype(np.float32)
+    outputs = {t: compile_graph(graph, payload, np.float32, threads=t)(inputs) for t in (1, 2, 3)}
+    assert bits(outputs[1]) == bits(outputs[2]) == bits(outputs[3])
+    expected = interpret(graph, payload, inputs, np.float32).output
+    np.testing.assert_allclose(outputs[2], expected, rtol=1e-4, atol=1e-5)
+
+
 @needs_cc
 def test_library_threads_and_concurrent_callers(tmp_path: Path) -> None:
     rng = np.random.default_rng(3)
