@@ -249,6 +249,7 @@ def build_graph_module(
     entry_name: str | None = None,
     queries: bool = True,
     params_query: bool = True,
+    profile: bool = False,
 ) -> GraphModule:
     """Check `graph` and its payload, and emit its module (see the module docstring) with
     kernels shaped for `target`. `entry_name` renames the entry point and `queries=False` leaves
@@ -257,7 +258,9 @@ def build_graph_module(
     `_params_size` of a runtime-payload module whose public entry takes no params (a library
     embedding its payload): that query is how `tlc.load` tells which entries take params. A
     graph with the batch extent `N` is compiled for `batch` rows (its `N` specialised,
-    tlc.dialect.batch)."""
+    tlc.dialect.batch). `profile`: every node's computation adds the nanoseconds of CPU time
+    the calling thread spent in it to element `node id` of the exported i64 array
+    `<symbol>_profile` (`_Profile`; a measuring build, bench/real_networks.py --profile)."""
     if has_batch(graph):
         if batch is None:
             raise error(
@@ -309,6 +312,7 @@ def build_graph_module(
     arena = _Arena(k, graph, plan, threads)
     emitter = _NodeEmitter(module, symbol, k, plan, info, separate=len(graph.nodes) > INLINE_NODES,
                            packed=slots is None)  # fmt: skip
+    clock = _Profile(module, symbol, len(plan.nodes)) if profile else None
     values: list[Buf] = []
     slot_at = {(s.node, s.field): s for s in slots or ()}
     for p in plan.nodes:
@@ -348,7 +352,10 @@ def build_graph_module(
             values.append(lower_node(k, node, args, params, dest))
             continue
         scratch = arena.at(p.scratch_offset, (p.scratch,)) if p.scratch_offset is not None else None
+        start = clock.now(k) if clock is not None else None
         status = emitter.run(p, args, params, dest, scratch, arena, threads)
+        if clock is not None:
+            clock.add(k, node.id, start)
         k.fail_if(k.b.icmp_signed("!=", status, ir.Constant(I32, 0)), status)
         values.append(dest)
     result = values[out_node.id]
@@ -523,6 +530,37 @@ _RUNTIME_TYPES = {
     "tlc_rt_release": ir.FunctionType(ir.VoidType(), [I8P]),
     "tlc_rt_parallel": ir.FunctionType(I32, [I8P, I8P, I64, I32]),
 }
+
+
+class _Profile:
+    """The per-node clock of a profiling build: `<symbol>_profile`, one i64 per node (zero
+    at load), to which each node's computation adds its nanoseconds of the calling thread's
+    CPU time (clock_gettime(CLOCK_THREAD_CPUTIME_ID), from libc; work a parallel region's
+    other workers do is not counted, so profile at one thread)."""
+
+    #: Linux's CLOCK_THREAD_CPUTIME_ID.
+    THREAD_CPUTIME = 3
+
+    def __init__(self, module: ir.Module, symbol: str, nodes: int):
+        self.array = ir.GlobalVariable(module, ir.ArrayType(I64, nodes), f"{symbol}_profile")
+        self.array.initializer = ir.Constant(self.array.type.pointee, None)
+        self.timespec = ir.LiteralStructType([I64, I64])
+        self.clock = ir.Function(module, ir.FunctionType(I32, [I32, self.timespec.as_pointer()]),
+                                 "clock_gettime")  # fmt: skip
+
+    def now(self, k: KernelBuilder) -> ir.Value:
+        """The calling thread's CPU time in nanoseconds."""
+        with k.b.goto_block(k.alloca_block):
+            spec = k.b.alloca(self.timespec, name="ts")
+        k.b.call(self.clock, [ir.Constant(I32, self.THREAD_CPUTIME), spec])
+        at = [ir.Constant(I32, 0), ir.Constant(I32, 0)]
+        seconds = k.b.load(k.b.gep(spec, at))
+        nanos = k.b.load(k.b.gep(spec, [ir.Constant(I32, 0), ir.Constant(I32, 1)]))
+        return k.b.add(k.b.mul(seconds, k.i64(10**9)), nanos)
+
+    def add(self, k: KernelBuilder, node: int, start: ir.Value) -> None:
+        slot = k.b.gep(self.array, [ir.Constant(I32, 0), ir.Constant(I32, node)])
+        k.b.store(k.b.add(k.b.load(slot), k.b.sub(self.now(k), start)), slot)
 
 
 def _runtime(module: ir.Module, name: str) -> ir.Function:

@@ -337,7 +337,8 @@ WINDOWS = {
     "conv": "conv(%0) {{kernel = [{k}, {k}], stride = [2, 2], padding = [1, 1], "
     "in_channels = 3, out_channels = 4}}",
     "conv_valid": "conv(%0) {{kernel = [{k}, {k}], in_channels = 3, out_channels = 4}}",
-    "max_pool": "max_pool(%0) {{kernel = [{k}, {k}], padding = [1, 1]}}",
+    # A fixed stride: the staging of stride phases (one shuffle per phase) grows with it.
+    "max_pool": "max_pool(%0) {{kernel = [{k}, {k}], stride = [2, 2], padding = [1, 1]}}",
     "avg_pool": "avg_pool(%0) {{kernel = [{k}, {k}], stride = [2, 2]}}",
     "conv_input_grad": "conv_input_grad(%1, %2) {{kernel = [{k}, {k}], padding = [{p}, {p}], "
     "in_channels = 3, out_channels = 4}} : [3, 16, 16]",
