@@ -1822,7 +1822,6 @@ class PoolFrame:
         """The offsets of one leading index's input and output planes."""
         return k.b.mul(lead, k.i64(self.in_plane)), k.b.mul(lead, k.i64(self.out_plane))
 
-
     def conv_frame(self) -> ConvFrame:
         """The geometry as a depthwise convolution's, one plane per group: the forward
         kernels stage and read planes as that one does (`window_strips`)."""
