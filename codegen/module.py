@@ -342,12 +342,15 @@ def build_graph_module(
                 if spec.pack is not None:
                     value = spec.pack(value, info)
                 params[name] = Buf(k.global_constant(f"p{node.id}.{name}", value), value.shape)
-        if node.id == plan.writer:
-            dest = Buf(out_ptr, p.shape)
-        elif p.offset is not None:
-            dest = arena.at(p.offset, p.shape)
-        else:  # a view: the rule returns the aliased buffer
-            dest = Buf(arena.base, p.shape)
+        if p.into is not None:  # its slab of a concatenation's value
+            concat, offset = p.into
+            whole = _destination(plan, plan.nodes[concat], out_ptr, arena)
+            dest = Buf(k.at(whole, offset), p.shape)
+        else:
+            dest = _destination(plan, p, out_ptr, arena)
+        if p.gathered:  # its producers wrote every part
+            values.append(dest)
+            continue
         if p.view:
             values.append(lower_node(k, node, args, params, dest))
             continue
@@ -389,6 +392,16 @@ def build_graph_module(
         tuple(slots) if slots is not None else None,
         plan,
     )
+
+
+def _destination(plan: GraphPlan, p: NodePlan, out_ptr: ir.Value, arena: _Arena) -> Buf:
+    """Where node `p`'s value is written: the caller's `out`, its arena region, or (a view)
+    a placeholder the rule replaces with the buffer it aliases."""
+    if p.node.id == plan.writer:
+        return Buf(out_ptr, p.shape)
+    if p.offset is not None:
+        return arena.at(p.offset, p.shape)
+    return Buf(arena.base, p.shape)
 
 
 def bakes_payload(graph: GraphOp, dtype: type = np.float64) -> bool:

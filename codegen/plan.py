@@ -105,6 +105,11 @@ class NodePlan:
     #: A single call split into this many parts (`Lowering.parts`), run as a parallel region
     #: with per-worker scratch: how a node with one leading row (batch 1) uses threads.
     parts: int = 1
+    #: The node writes its value straight into its slab of a concatenation: (the concat's
+    #: id, element offset in its value); `offset` is then None. On that concat, `gathered`:
+    #: its producers wrote every part, so it computes nothing.
+    into: tuple[int, int] | None = None
+    gathered: bool = False
 
     @property
     def tasks(self) -> int:
@@ -345,16 +350,22 @@ def _assign_memory(plans: list[NodePlan], out_id: int, itemsize: int) -> tuple[i
                 last[r] = max(last[r], p.node.id)
     if root[out_id] is not None:  # the output is a view of a computed value: copied at the end
         last[root[out_id]] = n  # type: ignore[index]
+    slabs = _concat_slabs(plans, root)
     regions: dict[int, _Region] = {}
     scratch: list[tuple[NodePlan, _Region]] = []
     unshared = 0
     for p in plans:
         i = p.node.id
-        if root[i] == i:
+        if i in slabs:  # lives in its concatenation's region
+            p.into = slabs[i]
+        elif root[i] == i:
             size = aligned(numel(p.shape), itemsize)
             unshared += size
             shared = _in_place_source(p, plans, root, last)
-            if shared is not None:
+            if p.gathered:  # alive from its first part's node on
+                first = min(q for q, (c, _) in slabs.items() if c == i)
+                regions[i] = _Region(first, last[i], size)
+            elif shared is not None:
                 region = regions[shared]
                 region.end = max(region.end, last[i])
                 regions[i] = region
@@ -372,6 +383,48 @@ def _assign_memory(plans: list[NodePlan], out_id: int, itemsize: int) -> tuple[i
     for p, region in scratch:
         p.scratch_offset = region.offset
     return arena, unshared
+
+
+def _concat_slabs(plans: list[NodePlan], root: list[int | None]) -> dict[int, tuple[int, int]]:
+    """Producer id -> (concat id, element offset): the producers that write their value
+    straight into a concatenation's region, which then copies nothing (`NodePlan.gathered`).
+    A concatenation qualifies when each part is one contiguous slab of it (nothing before the
+    axis but extents of 1: a channel concatenation of one image) and every part is a
+    computed value (or a relu fused into one) read by nothing else, none twice; the producers
+    then run with their slab as destination (its region is alive from the first of them on,
+    so nothing they read overlaps it). (squeezenet's fire modules: the 1x1 and 3x3
+    expansions write the two halves of their concatenation.)"""
+    users: dict[int, list[int]] = {}
+    for p in plans:
+        for q in p.node.parent_ids():
+            users.setdefault(q, []).append(p.node.id)
+    slabs: dict[int, tuple[int, int]] = {}
+    for p in plans:
+        c = p.node.id
+        if not isinstance(p.node, ops.ConcatOp) or p.view or root[c] not in (c, None):
+            continue
+        axis = p.node.meta("axis") + len(p.shape) - len(p.kernel.out_shape if p.kernel else ())
+        parts = p.node.parent_ids()
+        if p.kernel is None or numel(p.shape[:axis]) != 1 or len(set(parts)) != len(parts):
+            continue
+        found, offset = {}, 0
+        for q in parts:
+            r = root[q]
+            chain = [r, q] if q != r else [r]
+            if (
+                r is None
+                or plans[r].view
+                or plans[r].gathered
+                or (q != r and plans[q].fused_into != r)
+                or any(users.get(a) != [b] for a, b in zip(chain, [*chain[1:], c], strict=True))
+            ):
+                break
+            found[r] = (c, offset)
+            offset += numel(plans[q].shape)
+        else:
+            slabs.update(found)
+            p.gathered = True
+    return slabs
 
 
 def _in_place_source(
