@@ -27,8 +27,9 @@ them alike; a row per model, batch and thread count gives the medians in ms and
 `--profile` says where the time goes, one thread: tlc's code built with per-node clocks
 (`build_graph_module(profile=True)`: each node's computation, in the whole network's run,
 adds the CPU time it took to a counter of its own) next to ONNX Runtime's session profile
-(`SessionOptions.enable_profiling`: each node's kernel time), both summed over the same calls
-and divided per call. The two graphs differ (ORT fuses conv + add + relu and reorders to its
+(`SessionOptions.enable_profiling`: each node's kernel time, wall time scaled to add up to
+the calling thread's CPU time over the calls), both summed over the same calls and divided
+per call. The two graphs differ (ORT fuses conv + add + relu and reorders to its
 blocked layout; tlc fuses relus into convolutions), so nodes are matched by kind and output
 shape: a table per kind (conv, pool, concat, add, ...), and the `--top` (kind, shape) pairs
 where tlc loses most.
@@ -190,13 +191,18 @@ def tlc_profile(traced: object, x: np.ndarray, calls: int) -> dict[tuple[str, tu
     times: dict[tuple[str, tuple], float] = {}
     for p in module.plan.nodes:
         if nanos[p.node.id]:
-            key = (KINDS.get(p.node.TAG, p.node.TAG), tuple(p.shape))
+            kind = KINDS.get(p.node.TAG, p.node.TAG)
+            if kind == "conv" and p.node.meta("groups") == p.node.meta("in_channels") > 1:
+                kind = "depthwise"
+            key = (kind, tuple(p.shape))
             times[key] = times.get(key, 0.0) + nanos[p.node.id] / 1e6 / calls
     return times
 
 
 def ort_profile(model: bytes, x: np.ndarray, calls: int) -> dict[tuple[str, tuple], float]:
-    """(kind, output shape) -> ONNX Runtime's ms per call, from its session profile."""
+    """(kind, output shape) -> ONNX Runtime's ms per call, from its session profile. The
+    profile's durations are wall time, which a loaded machine inflates: they are scaled so
+    that they add up to the calling thread's CPU time over the same calls."""
     import json
 
     import onnxruntime as ort
@@ -208,27 +214,34 @@ def ort_profile(model: bytes, x: np.ndarray, calls: int) -> dict[tuple[str, tupl
         session = ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
         feed = {session.get_inputs()[0].name: x}
         session.run(None, feed)
-        events = []
+        start = time.thread_time()
         for _ in range(calls):
             session.run(None, feed)
+        cpu = time.thread_time() - start
         with open(session.end_profiling()) as f:
             events = json.load(f)
     kernels = [e for e in events if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")]
-    runs = calls + 1
+    kernels = kernels[len(kernels) // (calls + 1) :]  # every call runs the same nodes: the
+    # first (untimed) call's come first
+    scale = cpu * 1e6 / max(sum(e["dur"] for e in kernels), 1)
     times: dict[tuple[str, tuple], float] = {}
     for e in kernels:
         op = e["args"]["op_name"]
         shapes = e["args"].get("output_type_shape") or [{}]
         shape = tuple(next(iter(shapes[0].values()), ()))
-        key = (KINDS.get(op, op), shape)
-        times[key] = times.get(key, 0.0) + e["dur"] / 1e3 / runs
+        kind = KINDS.get(op, op)
+        weights = e["args"].get("input_type_shape") or []
+        weight = next(iter(weights[1].values()), ()) if len(weights) > 1 else ()
+        if kind == "conv" and len(weight) > 1 and weight[1] == 1 and weight[0] > 1:
+            kind = "depthwise"
+        times[(kind, shape)] = times.get((kind, shape), 0.0) + e["dur"] * scale / 1e3 / calls
     return times
 
 
 def profile(args: argparse.Namespace) -> None:
     """Per-node time of tlc and ONNX Runtime, one thread, by kind and by (kind, shape)."""
     print("Per node, one thread, ms per call (tlc: thread CPU time of each node's computation;"
-          " ORT: its profile's kernel times)")  # fmt: skip
+          " ORT: its profile's kernel times, scaled to its thread CPU time)")  # fmt: skip
     for name in args.models.split(","):
         for batch in (int(b) for b in args.batches.split(",")):
             net, x = network(name, args.size)

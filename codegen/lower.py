@@ -1690,6 +1690,11 @@ def _conv_depthwise(k: KernelBuilder, s: Step, f: ConvFrame) -> None:
             window_strips(k, f, plane, out, base, k.load(bias, channel), fold, fn)
 
 
+#: Most elements a window op's plane computed as one flat run of strips may have (its
+#: values pass through a stack buffer of that size).
+FLAT_PLANE = 4096
+
+
 def window_strips(
     k: KernelBuilder,
     f: ConvFrame,
@@ -1701,41 +1706,62 @@ def window_strips(
     finish: Callable[[ir.Value], ir.Value] | None,
 ) -> None:
     """One plane of a window op with one input plane per output plane (depthwise
-    convolution, pooling): each output row in strips of one vector register (the last one
-    masked), acc = `start` in every lane, then acc = fold(acc, tap number, the inputs the
-    tap reads for the strip) for every tap in row-major order (contiguous in `plane`: the
-    staged plane, or the input when nothing is padded or strided), then finish(acc) is
-    stored at out[base + position]. Rows narrower than a vector are one masked strip."""
+    convolution, pooling), in strips of one vector register: acc = `start` in every lane,
+    then acc = fold(acc, tap number, the inputs the tap reads for the strip) for every tap in
+    row-major order (contiguous in `plane`: the staged plane, or the input when nothing is
+    padded or strided), then finish(acc) is stored at out[base + position].
+
+    Each output row is a run of strips, or, when the rows are narrower than a vector and
+    that takes fewer strips (a 7 x 7 plane: 4 strips of 16 lanes instead of 7), the whole
+    2-D plane is one run over its positions laid out with the width of the planes read
+    (output (oh, ow) at oh * width + ow: every tap then reads one contiguous run too, and
+    the positions past a row's end compute values nobody keeps), copied row by row into
+    `out` from a stack buffer. Either way every output is the same sequence of operations."""
     b, win = k.b, f.window
     ow = win.out_sp[-1]
     lanes = max(k.info.vector_bytes // k.dtype.itemsize, 1)
     vec = ir.VectorType(k.T, lanes)
-    in_steps, out_steps = strides(f.extents), strides(win.out_sp)
-    with k.nest(win.out_sp[:-1], "row") as rows:
-        dst = b.add(base, k.linear_index(rows, out_steps[:-1]))
-        src = k.linear_index(rows, in_steps[:-1])
-        first = splat(k, vec, start)
+    first = splat(k, vec, start)
 
-        def strip(j: ir.Value, count: int) -> None:
-            """Output positions j .. j+count of the row, in one vector register."""
-            acc = k.local(first, "wacc")
-            with k.nest(win.kernel, "tap") as position:
-                tap = k.linear_index(position, strides(win.kernel))
-                at = b.add(b.add(src, f.tap_offset(k, k.i64(0), position)), j)
-                inputs = load_vector(k, vec, k.at(plane, at), count)
-                b.store(fold(b.load(acc), tap, inputs), acc)
-            value = b.load(acc)
-            store_vector(k, finish(value) if finish is not None else value,
-                         k.at(out, b.add(dst, j)), count)  # fmt: skip
+    def strip(src: ir.Value, j: ir.Value, count: int, to: ir.Value) -> None:
+        """Positions j .. j+count of a run read from src + j, stored at `to`."""
+        acc = k.local(first, "wacc")
+        with k.nest(win.kernel, "tap") as position:
+            tap = k.linear_index(position, strides(win.kernel))
+            at = b.add(b.add(src, f.tap_offset(k, k.i64(0), position)), j)
+            inputs = load_vector(k, vec, k.at(plane, at), count)
+            b.store(fold(b.load(acc), tap, inputs), acc)
+        value = b.load(acc)
+        store_vector(k, finish(value) if finish is not None else value, to, count)
 
-        if ow < lanes:
-            strip(k.i64(0), ow)
+    def run(length: int, src: ir.Value, target: Callable[[ir.Value], ir.Value]) -> None:
+        """Strips over a run of `length` positions; a run shorter than a vector is one
+        masked strip, else whole strips, the last one moved back to end at the run's end (it
+        recomputes a few positions, to the same values): one copy of the tap loop, no
+        masks."""
+        if length < lanes:
+            strip(src, k.i64(0), length, target(k.i64(0)))
             return
-        # Whole strips only, the last one moved back to end at the row's end (it recomputes
-        # a few positions, to the same values): one copy of the tap loop, no masks.
-        with k.loop(-(-ow // lanes), "strip") as t:
+        with k.loop(-(-length // lanes), "strip") as t:
             j = b.mul(t, k.i64(lanes))
-            strip(b.select(b.icmp_signed(">", j, k.i64(ow - lanes)), k.i64(ow - lanes), j), lanes)
+            j = b.select(b.icmp_signed(">", j, k.i64(length - lanes)), k.i64(length - lanes), j)
+            strip(src, j, lanes, target(j))
+
+    width = f.extents[-1]
+    rows = win.out_sp[0] if len(win.out_sp) == 2 else 0
+    flat = (rows - 1) * width + ow
+    if rows and ow < lanes and -(-flat // lanes) < rows * -(-ow // lanes) <= FLAT_PLANE:
+        with b.goto_block(k.alloca_block):
+            slots = b.alloca(ir.ArrayType(k.T, flat), name="flat")
+        held = Buf(b.bitcast(slots, k.T.as_pointer()), (flat,))
+        run(flat, k.i64(0), lambda j: k.at(held, j))
+        with k.loop(rows, "row") as r:
+            k.copy_run(out, b.add(base, b.mul(r, k.i64(ow))), held, b.mul(r, k.i64(width)), ow)
+        return
+    in_steps, out_steps = strides(f.extents), strides(win.out_sp)
+    with k.nest(win.out_sp[:-1], "row") as index:
+        dst = b.add(base, k.linear_index(index, out_steps[:-1]))
+        run(ow, k.linear_index(index, in_steps[:-1]), lambda j: k.at(out, b.add(dst, j)))
 
 
 def _conv_input_grad_scratch(node: NodeOp, parents: list[Shape], out: Shape) -> int:
