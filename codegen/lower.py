@@ -234,11 +234,14 @@ def elementwise(op_class: type[NodeOp], fn: Scalar) -> None:
     def emit(k: KernelBuilder, s: Step) -> None:
         scalars = {j: k.load(a, 0) for j, a in enumerate(s.args) if a.size == 1 < s.out.size}
         lo, hi = _element_range(k, s)
+        then = epilogue(k, s)
         with k.loop(hi, start=lo) as i:
             xs = [scalars[j] if j in scalars else k.load(a, i) for j, a in enumerate(s.args)]
-            k.store(fn(k, s.node, *xs), s.out, i)
+            value = fn(k, s.node, *xs)
+            k.store(then(value) if then is not None else value, s.out, i)
 
-    register(op_class, parts=_element_parts)(emit)
+    # A relu after a map (the residual add's) is applied in the same pass (`Step.fused`).
+    register(op_class, parts=_element_parts, fuses=True)(emit)
 
 
 #: Elements of a flat map's unit of parallel work (whole vectors of any target).

@@ -166,13 +166,14 @@ def node_function(
 
 def map_function(
     module: ir.Module, name: str, node: NodeOp, n_args: int, dtype: type, info: TargetInfo,
-    *, in_place: bool = False,
+    *, in_place: bool = False, fused: NodeOp | None = None,
 ) -> ir.Function:  # fmt: skip
     """`i32 name(args..., out, i64 n)`: `out[i] = f(args[0][i], ...)` for i < n, the map of an
     `elementwise` op kind (`lower.MAPS`) with its length an argument, so one function serves
     every node of that kind and metadata whatever its size (a graph's relus of 60 sizes are
     one function, not 60 for LLVM to optimise). The loop is the one the node's own kernel
-    has, with a trip count LLVM learns at run time: the same vector body, the same values."""
+    has, with a trip count LLVM learns at run time: the same vector body, the same values.
+    `fused`: an `EPILOGUES` node applied to each value before it is stored."""
     T = scalar_type(dtype)
     types = [T.as_pointer()] * (n_args + 1) + [I64]
     func = ir.Function(module, ir.FunctionType(I32, types), module.get_unique_name(name))
@@ -183,7 +184,10 @@ def map_function(
     fn = MAPS[type(node)]
     inputs, out = [Buf(a, ()) for a in func.args[:n_args]], Buf(func.args[n_args], ())
     with k.loop(func.args[-1]) as i:
-        k.store(fn(k, node, *(k.load(a, i) for a in inputs)), out, i)
+        value = fn(k, node, *(k.load(a, i) for a in inputs))
+        if fused is not None:
+            value = EPILOGUES[type(fused)](k, fused, value)
+        k.store(value, out, i)
     k.exit_with(Status.OK)
     k.finish()
     return func
@@ -214,7 +218,8 @@ def lower_node(
 def fusions(graph: GraphOp, out_node: NodeOp) -> dict[int, NodeOp]:
     """Producer id -> the elementwise node fused into its stores: a node whose rule `fuses`,
     that is not the output and whose value has exactly one user, an `EPILOGUES` op reading
-    nothing else (a linear or convolution followed by relu)."""
+    nothing else (a linear, a convolution or an elementwise map, such as a residual add,
+    followed by relu or relu6)."""
     parents = {node.id: node.parent_ids() for node in graph.nodes}
     users: dict[int, list[NodeOp]] = {}
     for node in graph.nodes:
@@ -613,7 +618,6 @@ class _NodeEmitter:
             or type(kernel.node) not in MAPS
             or params
             or scratch
-            or p.epilogue is not None
             or n < MAP_ELEMENTS
             or any(numel(shape) != n for shape in kernel.arg_shapes)
         ):
@@ -627,13 +631,14 @@ class _NodeEmitter:
         n = self.map_length(p, kernel, params, scratch)
         if n is None:
             return self.kernel(p, kernel, params, scratch), []
+        then = p.epilogue
         key = ("map", type(kernel.node), repr(kernel.node.metadata()), len(kernel.arg_shapes),
-               p.in_place)  # fmt: skip
+               p.in_place, type(then), repr(then.metadata()) if then else "")  # fmt: skip
         func = self.functions.get(key)
         if func is None:
             func = map_function(self.module, f"{self.symbol}.map.{kernel.node.TAG}",
                                 kernel.node, len(kernel.arg_shapes), self.k.dtype.type,
-                                self.info, in_place=p.in_place)  # fmt: skip
+                                self.info, in_place=p.in_place, fused=then)  # fmt: skip
             func.attributes.add("noinline")
             self.functions[key] = func
         return func, [ir.Constant(I64, n)]
@@ -644,7 +649,8 @@ class _NodeEmitter:
         parts = p.parts if p.rows is None else 1
         key = (type(kernel.node), repr(kernel.node.metadata()), kernel.arg_shapes,
                tuple(param_shapes.items()), kernel.out_shape, scratch, p.in_place,
-               type(p.epilogue), parts)  # fmt: skip
+               type(p.epilogue), repr(p.epilogue.metadata()) if p.epilogue else "",
+               parts)  # fmt: skip
         func = self.functions.get(key)
         if func is None:
             func = node_function(
