@@ -606,6 +606,8 @@ class _NodeEmitter:
         #: Kernels no larger graph inlines; baked params in their packed layouts.
         self.separate, self.packed = separate, packed
         self.functions: dict[tuple, ir.Function] = {}
+        #: The (task, ctx) of each node of the row run being emitted (`NodePlan.run`).
+        self.pending: list[tuple[ir.Function, ir.Value]] = []
 
     def map_length(self, p: NodePlan, kernel: Kernel, params: dict[str, Buf], scratch: int
                    ) -> int | None:  # fmt: skip
@@ -690,10 +692,37 @@ class _NodeEmitter:
                 status = k.b.call(task, [k.b.bitcast(ctx, I8P), index, k.i64(0)])
                 k.fail_if(k.b.icmp_signed("!=", status, ir.Constant(I32, 0)), status)
             return ir.Constant(I32, 0)
+        if p.run is not None:
+            self.pending.append((task, k.b.bitcast(ctx, I8P)))
+            if not p.run_end:  # computed by the run's region, at its last node
+                return ir.Constant(I32, 0)
+            task, ctx = self.run_task(p.run)
         return k.b.call(
             _runtime(self.module, "tlc_rt_parallel"),
             [k.b.bitcast(task, I8P), k.b.bitcast(ctx, I8P), k.i64(rows.tasks), threads],
         )
+
+    def run_task(self, run: int) -> tuple[ir.Function, ir.Value]:
+        """The task of a row run (`plan.row_runs`) and its context: task t calls every node's
+        row task t in order, on the same worker, and stops at the first failure; the context
+        holds the nodes' contexts."""
+        k, pending = self.k, self.pending
+        with k.b.goto_block(k.alloca_block):
+            ctx = k.b.alloca(ir.ArrayType(I8P, len(pending)), name=f"run{run}")
+        for i, (_, node_ctx) in enumerate(pending):
+            k.b.store(node_ctx, k.b.gep(ctx, [ir.Constant(I32, 0), ir.Constant(I32, i)]))
+        func = ir.Function(self.module, TASK_TYPE, f"{self.symbol}.r{run}")
+        func.linkage = "internal"
+        contexts, index, worker = func.args
+        b = ir.IRBuilder(func.append_basic_block("entry"))
+        slots = b.bitcast(contexts, I8P.as_pointer())
+        for i, (task, _) in enumerate(pending):
+            status = b.call(task, [b.load(b.gep(slots, [ir.Constant(I64, i)])), index, worker])
+            with b.if_then(b.icmp_signed("!=", status, ir.Constant(I32, 0)), likely=False):
+                b.ret(status)
+        b.ret(ir.Constant(I32, 0))
+        self.pending = []
+        return func, ctx
 
     def part_task(self, p: NodePlan, params: dict[str, Buf]) -> ir.Function:
         """`i32 task(ctx, index, worker)`: part `index` of the node's split kernel call, on

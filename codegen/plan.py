@@ -110,6 +110,10 @@ class NodePlan:
     #: its producers wrote every part, so it computes nothing.
     into: tuple[int, int] | None = None
     gathered: bool = False
+    #: Row regions of consecutive nodes with the same tasks run as one region (`row_runs`):
+    #: the id of the run's first node, on every node of it, and on its last, `run_end`.
+    run: int | None = None
+    run_end: bool = False
 
     @property
     def tasks(self) -> int:
@@ -243,6 +247,7 @@ def plan_graph(
         if not p.view:
             _choose_kernel(p, [plans[q] for q in parents], shapes, batch)
         plans.append(p)
+    row_runs(plans)
     arena, unshared = _assign_memory(plans, writer, itemsize)
     worker = max((p.scratch for p in plans if p.rows is not None or p.parts > 1), default=0)
     workers = max((p.tasks for p in plans), default=1)
@@ -323,6 +328,49 @@ def _set_rows(p: NodePlan, rows: int, arg_rows: tuple[int, ...], out_row: int, k
                   True)  # fmt: skip
 
 
+def row_runs(plans: list[NodePlan]) -> None:
+    """Mark runs of consecutive computed nodes (views between them do not count) that are
+    parallel row regions over the same tasks, each reading the values computed inside the
+    run by rows (task t's rows only): the run is one region whose task t runs every node of
+    the run on its rows in turn (depth first), so a chunk of images flows through a chain of
+    layers while it is in cache, instead of each layer passing over the whole batch (at batch
+    16, mobilenet_v2's blocks were 1.3x slower per image than at batch 1). Each node's
+    kernel, rows and values are unchanged: the same bits."""
+    current: list[NodePlan] = []
+
+    def close() -> None:
+        if len(current) > 1:
+            for q in current:
+                q.run = current[0].node.id
+            current[-1].run_end = True
+        current.clear()
+
+    inside: set[int] = set()  # computed in the current run, or views of such values
+    for p in plans:
+        if p.view:
+            if any(q in inside for q in p.node.parent_ids()):
+                inside.add(p.node.id)
+            continue
+        rows = p.rows
+        fits = (
+            rows is not None
+            and rows.parallel
+            and bool(current)
+            and (rows.rows, rows.chunk) == (current[0].rows.rows, current[0].rows.chunk)  # type: ignore[union-attr]
+            and all(
+                n > 0 for q, n in zip(p.node.parent_ids(), rows.arg_rows, strict=True)
+                if q in inside
+            )
+        )  # fmt: skip
+        if not fits:
+            close()
+            inside = set()
+        if rows is not None and rows.parallel:
+            current.append(p)
+            inside.add(p.node.id)
+    close()
+
+
 @dataclass
 class _Region:
     start: int
@@ -350,6 +398,15 @@ def _assign_memory(plans: list[NodePlan], out_id: int, itemsize: int) -> tuple[i
                 last[r] = max(last[r], p.node.id)
     if root[out_id] is not None:  # the output is a view of a computed value: copied at the end
         last[root[out_id]] = n  # type: ignore[index]
+    # A run's tasks run its nodes at once on different rows: every value computed or read in
+    # it stays alive (its region unshared) until the run's end.
+    ends = list(last)
+    run_end = {p.run: p.node.id for p in plans if p.run_end}
+    for p in plans:
+        if p.run is not None:
+            for r in [root[q] for q in p.node.parent_ids()] + [root[p.node.id]]:
+                if r is not None:
+                    ends[r] = max(ends[r], run_end[p.run])
     slabs = _concat_slabs(plans, root)
     regions: dict[int, _Region] = {}
     scratch: list[tuple[NodePlan, _Region]] = []
@@ -364,14 +421,14 @@ def _assign_memory(plans: list[NodePlan], out_id: int, itemsize: int) -> tuple[i
             shared = _in_place_source(p, plans, root, last)
             if p.gathered:  # alive from its first part's node on
                 first = min(q for q, (c, _) in slabs.items() if c == i)
-                regions[i] = _Region(first, last[i], size)
+                regions[i] = _Region(first, ends[i], size)
             elif shared is not None:
                 region = regions[shared]
-                region.end = max(region.end, last[i])
+                region.end = max(region.end, ends[i])
                 regions[i] = region
                 p.in_place = True
             else:
-                regions[i] = _Region(i, last[i], size)
+                regions[i] = _Region(i, ends[i], size)
         if p.scratch and p.rows is None and p.parts == 1:
             region = _Region(i, i, aligned(p.scratch, itemsize))
             unshared += region.size

@@ -183,6 +183,31 @@ def test_concat_parts_are_written_in_place(tail: str, gathered: bool) -> None:
     np.testing.assert_allclose(outputs[1], expected, rtol=2e-5, atol=2e-6)
 
 
+def test_row_runs_take_each_chunk_through_a_chain(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Consecutive row regions over the same tasks (the second residual block's two
+    convolutions at batch 4) are one region whose task runs both on its rows: the values
+    the run computes or reads keep their regions to its end (the tasks run its nodes at
+    once), and the bits are those of one region per node."""
+    from tlc.codegen import plan as codegen_plan
+
+    text, payload = residual_cnn(4, np.random.default_rng(0))
+    graph = graph_of(text)
+    built = build_graph_module(graph, payload, np.float32)
+    nodes = built.plan.nodes
+    assert [(p.node.id, p.run_end) for p in nodes if p.run is not None] == [(9, False), (11, True)]
+    assert '"tlc_res.r9"' in built.ir
+    spans = {i: range(nodes[i].offset, nodes[i].offset + 4 * 16 * 256) for i in (7, 9, 11)}
+    assert all(not set(spans[a]) & set(spans[b]) for a, b in ((7, 9), (9, 11), (7, 11)))
+    x = np.random.default_rng(3).normal(size=(4, 3, 16, 16)).astype(np.float32)
+    runs = [compile_graph(graph, payload, np.float32, threads=t)(x) for t in (1, 2)]
+    monkeypatch.setattr(codegen_plan, "row_runs", lambda plans: None)
+    monkeypatch.setenv("TLC_OBJECT_CACHE", "0")
+    monkeypatch.setattr("tlc.codegen.jit._graph_cache", {})
+    assert "r9" not in build_graph_module(graph, payload, np.float32).ir
+    alone = compile_graph(graph, payload, np.float32, threads=2)(x)
+    assert bits(runs[0]) == bits(runs[1]) == bits(alone)
+
+
 def bits(x: np.ndarray) -> bytes:
     return np.ascontiguousarray(x).tobytes()
 
