@@ -265,7 +265,8 @@ def build_graph_module(
     graph with the batch extent `N` is compiled for `batch` rows (its `N` specialised,
     tlc.dialect.batch). `profile`: every node's computation adds the nanoseconds of CPU time
     the calling thread spent in it to element `node id` of the exported i64 array
-    `<symbol>_profile` (`_Profile`; a measuring build, bench/real_networks.py --profile)."""
+    `<symbol>_profile` (`_Profile`; a measuring build, bench/real_networks.py --profile: its
+    row regions are not merged into runs, so each node's time is its own)."""
     if has_batch(graph):
         if batch is None:
             raise error(
@@ -303,7 +304,8 @@ def build_graph_module(
     T = scalar_type(dtype)
     module = ir.Module(name=symbol)
     slots = _param_slots(graph, shapes) if runtime_payload else None
-    plan = plan_graph(graph, shapes, np.dtype(dtype).itemsize, batch, fusions(graph, out_node))
+    plan = plan_graph(graph, shapes, np.dtype(dtype).itemsize, batch, fusions(graph, out_node),
+                      runs=not profile)  # fmt: skip
     full_in = (batch, *in_shape) if batch is not None else in_shape
     full_out = (batch, *out_shape) if batch is not None else out_shape
 

@@ -224,9 +224,11 @@ def plan_graph(
     itemsize: int,
     batch: int | None = None,
     fused: dict[int, NodeOp] | None = None,
+    runs: bool = True,
 ) -> GraphPlan:
     """The plan of `graph` (see the module docstring); `shapes` are the single-example shapes,
-    `fused` maps a producer's id to the elementwise node fused into its kernel's stores."""
+    `fused` maps a producer's id to the elementwise node fused into its kernel's stores;
+    `runs=False` keeps every row region apart (`row_runs`)."""
     output = graph.output
     assert output is not None
     out_id = output.value.owner.id  # type: ignore[union-attr]
@@ -247,7 +249,8 @@ def plan_graph(
         if not p.view:
             _choose_kernel(p, [plans[q] for q in parents], shapes, batch)
         plans.append(p)
-    row_runs(plans)
+    if runs:
+        row_runs(plans)
     arena, unshared = _assign_memory(plans, writer, itemsize)
     worker = max((p.scratch for p in plans if p.rows is not None or p.parts > 1), default=0)
     workers = max((p.tasks for p in plans), default=1)
