@@ -5,6 +5,7 @@
     python bench/real_networks.py --speed [--models resnet18,...] [--size 224]
                                   [--batches 1,16] [--threads 1,2] [--target-cpu znver3]
                                   [--cpu-time]
+    python bench/real_networks.py --profile [--models squeezenet1_0] [--batches 1] [--top 12]
 
 For each model (random weights, batch 1, `--size` x `--size` input; the transformer 2 x 10 x 32)
 and route (`fx`: tlc.from_torch on the float64 model; `onnx`: torch.onnx.export(dynamo=False)
@@ -22,12 +23,23 @@ thread count (tlc's `threads=`, ORT's intra_op_num_threads, torch.set_num_thread
 take turns (`--repeats` rounds of a timed loop each), so load drifting on a shared machine hits
 them alike; a row per model, batch and thread count gives the medians in ms and
 `ORT/tlc` (above 1: tlc is faster). Outputs are checked against PyTorch first.
+
+`--profile` says where the time goes, one thread: tlc's code built with per-node clocks
+(`build_graph_module(profile=True)`: each node's computation, in the whole network's run,
+adds the CPU time it took to a counter of its own) next to ONNX Runtime's session profile
+(`SessionOptions.enable_profiling`: each node's kernel time, wall time scaled to add up to
+the calling thread's CPU time over the calls), both summed over the same calls and divided
+per call. The two graphs differ (ORT fuses conv + add + relu and reorders to its
+blocked layout; tlc fuses relus into convolutions), so nodes are matched by kind and output
+shape: a table per kind (conv, pool, concat, add, ...), and the `--top` (kind, shape) pairs
+where tlc loses most.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import io
 import statistics
 import sys
@@ -145,6 +157,121 @@ def speed_rows(name: str, size: int, batch: int, threads: list[int], target_cpu:
     return rows
 
 
+#: A node's kind for the profile's tables: tlc op tags and ORT op types of the same work.
+KINDS = {"conv": "conv", "Conv": "conv", "FusedConv": "conv", "max_pool": "pool",
+         "avg_pool": "pool", "MaxPool": "pool", "AveragePool": "pool",
+         "GlobalAveragePool": "pool", "reduce_mean": "pool", "concat": "concat",
+         "Concat": "concat", "add": "add", "Add": "add", "Sum": "add", "relu": "relu",
+         "Relu": "relu", "clip": "relu", "Clip": "relu", "linear": "linear", "Gemm": "linear",
+         "ReorderInput": "reorder", "ReorderOutput": "reorder"}  # fmt: skip
+
+
+def tlc_profile(traced: object, x: np.ndarray, calls: int) -> dict[tuple[str, tuple], float]:
+    """(kind, output shape) -> tlc's ms per call, from a profiling build at one thread."""
+    from tlc.codegen.jit import jit_link
+    from tlc.codegen.loader import EntryPoint
+    from tlc.codegen.module import bakes_payload, build_graph_module, pack_params
+
+    graph, payload = traced.graph, traced.payload
+    bound = not bakes_payload(graph, np.float32)
+    module = build_graph_module(graph, payload, np.float32, runtime_payload=bound, profile=True)
+    counters = f"{module.symbol}_profile"
+    tracker = jit_link(module.ir, [module.symbol, counters])
+    entry = EntryPoint(module.symbol, tracker[module.symbol], module.input_shape,
+                       module.output_shape, module.dtype,
+                       module.params_size if module.params is not None else None, owner=tracker,
+                       bound=pack_params(graph, payload, np.float32) if bound else None,
+                       threads=1)  # fmt: skip
+    entry(x)
+    nanos = np.ctypeslib.as_array((ctypes.c_int64 * len(module.plan.nodes)).from_address(
+        tracker[counters]))  # fmt: skip
+    nanos[:] = 0
+    for _ in range(calls):
+        entry(x)
+    times: dict[tuple[str, tuple], float] = {}
+    for p in module.plan.nodes:
+        if nanos[p.node.id]:
+            kind = KINDS.get(p.node.TAG, p.node.TAG)
+            if kind == "conv" and p.node.meta("groups") == p.node.meta("in_channels") > 1:
+                kind = "depthwise"
+            key = (kind, tuple(p.shape))
+            times[key] = times.get(key, 0.0) + nanos[p.node.id] / 1e6 / calls
+    return times
+
+
+def ort_profile(model: bytes, x: np.ndarray, calls: int) -> dict[tuple[str, tuple], float]:
+    """(kind, output shape) -> ONNX Runtime's ms per call, from its session profile. The
+    profile's durations are wall time, which a loaded machine inflates: they are scaled so
+    that they add up to the calling thread's CPU time over the same calls."""
+    import json
+
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads, opts.inter_op_num_threads = 1, 1
+    with tempfile.TemporaryDirectory() as tmp:
+        opts.enable_profiling, opts.profile_file_prefix = True, str(Path(tmp) / "ort")
+        session = ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
+        feed = {session.get_inputs()[0].name: x}
+        session.run(None, feed)
+        start = time.thread_time()
+        for _ in range(calls):
+            session.run(None, feed)
+        cpu = time.thread_time() - start
+        with open(session.end_profiling()) as f:
+            events = json.load(f)
+    kernels = [e for e in events if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")]
+    kernels = kernels[len(kernels) // (calls + 1) :]  # every call runs the same nodes: the
+    # first (untimed) call's come first
+    scale = cpu * 1e6 / max(sum(e["dur"] for e in kernels), 1)
+    times: dict[tuple[str, tuple], float] = {}
+    for e in kernels:
+        op = e["args"]["op_name"]
+        shapes = e["args"].get("output_type_shape") or [{}]
+        shape = tuple(next(iter(shapes[0].values()), ()))
+        kind = KINDS.get(op, op)
+        weights = e["args"].get("input_type_shape") or []
+        weight = next(iter(weights[1].values()), ()) if len(weights) > 1 else ()
+        if kind == "conv" and len(weight) > 1 and weight[1] == 1 and weight[0] > 1:
+            kind = "depthwise"
+        times[(kind, shape)] = times.get((kind, shape), 0.0) + e["dur"] * scale / 1e3 / calls
+    return times
+
+
+def profile(args: argparse.Namespace) -> None:
+    """Per-node time of tlc and ONNX Runtime, one thread, by kind and by (kind, shape)."""
+    print("Per node, one thread, ms per call (tlc: thread CPU time of each node's computation;"
+          " ORT: its profile's kernel times, scaled to its thread CPU time)")  # fmt: skip
+    for name in args.models.split(","):
+        for batch in (int(b) for b in args.batches.split(",")):
+            net, x = network(name, args.size)
+            x = torch.randn(batch, *x.shape[1:])
+            with tempfile.TemporaryDirectory() as tmp, contextlib.redirect_stdout(io.StringIO()):
+                path = str(Path(tmp) / "m.onnx")
+                torch.onnx.export(net, (x,), path, dynamo=False)
+                traced = tlc.from_onnx(path)
+                model = Path(path).read_bytes()
+            xs = x.numpy()
+            ours = tlc_profile(traced, xs, args.repeats)
+            theirs = ort_profile(model, xs, args.repeats)
+            by_kind: dict[str, list[float]] = {}
+            for times, side in ((ours, 0), (theirs, 1)):
+                for (kind, _), ms in times.items():
+                    by_kind.setdefault(kind, [0.0, 0.0])[side] += ms
+            print(f"\n{name}, batch {batch}: total tlc {sum(ours.values()):.2f} ms, "
+                  f"ORT {sum(theirs.values()):.2f} ms")  # fmt: skip
+            print("| kind | tlc ms | ORT ms | tlc - ORT |\n|---|---:|---:|---:|")
+            for kind, (a, b) in sorted(by_kind.items(), key=lambda kv: kv[1][1] - kv[1][0]):
+                print(f"| {kind} | {a:.3f} | {b:.3f} | {a - b:+.3f} |")
+            print("| kind, output shape | tlc ms | ORT ms | tlc - ORT |\n|---|---:|---:|---:|")
+            keys = set(ours) | set(theirs)
+            gaps = sorted(keys, key=lambda key: theirs.get(key, 0.0) - ours.get(key, 0.0))
+            for key in gaps[: args.top]:
+                a, b = ours.get(key, 0.0), theirs.get(key, 0.0)
+                print(f"| {key[0]} {'x'.join(map(str, key[1]))} | {a:.3f} | {b:.3f} | "
+                      f"{a - b:+.3f} |")  # fmt: skip
+
+
 def speed(args: argparse.Namespace) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from run import cpu_model
@@ -178,7 +305,12 @@ def main() -> None:
     parser.add_argument("--target-cpu", default="host")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--cpu-time", action="store_true", help="1-thread rows by CPU time")
+    parser.add_argument("--profile", action="store_true", help="per-node time, tlc and ORT")
+    parser.add_argument("--top", type=int, default=12, help="--profile: gaps to list")
     args = parser.parse_args()
+    if args.profile:
+        profile(args)
+        return
     if args.speed:
         speed(args)
         return

@@ -166,13 +166,14 @@ def node_function(
 
 def map_function(
     module: ir.Module, name: str, node: NodeOp, n_args: int, dtype: type, info: TargetInfo,
-    *, in_place: bool = False,
+    *, in_place: bool = False, fused: NodeOp | None = None,
 ) -> ir.Function:  # fmt: skip
     """`i32 name(args..., out, i64 n)`: `out[i] = f(args[0][i], ...)` for i < n, the map of an
     `elementwise` op kind (`lower.MAPS`) with its length an argument, so one function serves
     every node of that kind and metadata whatever its size (a graph's relus of 60 sizes are
     one function, not 60 for LLVM to optimise). The loop is the one the node's own kernel
-    has, with a trip count LLVM learns at run time: the same vector body, the same values."""
+    has, with a trip count LLVM learns at run time: the same vector body, the same values.
+    `fused`: an `EPILOGUES` node applied to each value before it is stored."""
     T = scalar_type(dtype)
     types = [T.as_pointer()] * (n_args + 1) + [I64]
     func = ir.Function(module, ir.FunctionType(I32, types), module.get_unique_name(name))
@@ -183,7 +184,10 @@ def map_function(
     fn = MAPS[type(node)]
     inputs, out = [Buf(a, ()) for a in func.args[:n_args]], Buf(func.args[n_args], ())
     with k.loop(func.args[-1]) as i:
-        k.store(fn(k, node, *(k.load(a, i) for a in inputs)), out, i)
+        value = fn(k, node, *(k.load(a, i) for a in inputs))
+        if fused is not None:
+            value = EPILOGUES[type(fused)](k, fused, value)
+        k.store(value, out, i)
     k.exit_with(Status.OK)
     k.finish()
     return func
@@ -214,7 +218,8 @@ def lower_node(
 def fusions(graph: GraphOp, out_node: NodeOp) -> dict[int, NodeOp]:
     """Producer id -> the elementwise node fused into its stores: a node whose rule `fuses`,
     that is not the output and whose value has exactly one user, an `EPILOGUES` op reading
-    nothing else (a linear or convolution followed by relu)."""
+    nothing else (a linear, a convolution or an elementwise map, such as a residual add,
+    followed by relu or relu6)."""
     parents = {node.id: node.parent_ids() for node in graph.nodes}
     users: dict[int, list[NodeOp]] = {}
     for node in graph.nodes:
@@ -249,6 +254,7 @@ def build_graph_module(
     entry_name: str | None = None,
     queries: bool = True,
     params_query: bool = True,
+    profile: bool = False,
 ) -> GraphModule:
     """Check `graph` and its payload, and emit its module (see the module docstring) with
     kernels shaped for `target`. `entry_name` renames the entry point and `queries=False` leaves
@@ -257,7 +263,10 @@ def build_graph_module(
     `_params_size` of a runtime-payload module whose public entry takes no params (a library
     embedding its payload): that query is how `tlc.load` tells which entries take params. A
     graph with the batch extent `N` is compiled for `batch` rows (its `N` specialised,
-    tlc.dialect.batch)."""
+    tlc.dialect.batch). `profile`: every node's computation adds the nanoseconds of CPU time
+    the calling thread spent in it to element `node id` of the exported i64 array
+    `<symbol>_profile` (`_Profile`; a measuring build, bench/real_networks.py --profile: its
+    row regions are not merged into runs, so each node's time is its own)."""
     if has_batch(graph):
         if batch is None:
             raise error(
@@ -295,7 +304,8 @@ def build_graph_module(
     T = scalar_type(dtype)
     module = ir.Module(name=symbol)
     slots = _param_slots(graph, shapes) if runtime_payload else None
-    plan = plan_graph(graph, shapes, np.dtype(dtype).itemsize, batch, fusions(graph, out_node))
+    plan = plan_graph(graph, shapes, np.dtype(dtype).itemsize, batch, fusions(graph, out_node),
+                      runs=not profile)  # fmt: skip
     full_in = (batch, *in_shape) if batch is not None else in_shape
     full_out = (batch, *out_shape) if batch is not None else out_shape
 
@@ -309,6 +319,7 @@ def build_graph_module(
     arena = _Arena(k, graph, plan, threads)
     emitter = _NodeEmitter(module, symbol, k, plan, info, separate=len(graph.nodes) > INLINE_NODES,
                            packed=slots is None)  # fmt: skip
+    clock = _Profile(module, symbol, len(plan.nodes)) if profile else None
     values: list[Buf] = []
     slot_at = {(s.node, s.field): s for s in slots or ()}
     for p in plan.nodes:
@@ -338,17 +349,23 @@ def build_graph_module(
                 if spec.pack is not None:
                     value = spec.pack(value, info)
                 params[name] = Buf(k.global_constant(f"p{node.id}.{name}", value), value.shape)
-        if node.id == plan.writer:
-            dest = Buf(out_ptr, p.shape)
-        elif p.offset is not None:
-            dest = arena.at(p.offset, p.shape)
-        else:  # a view: the rule returns the aliased buffer
-            dest = Buf(arena.base, p.shape)
+        if p.into is not None:  # its slab of a concatenation's value
+            concat, offset = p.into
+            whole = _destination(plan, plan.nodes[concat], out_ptr, arena)
+            dest = Buf(k.at(whole, offset), p.shape)
+        else:
+            dest = _destination(plan, p, out_ptr, arena)
+        if p.gathered:  # its producers wrote every part
+            values.append(dest)
+            continue
         if p.view:
             values.append(lower_node(k, node, args, params, dest))
             continue
         scratch = arena.at(p.scratch_offset, (p.scratch,)) if p.scratch_offset is not None else None
+        start = clock.now(k) if clock is not None else None
         status = emitter.run(p, args, params, dest, scratch, arena, threads)
+        if clock is not None:
+            clock.add(k, node.id, start)
         k.fail_if(k.b.icmp_signed("!=", status, ir.Constant(I32, 0)), status)
         values.append(dest)
     result = values[out_node.id]
@@ -382,6 +399,16 @@ def build_graph_module(
         tuple(slots) if slots is not None else None,
         plan,
     )
+
+
+def _destination(plan: GraphPlan, p: NodePlan, out_ptr: ir.Value, arena: _Arena) -> Buf:
+    """Where node `p`'s value is written: the caller's `out`, its arena region, or (a view)
+    a placeholder the rule replaces with the buffer it aliases."""
+    if p.node.id == plan.writer:
+        return Buf(out_ptr, p.shape)
+    if p.offset is not None:
+        return arena.at(p.offset, p.shape)
+    return Buf(arena.base, p.shape)
 
 
 def bakes_payload(graph: GraphOp, dtype: type = np.float64) -> bool:
@@ -525,6 +552,37 @@ _RUNTIME_TYPES = {
 }
 
 
+class _Profile:
+    """The per-node clock of a profiling build: `<symbol>_profile`, one i64 per node (zero
+    at load), to which each node's computation adds its nanoseconds of the calling thread's
+    CPU time (clock_gettime(CLOCK_THREAD_CPUTIME_ID), from libc; work a parallel region's
+    other workers do is not counted, so profile at one thread)."""
+
+    #: Linux's CLOCK_THREAD_CPUTIME_ID.
+    THREAD_CPUTIME = 3
+
+    def __init__(self, module: ir.Module, symbol: str, nodes: int):
+        self.array = ir.GlobalVariable(module, ir.ArrayType(I64, nodes), f"{symbol}_profile")
+        self.array.initializer = ir.Constant(self.array.type.pointee, None)
+        self.timespec = ir.LiteralStructType([I64, I64])
+        self.clock = ir.Function(module, ir.FunctionType(I32, [I32, self.timespec.as_pointer()]),
+                                 "clock_gettime")  # fmt: skip
+
+    def now(self, k: KernelBuilder) -> ir.Value:
+        """The calling thread's CPU time in nanoseconds."""
+        with k.b.goto_block(k.alloca_block):
+            spec = k.b.alloca(self.timespec, name="ts")
+        k.b.call(self.clock, [ir.Constant(I32, self.THREAD_CPUTIME), spec])
+        at = [ir.Constant(I32, 0), ir.Constant(I32, 0)]
+        seconds = k.b.load(k.b.gep(spec, at))
+        nanos = k.b.load(k.b.gep(spec, [ir.Constant(I32, 0), ir.Constant(I32, 1)]))
+        return k.b.add(k.b.mul(seconds, k.i64(10**9)), nanos)
+
+    def add(self, k: KernelBuilder, node: int, start: ir.Value) -> None:
+        slot = k.b.gep(self.array, [ir.Constant(I32, 0), ir.Constant(I32, node)])
+        k.b.store(k.b.add(k.b.load(slot), k.b.sub(self.now(k), start)), slot)
+
+
 def _runtime(module: ir.Module, name: str) -> ir.Function:
     """A function of the C runtime (tlc.codegen.runtime), declared once per module."""
     return module.globals.get(name) or ir.Function(module, _RUNTIME_TYPES[name], name)
@@ -550,6 +608,8 @@ class _NodeEmitter:
         #: Kernels no larger graph inlines; baked params in their packed layouts.
         self.separate, self.packed = separate, packed
         self.functions: dict[tuple, ir.Function] = {}
+        #: The (task, ctx) of each node of the row run being emitted (`NodePlan.run`).
+        self.pending: list[tuple[ir.Function, ir.Value]] = []
 
     def map_length(self, p: NodePlan, kernel: Kernel, params: dict[str, Buf], scratch: int
                    ) -> int | None:  # fmt: skip
@@ -562,7 +622,6 @@ class _NodeEmitter:
             or type(kernel.node) not in MAPS
             or params
             or scratch
-            or p.epilogue is not None
             or n < MAP_ELEMENTS
             or any(numel(shape) != n for shape in kernel.arg_shapes)
         ):
@@ -576,13 +635,14 @@ class _NodeEmitter:
         n = self.map_length(p, kernel, params, scratch)
         if n is None:
             return self.kernel(p, kernel, params, scratch), []
+        then = p.epilogue
         key = ("map", type(kernel.node), repr(kernel.node.metadata()), len(kernel.arg_shapes),
-               p.in_place)  # fmt: skip
+               p.in_place, type(then), repr(then.metadata()) if then else "")  # fmt: skip
         func = self.functions.get(key)
         if func is None:
             func = map_function(self.module, f"{self.symbol}.map.{kernel.node.TAG}",
                                 kernel.node, len(kernel.arg_shapes), self.k.dtype.type,
-                                self.info, in_place=p.in_place)  # fmt: skip
+                                self.info, in_place=p.in_place, fused=then)  # fmt: skip
             func.attributes.add("noinline")
             self.functions[key] = func
         return func, [ir.Constant(I64, n)]
@@ -593,7 +653,8 @@ class _NodeEmitter:
         parts = p.parts if p.rows is None else 1
         key = (type(kernel.node), repr(kernel.node.metadata()), kernel.arg_shapes,
                tuple(param_shapes.items()), kernel.out_shape, scratch, p.in_place,
-               type(p.epilogue), parts)  # fmt: skip
+               type(p.epilogue), repr(p.epilogue.metadata()) if p.epilogue else "",
+               parts)  # fmt: skip
         func = self.functions.get(key)
         if func is None:
             func = node_function(
@@ -633,10 +694,37 @@ class _NodeEmitter:
                 status = k.b.call(task, [k.b.bitcast(ctx, I8P), index, k.i64(0)])
                 k.fail_if(k.b.icmp_signed("!=", status, ir.Constant(I32, 0)), status)
             return ir.Constant(I32, 0)
+        if p.run is not None:
+            self.pending.append((task, k.b.bitcast(ctx, I8P)))
+            if not p.run_end:  # computed by the run's region, at its last node
+                return ir.Constant(I32, 0)
+            task, ctx = self.run_task(p.run)
         return k.b.call(
             _runtime(self.module, "tlc_rt_parallel"),
             [k.b.bitcast(task, I8P), k.b.bitcast(ctx, I8P), k.i64(rows.tasks), threads],
         )
+
+    def run_task(self, run: int) -> tuple[ir.Function, ir.Value]:
+        """The task of a row run (`plan.row_runs`) and its context: task t calls every node's
+        row task t in order, on the same worker, and stops at the first failure; the context
+        holds the nodes' contexts."""
+        k, pending = self.k, self.pending
+        with k.b.goto_block(k.alloca_block):
+            ctx = k.b.alloca(ir.ArrayType(I8P, len(pending)), name=f"run{run}")
+        for i, (_, node_ctx) in enumerate(pending):
+            k.b.store(node_ctx, k.b.gep(ctx, [ir.Constant(I32, 0), ir.Constant(I32, i)]))
+        func = ir.Function(self.module, TASK_TYPE, f"{self.symbol}.r{run}")
+        func.linkage = "internal"
+        contexts, index, worker = func.args
+        b = ir.IRBuilder(func.append_basic_block("entry"))
+        slots = b.bitcast(contexts, I8P.as_pointer())
+        for i, (task, _) in enumerate(pending):
+            status = b.call(task, [b.load(b.gep(slots, [ir.Constant(I64, i)])), index, worker])
+            with b.if_then(b.icmp_signed("!=", status, ir.Constant(I32, 0)), likely=False):
+                b.ret(status)
+        b.ret(ir.Constant(I32, 0))
+        self.pending = []
+        return func, ctx
 
     def part_task(self, p: NodePlan, params: dict[str, Buf]) -> ir.Function:
         """`i32 task(ctx, index, worker)`: part `index` of the node's split kernel call, on

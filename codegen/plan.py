@@ -24,7 +24,11 @@ Decided at compile time from the shapes alone, before any IR is emitted:
   first, at the lowest offset free during the whole lifetime). An elementwise map
   (`lower.IN_PLACE`) overwrites its input when the input dies at the node and has the same size.
   Scratch of row regions is per worker (`worker_scratch` elements each, after the arena), since
-  tasks run at once.
+  tasks run at once. A channel concatenation of one image whose parts are read by nothing else
+  is a region its producers write their slabs of (`_concat_slabs`): it copies nothing.
+- **Runs.** Consecutive row regions over the same tasks form one region whose task runs each
+  node on its rows in turn (`row_runs`: depth first, a chunk of images through a chain of
+  layers while it is in cache); what a run computes or reads stays alive to its end.
 """
 
 from __future__ import annotations
@@ -105,6 +109,15 @@ class NodePlan:
     #: A single call split into this many parts (`Lowering.parts`), run as a parallel region
     #: with per-worker scratch: how a node with one leading row (batch 1) uses threads.
     parts: int = 1
+    #: The node writes its value straight into its slab of a concatenation: (the concat's
+    #: id, element offset in its value); `offset` is then None. On that concat, `gathered`:
+    #: its producers wrote every part, so it computes nothing.
+    into: tuple[int, int] | None = None
+    gathered: bool = False
+    #: Row regions of consecutive nodes with the same tasks run as one region (`row_runs`):
+    #: the id of the run's first node, on every node of it, and on its last, `run_end`.
+    run: int | None = None
+    run_end: bool = False
 
     @property
     def tasks(self) -> int:
@@ -215,9 +228,11 @@ def plan_graph(
     itemsize: int,
     batch: int | None = None,
     fused: dict[int, NodeOp] | None = None,
+    runs: bool = True,
 ) -> GraphPlan:
     """The plan of `graph` (see the module docstring); `shapes` are the single-example shapes,
-    `fused` maps a producer's id to the elementwise node fused into its kernel's stores."""
+    `fused` maps a producer's id to the elementwise node fused into its kernel's stores;
+    `runs=False` keeps every row region apart (`row_runs`)."""
     output = graph.output
     assert output is not None
     out_id = output.value.owner.id  # type: ignore[union-attr]
@@ -238,6 +253,8 @@ def plan_graph(
         if not p.view:
             _choose_kernel(p, [plans[q] for q in parents], shapes, batch)
         plans.append(p)
+    if runs:
+        row_runs(plans)
     arena, unshared = _assign_memory(plans, writer, itemsize)
     worker = max((p.scratch for p in plans if p.rows is not None or p.parts > 1), default=0)
     workers = max((p.tasks for p in plans), default=1)
@@ -318,6 +335,49 @@ def _set_rows(p: NodePlan, rows: int, arg_rows: tuple[int, ...], out_row: int, k
                   True)  # fmt: skip
 
 
+def row_runs(plans: list[NodePlan]) -> None:
+    """Mark runs of consecutive computed nodes (views between them do not count) that are
+    parallel row regions over the same tasks, each reading the values computed inside the
+    run by rows (task t's rows only): the run is one region whose task t runs every node of
+    the run on its rows in turn (depth first), so a chunk of images flows through a chain of
+    layers while it is in cache, instead of each layer passing over the whole batch
+    (mobilenet_v2 at batch 16: 4% faster). Each node's kernel, rows and values are
+    unchanged: the same bits."""
+    current: list[NodePlan] = []
+
+    def close() -> None:
+        if len(current) > 1:
+            for q in current:
+                q.run = current[0].node.id
+            current[-1].run_end = True
+        current.clear()
+
+    inside: set[int] = set()  # computed in the current run, or views of such values
+    for p in plans:
+        if p.view:
+            if any(q in inside for q in p.node.parent_ids()):
+                inside.add(p.node.id)
+            continue
+        rows = p.rows
+        fits = (
+            rows is not None
+            and rows.parallel
+            and bool(current)
+            and (rows.rows, rows.chunk) == (current[0].rows.rows, current[0].rows.chunk)  # type: ignore[union-attr]
+            and all(
+                n > 0 for q, n in zip(p.node.parent_ids(), rows.arg_rows, strict=True)
+                if q in inside
+            )
+        )  # fmt: skip
+        if not fits:
+            close()
+            inside = set()
+        if rows is not None and rows.parallel:
+            current.append(p)
+            inside.add(p.node.id)
+    close()
+
+
 @dataclass
 class _Region:
     start: int
@@ -345,22 +405,37 @@ def _assign_memory(plans: list[NodePlan], out_id: int, itemsize: int) -> tuple[i
                 last[r] = max(last[r], p.node.id)
     if root[out_id] is not None:  # the output is a view of a computed value: copied at the end
         last[root[out_id]] = n  # type: ignore[index]
+    # A run's tasks run its nodes at once on different rows: every value computed or read in
+    # it stays alive (its region unshared) until the run's end.
+    ends = list(last)
+    run_end = {p.run: p.node.id for p in plans if p.run_end}
+    for p in plans:
+        if p.run is not None:
+            for r in [root[q] for q in p.node.parent_ids()] + [root[p.node.id]]:
+                if r is not None:
+                    ends[r] = max(ends[r], run_end[p.run])
+    slabs = _concat_slabs(plans, root)
     regions: dict[int, _Region] = {}
     scratch: list[tuple[NodePlan, _Region]] = []
     unshared = 0
     for p in plans:
         i = p.node.id
-        if root[i] == i:
+        if i in slabs:  # lives in its concatenation's region
+            p.into = slabs[i]
+        elif root[i] == i:
             size = aligned(numel(p.shape), itemsize)
             unshared += size
             shared = _in_place_source(p, plans, root, last)
-            if shared is not None:
+            if p.gathered:  # alive from its first part's node on
+                first = min(q for q, (c, _) in slabs.items() if c == i)
+                regions[i] = _Region(first, ends[i], size)
+            elif shared is not None:
                 region = regions[shared]
-                region.end = max(region.end, last[i])
+                region.end = max(region.end, ends[i])
                 regions[i] = region
                 p.in_place = True
             else:
-                regions[i] = _Region(i, last[i], size)
+                regions[i] = _Region(i, ends[i], size)
         if p.scratch and p.rows is None and p.parts == 1:
             region = _Region(i, i, aligned(p.scratch, itemsize))
             unshared += region.size
@@ -372,6 +447,48 @@ def _assign_memory(plans: list[NodePlan], out_id: int, itemsize: int) -> tuple[i
     for p, region in scratch:
         p.scratch_offset = region.offset
     return arena, unshared
+
+
+def _concat_slabs(plans: list[NodePlan], root: list[int | None]) -> dict[int, tuple[int, int]]:
+    """Producer id -> (concat id, element offset): the producers that write their value
+    straight into a concatenation's region, which then copies nothing (`NodePlan.gathered`).
+    A concatenation qualifies when each part is one contiguous slab of it (nothing before the
+    axis but extents of 1: a channel concatenation of one image) and every part is a
+    computed value (or a relu fused into one) read by nothing else, none twice; the producers
+    then run with their slab as destination (its region is alive from the first of them on,
+    so nothing they read overlaps it). (squeezenet's fire modules: the 1x1 and 3x3
+    expansions write the two halves of their concatenation.)"""
+    users: dict[int, list[int]] = {}
+    for p in plans:
+        for q in p.node.parent_ids():
+            users.setdefault(q, []).append(p.node.id)
+    slabs: dict[int, tuple[int, int]] = {}
+    for p in plans:
+        c = p.node.id
+        if not isinstance(p.node, ops.ConcatOp) or p.view or root[c] not in (c, None):
+            continue
+        axis = p.node.meta("axis") + len(p.shape) - len(p.kernel.out_shape if p.kernel else ())
+        parts = p.node.parent_ids()
+        if p.kernel is None or numel(p.shape[:axis]) != 1 or len(set(parts)) != len(parts):
+            continue
+        found, offset = {}, 0
+        for q in parts:
+            r = root[q]
+            chain = [r, q] if q != r else [r]
+            if (
+                r is None
+                or plans[r].view
+                or plans[r].gathered
+                or (q != r and plans[q].fused_into != r)
+                or any(users.get(a) != [b] for a, b in zip(chain, [*chain[1:], c], strict=True))
+            ):
+                break
+            found[r] = (c, offset)
+            offset += numel(plans[q].shape)
+        else:
+            slabs.update(found)
+            p.gathered = True
+    return slabs
 
 
 def _in_place_source(

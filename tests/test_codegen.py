@@ -337,7 +337,8 @@ WINDOWS = {
     "conv": "conv(%0) {{kernel = [{k}, {k}], stride = [2, 2], padding = [1, 1], "
     "in_channels = 3, out_channels = 4}}",
     "conv_valid": "conv(%0) {{kernel = [{k}, {k}], in_channels = 3, out_channels = 4}}",
-    "max_pool": "max_pool(%0) {{kernel = [{k}, {k}], padding = [1, 1]}}",
+    # A fixed stride: the staging of stride phases (one shuffle per phase) grows with it.
+    "max_pool": "max_pool(%0) {{kernel = [{k}, {k}], stride = [2, 2], padding = [1, 1]}}",
     "avg_pool": "avg_pool(%0) {{kernel = [{k}, {k}], stride = [2, 2]}}",
     "conv_input_grad": "conv_input_grad(%1, %2) {{kernel = [{k}, {k}], padding = [{p}, {p}], "
     "in_channels = 3, out_channels = 4}} : [3, 16, 16]",
@@ -418,6 +419,27 @@ def test_maps_of_every_size_share_one_kernel(dtype: type, monkeypatch) -> None:
     want = np.concatenate([x[: 256 + 3 * i] for i in range(35)])
     odd = np.concatenate([np.full(256 + 3 * i, i % 2, bool) for i in range(35)])
     np.testing.assert_array_equal(shared[odd], np.maximum(want[odd], 0))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f64", "f32"])
+@pytest.mark.parametrize("nodes", [5, 71], ids=["own kernels", "size-generic maps"])
+def test_a_relu_after_an_add_is_applied_in_its_pass(nodes: int, dtype: type) -> None:
+    """add + relu (a residual block's end) is one pass: the relu is fused into the add's
+    kernel, or into the size-generic map kernel of graphs over INLINE_NODES nodes, which
+    then has no relu function; the values are numpy's, bit for bit."""
+    lines = ["  %0 = input : [300]"]
+    for i in range((nodes - 1) // 2):
+        lines += [f"  %{2 * i + 1} = add(%{2 * i}, %0)", f"  %{2 * i + 2} = relu(%{2 * i + 1})"]
+    graph, payload = graph_of("tl.graph @r {\n" + "\n".join(lines) + f"\n  output %{nodes - 1}\n}}")
+    built = build_graph_module(graph, payload, dtype)
+    assert all(p.fused_into == p.node.id - 1 for p in built.plan.nodes[2::2])
+    assert "relu" not in built.ir
+    assert ("map.add" in built.ir) == (nodes > 64)
+    x = np.random.default_rng(2).normal(size=300).astype(dtype)
+    want = x
+    for _ in range((nodes - 1) // 2):
+        want = np.maximum(want + x, 0)
+    assert compile_graph(graph, payload, dtype)(x).tobytes() == want.tobytes()
 
 
 @pytest.mark.parametrize("op", sorted(WINDOWS))

@@ -89,6 +89,26 @@ GRAPHS = {
         ),
         {"weight": (12, 1, 3, 3), "bias": (12,)},
     ),
+    # Pooling in vector strips: 3x3 stride 2 over staged stride phases, rows of 11 and 6
+    # (wider and narrower than a vector, the last strip moved back or masked), padding.
+    "max_pool": (
+        "tl.graph @p {\n  %0 = input : [2, 5, 23, 12]\n"
+        "  %1 = max_pool(%0) {kernel = [3, 3], stride = [2, 2], padding = [1, 1]}\n"
+        "  output %1\n}\n",
+        {},
+    ),
+    "avg_pool": (
+        "tl.graph @p {\n  %0 = input : [3, 19, 37]\n"
+        "  %1 = avg_pool(%0) {kernel = [2, 3], stride = [1, 2], padding = [1, 0]}\n"
+        "  output %1\n}\n",
+        {},
+    ),
+    # One window over each whole 13x13 plane: a reduction in vectors, the last one masked.
+    "global_pool": (
+        "tl.graph @p {\n  %0 = input : [1, 7, 13, 13]\n"
+        "  %1 = avg_pool(%0) {kernel = [13, 13]}\n  output %1\n}\n",
+        {},
+    ),
 }
 
 
@@ -96,7 +116,8 @@ def case(name: str, dtype: type) -> tuple:
     text, fields = GRAPHS[name]
     graph = checked_graph(tlc.parse(text))
     rng = np.random.default_rng(11)
-    payload = Payload({1: {f: rng.normal(size=shape) for f, shape in fields.items()}})
+    payload = Payload({1: {f: rng.normal(size=shape) for f, shape in fields.items()}} if fields
+                      else {})  # fmt: skip
     x = rng.normal(size=graph.nodes[0].declared_shape).astype(dtype)
     return text, graph, payload, x, interpret(graph, payload, x, dtype).output
 

@@ -127,6 +127,87 @@ def test_a_planned_residual_graph_matches_the_reference(dtype: type) -> None:
                                atol=1e-14 if dtype == np.float64 else 2e-6)  # fmt: skip
 
 
+def fire(squeeze: int, expand: int, tail: str) -> tuple[str, Payload]:
+    """A squeezenet fire module on 1 x 16 x 20 x 20: a 1x1 squeeze, then 1x1 and 3x3
+    expansions of it (relu fused) concatenated along the channels, then `tail`."""
+    s, e = squeeze, expand
+    one = f"{{kernel = [1, 1], channel_axis = 1, in_channels = {s}, out_channels = {e}}}"
+    text = f"""tl.graph @fire {{
+  %0 = input : [1, 16, 20, 20]
+  %1 = conv(%0) {{kernel = [1, 1], channel_axis = 1, in_channels = 16, out_channels = {s}}}
+  %2 = relu(%1) : [1, {s}, 20, 20]
+  %3 = conv(%2) {one} : [1, {e}, 20, 20]
+  %4 = relu(%3) : [1, {e}, 20, 20]
+  %5 = conv(%2) {conv_fields(s, e)} : [1, {e}, 20, 20]
+  %6 = relu(%5) : [1, {e}, 20, 20]
+  %7 = concat(%4, %6) {{axis = 1}} : [1, {2 * e}, 20, 20]
+{tail}
+}}
+"""
+    rng = np.random.default_rng(4)
+    payload = Payload()
+    for node, (cin, cout, k) in {1: (16, s, 1), 3: (s, e, 1), 5: (s, e, 3)}.items():
+        payload.records[node] = {"weight": rng.normal(size=(cout, cin, k, k)) / np.sqrt(cin * k),
+                                 "bias": rng.normal(size=cout) * 0.1}  # fmt: skip
+    return text, payload
+
+
+@pytest.mark.parametrize(
+    ("tail", "gathered"),
+    [("  %8 = max_pool(%7) {kernel = [2, 2]}\n  output %8", True),
+     ("  output %7", True),  # the concat is the output: the expansions write the caller's out
+     ("  %8 = add(%7, %7)\n  %9 = concat(%8, %4) {axis = 1}\n  output %9", False)],
+    ids=["fire", "output", "part read twice"],
+)  # fmt: skip
+def test_concat_parts_are_written_in_place(tail: str, gathered: bool) -> None:
+    """A channel concatenation of one image whose parts are read by nothing else is a region
+    its producers write their slabs of: no copy (no concat function in the IR), the
+    reference's values, the same bits at any thread count. A part with another reader keeps
+    its own region and the concat copies it."""
+    text, payload = fire(8, 32, tail)
+    graph = graph_of(text)
+    built = build_graph_module(graph, payload, np.float32)
+    nodes = built.plan.nodes
+    assert nodes[7].gathered == gathered
+    assert ('"tlc_fire.n7"' in built.ir) != gathered
+    if gathered:
+        assert (nodes[3].into, nodes[5].into) == ((7, 0), (7, 32 * 400))
+        if nodes[7].offset is not None:  # alive from its first part on: apart from %2
+            squeezed = range(nodes[1].offset, nodes[1].offset + 8 * 400)
+            concat = range(nodes[7].offset, nodes[7].offset + 64 * 400)
+            assert not set(squeezed) & set(concat)
+    x = np.random.default_rng(5).normal(size=(1, 16, 20, 20)).astype(np.float32)
+    outputs = {t: compile_graph(graph, payload, np.float32, threads=t)(x) for t in (1, 2)}
+    assert bits(outputs[1]) == bits(outputs[2])
+    expected = interpret(graph, payload, x, np.float32).output
+    np.testing.assert_allclose(outputs[1], expected, rtol=2e-5, atol=2e-6)
+
+
+def test_row_runs_take_each_chunk_through_a_chain(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Consecutive row regions over the same tasks (the second residual block's two
+    convolutions at batch 4) are one region whose task runs both on its rows: the values
+    the run computes or reads keep their regions to its end (the tasks run its nodes at
+    once), and the bits are those of one region per node."""
+    from tlc.codegen import plan as codegen_plan
+
+    text, payload = residual_cnn(4, np.random.default_rng(0))
+    graph = graph_of(text)
+    built = build_graph_module(graph, payload, np.float32)
+    nodes = built.plan.nodes
+    assert [(p.node.id, p.run_end) for p in nodes if p.run is not None] == [(9, False), (11, True)]
+    assert '"tlc_res.r9"' in built.ir
+    spans = {i: range(nodes[i].offset, nodes[i].offset + 4 * 16 * 256) for i in (7, 9, 11)}
+    assert all(not set(spans[a]) & set(spans[b]) for a, b in ((7, 9), (9, 11), (7, 11)))
+    x = np.random.default_rng(3).normal(size=(4, 3, 16, 16)).astype(np.float32)
+    runs = [compile_graph(graph, payload, np.float32, threads=t)(x) for t in (1, 2)]
+    monkeypatch.setattr(codegen_plan, "row_runs", lambda plans: None)
+    monkeypatch.setenv("TLC_OBJECT_CACHE", "0")
+    monkeypatch.setattr("tlc.codegen.jit._graph_cache", {})
+    assert "r9" not in build_graph_module(graph, payload, np.float32).ir
+    alone = compile_graph(graph, payload, np.float32, threads=2)(x)
+    assert bits(runs[0]) == bits(runs[1]) == bits(alone)
+
+
 def bits(x: np.ndarray) -> bytes:
     return np.ascontiguousarray(x).tobytes()
 
