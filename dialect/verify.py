@@ -74,11 +74,15 @@ def _structure(graph: GraphOp, trust_mark: bool = True) -> list[tuple[NodeOp, li
     each node with its parent ids, read once, for infer_graph_shapes."""
     if trust_mark and getattr(graph, _STRUCTURE_CHECKED, False):
         return [(node, node.parent_ids()) for node in graph.nodes]
-    ops = list(graph.body.block.ops)
-    for op in ops:
-        if not isinstance(op, NodeOp | OutputOp):
+    nodes: list[NodeOp] = []
+    outputs = 0
+    for op in graph.body.block.ops:
+        if isinstance(op, NodeOp):
+            nodes.append(op)
+        elif isinstance(op, OutputOp):
+            outputs += 1
+        else:
             raise error(f"IR graph: unexpected op '{op.name}' in graph @{graph.graph_name}", op)
-    nodes = [op for op in ops if isinstance(op, NodeOp)]
     check_metadata(graph, nodes)
     checked: list[tuple[NodeOp, list[int]]] = []
     for i, node in enumerate(nodes):
@@ -103,11 +107,9 @@ def _structure(graph: GraphOp, trust_mark: bool = True) -> list[tuple[NodeOp, li
                     node,
                 )
         checked.append((node, parents))
-    outputs = [op for op in ops if isinstance(op, OutputOp)]
-    if len(outputs) != 1:
+    if outputs != 1:
         raise error(
-            f"IR graph: graph @{graph.graph_name} must select exactly one output, "
-            f"found {len(outputs)}",
+            f"IR graph: graph @{graph.graph_name} must select exactly one output, found {outputs}",
             graph,
         )
     setattr(graph, _STRUCTURE_CHECKED, True)
@@ -149,15 +151,22 @@ def infer_graph_shapes(graph: GraphOp) -> list[Shape]:
     `N` is checked at two batch sizes (`tlc.dialect.batch`)."""
     from tlc.dialect.batch import has_batch, infer_at_probes
 
-    _structure(graph)  # the structure first (and marked): has_batch reads every node's metadata
-    inferred = infer_at_probes(graph, _infer_static) if has_batch(graph) else _infer_static(graph)
+    checked = _structure(graph)  # the structure first: has_batch reads every node's metadata
+    if has_batch(graph, [node for node, _ in checked]):
+        inferred = infer_at_probes(graph, _infer_static)
+    else:
+        inferred = _infer_static(graph, checked)
     setattr(graph, _VERIFIED, tuple(inferred))
     return inferred
 
 
-def _infer_static(graph: GraphOp) -> list[Shape]:
+def _infer_static(
+    graph: GraphOp, checked: list[tuple[NodeOp, list[int]]] | None = None
+) -> list[Shape]:
+    """Every node's shape by its rule, checked against its declared one; `checked` is what
+    `_structure(graph)` returned, if the caller has it."""
     inferred: list[Shape] = []
-    for i, (node, parents) in enumerate(_structure(graph)):
+    for i, (node, parents) in enumerate(_structure(graph) if checked is None else checked):
         try:
             out = node.infer([inferred[pid] for pid in parents])
         except ShapeError as exc:
