@@ -189,6 +189,7 @@ class _Builder(ProgramRules, Transformer[Token, ModuleOp]):
         self.offset = line_offset
         self.file_attr = StringAttr(filename)
         self.values: dict[str, SSAValue] = {}
+        self.redefined = False  # some value of the graph being read is defined twice
 
     def _loc(self, meta: Any) -> Location:
         return Location(self.filename, meta.line + self.offset, meta.column)
@@ -275,7 +276,11 @@ class _Builder(ProgramRules, Transformer[Token, ModuleOp]):
             refs = None
         op = op_class(node_id, parents, shape, fields, location)
         (result,) = op.results
-        self.values.setdefault(f"%{node_id}", result)
+        name = f"%{node_id}"
+        if name in self.values:
+            self.redefined = True  # reported by the graph, once all its nodes are read
+        else:
+            self.values[name] = result
         set_kernel(op, kernel)
         return op, refs
 
@@ -336,21 +341,22 @@ class _Builder(ProgramRules, Transformer[Token, ModuleOp]):
     @v_args(meta=True)
     def graph(self, meta: Any, items: list[Any]) -> GraphOp:
         symbol, policy, *nodes, (output_stub, output_ref) = items
-        defined: dict[str, NodeOp] = {}
-        for op, _ in nodes:
-            name = f"%{op.id}"
-            if name in defined:
-                raise error(f"redefinition of value {name}", op)
-            defined[name] = op
+        if self.redefined:
+            defined: set[str] = set()
+            for op, _ in nodes:
+                name = f"%{op.id}"
+                if name in defined:
+                    raise error(f"redefinition of value {name}", op)
+                defined.add(name)
+        values = self.values  # every node's value, by name
+        self.values, self.redefined = {}, False
 
         def lookup(tok: Token) -> SSAValue:
-            target = defined.get(str(tok))
+            target = values.get(str(tok))
             if target is None:
                 raise error(f"use of undefined value {tok}", self._tok_loc(tok))
-            (result,) = target.results
-            return result
+            return target
 
-        self.values = {}
         for op, refs in nodes:
             if refs is not None:  # not bound when the node was built
                 op.operands = [lookup(t) for t in refs]

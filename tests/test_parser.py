@@ -401,3 +401,62 @@ def test_scanner_with_comments_anywhere_gives_up_or_agrees(
     module = _Scanner(text, "m.tlir", 0).module()
     if module is not None:
         assert _generic(module) == _generic(_by_lark(text))
+
+
+def test_nodes_are_built_as_xdsl_builds_them() -> None:
+    """A node built by `init_single_result` holds what xDSL's `Operation.__init__` would give
+    it: the same fields, operand uses, result and verification."""
+    from xdsl.dialects.builtin import UNKNOWN_LOC
+    from xdsl.ir import Operation
+
+    from tlc.dialect.ops import AddOp, InputOp
+    from tlc.dialect.types import type_for
+
+    x = InputOp(0, [], (2,))
+    fast = AddOp(1, [x, x], (2,))
+    slow = AddOp.__new__(AddOp)
+    Operation.__init__(
+        slow,
+        operands=[x.results[0], x.results[0]],
+        result_types=[type_for((2,))],
+        attributes=dict(fast.attributes),
+        location=UNKNOWN_LOC,
+    )
+    assert vars(fast).keys() == vars(slow).keys()
+    plain = {"_operand_uses", "results"}  # hold the op itself: compared below
+    assert {k: v for k, v in vars(fast).items() if k not in plain} == {
+        k: v for k, v in vars(slow).items() if k not in plain
+    }
+    for op in (fast, slow):
+        assert [(u.operation, u.index) for u in op._operand_uses] == [(op, 0), (op, 1)]
+        ((result,),) = [op.results]
+        assert (result.op, result.index, result.type) == (op, 0, type_for((2,)))
+        op.verify()
+    uses = [(u.operation, u.index) for u in x.results[0].uses]
+    assert sorted(uses, key=lambda u: (id(u[0]), u[1])) == sorted(
+        [(fast, 0), (fast, 1), (slow, 0), (slow, 1)], key=lambda u: (id(u[0]), u[1])
+    )
+
+
+def test_blocks_are_linked_as_xdsl_links_them() -> None:
+    """`block_of` gives the block `Block(ops)` gives, and refuses an op of another block."""
+    from xdsl.ir import Block
+
+    from tlc.core.attrs import block_of
+    from tlc.dialect.ops import InputOp, ReluOp
+
+    def ops() -> list[InputOp | ReluOp]:
+        x = InputOp(0, [], (2,))
+        return [x, ReluOp(1, [x], (2,)), ReluOp(2, [x], (2,))]
+
+    fast, slow = block_of(ops()), Block(ops())
+    for block in (fast, slow):
+        listed = list(block.ops)
+        assert [op.id for op in listed] == [0, 1, 2]  # type: ignore[attr-defined]
+        assert [op.parent for op in listed] == [block] * 3
+        assert [op.prev_op for op in listed] == [None, *listed[:2]]
+        assert [op.next_op for op in listed] == [*listed[1:], None]
+        assert (block.first_op, block.last_op) == (listed[0], listed[-1])
+    assert block_of([]).is_empty
+    with pytest.raises(ValueError, match="already attached"):
+        block_of([fast.first_op])  # type: ignore[list-item]

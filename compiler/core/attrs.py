@@ -12,7 +12,9 @@ use it, and the result is an ordinary attribute (equal to, and hashing like, the
 `Operation.__init__` does for an op with one result and no properties, successors or regions,
 without the generic bookkeeping (property setters over empty lists, IRDL's pass for attribute
 defaults), which was a third of the time to read a large graph. tests/test_parser.py checks
-that it leaves an op in the same state as xDSL's constructor.
+that it leaves an op in the same state as xDSL's constructor. `block_of` is `Block(ops)`
+without a containment check per op (each op is checked to be unattached, which is all that
+check can find for a new op).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from xdsl.dialects.builtin import (
     StringAttr,
     i64,
 )
-from xdsl.ir import Attribute, Operation, OpResult, ParametrizedAttribute, SSAValue
+from xdsl.ir import Attribute, Block, Operation, OpResult, ParametrizedAttribute, SSAValue
 from xdsl.ir.core import SSAValues, Use
 
 A = TypeVar("A", bound=ParametrizedAttribute)
@@ -87,3 +89,20 @@ def init_single_result(
     op._successors = ()
     op._successor_uses = ()
     op.regions = ()
+
+
+def block_of(ops: list[Operation]) -> Block:
+    """`Block(ops)` for ops attached to no block (see the module docstring)."""
+    block = Block()
+    prev: Operation | None = None
+    for op in ops:
+        if op.parent is not None:
+            raise ValueError("Can't add to a block an operation already attached to a block.")
+        op.parent = block
+        op._prev_op, op._next_op = prev, None
+        if prev is not None:
+            prev._next_op = op
+        prev = op
+    if ops:
+        block._first_op, block._last_op = ops[0], ops[-1]
+    return block
