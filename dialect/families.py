@@ -237,7 +237,8 @@ class NodeOp(IRDLOperation):
 
     def parent_ids(self) -> list[int]:
         """The node ids of the parents (the `id` of each operand's defining node)."""
-        return [node_id_of(v) for v in self.operands]
+        # `node_id_of` inlined, over the operand storage (`operands` wraps it in a new view)
+        return [v.owner.attributes["id"].value.data for v in self._operands]  # type: ignore[attr-defined]
 
     def summary(self) -> str:
         """`Node(id=2, kind=relu, parents=#[1], outShape=[4])`, quoted by structure errors."""

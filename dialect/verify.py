@@ -18,9 +18,10 @@ it does not check the structure again.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from xdsl.dialects.builtin import ModuleOp
+from xdsl.ir import Operation
 
 from tlc.core.diagnostics import Diagnostic, DiagnosticError, error
 from tlc.dialect.metadata import MetadataError
@@ -32,13 +33,19 @@ def check_metadata(graph: GraphOp, nodes: list[NodeOp] | None = None) -> None:
     """Every node's metadata present and typed. The .tlir parser guarantees this; a document
     read from the MLIR form is checked on loading (tlc.frontends.text), since no printer or pass can
     work on a node whose metadata cannot be read."""
+    # Nodes share their metadata attributes (one per value), so each (field, attribute) pair
+    # is read once; the ids stay valid while the nodes hold the attributes.
+    read: set[tuple[int, int]] = set()
     for i, node in enumerate(graph.nodes if nodes is None else nodes):
-        if not node.FIELDS:
-            continue
-        try:
-            node.metadata()
-        except MetadataError as exc:
-            raise error(f"IR graph: node {i}: {exc}", node) from None
+        attributes = node.attributes
+        for f in node.FIELDS:
+            key = (id(f), id(attributes.get(f.name)))
+            if key not in read:
+                try:
+                    node.meta(f.name)
+                except MetadataError as exc:
+                    raise error(f"IR graph: node {i}: {exc}", node) from None
+                read.add(key)
 
 
 #: The attribute of a graph op that passed check_structure (see the module doc).
@@ -119,14 +126,28 @@ def _structure(graph: GraphOp, trust_mark: bool = True) -> list[tuple[NodeOp, li
 def run_on_graphs(module: ModuleOp, check: Callable[[GraphOp], object]) -> None:
     """Apply `check(graph)` to every graph, collecting the first error of each."""
     diagnostics: list[Diagnostic] = []
-    for op in module.walk():
-        if isinstance(op, GraphOp):
-            try:
-                check(op)
-            except DiagnosticError as exc:
-                diagnostics.extend(exc.diagnostics)
+    for op in _graphs(module):
+        try:
+            check(op)
+        except DiagnosticError as exc:
+            diagnostics.extend(exc.diagnostics)
     if diagnostics:
         raise DiagnosticError(*diagnostics)
+
+
+def _graphs(op: Operation) -> Iterator[GraphOp]:
+    """The graph ops in `op` and below, in the order of `op.walk()`, which visits each of a
+    graph's nodes (a generator step apiece); ops without regions, such as nodes, are only
+    passed over here."""
+    if isinstance(op, GraphOp):
+        yield op
+    for region in op.regions:
+        for block in region.blocks:
+            child = block.first_op
+            while child is not None:
+                if child.regions:
+                    yield from _graphs(child)
+                child = child._next_op  # `next_op`, without the property call
 
 
 #: The attribute of a verified graph op holding every node's shape (see the module doc).
