@@ -261,15 +261,15 @@ class _Builder(ProgramRules, Transformer[Token, ModuleOp]):
     @v_args(meta=True)
     def node(self, meta: Any, items: list[Any]) -> tuple[NodeOp, list[Token] | None]:
         value, kind, operands, attrs, shape, kernel = items
-        op_class = OPS_BY_TAG.get(str(kind))
+        op_class = OPS_BY_TAG.get(kind)  # tokens are strings: no copy to look them up
         if op_class is None:
             hint = did_you_mean(str(kind), OPS_BY_TAG)
             raise error(f"unknown op kind '{kind}'{hint}", self._tok_loc(kind))
         fields = self._fields(op_class, attrs or [], shape, kind)
         location = file_loc(self.file_attr, meta.line + self.offset, meta.column)
-        node_id = self._index(value, str(value)[1:])
+        node_id = self._index(value, value[1:])
         refs: list[Token] | None = operands or []
-        parents = [self.values.get(str(t)) for t in refs]
+        parents = [self.values.get(t) for t in refs]
         if None in parents:
             parents = []  # a forward reference: the graph binds the operands
         else:
@@ -281,7 +281,8 @@ class _Builder(ProgramRules, Transformer[Token, ModuleOp]):
             self.redefined = True  # reported by the graph, once all its nodes are read
         else:
             self.values[name] = result
-        set_kernel(op, kernel)
+        if kernel is not None:
+            set_kernel(op, kernel)
         return op, refs
 
     def kernel(self, items: list[Token]) -> str:

@@ -460,3 +460,22 @@ def test_blocks_are_linked_as_xdsl_links_them() -> None:
     assert block_of([]).is_empty
     with pytest.raises(ValueError, match="already attached"):
         block_of([fast.first_op])  # type: ignore[list-item]
+
+
+@pytest.mark.parametrize("value", [0, 3, 1023, 1024, 2**63 - 1])
+def test_trusted_attributes_equal_verified_ones(value: int) -> None:
+    """The parser's unverified ids and locations equal (and hash like) xDSL's own."""
+    from xdsl.dialects.builtin import FileLineColLoc, IntAttr, IntegerAttr, StringAttr, i64
+
+    from tlc.core.attrs import file_loc, id_attr, int_attr
+
+    pairs = [
+        (int_attr(value), IntAttr(value)),
+        (id_attr(value), IntegerAttr(value, i64)),
+        (
+            file_loc(StringAttr("f"), value + 1, 3),
+            FileLineColLoc(StringAttr("f"), IntAttr(value + 1), IntAttr(3)),
+        ),
+    ]
+    for fast, slow in pairs:
+        assert (fast, hash(fast), str(fast)) == (slow, hash(slow), str(slow))

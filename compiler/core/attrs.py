@@ -39,8 +39,7 @@ A = TypeVar("A", bound=ParametrizedAttribute)
 def trusted(cls: type[A], *params: Any) -> A:
     """`cls.new(params)` without verifying the parameters (see the module docstring)."""
     attr = cls.__new__(cls)
-    for name, param in zip(_names(cls), params, strict=True):
-        object.__setattr__(attr, name, param)
+    attr.__dict__.update(zip(_names(cls), params, strict=True))  # as object.__setattr__ would
     return attr
 
 
@@ -50,10 +49,20 @@ def _names(cls: type[ParametrizedAttribute]) -> tuple[str, ...]:
 
 
 def int_attr(value: int) -> IntAttr:
-    """`IntAttr(value)` for an int (which is all its verification checks)."""
+    """`IntAttr(value)` for an int (which is all its verification checks); small values, such
+    as columns, share one attribute apiece (attributes are immutable values)."""
+    if 0 <= value < len(_SMALL):
+        return _SMALL[value]
+    return _int_attr(value)
+
+
+def _int_attr(value: int) -> IntAttr:
     attr = IntAttr.__new__(IntAttr)
-    object.__setattr__(attr, "data", value)
+    attr.__dict__["data"] = value
     return attr
+
+
+_SMALL = tuple(_int_attr(i) for i in range(1024))
 
 
 def id_attr(value: int) -> IntegerAttr:
