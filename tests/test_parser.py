@@ -303,7 +303,8 @@ def _payload_value(text: str) -> object:
 @pytest.mark.parametrize(
     "literal",
     ["[]", "[[]]", "[[], []]", "[1]", "[[1, 2], [3, 4]]", "[[[1], [2]], [[3], [4]]]",
-     "[ 1 ,2,\n 3 ]", "[-0.0, 1e308, 1e-320, 5e-324, .5, 5., 1.e3, 2E+2, 007]",
+     "[ 1 ,2,\n 3 ]", "[ [1, 2], [3, 4] ]", "[[1, 2] ,\n [3, 4]]", "[[[1]], [[2]]]",
+     "[-0.0, 1e308, 1e-320, 5e-324, .5, 5., 1.e3, 2E+2, 007]",
      "[inf, -inf, nan, 1e999]", "[0.1, 0.2, 0.30000000000000004, 1.7976931348623157e308]"],
 )  # fmt: skip
 def test_dense_literals_read_exactly_as_numbers(literal: str) -> None:
@@ -346,6 +347,18 @@ def test_random_dense_literals_round_trip_bit_for_bit() -> None:
         ("[1, 1e5.0]", "m.tlir:2:30: unexpected '.0'; expected ',' or ']'"),
         ("[[" + "9" * 400 + "]]", "m.tlir:2:15: payload field 'value' has a number out of "
          "float64 range"),
+        # the commas and brackets of a 2 x 2 list, with a number outside its place (the
+        # scanner read both as [[1, 2], [3, 4]])
+        ("[[1, ]2, [3, 4]]", "m.tlir:2:28: unexpected ']'; expected '[', 'false', 'true', N "
+         "(the batch size), a number or a string"),
+        ("[[1, 2], 3[, 4]]", "m.tlir:2:33: unexpected '['; expected ',' or ']'"),
+        # an empty place (numpy read it as -1) and a number in a list of none
+        ("[1, , 2]", "m.tlir:2:27: unexpected ','; expected '[', 'false', 'true', N (the "
+         "batch size), a number or a string"),
+        ("[inf, , 2]", "m.tlir:2:29: unexpected ','; expected '[', 'false', 'true', N (the "
+         "batch size), a number or a string"),
+        ("[[], [5]]", "m.tlir:2:15: payload field 'value' is not a rectangular array of "
+         "numbers"),
     ],
 )  # fmt: skip
 def test_malformed_dense_literals_are_located(literal: str, message: str) -> None:
