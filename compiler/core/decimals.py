@@ -75,7 +75,10 @@ def read_decimals(raw: bytes, count: int) -> np.ndarray | None:
     if ints.size != count + len(marks):
         return None
     # Which number each point and exponent marker belongs to (numbers lie between commas).
-    point_of = np.searchsorted(commas, points)
+    if len(points) == count and np.all(points[1:] > commas) and np.all(points[:-1] < commas):
+        point_of = np.arange(count)  # a point in every number, as in most float lists
+    else:
+        point_of = np.searchsorted(commas, points)
     mark_of = np.searchsorted(commas, marks)
     if np.any(np.diff(point_of) <= 0) or np.any(np.diff(mark_of) <= 0):
         return None  # two points or two exponents in one number
@@ -111,13 +114,21 @@ def read_decimals(raw: bytes, count: int) -> np.ndarray | None:
 def _numbers_in_place(b: np.ndarray, commas: np.ndarray) -> bool:
     """Between each two commas (and the list's ends), a number with only blanks and `[` before
     it and blanks and `]` after it: not `[1, , 2]`, nor `[[1, ]2, [3, 4]]`."""
-    first = np.concatenate([[0], commas + 1])
-    while np.any(skip := _BEFORE_NUMBER[b[first]]):
-        first += skip
-    last = np.append(commas, len(b)) - 1
-    while np.any(skip := _AFTER_NUMBER[b[last]]):
-        last -= skip
+    first = _skipped(b, np.concatenate([[0], commas + 1]), _BEFORE_NUMBER)
+    last = _skipped(b, np.append(commas, len(b)) - 1, -_AFTER_NUMBER)
     return bool(np.all(_NUMBER_FIRST[b[first]]) and np.all(_NUMBER_LAST[b[last]]))
+
+
+def _skipped(b: np.ndarray, at: np.ndarray, step: np.ndarray) -> np.ndarray:
+    """Each position in `at` moved by `step[byte]` until it is 0 there (only the positions
+    still moving are looked at again: after a comma's blank, few are)."""
+    at = at.copy()
+    moving = np.arange(len(at))
+    while len(moving):
+        moves = step[b[at[moving]]]
+        moving = moving[moves != 0]
+        at[moving] += moves[moves != 0]
+    return at
 
 
 def _marks_well_formed(b: np.ndarray, marks: np.ndarray) -> bool:
@@ -192,9 +203,7 @@ def _scaled(
     floats = has_mark.copy()
     floats[point_of] = True
     zeros = np.flatnonzero((significands == 0) & floats)
-    first = starts[zeros]
-    while np.any(skip := _BEFORE_NUMBER[b[first]]):  # stops at the number (see above)
-        first += skip
+    first = _skipped(b, starts[zeros], _BEFORE_NUMBER)
     values[zeros[b[first] == ord("-")]] = -0.0
     one_by_one |= halfway
     if np.any(one_by_one):
