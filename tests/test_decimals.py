@@ -89,3 +89,9 @@ def test_lists_mostly_outside_its_ranges_are_declined() -> None:
     """Numbers float() would read one by one (here 30 digits each) are faster in numpy's own
     parser, which the caller then uses."""
     assert _read(["1" * 30] * 100) is None
+
+
+def test_blanks_between_numbers_and_commas() -> None:
+    got = read_decimals(b"[1.5 , -2.25e1\t,3 ,\n-0.]", 4)
+    assert got is not None and got.tolist() == [1.5, -22.5, 3.0, -0.0]
+    assert np.signbit(got[3])

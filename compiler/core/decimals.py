@@ -64,8 +64,10 @@ def read_decimals(raw: bytes, count: int) -> np.ndarray | None:
     marks = np.flatnonzero(b == ord("e"))
     if b"E" in raw:
         marks = np.union1d(marks, np.flatnonzero(b == ord("E")))
-    if len(commas) != count - 1 or not _numbers_in_place(b, commas):
+    spans = _number_spans(b, commas) if len(commas) == count - 1 else None
+    if spans is None:
         return None
+    first, last = spans
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         try:
@@ -84,7 +86,7 @@ def read_decimals(raw: bytes, count: int) -> np.ndarray | None:
         return None  # two points or two exponents in one number
     if not _marks_well_formed(b, marks) or not _points_well_formed(b, points):
         return None
-    if not _signs_well_formed(raw, b):
+    if not _signs_well_formed(raw, b, first, marks):
         return None
     # The significands, and each exponent (after its significand, in the integer list).
     exponent_at = mark_of + np.arange(1, len(marks) + 1)
@@ -93,11 +95,8 @@ def read_decimals(raw: bytes, count: int) -> np.ndarray | None:
     significands = ints[is_significand]
     exponents = np.zeros(count, np.int64)
     exponents[mark_of] = ints[exponent_at]
-    # The digits after each point: up to the number's exponent marker, or else to the next
-    # comma or `]`, which must follow the digits directly.
-    ends = np.append(commas, len(b))[point_of]
-    closes = np.append(np.flatnonzero(b == ord("]")), len(b))
-    ends = np.minimum(ends, closes[np.searchsorted(closes, points)])
+    # The digits after each point: up to the number's exponent marker, or else its end.
+    ends = last[point_of] + 1
     has_mark = np.zeros(count, bool)
     has_mark[mark_of] = True
     marked = has_mark[point_of]
@@ -105,18 +104,19 @@ def read_decimals(raw: bytes, count: int) -> np.ndarray | None:
     if np.any(marks[mark_index] < points[marked]):
         return None  # a point inside an exponent
     ends[marked] = marks[mark_index]
-    if not np.all(_DIGITS[b[ends - 1]] | (b[ends - 1] == ord("."))):
-        return None  # a blank between the digits and what follows them
     exponents[point_of] -= ends - points - 1
-    return _scaled(raw, b, commas, significands, exponents, has_mark, point_of)
+    return _scaled(raw, b, (first, last), significands, exponents, has_mark, point_of)
 
 
-def _numbers_in_place(b: np.ndarray, commas: np.ndarray) -> bool:
-    """Between each two commas (and the list's ends), a number with only blanks and `[` before
-    it and blanks and `]` after it: not `[1, , 2]`, nor `[[1, ]2, [3, 4]]`."""
+def _number_spans(b: np.ndarray, commas: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """The first and last character of each number, or None unless between each two commas
+    (and the list's ends) stands a number with only blanks and `[` before it and blanks and
+    `]` after it: not `[1, , 2]`, nor `[[1, ]2, [3, 4]]`."""
     first = _skipped(b, np.concatenate([[0], commas + 1]), _BEFORE_NUMBER)
     last = _skipped(b, np.append(commas, len(b)) - 1, -_AFTER_NUMBER)
-    return bool(np.all(_NUMBER_FIRST[b[first]]) and np.all(_NUMBER_LAST[b[last]]))
+    if np.all(_NUMBER_FIRST[b[first]]) and np.all(_NUMBER_LAST[b[last]]):
+        return first, last
+    return None
 
 
 def _skipped(b: np.ndarray, at: np.ndarray, step: np.ndarray) -> np.ndarray:
@@ -143,20 +143,16 @@ def _marks_well_formed(b: np.ndarray, marks: np.ndarray) -> bool:
     return bool(np.all((_DIGITS[before] | (before == ord("."))) & _DIGITS[b[digit_at]]))
 
 
-def _signs_well_formed(raw: bytes, b: np.ndarray) -> bool:
-    """Each `-` starts a number or its exponent and each `+` its exponent, right before a digit
-    (or a number's point); numpy's integer parser allows blanks after a sign."""
-    if b"+" in raw:
-        plus = np.flatnonzero(b == ord("+"))
-        if plus[0] == 0 or not np.all((b[plus - 1] | 0x20) == ord("e")):
-            return False
-    if b"-" in raw:
-        minus = np.flatnonzero(b == ord("-"))
-        if minus[-1] + 1 >= len(b) or not np.all(_AFTER_MINUS[b[minus + 1]]):
-            return False
-        if minus[0] == 0 or not np.all(_BEFORE_MINUS[b[minus - 1]]):
-            return False
-    return True
+def _signs_well_formed(raw: bytes, b: np.ndarray, first: np.ndarray, marks: np.ndarray) -> bool:
+    """Each `-` starts a number (right before a digit or point) or signs its exponent, each `+`
+    signs an exponent (`_marks_well_formed` has checked the digit after an exponent's sign);
+    numpy's integer parser would allow a blank after a sign."""
+    negative = b[first] == ord("-")
+    if not np.all(_AFTER_MINUS[b[first[negative] + 1]]):
+        return False
+    signs = b[marks + 1]
+    minus = np.count_nonzero(negative) + np.count_nonzero(signs == ord("-"))
+    return raw.count(b"-") == minus and raw.count(b"+") == np.count_nonzero(signs == ord("+"))
 
 
 def _points_well_formed(b: np.ndarray, points: np.ndarray) -> bool:
@@ -174,7 +170,7 @@ def _points_well_formed(b: np.ndarray, points: np.ndarray) -> bool:
 def _scaled(
     raw: bytes,
     b: np.ndarray,
-    commas: np.ndarray,
+    spans: tuple[np.ndarray, np.ndarray],
     significands: np.ndarray,
     exponents: np.ndarray,
     has_mark: np.ndarray,
@@ -183,6 +179,7 @@ def _scaled(
     """`significands * 10**exponents`, rounded once to float64 (see the module doc); None for
     an integer beyond float64's range (which the caller's reader reports), or where many
     numbers are outside the ranges read in bulk (numpy's parser is then faster)."""
+    first, last = spans
     magnitudes = np.abs(significands)  # int64's minimum cannot come out of 18 digits
     bulk = (magnitudes < _MAX_SIGNIFICAND) & (np.abs(exponents) <= _MAX_EXPONENT)
     one_by_one = ~bulk
@@ -196,20 +193,16 @@ def _scaled(
     halfway = (x.view(np.uint64)[0::2] & 0x7FF) == 0x400
     values = x.astype(np.float64)
     np.negative(values, out=values, where=significands < 0)
-    starts = np.concatenate([[0], commas + 1])
     # A zero keeps the sign of its text where it is written as a float (`-0.0`); an integer
-    # `-0` is the integer 0, as the token reader has it. The sign is the number's first
-    # character after the blanks and brackets before it.
+    # `-0` is the integer 0, as the token reader has it.
     floats = has_mark.copy()
     floats[point_of] = True
     zeros = np.flatnonzero((significands == 0) & floats)
-    first = _skipped(b, starts[zeros], _BEFORE_NUMBER)
-    values[zeros[b[first] == ord("-")]] = -0.0
+    values[zeros[b[first[zeros]] == ord("-")]] = -0.0
     one_by_one |= halfway
     if np.any(one_by_one):
-        stops = np.append(commas, len(b))
         for k in np.flatnonzero(one_by_one):
-            token = raw[starts[k] : stops[k]].strip(b" \t\r\n[]")
+            token = raw[first[k] : last[k] + 1]
             value = float(token)
             if math.isinf(value) and not floats[k]:
                 return None
