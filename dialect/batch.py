@@ -12,14 +12,16 @@ its node, as is a graph whose rules hold at one batch size only (an `add` of `[N
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
+from functools import cache
 from typing import Generic, TypeVar
 
 from tlc.core.diagnostics import DiagnosticError, error
 from tlc.dialect.metadata import EXTENT_FIELDS, Field, to_attr
 from tlc.dialect.ops import GraphOp, InputOp, NodeOp
 from tlc.dialect.shapes import BATCH, Shape
+from tlc.dialect.types import shape_of_type
 
 T = TypeVar("T")
 
@@ -28,18 +30,31 @@ T = TypeVar("T")
 PROBES = (2, 3)
 
 
-def has_batch(graph: GraphOp) -> bool:
-    """Whether some node of `graph` declares the batch extent `N` (in its shape or in a shape
-    field of its metadata)."""
-    return any(
-        BATCH in (node.declared_shape or ())
-        or any(BATCH in node.meta(f.name) for f in _extent_fields(node))
-        for node in graph.nodes
-    )
+def has_batch(graph: GraphOp, nodes: Sequence[NodeOp] | None = None) -> bool:
+    """Whether some node of `graph` (its `nodes`, if the caller has them) declares the batch
+    extent `N` (in its shape or in a shape field of its metadata)."""
+    seen: set[int] = set()  # nodes share their result types (one per shape): read each once
+    for node in graph.nodes if nodes is None else nodes:
+        (result,) = node.results
+        if id(result.type) not in seen:
+            seen.add(id(result.type))
+            if BATCH in (shape_of_type(result.type) or ()):
+                return True
+        if _shape_fields(type(node)) and any(
+            BATCH in node.meta(f.name) for f in _extent_fields(node)
+        ):
+            return True
+    return False
 
 
 def _extent_fields(node: NodeOp) -> list[Field]:
-    return [f for f in node.FIELDS if f.name in EXTENT_FIELDS and f.name in node.attributes]
+    return [f for f in _shape_fields(type(node)) if f.name in node.attributes]
+
+
+@cache
+def _shape_fields(kind: type[NodeOp]) -> tuple[Field, ...]:
+    """The fields of an op kind that hold a shape."""
+    return tuple(f for f in kind.FIELDS if f.name in EXTENT_FIELDS)
 
 
 def concrete(shape: Shape, batch: int) -> Shape:

@@ -24,11 +24,11 @@ from enum import Enum
 from typing import Any, ClassVar, TypeVar
 
 import numpy as np
-from xdsl.dialects.builtin import IntegerAttr, LocationAttr, i64
+from xdsl.dialects.builtin import UNKNOWN_LOC, IntegerAttr, LocationAttr, i64
 from xdsl.ir import Attribute, Operation, SSAValue
 from xdsl.irdl import IRDLOperation, attr_def, result_def, var_operand_def
 
-from tlc.core.attrs import id_attr
+from tlc.core.attrs import id_attr, init_single_result
 from tlc.dialect.metadata import Field, Kind, MetadataError, fmt_value, from_attr, to_attr
 from tlc.dialect.shapes import Shape, ShapeError, check_axis, fmt_ids, fmt_shape
 from tlc.dialect.types import shape_of_type, type_for
@@ -170,14 +170,16 @@ class NodeOp(IRDLOperation):
         for f in self.FIELDS:
             if fields is not None and f.name in fields:
                 attrs[f.name] = to_attr(f, fields[f.name])
-        # A node has exactly one variadic operand group and one result, which is all IRDL's
-        # generic builder (`irdl_op_init`, half the cost of building a node) would arrange.
-        Operation.__init__(
+        # A node has exactly one variadic operand group, one result and no attribute defaults
+        # (its fields' defaults are filled in above), which is all IRDL's generic builder
+        # (`irdl_op_init`, half the cost of building a node) and `Operation.__init__` would
+        # arrange.
+        init_single_result(
             self,
-            operands=[p.results[0] if isinstance(p, Operation) else p for p in parents],
-            result_types=[type_for(shape)],
-            attributes=attrs,
-            location=location,
+            tuple([p.results[0] if isinstance(p, Operation) else p for p in parents]),
+            type_for(shape),
+            attrs,
+            UNKNOWN_LOC if location is None else location,
         )
 
     # -- reading the node ------------------------------------------------------------------
@@ -235,7 +237,8 @@ class NodeOp(IRDLOperation):
 
     def parent_ids(self) -> list[int]:
         """The node ids of the parents (the `id` of each operand's defining node)."""
-        return [node_id_of(v) for v in self.operands]
+        # `node_id_of` inlined, over the operand storage (`operands` wraps it in a new view)
+        return [v.owner.attributes["id"].value.data for v in self._operands]  # type: ignore[attr-defined]
 
     def summary(self) -> str:
         """`Node(id=2, kind=relu, parents=#[1], outShape=[4])`, quoted by structure errors."""

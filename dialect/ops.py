@@ -32,6 +32,7 @@ from xdsl.irdl import (
 )
 from xdsl.traits import IsolatedFromAbove, NoTerminator, SymbolOpInterface
 
+from tlc.core.attrs import block_of
 from tlc.dialect.families import (
     AxisOp,
     BinaryOp,
@@ -1451,7 +1452,7 @@ class GraphOp(IRDLOperation):
     traits = traits_def(SymbolOpInterface(), NoTerminator(), IsolatedFromAbove())
 
     def __init__(self, name: str, ops: list[Operation]):
-        super().__init__(attributes={"sym_name": StringAttr(name)}, regions=[Region(Block(ops))])
+        super().__init__(attributes={"sym_name": StringAttr(name)}, regions=[Region(block_of(ops))])
 
     @property
     def graph_name(self) -> str:

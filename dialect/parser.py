@@ -35,6 +35,7 @@ from xdsl.dialects.builtin import (
 from xdsl.ir import Operation, SSAValue
 
 from tlc.core.attrs import file_loc
+from tlc.core.decimals import read_decimals
 from tlc.core.diagnostics import DiagnosticError, Location, did_you_mean, error
 from tlc.dialect.metadata import MAX_INT, MetadataError, check_value
 from tlc.dialect.ops import GraphOp, NodeOp, OutputOp, PayloadOp, RecordOp
@@ -189,6 +190,7 @@ class _Builder(ProgramRules, Transformer[Token, ModuleOp]):
         self.offset = line_offset
         self.file_attr = StringAttr(filename)
         self.values: dict[str, SSAValue] = {}
+        self.redefined = False  # some value of the graph being read is defined twice
 
     def _loc(self, meta: Any) -> Location:
         return Location(self.filename, meta.line + self.offset, meta.column)
@@ -260,23 +262,28 @@ class _Builder(ProgramRules, Transformer[Token, ModuleOp]):
     @v_args(meta=True)
     def node(self, meta: Any, items: list[Any]) -> tuple[NodeOp, list[Token] | None]:
         value, kind, operands, attrs, shape, kernel = items
-        op_class = OPS_BY_TAG.get(str(kind))
+        op_class = OPS_BY_TAG.get(kind)  # tokens are strings: no copy to look them up
         if op_class is None:
             hint = did_you_mean(str(kind), OPS_BY_TAG)
             raise error(f"unknown op kind '{kind}'{hint}", self._tok_loc(kind))
         fields = self._fields(op_class, attrs or [], shape, kind)
         location = file_loc(self.file_attr, meta.line + self.offset, meta.column)
-        node_id = self._index(value, str(value)[1:])
+        node_id = self._index(value, value[1:])
         refs: list[Token] | None = operands or []
-        parents = [self.values.get(str(t)) for t in refs]
+        parents = [self.values.get(t) for t in refs]
         if None in parents:
             parents = []  # a forward reference: the graph binds the operands
         else:
             refs = None
         op = op_class(node_id, parents, shape, fields, location)
         (result,) = op.results
-        self.values.setdefault(f"%{node_id}", result)
-        set_kernel(op, kernel)
+        name = f"%{node_id}"
+        if name in self.values:
+            self.redefined = True  # reported by the graph, once all its nodes are read
+        else:
+            self.values[name] = result
+        if kernel is not None:
+            set_kernel(op, kernel)
         return op, refs
 
     def kernel(self, items: list[Token]) -> str:
@@ -336,21 +343,22 @@ class _Builder(ProgramRules, Transformer[Token, ModuleOp]):
     @v_args(meta=True)
     def graph(self, meta: Any, items: list[Any]) -> GraphOp:
         symbol, policy, *nodes, (output_stub, output_ref) = items
-        defined: dict[str, NodeOp] = {}
-        for op, _ in nodes:
-            name = f"%{op.id}"
-            if name in defined:
-                raise error(f"redefinition of value {name}", op)
-            defined[name] = op
+        if self.redefined:
+            defined: set[str] = set()
+            for op, _ in nodes:
+                name = f"%{op.id}"
+                if name in defined:
+                    raise error(f"redefinition of value {name}", op)
+                defined.add(name)
+        values = self.values  # every node's value, by name
+        self.values, self.redefined = {}, False
 
         def lookup(tok: Token) -> SSAValue:
-            target = defined.get(str(tok))
+            target = values.get(str(tok))
             if target is None:
                 raise error(f"use of undefined value {tok}", self._tok_loc(tok))
-            (result,) = target.results
-            return result
+            return target
 
-        self.values = {}
         for op, refs in nodes:
             if refs is not None:  # not bound when the node was built
                 op.operands = [lookup(t) for t in refs]
@@ -474,8 +482,16 @@ _TOKEN = re.compile(
 _DENSE = re.compile(r"\[[-+0-9.eEinfa\[\], \t\r\n]*")
 _BRACKETS = re.compile(r"[\[\]]")
 _STRAY_PLUS = re.compile(r"(?<![eE])\+")
-_STRUCTURE = str.maketrans("", "", "0123456789.eEinfa+- \t\r\n")
-_UNBRACKET = str.maketrans("[]", "  ")
+#: The characters of numbers, each as `0` (blanks are deleted with this table).
+_NUMBER_MARKS = bytes.maketrans(b"0123456789.eEinfa+-", b"0" * 19)
+_UNBRACKET = bytes.maketrans(b"[]", b"  ")
+#: A number out of its place in a list marked by `_NUMBER_MARKS`: right after a `]` or before a
+#: `[` (`[[1, ]2, [3, 4]]` has the brackets and commas of a 2 x 2 list), or an empty place
+#: (`[1, , 2]`, which numpy reads as 1, -1, 2). Each pattern starts with a bracket or comma,
+#: which the search finds fast, rather than with the number mark, which is almost everywhere.
+_MISPLACED = tuple(
+    re.compile(p) for p in (rb"\]0", rb"\[(?<=0\[)", rb"\[,", rb"\](?<=,\])", rb",,")
+)
 #: The deepest number list read by numpy (tensors have a handful of axes).
 MAX_DENSE_RANK = 32
 
@@ -645,43 +661,76 @@ class _Scanner:
         """A rectangular list of numbers at `start` as a float64 array read by numpy, and the
         position after it; None where it is not one (strings, booleans, ragged, odd numbers),
         which the token-by-token reader then takes."""
+        end = _closing_run(text, start)
+        found = None if end is None else _dense_values(text, start, end)
+        if found is not None:
+            return found
+        # Not in the printer's layout (blanks between brackets, say): the list ends within the
+        # run of characters a number list may hold.
         run = _DENSE.match(text, start)
         assert run is not None
         end = run.end()
         while text[end - 1] in ", \t\r\n":
             end -= 1
-        literal = text[start:end]
-        skeleton = literal.translate(_STRUCTURE)
-        if skeleton.count("[") != skeleton.count("]"):  # the run went past the list's end
+        if text.count("[", start, end) != text.count("]", start, end):  # past the list's end
             balanced = _balanced_end(text, start, run.end())
             if balanced is None:
                 return None
             end = balanced
-            literal = text[start:end]
-            skeleton = literal.translate(_STRUCTURE)
-        if "+" in literal and _STRAY_PLUS.search(literal):
+        return _dense_values(text, start, end)
+
+
+def _closing_run(text: str, start: int) -> int | None:
+    """Where the list at `start` ends if it is written as the printer writes it: at the first
+    run of as many `]` as it opens with `[` (`_dense_values` checks the list it delimits)."""
+    opening = text[start : start + MAX_DENSE_RANK + 1]
+    depth = len(opening) - len(opening.lstrip("["))
+    close = text.find("]" * depth, start)
+    return None if close < 0 else close + depth
+
+
+def _dense_values(text: str, start: int, end: int) -> tuple[np.ndarray, int] | None:
+    """The list `text[start:end]` as a float64 array and `end`, or None (see `_Scanner._dense`).
+
+    Its structure is checked on its bytes with each number marked `0`: the brackets and commas
+    left must be those of a rectangular list, with a number in each place and none elsewhere
+    (`_MISPLACED`; tlc.core.decimals checks the same as it reads the numbers in bulk)."""
+    literal = text[start:end]
+    try:
+        raw = literal.encode("ascii")
+    except UnicodeEncodeError:
+        return None
+    marked = raw.translate(_NUMBER_MARKS, b" \t\r\n")
+    skeleton = marked.translate(None, b"0").decode()
+    if b"+" in raw and _STRAY_PLUS.search(literal):
+        return None
+    shape = _dense_shape(literal, skeleton)
+    if shape is None or skeleton != _skeleton(shape):
+        return None
+    count = int(np.prod(shape))
+    if count == 0:
+        if b"0" in marked:  # a number in a list of none (`[[], [5]]`)
             return None
-        shape = _dense_shape(literal, skeleton)
-        if shape is None or skeleton != _skeleton(shape):
-            return None
-        count = int(np.prod(shape))
-        if count == 0:
-            values = np.zeros(0)
-        else:
+        values = np.zeros(0)
+    else:
+        values = read_decimals(raw, count)  # checks that each number is in its place
+        if values is None:  # not in the form read in bulk (inf, nan): numpy's float parser
+            if any(p.search(marked) for p in _MISPLACED):
+                return None
             with warnings.catch_warnings():
                 warnings.simplefilter("error")
                 try:
-                    values = np.fromstring(literal.translate(_UNBRACKET), np.float64, sep=",")
+                    values = np.fromstring(raw.translate(_UNBRACKET), np.float64, sep=",")
                 except (ValueError, DeprecationWarning):
                     return None
-            if values.size != count:
-                return None
-            # A value that is not finite without an `inf` or `nan` literal was a number out of
-            # float64's range: Lark's path reports an integer one as an error.
-            infinite = count - int(np.count_nonzero(np.isfinite(values)))
-            if infinite and infinite > literal.count("inf") + literal.count("nan"):
-                return None
-        return values.reshape(shape), end
+        if values.size != count:
+            return None
+        # A value that is not finite without an `inf` or `nan` literal was a number out of
+        # float64's range: Lark's path reports an integer one as an error.
+        infinite = count - int(np.count_nonzero(np.isfinite(values)))
+        if infinite and infinite > raw.count(b"inf") + raw.count(b"nan"):
+            return None
+    return values.reshape(shape), end
 
 
 def _comma_or(text: str, pos: int, closer: str) -> tuple[int, bool]:

@@ -15,7 +15,7 @@ from xdsl.ir import Attribute, Operation
 from xdsl.printer import Printer
 
 from tlc.dialect.metadata import fmt_value
-from tlc.dialect.ops import GraphOp, NodeOp, PayloadOp, RecordOp
+from tlc.dialect.ops import GraphOp, NodeOp, OutputOp, PayloadOp, RecordOp
 from tlc.dialect.plan import fmt_policy, kernel_of, policy_of, quote
 from tlc.dialect.program_ops import ParamsOp, ProgramOp
 from tlc.dialect.program_printer import params_tlir, program_tlir
@@ -42,8 +42,24 @@ def _graph_tlir(graph: GraphOp) -> str:
     policy = policy_of(graph)
     header = f" kernel_policy {fmt_policy(policy)}" if policy is not None else ""
     lines = [f"tl.graph @{graph.graph_name}{header} {{"]
-    lines.extend(f"  {node_tlir(node)}" for node in graph.nodes)
-    output = graph.output
+    # The text after a node's operands depends only on its kind, result type and attributes
+    # other than the id, which a large graph shares among many nodes (attributes and types are
+    # immutable values built once per value): each such combination is formatted once. Keys are
+    # object ids, which stay valid while the graph holds the objects.
+    tails: dict[tuple[object, ...], str] = {}
+    output: OutputOp | None = None
+    for node in graph.body.block.ops:  # the nodes, and the first output
+        if not isinstance(node, NodeOp):
+            if output is None and isinstance(node, OutputOp):
+                output = node
+            continue
+        (result,) = node.results
+        attributes = [(name, id(a)) for name, a in node.attributes.items() if name != "id"]
+        key = (type(node), id(result.type), *attributes)
+        tail = tails.get(key)
+        if tail is None:
+            tail = tails[key] = _node_tail(node)
+        lines.append(f"  {_node_head(node)}{tail}")
     if output is not None:
         lines.append(f"  output %{_value_id(output.value.owner)}")
     lines.append("}")
@@ -56,9 +72,20 @@ def _value_id(owner: object) -> int:
 
 
 def node_tlir(node: NodeOp) -> str:
+    return _node_head(node) + _node_tail(node)
+
+
+def _node_head(node: NodeOp) -> str:
+    """`%3 = add(%1, %2)`: the node up to its operands."""
     text = f"%{node.id} = {node.TAG}"
     if node.operands or node.ARITY[0] > 0:
         text += "(" + ", ".join([f"%{pid}" for pid in node.parent_ids()]) + ")"
+    return text
+
+
+def _node_tail(node: NodeOp) -> str:
+    """` {axis = 1} : [8, 16]`: the node's metadata, shape and kernel."""
+    text = ""
     declared = node.declared_shape
     if node.FIELDS:
         fields = _non_default_fields(node, declared)

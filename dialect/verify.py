@@ -18,9 +18,10 @@ it does not check the structure again.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from xdsl.dialects.builtin import ModuleOp
+from xdsl.ir import Operation
 
 from tlc.core.diagnostics import Diagnostic, DiagnosticError, error
 from tlc.dialect.metadata import MetadataError
@@ -32,13 +33,19 @@ def check_metadata(graph: GraphOp, nodes: list[NodeOp] | None = None) -> None:
     """Every node's metadata present and typed. The .tlir parser guarantees this; a document
     read from the MLIR form is checked on loading (tlc.frontends.text), since no printer or pass can
     work on a node whose metadata cannot be read."""
+    # Nodes share their metadata attributes (one per value), so each (field, attribute) pair
+    # is read once; the ids stay valid while the nodes hold the attributes.
+    read: set[tuple[int, int]] = set()
     for i, node in enumerate(graph.nodes if nodes is None else nodes):
-        if not node.FIELDS:
-            continue
-        try:
-            node.metadata()
-        except MetadataError as exc:
-            raise error(f"IR graph: node {i}: {exc}", node) from None
+        attributes = node.attributes
+        for f in node.FIELDS:
+            key = (id(f), id(attributes.get(f.name)))
+            if key not in read:
+                try:
+                    node.meta(f.name)
+                except MetadataError as exc:
+                    raise error(f"IR graph: node {i}: {exc}", node) from None
+                read.add(key)
 
 
 #: The attribute of a graph op that passed check_structure (see the module doc).
@@ -74,11 +81,15 @@ def _structure(graph: GraphOp, trust_mark: bool = True) -> list[tuple[NodeOp, li
     each node with its parent ids, read once, for infer_graph_shapes."""
     if trust_mark and getattr(graph, _STRUCTURE_CHECKED, False):
         return [(node, node.parent_ids()) for node in graph.nodes]
-    ops = list(graph.body.block.ops)
-    for op in ops:
-        if not isinstance(op, NodeOp | OutputOp):
+    nodes: list[NodeOp] = []
+    outputs = 0
+    for op in graph.body.block.ops:
+        if isinstance(op, NodeOp):
+            nodes.append(op)
+        elif isinstance(op, OutputOp):
+            outputs += 1
+        else:
             raise error(f"IR graph: unexpected op '{op.name}' in graph @{graph.graph_name}", op)
-    nodes = [op for op in ops if isinstance(op, NodeOp)]
     check_metadata(graph, nodes)
     checked: list[tuple[NodeOp, list[int]]] = []
     for i, node in enumerate(nodes):
@@ -103,11 +114,9 @@ def _structure(graph: GraphOp, trust_mark: bool = True) -> list[tuple[NodeOp, li
                     node,
                 )
         checked.append((node, parents))
-    outputs = [op for op in ops if isinstance(op, OutputOp)]
-    if len(outputs) != 1:
+    if outputs != 1:
         raise error(
-            f"IR graph: graph @{graph.graph_name} must select exactly one output, "
-            f"found {len(outputs)}",
+            f"IR graph: graph @{graph.graph_name} must select exactly one output, found {outputs}",
             graph,
         )
     setattr(graph, _STRUCTURE_CHECKED, True)
@@ -117,14 +126,28 @@ def _structure(graph: GraphOp, trust_mark: bool = True) -> list[tuple[NodeOp, li
 def run_on_graphs(module: ModuleOp, check: Callable[[GraphOp], object]) -> None:
     """Apply `check(graph)` to every graph, collecting the first error of each."""
     diagnostics: list[Diagnostic] = []
-    for op in module.walk():
-        if isinstance(op, GraphOp):
-            try:
-                check(op)
-            except DiagnosticError as exc:
-                diagnostics.extend(exc.diagnostics)
+    for op in _graphs(module):
+        try:
+            check(op)
+        except DiagnosticError as exc:
+            diagnostics.extend(exc.diagnostics)
     if diagnostics:
         raise DiagnosticError(*diagnostics)
+
+
+def _graphs(op: Operation) -> Iterator[GraphOp]:
+    """The graph ops in `op` and below, in the order of `op.walk()`, which visits each of a
+    graph's nodes (a generator step apiece); ops without regions, such as nodes, are only
+    passed over here."""
+    if isinstance(op, GraphOp):
+        yield op
+    for region in op.regions:
+        for block in region.blocks:
+            child = block.first_op
+            while child is not None:
+                if child.regions:
+                    yield from _graphs(child)
+                child = child._next_op  # `next_op`, without the property call
 
 
 #: The attribute of a verified graph op holding every node's shape (see the module doc).
@@ -149,15 +172,22 @@ def infer_graph_shapes(graph: GraphOp) -> list[Shape]:
     `N` is checked at two batch sizes (`tlc.dialect.batch`)."""
     from tlc.dialect.batch import has_batch, infer_at_probes
 
-    _structure(graph)  # the structure first (and marked): has_batch reads every node's metadata
-    inferred = infer_at_probes(graph, _infer_static) if has_batch(graph) else _infer_static(graph)
+    checked = _structure(graph)  # the structure first: has_batch reads every node's metadata
+    if has_batch(graph, [node for node, _ in checked]):
+        inferred = infer_at_probes(graph, _infer_static)
+    else:
+        inferred = _infer_static(graph, checked)
     setattr(graph, _VERIFIED, tuple(inferred))
     return inferred
 
 
-def _infer_static(graph: GraphOp) -> list[Shape]:
+def _infer_static(
+    graph: GraphOp, checked: list[tuple[NodeOp, list[int]]] | None = None
+) -> list[Shape]:
+    """Every node's shape by its rule, checked against its declared one; `checked` is what
+    `_structure(graph)` returned, if the caller has it."""
     inferred: list[Shape] = []
-    for i, (node, parents) in enumerate(_structure(graph)):
+    for i, (node, parents) in enumerate(_structure(graph) if checked is None else checked):
         try:
             out = node.infer([inferred[pid] for pid in parents])
         except ShapeError as exc:

@@ -401,3 +401,16 @@ def test_check_samples_api_matches_the_pass() -> None:
     report = check_samples(graph, None, np.array([-1.0, 0.0]), np.array([1.0, 0.5]), 20)
     assert report.ok and report.samples == 20
     assert ibp_module.INTERVAL is INTERVAL
+
+
+def test_nan_is_only_in_the_nan_box() -> None:
+    """[nan, nan] (the mean of no elements) holds NaN and nothing else; a box NaN at one end
+    (inf - inf in a bound) is widened to that end's infinity and holds no NaN."""
+    from tlc.semantics.interval_arith import sanitize
+
+    nan_box = sanitize(Box.point(np.array([np.nan, np.nan])))
+    assert np.isnan(nan_box.lo).all() and np.isnan(nan_box.hi).all()
+    assert nan_box.contains(np.array([np.nan, 0.0])).tolist() == [True, False]
+    half = sanitize(Box(np.array([np.nan, 0.0]), np.array([1.0, np.nan])))
+    assert (half.lo.tolist(), half.hi.tolist()) == ([-np.inf, 0.0], [1.0, np.inf])
+    assert half.contains(np.array([np.nan, np.nan])).tolist() == [False, False]

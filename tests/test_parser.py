@@ -303,7 +303,8 @@ def _payload_value(text: str) -> object:
 @pytest.mark.parametrize(
     "literal",
     ["[]", "[[]]", "[[], []]", "[1]", "[[1, 2], [3, 4]]", "[[[1], [2]], [[3], [4]]]",
-     "[ 1 ,2,\n 3 ]", "[-0.0, 1e308, 1e-320, 5e-324, .5, 5., 1.e3, 2E+2, 007]",
+     "[ 1 ,2,\n 3 ]", "[ [1, 2], [3, 4] ]", "[[1, 2] ,\n [3, 4]]", "[[[1]], [[2]]]",
+     "[-0.0, 1e308, 1e-320, 5e-324, .5, 5., 1.e3, 2E+2, 007]",
      "[inf, -inf, nan, 1e999]", "[0.1, 0.2, 0.30000000000000004, 1.7976931348623157e308]"],
 )  # fmt: skip
 def test_dense_literals_read_exactly_as_numbers(literal: str) -> None:
@@ -346,6 +347,18 @@ def test_random_dense_literals_round_trip_bit_for_bit() -> None:
         ("[1, 1e5.0]", "m.tlir:2:30: unexpected '.0'; expected ',' or ']'"),
         ("[[" + "9" * 400 + "]]", "m.tlir:2:15: payload field 'value' has a number out of "
          "float64 range"),
+        # the commas and brackets of a 2 x 2 list, with a number outside its place (the
+        # scanner read both as [[1, 2], [3, 4]])
+        ("[[1, ]2, [3, 4]]", "m.tlir:2:28: unexpected ']'; expected '[', 'false', 'true', N "
+         "(the batch size), a number or a string"),
+        ("[[1, 2], 3[, 4]]", "m.tlir:2:33: unexpected '['; expected ',' or ']'"),
+        # an empty place (numpy read it as -1) and a number in a list of none
+        ("[1, , 2]", "m.tlir:2:27: unexpected ','; expected '[', 'false', 'true', N (the "
+         "batch size), a number or a string"),
+        ("[inf, , 2]", "m.tlir:2:29: unexpected ','; expected '[', 'false', 'true', N (the "
+         "batch size), a number or a string"),
+        ("[[], [5]]", "m.tlir:2:15: payload field 'value' is not a rectangular array of "
+         "numbers"),
     ],
 )  # fmt: skip
 def test_malformed_dense_literals_are_located(literal: str, message: str) -> None:
@@ -401,3 +414,81 @@ def test_scanner_with_comments_anywhere_gives_up_or_agrees(
     module = _Scanner(text, "m.tlir", 0).module()
     if module is not None:
         assert _generic(module) == _generic(_by_lark(text))
+
+
+def test_nodes_are_built_as_xdsl_builds_them() -> None:
+    """A node built by `init_single_result` holds what xDSL's `Operation.__init__` would give
+    it: the same fields, operand uses, result and verification."""
+    from xdsl.dialects.builtin import UNKNOWN_LOC
+    from xdsl.ir import Operation
+
+    from tlc.dialect.ops import AddOp, InputOp
+    from tlc.dialect.types import type_for
+
+    x = InputOp(0, [], (2,))
+    fast = AddOp(1, [x, x], (2,))
+    slow = AddOp.__new__(AddOp)
+    Operation.__init__(
+        slow,
+        operands=[x.results[0], x.results[0]],
+        result_types=[type_for((2,))],
+        attributes=dict(fast.attributes),
+        location=UNKNOWN_LOC,
+    )
+    assert vars(fast).keys() == vars(slow).keys()
+    plain = {"_operand_uses", "results"}  # hold the op itself: compared below
+    assert {k: v for k, v in vars(fast).items() if k not in plain} == {
+        k: v for k, v in vars(slow).items() if k not in plain
+    }
+    for op in (fast, slow):
+        assert [(u.operation, u.index) for u in op._operand_uses] == [(op, 0), (op, 1)]
+        ((result,),) = [op.results]
+        assert (result.op, result.index, result.type) == (op, 0, type_for((2,)))
+        op.verify()
+    uses = [(u.operation, u.index) for u in x.results[0].uses]
+    assert sorted(uses, key=lambda u: (id(u[0]), u[1])) == sorted(
+        [(fast, 0), (fast, 1), (slow, 0), (slow, 1)], key=lambda u: (id(u[0]), u[1])
+    )
+
+
+def test_blocks_are_linked_as_xdsl_links_them() -> None:
+    """`block_of` gives the block `Block(ops)` gives, and refuses an op of another block."""
+    from xdsl.ir import Block
+
+    from tlc.core.attrs import block_of
+    from tlc.dialect.ops import InputOp, ReluOp
+
+    def ops() -> list[InputOp | ReluOp]:
+        x = InputOp(0, [], (2,))
+        return [x, ReluOp(1, [x], (2,)), ReluOp(2, [x], (2,))]
+
+    fast, slow = block_of(ops()), Block(ops())
+    for block in (fast, slow):
+        listed = list(block.ops)
+        assert [op.id for op in listed] == [0, 1, 2]  # type: ignore[attr-defined]
+        assert [op.parent for op in listed] == [block] * 3
+        assert [op.prev_op for op in listed] == [None, *listed[:2]]
+        assert [op.next_op for op in listed] == [*listed[1:], None]
+        assert (block.first_op, block.last_op) == (listed[0], listed[-1])
+    assert block_of([]).is_empty
+    with pytest.raises(ValueError, match="already attached"):
+        block_of([fast.first_op])  # type: ignore[list-item]
+
+
+@pytest.mark.parametrize("value", [0, 3, 1023, 1024, 2**63 - 1])
+def test_trusted_attributes_equal_verified_ones(value: int) -> None:
+    """The parser's unverified ids and locations equal (and hash like) xDSL's own."""
+    from xdsl.dialects.builtin import FileLineColLoc, IntAttr, IntegerAttr, StringAttr, i64
+
+    from tlc.core.attrs import file_loc, id_attr, int_attr
+
+    pairs = [
+        (int_attr(value), IntAttr(value)),
+        (id_attr(value), IntegerAttr(value, i64)),
+        (
+            file_loc(StringAttr("f"), value + 1, 3),
+            FileLineColLoc(StringAttr("f"), IntAttr(value + 1), IntAttr(3)),
+        ),
+    ]
+    for fast, slow in pairs:
+        assert (fast, hash(fast), str(fast)) == (slow, hash(slow), str(slow))
