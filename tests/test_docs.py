@@ -23,14 +23,17 @@ scratch directory; the blocks of one file share it and run in order, as a reader
 from __future__ import annotations
 
 import doctest
+import functools
 import os
 import re
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import toolserver
 
 ROOT = Path(__file__).parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -68,9 +71,22 @@ def scratch(tmp_path: Path) -> Path:
 
 
 def environment() -> dict[str, str]:
-    """This interpreter's scripts first on PATH, so the tools are the ones under test."""
+    """This interpreter's scripts first on PATH, so the tools are the ones under test; before
+    them the tool server's (tests/toolserver.py: each tool command a fork of one process that
+    has imported the tools; TLC_FRESH_TOOLS=1 runs each as a new process)."""
     bin_dir = os.path.dirname(sys.executable)
-    return {**os.environ, "PATH": bin_dir + os.pathsep + os.environ.get("PATH", "")}
+    server = tool_server()
+    path = os.pathsep.join([*server[:1], bin_dir, os.environ.get("PATH", "")])
+    return {**os.environ, **server[1], "PATH": path}
+
+
+@functools.cache
+def tool_server() -> tuple[list[str], dict[str, str]]:
+    """(the directory of the server's tool commands, if it runs; its environment entries)."""
+    if os.environ.get(toolserver.ENV_FRESH) == "1":
+        return [], {}
+    directory = tempfile.mkdtemp(prefix="tlc-doc-tools-")
+    return [directory], toolserver.start(directory, dict(os.environ))
 
 
 def session(body: str) -> list[tuple[str, str]]:
