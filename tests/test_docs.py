@@ -75,18 +75,18 @@ def environment() -> dict[str, str]:
     them the tool server's (tests/toolserver.py: each tool command a fork of one process that
     has imported the tools; TLC_FRESH_TOOLS=1 runs each as a new process)."""
     bin_dir = os.path.dirname(sys.executable)
-    server = tool_server()
-    path = os.pathsep.join([*server[:1], bin_dir, os.environ.get("PATH", "")])
-    return {**os.environ, **server[1], "PATH": path}
+    path = os.pathsep.join([*tool_server(), bin_dir, os.environ.get("PATH", "")])
+    return {**os.environ, "PATH": path}
 
 
 @functools.cache
-def tool_server() -> tuple[list[str], dict[str, str]]:
-    """(the directory of the server's tool commands, if it runs; its environment entries)."""
+def tool_server() -> list[str]:
+    """The directory of the tool server's commands, if it runs (started on first use)."""
     if os.environ.get(toolserver.ENV_FRESH) == "1":
-        return [], {}
+        return []
     directory = tempfile.mkdtemp(prefix="tlc-doc-tools-")
-    return [directory], toolserver.start(directory, dict(os.environ))
+    toolserver.start(directory, dict(os.environ))
+    return [directory]
 
 
 def session(body: str) -> list[tuple[str, str]]:

@@ -1,23 +1,27 @@
-"""A fork server for the tools the lit suite runs: each command is a fork of one process that has
-already imported the tools, instead of a new interpreter that imports them again.
+"""A fork server for the tools the lit suite and the doc tests run: each command is a fork of one
+process that has already imported the tools, instead of a new interpreter that imports them
+again.
 
-The lit suite runs some 900 commands (tlc-opt, tlc-run, ..., `%roundtrip`, filecheck); as
-separate processes nearly all of their CPU time was start-up: ~0.4 s of imports for a tool
-whose work on a small file takes a few milliseconds. `start()` (from tests/lit/lit.cfg.py)
-starts this module as a server that imports every tool once, and writes a small client script
-per tool name into a directory put first on the tests' PATH. A command `tlc-opt ARGS` then runs
-the client, which connects to the server and hands it its argv, working directory, environment
-and its stdin, stdout and stderr (the file descriptors themselves); the server forks a worker
-that takes them over and runs the tool's entry point exactly as its console script does
-(`sys.exit(main())`, then the interpreter's own exit: atexit handlers, the final flush, the
-exit code of an uncaught exception), and the client exits with the worker's status (a worker
-killed by a signal kills the client with the same signal). What the commands print, read and
-exit with is the tools' own; only the interpreter start and the imports are shared.
+The lit suite runs some 900 commands (tlc-opt, tlc-run, ..., `%roundtrip`, filecheck) and the
+docs' shell blocks some 140; as separate processes most of their CPU time was start-up: ~0.4 s
+of imports for a tool whose work on a small file takes milliseconds. `start()` (from
+tests/lit/lit.cfg.py and tests/test_docs.py) starts this module as a server that imports every
+tool once, and writes a small client script per tool name into a directory put first on the
+commands' PATH. A command `tlc-opt ARGS` then runs the client (an interpreter without `site`,
+~20 ms), which connects to the server and hands it its argv, working directory, environment and
+its stdin, stdout and stderr (the file descriptors themselves); the server forks a worker that
+takes them over, makes sys.stdin/stdout/stderr for them as the interpreter does at start-up,
+and runs the tool's entry point as its console script does (`sys.exit(main())`, then atexit
+handlers and the final flush; an uncaught exception prints its traceback and exits 1), and the
+client exits with the worker's status (a worker killed by a signal kills the client with the
+same signal). What the commands print, read and exit with is the tools' own; only the
+interpreter start and the imports are shared.
 
 `TLC_FRESH_TOOLS=1` turns it off (every command a new process, as before); the tools' real start
-from their console scripts is tested by the pytest tests that run them as subprocesses.
-The server ends when the process that started it (lit) ends, and is waited for: `time lit ...`
-counts the commands' CPU time as before.
+from their console scripts is tested by the pytest tests that run them as subprocesses
+(tests/test_codegen_targets.py, test_api.py, test_verify.py ...).
+The server ends when the process that started it (lit, pytest) ends, and is waited for:
+`time lit ...` counts the commands' CPU time as before.
 """
 
 from __future__ import annotations
@@ -29,7 +33,6 @@ import socket
 import sys
 from collections.abc import Callable
 
-ENV_SOCKET = "TLC_TOOL_SERVER"
 ENV_FRESH = "TLC_FRESH_TOOLS"
 #: tool name -> (module, function): the entry points of pyproject.toml's scripts, the
 #: `python -m tlc.tools.roundtrip` of lit's `%roundtrip`, and FileCheck's.
@@ -41,6 +44,13 @@ TOOLS = {
     "tlc-verify": ("tlc.tools.verify", "main"),
     "tlc-roundtrip": ("tlc.tools.roundtrip", "main"),
     "filecheck": ("filecheck.main", "main"),
+}
+#: the servers: tools -> modules imported beyond theirs. tlc-translate's has PyTorch's and ONNX's
+#: importers loaded (torch with dynamo is ~2 s of a `--import-torch` run); the rest are forked
+#: from a smaller process (a fork costs ~5 ms, ~17 ms with torch loaded).
+SERVERS = {
+    ("tlc-translate",): ("torch", "torch._dynamo", "torch.fx", "onnx"),
+    ("tlc-opt", "tlc-run", "tlc-compile", "tlc-verify", "tlc-roundtrip", "filecheck"): (),
 }
 HEADER = 8  # bytes of the request's length
 
@@ -57,10 +67,10 @@ def client(name: str) -> None:
         name,
     )
     request = marshal.dumps(
-        {"tool": name, "argv": [argv0, *sys.argv[1:]], "cwd": os.getcwd(), "env": dict(os.environ)}
+        {"argv": [argv0, *sys.argv[1:]], "cwd": os.getcwd(), "env": dict(os.environ)}
     )
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
-        conn.connect(os.environ[ENV_SOCKET])
+        conn.connect(os.path.join(here, f"{name}.sock"))
         message = len(request).to_bytes(HEADER, "big") + request
         sent = socket.send_fds(conn, [message], [0, 1, 2])
         conn.sendall(message[sent:])
@@ -86,16 +96,20 @@ def _receive(conn: socket.socket) -> tuple[dict, list[int]]:
     return marshal.loads(data[HEADER:]), fds
 
 
-def _serve(path: str, parent: int) -> tuple[str, list[str]]:
-    """Accept commands until SIGTERM or until `parent` ends; returns only in a worker, with its
-    tool and argv. Every child is waited for, so the commands' CPU time adds up in the
-    server's, and the server's in that of whoever waits for it (lit, `time`)."""
+def _serve(directory: str, tools: list[str], parent: int) -> tuple[str, list[str]]:
+    """Accept commands for `tools` on DIRECTORY/TOOL.sock until SIGTERM or until `parent`
+    ends; returns only in a worker, with its tool and argv. Every child is waited for, so the
+    commands' CPU time adds up in the server's, and the server's in that of whoever waits for
+    it (lit, `time`)."""
     import selectors
     import signal
 
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(path)
-    listener.listen(64)
+    listeners = {}
+    for tool in tools:
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(os.path.join(directory, f"{tool}.sock"))
+        listener.listen(64)
+        listeners[listener] = tool
     wake_read, wake_write = socket.socketpair()
     wake_write.setblocking(False)
     signal.set_wakeup_fd(wake_write.fileno())
@@ -105,7 +119,8 @@ def _serve(path: str, parent: int) -> tuple[str, list[str]]:
     sys.stdout.flush()
     os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
     selector = selectors.DefaultSelector()
-    selector.register(listener, selectors.EVENT_READ)
+    for listener in listeners:
+        selector.register(listener, selectors.EVENT_READ)
     selector.register(wake_read, selectors.EVENT_READ)
     running = 0
     while os.getppid() == parent:
@@ -114,57 +129,56 @@ def _serve(path: str, parent: int) -> tuple[str, list[str]]:
             break
         while running and os.waitpid(-1, os.WNOHANG)[0]:
             running -= 1
-        if listener not in ready:
-            continue
-        conn, _ = listener.accept()
-        if os.fork() != 0:
+        for listener in ready & listeners.keys():
+            conn, _ = listener.accept()
+            if os.fork() == 0:  # the handler of this command
+                signal.set_wakeup_fd(-1)
+                for signum in (signal.SIGTERM, signal.SIGCHLD):
+                    signal.signal(signum, signal.SIG_DFL)
+                for resource in (selector, *listeners, wake_read, wake_write):
+                    resource.close()
+                return _handle(conn, listeners[listener])
             conn.close()
             running += 1
-            continue
-        # the handler of one command: receive it, fork its worker, report the worker's status
-        signal.set_wakeup_fd(-1)
-        for signum in (signal.SIGTERM, signal.SIGCHLD):
-            signal.signal(signum, signal.SIG_DFL)
-        selector.close()
+    for listener in listeners:
         listener.close()
-        wake_read.close()
-        wake_write.close()
-        try:
-            request, fds = _receive(conn)
-        except (OSError, EOFError, ValueError):
-            os._exit(1)
-        worker = os.fork()
-        if worker == 0:
-            conn.close()
-            for target, fd in enumerate(fds):
-                os.dup2(fd, target)
-                if fd > 2:
-                    os.close(fd)
-            os.chdir(request["cwd"])
-            os.environ.clear()
-            os.environ.update(request["env"])
-            return request["tool"], request["argv"]
-        for fd in fds:
-            os.close(fd)
-        _, status = os.waitpid(worker, 0)
-        code = os.waitstatus_to_exitcode(status)
-        with contextlib.suppress(OSError):  # the client is gone: nobody to tell
-            conn.sendall(str(code).encode())
-        os._exit(0)
-    listener.close()
     for _ in range(running):
         os.wait()
-    import shutil
-
-    shutil.rmtree(os.path.dirname(path), ignore_errors=True)
     sys.exit(0)
 
 
-def start(directory: str, env: dict[str, str]) -> dict[str, str]:
-    """Start the server for the calling process (lit), in the tests' environment `env` (its
-    PYTHONHASHSEED is the workers'), with its socket and one client script per tool in
-    `directory` (put it first on the tests' PATH; the server removes it when it ends);
-    returns the environment entry the clients need."""
+def _handle(conn: socket.socket, tool: str) -> tuple[str, list[str]]:
+    """Receive one command, fork its worker (which returns its tool and argv) and send the
+    client the worker's exit status (negative: the signal that killed it)."""
+    try:
+        request, fds = _receive(conn)
+    except (OSError, EOFError, ValueError):
+        os._exit(1)
+    worker = os.fork()
+    if worker == 0:
+        conn.close()
+        for target, fd in enumerate(fds):
+            os.dup2(fd, target)
+            if fd > 2:
+                os.close(fd)
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        return tool, request["argv"]
+    for fd in fds:
+        os.close(fd)
+    _, status = os.waitpid(worker, 0)
+    with contextlib.suppress(OSError):  # the client is gone: nobody to tell
+        conn.sendall(str(os.waitstatus_to_exitcode(status)).encode())
+    os._exit(0)
+
+
+def start(directory: str, env: dict[str, str]) -> None:
+    """Start the servers for the calling process (lit, pytest) in the tests' environment `env`
+    (its PYTHONHASHSEED is the workers'), with one client script per tool in `directory` (put
+    it first on the commands' PATH); they end, and the directory is removed, when it ends."""
+    import atexit
+    import shutil
     import subprocess
 
     tests = os.path.dirname(os.path.abspath(__file__))
@@ -177,27 +191,31 @@ def start(directory: str, env: dict[str, str]) -> dict[str, str]:
                 f"from toolserver import client; client({name!r})\n"
             )
         os.chmod(script, 0o755)
-    path = os.path.join(directory, "server.sock")
-    server = subprocess.Popen(
-        [sys.executable, os.path.abspath(__file__), path, str(os.getpid())],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        env=env,
-        text=True,
-    )
-    assert server.stdout is not None
-    if server.stdout.readline() != "ready\n":
-        raise RuntimeError(f"the tool server did not start (exit {server.wait()})")
-    server.stdout.close()
-    import atexit
+    servers = [
+        subprocess.Popen(
+            [sys.executable, os.path.abspath(__file__), directory, str(os.getpid()), *tools],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            env=env,
+            text=True,
+        )
+        for tools in SERVERS
+    ]
+    for server in servers:
+        assert server.stdout is not None
+        if server.stdout.readline() != "ready\n":
+            raise RuntimeError(f"a tool server did not start (exit {server.wait()})")
+        server.stdout.close()
 
     def stop(starter: int = os.getpid()) -> None:
         if os.getpid() == starter:  # not in lit's forked workers
-            server.terminate()
-            server.wait()
+            for server in servers:
+                server.terminate()
+            for server in servers:
+                server.wait()
+            shutil.rmtree(directory, ignore_errors=True)
 
     atexit.register(stop)
-    return {ENV_SOCKET: path}
 
 
 def _exit_code(exc: SystemExit) -> int:
@@ -260,9 +278,13 @@ if __name__ == "__main__":
     import gc
     import importlib
 
-    entries = {name: importlib.import_module(module) for name, (module, _) in TOOLS.items()}
+    directory, parent, tools = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+    entries = {name: importlib.import_module(TOOLS[name][0]) for name in tools}
+    for module in SERVERS[tuple(tools)]:
+        with contextlib.suppress(ImportError):  # an optional extra's tests are skipped
+            importlib.import_module(module)
     gc.freeze()  # what was imported is never collected: the workers' collections skip it
-    tool, argv = _serve(sys.argv[1], int(sys.argv[2]))
+    tool, argv = _serve(directory, tools, parent)
     # a worker: run the tool as its console script does (`python -m` for the roundtrip)
     module, function = TOOLS[tool]
     if tool == "tlc-roundtrip":

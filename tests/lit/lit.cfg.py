@@ -26,7 +26,7 @@ if os.environ.get("TLC_FRESH_TOOLS") != "1":
     import toolserver
 
     tools = tempfile.mkdtemp(prefix="tlc-lit-tools-")
-    config.environment.update(toolserver.start(tools, dict(config.environment)))
+    toolserver.start(tools, dict(config.environment))
     config.environment["PATH"] = tools + os.pathsep + config.environment["PATH"]
     roundtrip = "tlc-roundtrip"
 config.substitutions.append(("%roundtrip", roundtrip))
