@@ -23,12 +23,10 @@ scratch directory; the blocks of one file share it and run in order, as a reader
 from __future__ import annotations
 
 import doctest
-import functools
 import os
 import re
 import subprocess
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -75,18 +73,8 @@ def environment() -> dict[str, str]:
     them the tool server's (tests/toolserver.py: each tool command a fork of one process that
     has imported the tools; TLC_FRESH_TOOLS=1 runs each as a new process)."""
     bin_dir = os.path.dirname(sys.executable)
-    path = os.pathsep.join([*tool_server(), bin_dir, os.environ.get("PATH", "")])
+    path = os.pathsep.join([*toolserver.commands(), bin_dir, os.environ.get("PATH", "")])
     return {**os.environ, "PATH": path}
-
-
-@functools.cache
-def tool_server() -> list[str]:
-    """The directory of the tool server's commands, if it runs (started on first use)."""
-    if os.environ.get(toolserver.ENV_FRESH) == "1":
-        return []
-    directory = tempfile.mkdtemp(prefix="tlc-doc-tools-")
-    toolserver.start(directory, dict(os.environ))
-    return [directory]
 
 
 def session(body: str) -> list[tuple[str, str]]:

@@ -218,6 +218,23 @@ def start(directory: str, env: dict[str, str]) -> None:
     atexit.register(stop)
 
 
+_STARTED: list[str] = []
+
+
+def commands() -> list[str]:
+    """For pytest: the directory of the tool commands (to put first on PATH), the servers
+    started on first use; empty with TLC_FRESH_TOOLS=1 (the installed scripts run)."""
+    if os.environ.get(ENV_FRESH) == "1":
+        return []
+    if not _STARTED:
+        import tempfile
+
+        directory = tempfile.mkdtemp(prefix="tlc-tools-")
+        start(directory, dict(os.environ))
+        _STARTED.append(directory)
+    return list(_STARTED)
+
+
 def _exit_code(exc: SystemExit) -> int:
     """The exit status the interpreter gives `sys.exit(value)` (a non-integer is printed)."""
     if exc.code is None:
