@@ -55,8 +55,9 @@ SERVERS = {
 HEADER = 8  # bytes of the request's length
 
 
-def client(name: str) -> None:
-    """The command `name`: run it in a worker of the server, exit as the worker did."""
+def client(name: str, sockets: str) -> None:
+    """The command `name`: run it in a worker of the server listening in `sockets`, exit as
+    the worker did."""
     here = os.path.dirname(os.path.abspath(sys.argv[0]))
     argv0 = next(
         (
@@ -70,7 +71,7 @@ def client(name: str) -> None:
         {"argv": [argv0, *sys.argv[1:]], "cwd": os.getcwd(), "env": dict(os.environ)}
     )
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
-        conn.connect(os.path.join(here, f"{name}.sock"))
+        conn.connect(os.path.join(sockets, f"{name}.sock"))
         message = len(request).to_bytes(HEADER, "big") + request
         sent = socket.send_fds(conn, [message], [0, 1, 2])
         conn.sendall(message[sent:])
@@ -96,8 +97,8 @@ def _receive(conn: socket.socket) -> tuple[dict, list[int]]:
     return marshal.loads(data[HEADER:]), fds
 
 
-def _serve(directory: str, tools: list[str], parent: int) -> tuple[str, list[str]]:
-    """Accept commands for `tools` on DIRECTORY/TOOL.sock until SIGTERM or until `parent`
+def _serve(sockets: str, tools: list[str], parent: int) -> tuple[str, list[str]]:
+    """Accept commands for `tools` on SOCKETS/TOOL.sock until SIGTERM or until `parent`
     ends; returns only in a worker, with its tool and argv. Every child is waited for, so the
     commands' CPU time adds up in the server's, and the server's in that of whoever waits for
     it (lit, `time`)."""
@@ -107,7 +108,7 @@ def _serve(directory: str, tools: list[str], parent: int) -> tuple[str, list[str
     listeners = {}
     for tool in tools:
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        listener.bind(os.path.join(directory, f"{tool}.sock"))
+        listener.bind(os.path.join(sockets, f"{tool}.sock"))
         listener.listen(64)
         listeners[listener] = tool
     wake_read, wake_write = socket.socketpair()
@@ -173,27 +174,34 @@ def _handle(conn: socket.socket, tool: str) -> tuple[str, list[str]]:
     os._exit(0)
 
 
-def start(directory: str, env: dict[str, str]) -> None:
+def start(env: dict[str, str]) -> str:
     """Start the servers for the calling process (lit, pytest) in the tests' environment `env`
-    (its PYTHONHASHSEED is the workers'), with one client script per tool in `directory` (put
-    it first on the commands' PATH); they end, and the directory is removed, when it ends."""
+    (its PYTHONHASHSEED is the workers'); returns the directory of the tool commands (to put
+    first on the commands' PATH). It is made under tests/lit/Output, which lit writes to
+    anyway (a temporary directory may be mounted noexec), the sockets in a temporary one
+    (their paths must be short); both are removed when the calling process ends."""
     import atexit
     import shutil
     import subprocess
+    import tempfile
 
     tests = os.path.dirname(os.path.abspath(__file__))
+    output = os.path.join(tests, "lit", "Output")
+    os.makedirs(output, exist_ok=True)
+    directory = tempfile.mkdtemp(prefix="tools-", dir=output)
+    sockets = tempfile.mkdtemp(prefix="tlc-tools-")
     for name in TOOLS:
         script = os.path.join(directory, name)
         with open(script, "w") as f:
             f.write(
                 f"#!{sys.executable} -IS\n"
                 f"import sys; sys.path.insert(0, {tests!r})\n"
-                f"from toolserver import client; client({name!r})\n"
+                f"from toolserver import client; client({name!r}, {sockets!r})\n"
             )
         os.chmod(script, 0o755)
     servers = [
         subprocess.Popen(
-            [sys.executable, os.path.abspath(__file__), directory, str(os.getpid()), *tools],
+            [sys.executable, os.path.abspath(__file__), sockets, str(os.getpid()), *tools],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             env=env,
@@ -213,9 +221,11 @@ def start(directory: str, env: dict[str, str]) -> None:
                 server.terminate()
             for server in servers:
                 server.wait()
-            shutil.rmtree(directory, ignore_errors=True)
+            for made in (directory, sockets):
+                shutil.rmtree(made, ignore_errors=True)
 
     atexit.register(stop)
+    return directory
 
 
 _STARTED: list[str] = []
@@ -227,11 +237,7 @@ def commands() -> list[str]:
     if os.environ.get(ENV_FRESH) == "1":
         return []
     if not _STARTED:
-        import tempfile
-
-        directory = tempfile.mkdtemp(prefix="tlc-tools-")
-        start(directory, dict(os.environ))
-        _STARTED.append(directory)
+        _STARTED.append(start(dict(os.environ)))
     return list(_STARTED)
 
 
@@ -295,13 +301,13 @@ if __name__ == "__main__":
     import gc
     import importlib
 
-    directory, parent, tools = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+    sockets, parent, tools = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
     entries = {name: importlib.import_module(TOOLS[name][0]) for name in tools}
     for module in SERVERS[tuple(tools)]:
         with contextlib.suppress(ImportError):  # an optional extra's tests are skipped
             importlib.import_module(module)
     gc.freeze()  # what was imported is never collected: the workers' collections skip it
-    tool, argv = _serve(directory, tools, parent)
+    tool, argv = _serve(sockets, tools, parent)
     # a worker: run the tool as its console script does (`python -m` for the roundtrip)
     module, function = TOOLS[tool]
     if tool == "tlc-roundtrip":

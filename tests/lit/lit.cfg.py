@@ -20,13 +20,10 @@ roundtrip = "python -m tlc.tools.roundtrip"
 # The tools and filecheck run as forks of one server that has imported them (tests/toolserver.py
 # says how and why); TLC_FRESH_TOOLS=1 starts each command as a new process instead.
 if os.environ.get("TLC_FRESH_TOOLS") != "1":
-    import tempfile
-
     sys.path.insert(0, os.path.dirname(config.test_source_root))
     import toolserver
 
-    tools = tempfile.mkdtemp(prefix="tlc-lit-tools-")
-    toolserver.start(tools, dict(config.environment))
+    tools = toolserver.start(dict(config.environment))
     config.environment["PATH"] = tools + os.pathsep + config.environment["PATH"]
     roundtrip = "tlc-roundtrip"
 config.substitutions.append(("%roundtrip", roundtrip))
