@@ -15,7 +15,9 @@ and runs the tool's entry point as its console script does (`sys.exit(main())`, 
 handlers and the final flush; an uncaught exception prints its traceback and exits 1), and the
 client exits with the worker's status (a worker killed by a signal kills the client with the
 same signal). What the commands print, read and exit with is the tools' own; only the
-interpreter start and the imports are shared.
+interpreter start and the imports are shared (so is what a library reads from the environment
+while it is imported, such as OpenBLAS's thread count: no command here sets it; tlc's own
+variables, TLC_MAX_ELEMENTS and the cache's, are read when used).
 
 `TLC_FRESH_TOOLS=1` turns it off (every command a new process, as before); the tools' real start
 from their console scripts is tested by the pytest tests that run them as subprocesses
