@@ -147,6 +147,9 @@ def _serve(sockets: str, tools: list[str], parent: int) -> tuple[str, list[str]]
         listener.close()
     for _ in range(running):
         os.wait()
+    import shutil  # also when the parent was killed, before it could remove them
+
+    shutil.rmtree(sockets, ignore_errors=True)
     sys.exit(0)
 
 
