@@ -99,11 +99,11 @@ def _receive(conn: socket.socket) -> tuple[dict, list[int]]:
     return marshal.loads(data[HEADER:]), fds
 
 
-def _serve(sockets: str, tools: list[str], parent: int) -> tuple[str, list[str]]:
+def _serve(sockets: str, made: list[str], tools: list[str], parent: int) -> tuple[str, list[str]]:
     """Accept commands for `tools` on SOCKETS/TOOL.sock until SIGTERM or until `parent`
-    ends; returns only in a worker, with its tool and argv. Every child is waited for, so the
-    commands' CPU time adds up in the server's, and the server's in that of whoever waits for
-    it (lit, `time`)."""
+    ends, then remove the directories `made`; returns only in a worker, with its tool and
+    argv. Every child is waited for, so the commands' CPU time adds up in the server's, and
+    the server's in that of whoever waits for it (lit, `time`)."""
     import selectors
     import signal
 
@@ -147,9 +147,10 @@ def _serve(sockets: str, tools: list[str], parent: int) -> tuple[str, list[str]]
         listener.close()
     for _ in range(running):
         os.wait()
-    import shutil  # also when the parent was killed, before it could remove them
+    import shutil  # also when the parent was killed before it could remove them
 
-    shutil.rmtree(sockets, ignore_errors=True)
+    for directory in made:
+        shutil.rmtree(directory, ignore_errors=True)
     sys.exit(0)
 
 
@@ -204,9 +205,10 @@ def start(env: dict[str, str]) -> str:
                 f"from toolserver import client; client({name!r}, {sockets!r})\n"
             )
         os.chmod(script, 0o755)
+    starter = os.getpid()
     servers = [
         subprocess.Popen(
-            [sys.executable, os.path.abspath(__file__), sockets, str(os.getpid()), *tools],
+            [sys.executable, os.path.abspath(__file__), directory, sockets, str(starter), *tools],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             env=env,
@@ -220,7 +222,7 @@ def start(env: dict[str, str]) -> str:
             raise RuntimeError(f"a tool server did not start (exit {server.wait()})")
         server.stdout.close()
 
-    def stop(starter: int = os.getpid()) -> None:
+    def stop() -> None:
         if os.getpid() == starter:  # not in lit's forked workers
             for server in servers:
                 server.terminate()
@@ -306,13 +308,13 @@ if __name__ == "__main__":
     import gc
     import importlib
 
-    sockets, parent, tools = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+    commands, sockets, parent, tools = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4:]
     entries = {name: importlib.import_module(TOOLS[name][0]) for name in tools}
     for module in SERVERS[tuple(tools)]:
         with contextlib.suppress(ImportError):  # an optional extra's tests are skipped
             importlib.import_module(module)
     gc.freeze()  # what was imported is never collected: the workers' collections skip it
-    tool, argv = _serve(sockets, tools, parent)
+    tool, argv = _serve(sockets, [commands, sockets], tools, parent)
     # a worker: run the tool as its console script does (`python -m` for the roundtrip)
     module, function = TOOLS[tool]
     if tool == "tlc-roundtrip":
