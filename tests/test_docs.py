@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import toolserver
 
 ROOT = Path(__file__).parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -68,9 +69,12 @@ def scratch(tmp_path: Path) -> Path:
 
 
 def environment() -> dict[str, str]:
-    """This interpreter's scripts first on PATH, so the tools are the ones under test."""
+    """This interpreter's scripts first on PATH, so the tools are the ones under test; before
+    them the tool server's (tests/toolserver.py: each tool command a fork of one process that
+    has imported the tools; TLC_FRESH_TOOLS=1 runs each as a new process)."""
     bin_dir = os.path.dirname(sys.executable)
-    return {**os.environ, "PATH": bin_dir + os.pathsep + os.environ.get("PATH", "")}
+    path = os.pathsep.join([*toolserver.commands(), bin_dir, os.environ.get("PATH", "")])
+    return {**os.environ, "PATH": path}
 
 
 def session(body: str) -> list[tuple[str, str]]:

@@ -96,6 +96,9 @@ def test_usage_errors_are_2(good: str, argv: list[str], capsys: pytest.CaptureFi
         (["--timming=1"], "tlc-opt: error: unrecognized arguments: --timming=1; did you mean "
          "'--timing'?"),
         (["--zzz"], "tlc-opt: error: unrecognized arguments: --zzz"),
+        (["--dtype", "f64"], "tlc-opt: error: --dtype needs --emit llvm or --emit asm"),
+        (["--emit", "asm-f32", "--dtype", "f64"], "tlc-opt: error: --emit asm-f32 is --emit "
+         "asm --dtype f32; for f64 code use --emit asm --dtype f64"),
     ],
 )  # fmt: skip
 def test_usage_errors_suggest_the_close_spelling(

@@ -22,6 +22,11 @@ from tlc.semantics.interpret import prepare
 from tlc.tools.verify import main
 
 ROOT = Path(__file__).parent.parent
+# The verdicts here must not depend on the machine's load: each search takes a few seconds of
+# CPU (the ACAS 0.03 box 2.4 s), so the time limit is one no run reaches even on a machine
+# loaded 20-fold (tlc-verify's default of 60 s did: a timeout at load 10-16). The limit itself
+# is tested by test_timeout.
+LIMIT = 600.0
 
 
 def _numpy_net(layers: list, x: np.ndarray) -> np.ndarray:
@@ -48,7 +53,8 @@ def _run(tmp_path: Path, net: Path, text: str, *args: str) -> str:
     prop = tmp_path / "prop.vnnlib"
     prop.write_text(text)
     out = tmp_path / "result.txt"
-    assert main([str(net), str(prop), "-o", str(out), *args]) == 0
+    # a later --timeout in args wins
+    assert main([str(net), str(prop), "-o", str(out), "--timeout", str(LIMIT), *args]) == 0
     return out.read_text()
 
 
@@ -102,9 +108,9 @@ def test_mnist_shaped_mlp_with_linf_boxes() -> None:
     image = np.random.default_rng(0).uniform(0, 1, 784)  # top-two margin 0.59
     label = int(np.argmax(_numpy_net(layers, image)))
     small = parse_vnnlib(robustness_property(image - 0.001, image + 0.001, label, 10))
-    assert verify(net, small, timeout=60).result == "unsat"
+    assert verify(net, small, timeout=LIMIT).result == "unsat"
     large = parse_vnnlib(robustness_property(image - 0.5, image + 0.5, label, 10))
-    verdict = verify(net, large, timeout=60)
+    verdict = verify(net, large, timeout=LIMIT)
     assert verdict.result == "sat"
     y = _numpy_net(layers, verdict.x)
     assert np.max(np.delete(y, label)) >= y[label]
@@ -119,7 +125,7 @@ def test_unknown_when_the_input_is_too_large_to_split() -> None:
     label = int(np.argmax(y))
     # a tiny gap no input reaches, but CROWN over the whole box cannot show it
     text = robustness_property(centre - 0.5, centre + 0.5, label, 3)
-    verdict = verify(net, parse_vnnlib(text), timeout=30)
+    verdict = verify(net, parse_vnnlib(text), timeout=LIMIT)
     assert verdict.result in ("sat", "unknown")
     if verdict.result == "sat":
         y = _numpy_net(layers, verdict.x)
@@ -203,10 +209,10 @@ def _instances(acas: tuple[list, Path], tmp_path: Path, radii: list[float], bad:
         (tmp_path / f"p{i}.vnnlib").write_text(
             robustness_property(centre - radius, centre + radius, label, 5)
         )
-        rows.append(f"{net},p{i}.vnnlib,30")
+        rows.append(f"{net},p{i}.vnnlib,{LIMIT:g}")
     if bad:
         (tmp_path / "bad.vnnlib").write_text("(assert")
-        rows.append(f"{net},bad.vnnlib,30")
+        rows.append(f"{net},bad.vnnlib,{LIMIT:g}")
     (tmp_path / "instances.csv").write_text("\n".join(rows) + "\n")
 
 

@@ -2,7 +2,8 @@
 
 MLIR's conventions: `-p`/`--pass-pipeline`, per-pass flags, `--split-input-file`,
 `--verify-diagnostics`, `--print-ir-after-all`, `--timing` (also spelt `--mlir-print-ir-after-all`,
-`--mlir-timing`), `--mlir-print-debuginfo`. Exit codes: 0 success,
+`--mlir-timing`), `--mlir-print-debuginfo`; `--emit llvm|asm` compiles in f32 like all compiled
+code (`--dtype f64` for double). Exit codes: 0 success,
 1 diagnostics, 2 usage error, 70 internal error.
 """
 
@@ -69,17 +70,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dump-pass-pipeline", action="store_true", help="print the pipeline")
     p.add_argument("--render", metavar="FILE.{svg,png,pdf}",
                    help="also draw the graph with GraphViz's dot into FILE")  # fmt: skip
+    p.add_argument("--dtype", choices=sorted(DTYPES), default=None,
+                   help="scalar type of --emit llvm and asm (default f32)")  # fmt: skip
     add_target_options(p, "default: host; for --emit llvm and asm")
     return p
 
 
-#: Emitters that compile to native code for a target: (kind, scalar type).
+#: Emitters that compile to native code for a target: (kind, the scalar type the spelling
+#: fixes, None for --dtype's). `llvm-f32` / `asm-f32` are the older spellings of `--dtype f32`.
 TARGET_EMITS = {
-    "llvm": ("llvm", "float64"),
-    "llvm-f32": ("llvm", "float32"),
-    "asm": ("asm", "float64"),
-    "asm-f32": ("asm", "float32"),
+    "llvm": ("llvm", None),
+    "llvm-f32": ("llvm", "f32"),
+    "asm": ("asm", None),
+    "asm-f32": ("asm", "f32"),
 }
+DTYPES = {"f32": "float32", "f64": "float64"}
 
 
 def emitter(args: argparse.Namespace) -> Callable[[ModuleOp], str]:
@@ -92,8 +97,14 @@ def emitter(args: argparse.Namespace) -> Callable[[ModuleOp], str]:
     if args.emit not in TARGET_EMITS:
         if target is not None:
             raise UsageError("--target-* options need --emit llvm or --emit asm")
+        if args.dtype is not None:
+            raise UsageError("--dtype needs --emit llvm or --emit asm")
         return _mlir_with_locations if args.debuginfo else EMITTERS[args.emit]
-    kind, dtype = TARGET_EMITS[args.emit]
+    kind, fixed = TARGET_EMITS[args.emit]
+    if fixed is not None and args.dtype not in (None, fixed):
+        raise UsageError(f"--emit {args.emit} is --emit {kind} --dtype {fixed}; for "
+                         f"{args.dtype} code use --emit {kind} --dtype {args.dtype}")  # fmt: skip
+    dtype = DTYPES[fixed or args.dtype or "f32"]
 
     def emit(module: ModuleOp) -> str:
         import numpy as np

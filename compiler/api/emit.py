@@ -28,25 +28,12 @@ def _plan(graph: GraphOp) -> str:
     return plan_text(graph)
 
 
-def _llvm(dtype: str) -> Callable[[ModuleOp], str]:
-    """Optimised LLVM IR of every graph, compiled with its inline payload (tlc.codegen)."""
-
-    def emit(module: ModuleOp) -> str:
-        import numpy as np
-
-        from tlc.codegen.module import optimized_ir
-
-        return optimized_ir(module, np.dtype(dtype).type)
-
-    return emit
-
-
 EMITTERS: dict[str, Callable[[ModuleOp], str]] = {
     "tlir": print_tlir,
     "mlir": lambda module: print_mlir_op(module, debuginfo=False),
     "listing": _per_graph(print_listing),
     "dot": _per_graph(print_dot),
     "plan": _per_graph(_plan),
-    "llvm": _llvm("float64"),
-    "llvm-f32": _llvm("float32"),
 }
+"""The formats of tlc-opt and tlc-translate that need no target; tlc-opt adds `llvm` and `asm`
+(tlc.tools.opt, which compiles for the --target-* options)."""

@@ -16,7 +16,17 @@ config.environment["PATH"] = os.pathsep.join(
 )
 config.environment["PYTHONHASHSEED"] = "0"
 # %roundtrip: print then re-parse a file; the result must equal printing it once.
-config.substitutions.append(("%roundtrip", "python -m tlc.tools.roundtrip"))
+roundtrip = "python -m tlc.tools.roundtrip"
+# The tools and filecheck run as forks of one server that has imported them (tests/toolserver.py
+# says how and why); TLC_FRESH_TOOLS=1 starts each command as a new process instead.
+if os.environ.get("TLC_FRESH_TOOLS") != "1":
+    sys.path.insert(0, os.path.dirname(config.test_source_root))
+    import toolserver
+
+    tools = toolserver.start(dict(config.environment))
+    config.environment["PATH"] = tools + os.pathsep + config.environment["PATH"]
+    roundtrip = "tlc-roundtrip"
+config.substitutions.append(("%roundtrip", roundtrip))
 if os.path.exists("/usr/bin/dot") or any(
     os.path.exists(os.path.join(p, "dot")) for p in os.environ.get("PATH", "").split(os.pathsep)
 ):
