@@ -11,7 +11,9 @@ four phases under 5 s at 100,000 nodes.
 
 Payload mode: an MLP whose linear weights take M MB of .tlir text (default 30), read with the
 weights inline (`tl.payload`) and with the same weights in an .npz file beside a document
-without them, each up to a `Payload` of arrays. The aim: inline within 2x of the .npz.
+without them, each up to a `Payload` of arrays. The aim (issue 14) is about whole tool runs:
+`tlc-compile` or `tlc-run` on the inline document within 2x of the same run with the .npz;
+reading decimal text alone stays some 40x reading binary (docs/security.md has both figures).
 
 Times are the best of R runs (default 3), as wall time and as this process's CPU time (on a
 shared machine the wall time also counts other processes). Each run starts from a collected

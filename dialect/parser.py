@@ -485,12 +485,15 @@ _STRAY_PLUS = re.compile(r"(?<![eE])\+")
 #: The characters of numbers, each as `0` (blanks are deleted with this table).
 _NUMBER_MARKS = bytes.maketrans(b"0123456789.eEinfa+-", b"0" * 19)
 _UNBRACKET = bytes.maketrans(b"[]", b"  ")
-#: A number out of its place in a list marked by `_NUMBER_MARKS`: right after a `]` or before a
-#: `[` (`[[1, ]2, [3, 4]]` has the brackets and commas of a 2 x 2 list), or an empty place
-#: (`[1, , 2]`, which numpy reads as 1, -1, 2). Each pattern starts with a bracket or comma,
-#: which the search finds fast, rather than with the number mark, which is almost everywhere.
+#: `-0` as an integer, which is 0 (numpy's float parser reads -0.0).
+_INTEGER_MINUS_ZERO = re.compile(rb"(?<![eE])-0+(?![0-9.eE])")
+#: A number out of its place in a list of numbers marked by `_NUMBER_MARKS`: right after a `]`
+#: or before a `[` (`[[1, ]2, [3, 4]]` has the brackets and commas of a 2 x 2 list), or an
+#: empty place (`[1, , 2]` and `[[1], []]`, which numpy reads as if -1 stood there). Each
+#: pattern starts with a bracket or comma, which the search finds fast, rather than with the
+#: number mark, which is almost everywhere.
 _MISPLACED = tuple(
-    re.compile(p) for p in (rb"\]0", rb"\[(?<=0\[)", rb"\[,", rb"\](?<=,\])", rb",,")
+    re.compile(p) for p in (rb"\]0", rb"\[(?<=0\[)", rb"\[,", rb"\](?<=,\])", rb",,", rb"\[\]")
 )
 #: The deepest number list read by numpy (tensors have a handful of axes).
 MAX_DENSE_RANK = 32
@@ -715,7 +718,9 @@ def _dense_values(text: str, start: int, end: int) -> tuple[np.ndarray, int] | N
     else:
         values = read_decimals(raw, count)  # checks that each number is in its place
         if values is None:  # not in the form read in bulk (inf, nan): numpy's float parser
-            if any(p.search(marked) for p in _MISPLACED):
+            if any(p.search(marked) for p in _MISPLACED) or _INTEGER_MINUS_ZERO.search(raw):
+                return None
+            if b"-nan" in raw:  # numpy's NaN has no sign, `float("-nan")` has
                 return None
             with warnings.catch_warnings():
                 warnings.simplefilter("error")

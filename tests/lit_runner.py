@@ -9,7 +9,7 @@ the session, so lit runs beside the rest of the suite rather than after it or in
 pytest's other tests run one at a time on one core, and lit takes the cores they leave (`-j` =
 cores - 1, or every core when only lit files are selected). The tools the lit files run are
 forks of a server that has imported them (tests/toolserver.py, started by lit.cfg.py): lit's
-CPU time went from 366 s to ~90 s, under half of the rest of the suite's.
+CPU time went from 366 s to ~80 s, under half of the rest of the suite's (~210 s).
 """
 
 from __future__ import annotations

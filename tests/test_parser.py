@@ -305,7 +305,8 @@ def _payload_value(text: str) -> object:
     ["[]", "[[]]", "[[], []]", "[1]", "[[1, 2], [3, 4]]", "[[[1], [2]], [[3], [4]]]",
      "[ 1 ,2,\n 3 ]", "[ [1, 2], [3, 4] ]", "[[1, 2] ,\n [3, 4]]", "[[[1]], [[2]]]",
      "[-0.0, 1e308, 1e-320, 5e-324, .5, 5., 1.e3, 2E+2, 007]",
-     "[inf, -inf, nan, 1e999]", "[0.1, 0.2, 0.30000000000000004, 1.7976931348623157e308]"],
+     "[inf, -inf, nan, 1e999]", "[0.1, 0.2, 0.30000000000000004, 1.7976931348623157e308]",
+     "[-0, -0.0, -00, 1e-0]", "[inf, -0, -0.0, -00, 1e-0]", "[-nan, nan, 1]"],
 )  # fmt: skip
 def test_dense_literals_read_exactly_as_numbers(literal: str) -> None:
     """numpy reads the number lists of a payload to the same float64 bits as Python's float()
@@ -334,6 +335,39 @@ def test_random_dense_literals_round_trip_bit_for_bit() -> None:
     assert np.array_equal(got.view(np.uint64), values.view(np.uint64))
 
 
+#: Numbers of every form the bulk reader meets (and declines), for mutated number lists.
+NUMBER_FORMS = ["-0.05123456789012345", "1.2345678901234567e-08", "9007199254740993", "3",
+                "123456789012345678901", "-1e-30", "0.000123456789012345678", "-0", "0.0",
+                ".5", "5.", "2E+2", "-7e3", "1e999", "inf", "nan"]  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(st.lists(st.sampled_from(NUMBER_FORMS), min_size=1, max_size=4), min_size=1,
+             max_size=3),
+    st.lists(st.tuples(st.sampled_from(["insert", "delete", "replace"]),
+                       st.integers(0, 10_000), st.text("0123456789.eE+-,[] \ninfa", min_size=1,
+                                                       max_size=2)), max_size=3),
+)  # fmt: skip
+def test_mutated_number_lists_are_read_as_lark_reads_them(
+    rows: list[list[str]], changes: list[tuple[str, int, str]]
+) -> None:
+    """Whatever number list the scanner reads (in bulk, by numpy's float parser or token by
+    token), Lark's path reads to the same bits (it read `[1, , 2]` as [1, -1, 2], `[[5], []]`
+    as [[5], [-1]], `-0` as -0.0 and `-nan` without its sign next to an `inf`)."""
+    from tlc.dialect.parser import _Scanner
+
+    literal = _mutate("[" + ", ".join("[" + ", ".join(r) + "]" for r in rows) + "]", changes)
+    text = _payload_doc(literal)
+    module = _Scanner(text, "m.tlir", 0).module()
+    if module is not None:
+        try:
+            expected: object = _generic(_by_lark(text))
+        except Exception as exc:  # noqa: BLE001 - Lark's path rejects it: the scanner must not
+            expected = exc
+        assert _generic(module) == expected
+
+
 @pytest.mark.parametrize(
     ("literal", "message"),
     [
@@ -359,6 +393,10 @@ def test_random_dense_literals_round_trip_bit_for_bit() -> None:
          "batch size), a number or a string"),
         ("[[], [5]]", "m.tlir:2:15: payload field 'value' is not a rectangular array of "
          "numbers"),
+        ("[[5], []]", "m.tlir:2:15: payload field 'value' is not a rectangular array of "
+         "numbers"),
+        ("[[inf], [5], []]", "m.tlir:2:15: payload field 'value' is not a rectangular array "
+         "of numbers"),
     ],
 )  # fmt: skip
 def test_malformed_dense_literals_are_located(literal: str, message: str) -> None:
