@@ -118,6 +118,11 @@ class NodePlan:
     #: the id of the run's first node, on every node of it, and on its last, `run_end`.
     run: int | None = None
     run_end: bool = False
+    #: The values the node's kernel reads: its parents, but for a pool that reads around
+    #: the padding concatenations before it (`plan_graph`'s `bypass`), which are `dead`:
+    #: read by nothing, computed never.
+    reads: tuple[int, ...] = ()
+    dead: bool = False
 
     @property
     def tasks(self) -> int:
@@ -229,27 +234,40 @@ def plan_graph(
     batch: int | None = None,
     fused: dict[int, NodeOp] | None = None,
     runs: bool = True,
+    bypass: dict[int, int] | None = None,
 ) -> GraphPlan:
     """The plan of `graph` (see the module docstring); `shapes` are the single-example shapes,
     `fused` maps a producer's id to the elementwise node fused into its kernel's stores;
-    `runs=False` keeps every row region apart (`row_runs`)."""
+    `runs=False` keeps every row region apart (`row_runs`); `bypass` maps a pooling's id to
+    the value it reads instead of its operand, a chain of concatenations that only pad it
+    (then dead, `module.padding_bypass`)."""
     output = graph.output
     assert output is not None
     out_id = output.value.owner.id  # type: ignore[union-attr]
     fused = fused or {}
     fused_into = {e.id: producer for producer, e in fused.items()}
     writer = fused_into.get(out_id, out_id)
+    bypass = bypass or {}
+    nodes = graph.nodes  # a list built on each access: once
+    dead = set()
+    for pool, source in bypass.items():
+        q = nodes[pool].parent_ids()[0]
+        while q != source:
+            dead.add(q)
+            q = nodes[q].parent_ids()[0]
     plans: list[NodePlan] = []
-    for node in graph.nodes:
-        parents = node.parent_ids()
+    for node in nodes:
+        parents = [bypass[node.id]] if node.id in bypass else node.parent_ids()
         lowering = LOWERINGS[type(node)]
         is_batched = batch is not None and (
             isinstance(node, ops.InputOp) or any(plans[p].batched for p in parents)
         )
         shape = (batch, *shapes[node.id]) if is_batched else shapes[node.id]
         folded = fused_into.get(node.id)
-        p = NodePlan(node, shape, is_batched, lowering.view or folded is not None,
-                     epilogue=fused.get(node.id), fused_into=folded)  # fmt: skip
+        skipped = folded is not None or node.id in dead
+        p = NodePlan(node, shape, is_batched, lowering.view or skipped,
+                     epilogue=fused.get(node.id), fused_into=folded, reads=tuple(parents),
+                     dead=node.id in dead)  # fmt: skip
         if not p.view:
             _choose_kernel(p, [plans[q] for q in parents], shapes, batch)
         plans.append(p)
@@ -355,7 +373,7 @@ def row_runs(plans: list[NodePlan]) -> None:
     inside: set[int] = set()  # computed in the current run, or views of such values
     for p in plans:
         if p.view:
-            if any(q in inside for q in p.node.parent_ids()):
+            if any(q in inside for q in p.reads):
                 inside.add(p.node.id)
             continue
         rows = p.rows
@@ -365,7 +383,7 @@ def row_runs(plans: list[NodePlan]) -> None:
             and bool(current)
             and (rows.rows, rows.chunk) == (current[0].rows.rows, current[0].rows.chunk)  # type: ignore[union-attr]
             and all(
-                n > 0 for q, n in zip(p.node.parent_ids(), rows.arg_rows, strict=True)
+                n > 0 for q, n in zip(p.reads, rows.arg_rows, strict=True)
                 if q in inside
             )
         )  # fmt: skip
@@ -393,13 +411,13 @@ def _assign_memory(plans: list[NodePlan], out_id: int, itemsize: int) -> tuple[i
     root: list[int | None] = []
     for p in plans:
         if p.view:
-            parents = p.node.parent_ids()
+            parents = p.reads
             root.append(root[parents[0]] if parents else None)
         else:
             root.append(p.node.id if p.node.id != out_id else None)
     last = list(range(n))
     for p in plans:
-        for q in p.node.parent_ids():
+        for q in p.reads:
             r = root[q]
             if r is not None:
                 last[r] = max(last[r], p.node.id)
@@ -411,7 +429,7 @@ def _assign_memory(plans: list[NodePlan], out_id: int, itemsize: int) -> tuple[i
     run_end = {p.run: p.node.id for p in plans if p.run_end}
     for p in plans:
         if p.run is not None:
-            for r in [root[q] for q in p.node.parent_ids()] + [root[p.node.id]]:
+            for r in [root[q] for q in p.reads] + [root[p.node.id]]:
                 if r is not None:
                     ends[r] = max(ends[r], run_end[p.run])
     slabs = _concat_slabs(plans, root)
@@ -460,7 +478,7 @@ def _concat_slabs(plans: list[NodePlan], root: list[int | None]) -> dict[int, tu
     expansions write the two halves of their concatenation.)"""
     users: dict[int, list[int]] = {}
     for p in plans:
-        for q in p.node.parent_ids():
+        for q in p.reads:
             users.setdefault(q, []).append(p.node.id)
     slabs: dict[int, tuple[int, int]] = {}
     for p in plans:
@@ -468,7 +486,7 @@ def _concat_slabs(plans: list[NodePlan], root: list[int | None]) -> dict[int, tu
         if not isinstance(p.node, ops.ConcatOp) or p.view or root[c] not in (c, None):
             continue
         axis = p.node.meta("axis") + len(p.shape) - len(p.kernel.out_shape if p.kernel else ())
-        parts = p.node.parent_ids()
+        parts = p.reads
         if p.kernel is None or numel(p.shape[:axis]) != 1 or len(set(parts)) != len(parts):
             continue
         found, offset = {}, 0
@@ -498,7 +516,7 @@ def _in_place_source(
     (and, for row tasks, sliced the same way)."""
     if type(p.node) not in IN_PLACE:
         return None
-    for j, q in enumerate(p.node.parent_ids()):
+    for j, q in enumerate(p.reads):
         r = root[q]
         if r is None or last[r] != p.node.id or numel(plans[q].shape) != numel(p.shape):
             continue

@@ -208,6 +208,40 @@ def test_row_runs_take_each_chunk_through_a_chain(monkeypatch: pytest.MonkeyPatc
     assert bits(runs[0]) == bits(runs[1]) == bits(alone)
 
 
+@pytest.mark.parametrize(
+    ("pool", "fill", "bypassed"),
+    [("max_pool", -np.inf, True), ("avg_pool", 0.0, True), ("max_pool", 0.0, False)],
+    ids=["max, -inf", "average, 0", "max, 0"],
+)
+def test_a_pool_reads_around_its_padding_concatenations(pool: str, fill: float,
+                                                        bypassed: bool) -> None:  # fmt: skip
+    """ceil_mode pooling as ONNX imports it: the input padded at the end of both spatial axes
+    by concatenations with constants of the pooling's padding value. The pooling reads the
+    input itself (its windows past the end are padding) and the concatenations are never
+    computed; a constant of any other value is data, and the copies stay."""
+    text = f"""tl.graph @ceil {{
+  %0 = input : [2, 3, 9, 9]
+  %1 = const {{shape = [2, 3, 1, 9]}} : [2, 3, 1, 9]
+  %2 = concat(%0, %1) {{axis = 2}} : [2, 3, 10, 9]
+  %3 = const {{shape = [2, 3, 10, 1]}} : [2, 3, 10, 1]
+  %4 = concat(%2, %3) {{axis = 3}} : [2, 3, 10, 10]
+  %5 = {pool}(%4) {{kernel = [3, 3], stride = [2, 2]}} : [2, 3, 4, 4]
+  output %5
+}}
+"""
+    graph = graph_of(text)
+    payload = Payload({1: {"value": np.full(54, fill)}, 3: {"value": np.full(60, fill)}})
+    nodes = build_graph_module(graph, payload, np.float32).plan.nodes
+    assert (nodes[5].reads, nodes[2].dead, nodes[4].dead) == (
+        ((0,), True, True) if bypassed else ((4,), False, False)
+    )
+    x = np.random.default_rng(6).normal(size=(2, 3, 9, 9)).astype(np.float32)
+    expected = interpret(graph, payload, x, np.float32).output
+    # An average's 9 terms are summed in 3 chains: float32 rounding of the order.
+    got = compile_graph(graph, payload, np.float32)(x)
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+
+
 def bits(x: np.ndarray) -> bytes:
     return np.ascontiguousarray(x).tobytes()
 
