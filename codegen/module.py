@@ -802,7 +802,7 @@ class _NodeEmitter:
             return None if callee is None else (callee[0].name, *(c.constant for c in callee[1]))
 
         key = ("task", named(full), named(last), rows.chunk, rows.tasks, rows.arg_rows,
-               rows.out_row, self.plan.worker_scratch)  # fmt: skip
+               rows.out_row, p.out_stride, self.plan.worker_scratch)  # fmt: skip
         func = self.functions.get(key)
         if func is not None:
             return func
@@ -823,7 +823,7 @@ class _NodeEmitter:
 
         pointers = [offset(ptr, n) for ptr, n in zip(loaded, rows.arg_rows, strict=False)]
         pointers += loaded[n_args : n_args + n_params]
-        pointers.append(offset(loaded[n_args + n_params], rows.out_row))
+        pointers.append(offset(loaded[n_args + n_params], p.out_stride or rows.out_row))
         if p.scratch:
             mine = b.mul(worker, ir.Constant(I64, self.plan.worker_scratch))
             pointers.append(b.gep(loaded[-1], [mine], inbounds=True))

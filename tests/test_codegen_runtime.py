@@ -127,20 +127,20 @@ def test_a_planned_residual_graph_matches_the_reference(dtype: type) -> None:
                                atol=1e-14 if dtype == np.float64 else 2e-6)  # fmt: skip
 
 
-def fire(squeeze: int, expand: int, tail: str) -> tuple[str, Payload]:
-    """A squeezenet fire module on 1 x 16 x 20 x 20: a 1x1 squeeze, then 1x1 and 3x3
+def fire(squeeze: int, expand: int, tail: str, n: int = 1) -> tuple[str, Payload]:
+    """A squeezenet fire module on n x 16 x 20 x 20: a 1x1 squeeze, then 1x1 and 3x3
     expansions of it (relu fused) concatenated along the channels, then `tail`."""
     s, e = squeeze, expand
     one = f"{{kernel = [1, 1], channel_axis = 1, in_channels = {s}, out_channels = {e}}}"
     text = f"""tl.graph @fire {{
-  %0 = input : [1, 16, 20, 20]
+  %0 = input : [{n}, 16, 20, 20]
   %1 = conv(%0) {{kernel = [1, 1], channel_axis = 1, in_channels = 16, out_channels = {s}}}
-  %2 = relu(%1) : [1, {s}, 20, 20]
-  %3 = conv(%2) {one} : [1, {e}, 20, 20]
-  %4 = relu(%3) : [1, {e}, 20, 20]
-  %5 = conv(%2) {conv_fields(s, e)} : [1, {e}, 20, 20]
-  %6 = relu(%5) : [1, {e}, 20, 20]
-  %7 = concat(%4, %6) {{axis = 1}} : [1, {2 * e}, 20, 20]
+  %2 = relu(%1) : [{n}, {s}, 20, 20]
+  %3 = conv(%2) {one} : [{n}, {e}, 20, 20]
+  %4 = relu(%3) : [{n}, {e}, 20, 20]
+  %5 = conv(%2) {conv_fields(s, e)} : [{n}, {e}, 20, 20]
+  %6 = relu(%5) : [{n}, {e}, 20, 20]
+  %7 = concat(%4, %6) {{axis = 1}} : [{n}, {2 * e}, 20, 20]
 {tail}
 }}
 """
@@ -159,24 +159,30 @@ def fire(squeeze: int, expand: int, tail: str) -> tuple[str, Payload]:
      ("  %8 = add(%7, %7)\n  %9 = concat(%8, %4) {axis = 1}\n  output %9", False)],
     ids=["fire", "output", "part read twice"],
 )  # fmt: skip
-def test_concat_parts_are_written_in_place(tail: str, gathered: bool) -> None:
-    """A channel concatenation of one image whose parts are read by nothing else is a region
-    its producers write their slabs of: no copy (no concat function in the IR), the
-    reference's values, the same bits at any thread count. A part with another reader keeps
-    its own region and the concat copies it."""
-    text, payload = fire(8, 32, tail)
+@pytest.mark.parametrize("n", [1, 4], ids=["one image", "batch"])
+def test_concat_parts_are_written_in_place(tail: str, gathered: bool, n: int) -> None:
+    """A channel concatenation whose parts are read by nothing else is a region its
+    producers write their slabs of: no copy (no concat function in the IR), the reference's
+    values, the same bits at any thread count. In a batch the producers run as tasks of one
+    image, each writing a concatenation row further on. A part with another reader keeps its
+    own region and the concat copies it."""
+    sq, e = (8, 32) if n == 1 else (16, 64)  # at batch 4, enough work for row regions
+    text, payload = fire(sq, e, tail, n)
     graph = graph_of(text)
     built = build_graph_module(graph, payload, np.float32)
     nodes = built.plan.nodes
     assert nodes[7].gathered == gathered
     assert ('"tlc_fire.n7"' in built.ir) != gathered
     if gathered:
-        assert (nodes[3].into, nodes[5].into) == ((7, 0), (7, 32 * 400))
+        assert (nodes[3].into, nodes[5].into) == ((7, 0), (7, e * 400))
+        if n > 1:
+            assert all(nodes[i].rows.chunk == 1 and nodes[i].out_stride == 2 * e * 400
+                       for i in (3, 5))  # fmt: skip
         if nodes[7].offset is not None:  # alive from its first part on: apart from %2
-            squeezed = range(nodes[1].offset, nodes[1].offset + 8 * 400)
-            concat = range(nodes[7].offset, nodes[7].offset + 64 * 400)
+            squeezed = range(nodes[1].offset, nodes[1].offset + n * sq * 400)
+            concat = range(nodes[7].offset, nodes[7].offset + n * 2 * e * 400)
             assert not set(squeezed) & set(concat)
-    x = np.random.default_rng(5).normal(size=(1, 16, 20, 20)).astype(np.float32)
+    x = np.random.default_rng(5).normal(size=(n, 16, 20, 20)).astype(np.float32)
     outputs = {t: compile_graph(graph, payload, np.float32, threads=t)(x) for t in (1, 2)}
     assert bits(outputs[1]) == bits(outputs[2])
     expected = interpret(graph, payload, x, np.float32).output
