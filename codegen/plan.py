@@ -511,6 +511,7 @@ def _concat_slabs(plans: list[NodePlan], root: list[int | None]) -> dict[int, tu
         rows = numel(p.shape[:axis])
         if (
             p.kernel is None
+            or rows == 0
             or len(set(parts)) != len(parts)
             or (rows > 1 and numel(p.shape[1:axis]) != 1)
         ):

@@ -525,6 +525,11 @@ ZERO_SIZE = {
         "%1 = linear {weight = [[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]]}",
     ),
     "relu of no rows": ("%1 = relu(%0) : [0, 4]", "[0, 4]", None),
+    "max_pool of no planes": ("%1 = max_pool(%0) {kernel = [2]} : [0, 3]", "[0, 6]", None),
+    "avg_pool of no planes": ("%1 = avg_pool(%0) {kernel = [3]} : [0, 2]", "[0, 6]", None),
+    "concat of no rows": ("%1 = relu(%0) : [0, 3]\n  %2 = exp(%0) : [0, 3]\n"
+                          "  %3 = concat(%1, %2) {axis = 1} : [0, 6]\n  %4 = relu(%3) : [0, 6]",
+                          "[0, 3]", None),
 }  # fmt: skip
 
 
@@ -532,7 +537,8 @@ ZERO_SIZE = {
 @pytest.mark.parametrize("dtype", ["f64", "f32"])
 def test_zero_size_tensors_match_the_reference(case: str, dtype: str) -> None:
     line, shape, payload = ZERO_SIZE[case]
-    text = f"tl.graph @z {{\n  %0 = input : {shape}\n  {line}\n  output %1\n}}\n"
+    last = line.split("\n")[-1].split("=")[0].strip()
+    text = f"tl.graph @z {{\n  %0 = input : {shape}\n  {line}\n  output {last}\n}}\n"
     if payload:
         text += f"tl.payload @z {{\n  {payload}\n}}\n"
     dims = tuple(int(d) for d in shape.strip("[]").split(","))
