@@ -2033,8 +2033,8 @@ class PoolFrame:
     def conv_frame(self) -> ConvFrame:
         """The geometry as a depthwise convolution's, one plane per group: the forward
         kernels stage and read planes as that one does (`window_strips`)."""
-        return ConvFrame(1, self.lead, self.lead, self.lead, self.in_plane, self.out_plane,
-                         self.window)  # fmt: skip
+        planes = max(self.lead, 1)  # one input plane per group, even with no planes
+        return ConvFrame(1, planes, planes, planes, self.in_plane, self.out_plane, self.window)
 
 
 def _pool_scratch(node: NodeOp, parents: list[Shape], out: Shape) -> int:

@@ -34,6 +34,7 @@ Decided at compile time from the shapes alone, before any IR is emitted:
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tlc.codegen.lower import IN_PLACE, LOWERINGS
@@ -118,6 +119,17 @@ class NodePlan:
     #: the id of the run's first node, on every node of it, and on its last, `run_end`.
     run: int | None = None
     run_end: bool = False
+    #: The values the node's kernel reads: its parents, but for a pool that reads around
+    #: the padding concatenations before it (`plan_graph`'s `bypass`), which are `dead`:
+    #: read by nothing, computed never.
+    reads: tuple[int, ...] = ()
+    dead: bool = False
+    #: Elements between the output rows of consecutive tasks when the node writes its slab
+    #: of a batched concatenation (`into`, tasks of one row each); 0: the rows' own size.
+    out_stride: int = 0
+    #: The node's kernel for a given number of leading rows (row regions; `_concat_slabs`
+    #: re-plans a producer as tasks of one row).
+    kernel_of: Callable[[int], Kernel] | None = field(default=None, repr=False)
 
     @property
     def tasks(self) -> int:
@@ -229,33 +241,47 @@ def plan_graph(
     batch: int | None = None,
     fused: dict[int, NodeOp] | None = None,
     runs: bool = True,
+    bypass: dict[int, int] | None = None,
 ) -> GraphPlan:
     """The plan of `graph` (see the module docstring); `shapes` are the single-example shapes,
     `fused` maps a producer's id to the elementwise node fused into its kernel's stores;
-    `runs=False` keeps every row region apart (`row_runs`)."""
+    `runs=False` keeps every row region apart (`row_runs`); `bypass` maps a pooling's id to
+    the value it reads instead of its operand, a chain of concatenations that only pad it
+    (then dead, `module.padding_bypass`)."""
     output = graph.output
     assert output is not None
     out_id = output.value.owner.id  # type: ignore[union-attr]
     fused = fused or {}
     fused_into = {e.id: producer for producer, e in fused.items()}
     writer = fused_into.get(out_id, out_id)
+    bypass = bypass or {}
+    nodes = graph.nodes  # a list built on each access: once
+    dead = set()
+    for pool, source in bypass.items():
+        q = nodes[pool].parent_ids()[0]
+        while q != source:
+            dead.add(q)
+            q = nodes[q].parent_ids()[0]
     plans: list[NodePlan] = []
-    for node in graph.nodes:
-        parents = node.parent_ids()
+    for node in nodes:
+        parents = [bypass[node.id]] if node.id in bypass else node.parent_ids()
         lowering = LOWERINGS[type(node)]
         is_batched = batch is not None and (
             isinstance(node, ops.InputOp) or any(plans[p].batched for p in parents)
         )
         shape = (batch, *shapes[node.id]) if is_batched else shapes[node.id]
         folded = fused_into.get(node.id)
-        p = NodePlan(node, shape, is_batched, lowering.view or folded is not None,
-                     epilogue=fused.get(node.id), fused_into=folded)  # fmt: skip
+        skipped = folded is not None or node.id in dead
+        p = NodePlan(node, shape, is_batched, lowering.view or skipped,
+                     epilogue=fused.get(node.id), fused_into=folded, reads=tuple(parents),
+                     dead=node.id in dead)  # fmt: skip
         if not p.view:
             _choose_kernel(p, [plans[q] for q in parents], shapes, batch)
         plans.append(p)
+    slabs = _concat_slabs(plans, _roots(plans, writer))
     if runs:
         row_runs(plans)
-    arena, unshared = _assign_memory(plans, writer, itemsize)
+    arena, unshared = _assign_memory(plans, writer, itemsize, slabs)
     worker = max((p.scratch for p in plans if p.rows is not None or p.parts > 1), default=0)
     workers = max((p.tasks for p in plans), default=1)
     return GraphPlan(plans, arena, aligned(worker, itemsize) if worker else 0, workers, unshared,
@@ -316,6 +342,7 @@ def _choose_kernel(p: NodePlan, parents: list[NodePlan], shapes: list[Shape], ba
 def _set_rows(p: NodePlan, rows: int, arg_rows: tuple[int, ...], out_row: int, kernel, total: int):
     """One call when the work is small, else about TASKS chunks of rows (of a linear, at least
     MATRIX_ROWS each; of a node with payload fields, all of equal size)."""
+    p.kernel_of = kernel
     if total < PARALLEL_WORK or rows < 2:
         p.kernel = kernel(rows)
         return
@@ -355,7 +382,7 @@ def row_runs(plans: list[NodePlan]) -> None:
     inside: set[int] = set()  # computed in the current run, or views of such values
     for p in plans:
         if p.view:
-            if any(q in inside for q in p.node.parent_ids()):
+            if any(q in inside for q in p.reads):
                 inside.add(p.node.id)
             continue
         rows = p.rows
@@ -365,7 +392,7 @@ def row_runs(plans: list[NodePlan]) -> None:
             and bool(current)
             and (rows.rows, rows.chunk) == (current[0].rows.rows, current[0].rows.chunk)  # type: ignore[union-attr]
             and all(
-                n > 0 for q, n in zip(p.node.parent_ids(), rows.arg_rows, strict=True)
+                n > 0 for q, n in zip(p.reads, rows.arg_rows, strict=True)
                 if q in inside
             )
         )  # fmt: skip
@@ -386,20 +413,30 @@ class _Region:
     offset: int = 0
 
 
-def _assign_memory(plans: list[NodePlan], out_id: int, itemsize: int) -> tuple[int, int]:
-    """Arena offsets by liveness (see the module docstring); returns (arena, unshared) sizes.
-    `out_id` is the node writing `out` (a fused epilogue is a view of its producer)."""
-    n = len(plans)
+def _roots(plans: list[NodePlan], out_id: int) -> list[int | None]:
+    """Per node, the computed node whose region holds its value (views alias their first
+    operand's); None for the caller's `out` (`out_id` writes it) and the input."""
     root: list[int | None] = []
     for p in plans:
         if p.view:
-            parents = p.node.parent_ids()
+            parents = p.reads
             root.append(root[parents[0]] if parents else None)
         else:
             root.append(p.node.id if p.node.id != out_id else None)
+    return root
+
+
+def _assign_memory(
+    plans: list[NodePlan], out_id: int, itemsize: int, slabs: dict[int, tuple[int, int]]
+) -> tuple[int, int]:
+    """Arena offsets by liveness (see the module docstring); returns (arena, unshared) sizes.
+    `out_id` is the node writing `out` (a fused epilogue is a view of its producer); `slabs`
+    the producers that write into a concatenation (`_concat_slabs`)."""
+    n = len(plans)
+    root = _roots(plans, out_id)
     last = list(range(n))
     for p in plans:
-        for q in p.node.parent_ids():
+        for q in p.reads:
             r = root[q]
             if r is not None:
                 last[r] = max(last[r], p.node.id)
@@ -411,17 +448,16 @@ def _assign_memory(plans: list[NodePlan], out_id: int, itemsize: int) -> tuple[i
     run_end = {p.run: p.node.id for p in plans if p.run_end}
     for p in plans:
         if p.run is not None:
-            for r in [root[q] for q in p.node.parent_ids()] + [root[p.node.id]]:
+            for r in [root[q] for q in p.reads] + [root[p.node.id]]:
                 if r is not None:
                     ends[r] = max(ends[r], run_end[p.run])
-    slabs = _concat_slabs(plans, root)
     regions: dict[int, _Region] = {}
     scratch: list[tuple[NodePlan, _Region]] = []
     unshared = 0
     for p in plans:
         i = p.node.id
         if i in slabs:  # lives in its concatenation's region
-            p.into = slabs[i]
+            pass
         elif root[i] == i:
             size = aligned(numel(p.shape), itemsize)
             unshared += size
@@ -450,17 +486,20 @@ def _assign_memory(plans: list[NodePlan], out_id: int, itemsize: int) -> tuple[i
 
 
 def _concat_slabs(plans: list[NodePlan], root: list[int | None]) -> dict[int, tuple[int, int]]:
-    """Producer id -> (concat id, element offset): the producers that write their value
-    straight into a concatenation's region, which then copies nothing (`NodePlan.gathered`).
-    A concatenation qualifies when each part is one contiguous slab of it (nothing before the
-    axis but extents of 1: a channel concatenation of one image) and every part is a
-    computed value (or a relu fused into one) read by nothing else, none twice; the producers
-    then run with their slab as destination (its region is alive from the first of them on,
-    so nothing they read overlaps it). (squeezenet's fire modules: the 1x1 and 3x3
-    expansions write the two halves of their concatenation.)"""
+    """Producer id -> (concat id, element offset in a row of it): the producers that write
+    their value straight into a concatenation's region, which then copies nothing
+    (`NodePlan.gathered`, `NodePlan.into`). A concatenation qualifies when nothing comes
+    before its axis but the leading rows (extents of 1 otherwise: a channel concatenation)
+    and every part is a computed value (or a relu fused into one) read by nothing else, none
+    twice. With one row each part is one contiguous slab; with several (a batch), each part's
+    producer must be a row region, re-planned as tasks of one row whose output rows land a
+    concatenation row apart (`out_stride`). The producers then run with their slab as
+    destination (its region is alive from the first of them on, so nothing they read
+    overlaps it). (squeezenet's fire modules: the 1x1 and 3x3 expansions write the two
+    halves of their concatenation.)"""
     users: dict[int, list[int]] = {}
     for p in plans:
-        for q in p.node.parent_ids():
+        for q in p.reads:
             users.setdefault(q, []).append(p.node.id)
     slabs: dict[int, tuple[int, int]] = {}
     for p in plans:
@@ -468,8 +507,14 @@ def _concat_slabs(plans: list[NodePlan], root: list[int | None]) -> dict[int, tu
         if not isinstance(p.node, ops.ConcatOp) or p.view or root[c] not in (c, None):
             continue
         axis = p.node.meta("axis") + len(p.shape) - len(p.kernel.out_shape if p.kernel else ())
-        parts = p.node.parent_ids()
-        if p.kernel is None or numel(p.shape[:axis]) != 1 or len(set(parts)) != len(parts):
+        parts = p.reads
+        rows = numel(p.shape[:axis])
+        if (
+            p.kernel is None
+            or rows == 0
+            or len(set(parts)) != len(parts)
+            or (rows > 1 and numel(p.shape[1:axis]) != 1)
+        ):
             continue
         found, offset = {}, 0
         for q in parts:
@@ -481,14 +526,36 @@ def _concat_slabs(plans: list[NodePlan], root: list[int | None]) -> dict[int, tu
                 or plans[r].gathered
                 or (q != r and plans[q].fused_into != r)
                 or any(users.get(a) != [b] for a, b in zip(chain, [*chain[1:], c], strict=True))
+                or (rows > 1 and not _one_row_tasks(plans[r], rows, check=True))
             ):
                 break
             found[r] = (c, offset)
-            offset += numel(plans[q].shape)
+            offset += numel(plans[q].shape) // rows
         else:
             slabs.update(found)
             p.gathered = True
+            for r, into in found.items():
+                plans[r].into = into
+                if rows > 1:
+                    _one_row_tasks(plans[r], rows)
+                    plans[r].out_stride = numel(p.shape[1:])
     return slabs
+
+
+def _one_row_tasks(p: NodePlan, rows: int, check: bool = False) -> bool:
+    """Re-plan row region `p` (of `rows` rows) as tasks of one row each; `check`: only say
+    whether it can be."""
+    r = p.rows
+    if r is None or r.rows != rows or not r.parallel or (r.chunk != 1 and p.kernel_of is None):
+        return False
+    if check or r.chunk == 1:
+        return True
+    one = p.kernel_of(1)
+    p.rows = Rows(rows, 1, r.arg_rows, r.out_row, one, None, True)
+    lowering = LOWERINGS[type(p.node)]
+    if lowering.uses_scratch:
+        p.scratch = max(lowering.scratch(one.node, list(one.arg_shapes), one.out_shape), 1)
+    return True
 
 
 def _in_place_source(
@@ -498,7 +565,7 @@ def _in_place_source(
     (and, for row tasks, sliced the same way)."""
     if type(p.node) not in IN_PLACE:
         return None
-    for j, q in enumerate(p.node.parent_ids()):
+    for j, q in enumerate(p.reads):
         r = root[q]
         if r is None or last[r] != p.node.id or numel(plans[q].shape) != numel(p.shape):
             continue

@@ -127,20 +127,20 @@ def test_a_planned_residual_graph_matches_the_reference(dtype: type) -> None:
                                atol=1e-14 if dtype == np.float64 else 2e-6)  # fmt: skip
 
 
-def fire(squeeze: int, expand: int, tail: str) -> tuple[str, Payload]:
-    """A squeezenet fire module on 1 x 16 x 20 x 20: a 1x1 squeeze, then 1x1 and 3x3
+def fire(squeeze: int, expand: int, tail: str, n: int = 1) -> tuple[str, Payload]:
+    """A squeezenet fire module on n x 16 x 20 x 20: a 1x1 squeeze, then 1x1 and 3x3
     expansions of it (relu fused) concatenated along the channels, then `tail`."""
     s, e = squeeze, expand
     one = f"{{kernel = [1, 1], channel_axis = 1, in_channels = {s}, out_channels = {e}}}"
     text = f"""tl.graph @fire {{
-  %0 = input : [1, 16, 20, 20]
+  %0 = input : [{n}, 16, 20, 20]
   %1 = conv(%0) {{kernel = [1, 1], channel_axis = 1, in_channels = 16, out_channels = {s}}}
-  %2 = relu(%1) : [1, {s}, 20, 20]
-  %3 = conv(%2) {one} : [1, {e}, 20, 20]
-  %4 = relu(%3) : [1, {e}, 20, 20]
-  %5 = conv(%2) {conv_fields(s, e)} : [1, {e}, 20, 20]
-  %6 = relu(%5) : [1, {e}, 20, 20]
-  %7 = concat(%4, %6) {{axis = 1}} : [1, {2 * e}, 20, 20]
+  %2 = relu(%1) : [{n}, {s}, 20, 20]
+  %3 = conv(%2) {one} : [{n}, {e}, 20, 20]
+  %4 = relu(%3) : [{n}, {e}, 20, 20]
+  %5 = conv(%2) {conv_fields(s, e)} : [{n}, {e}, 20, 20]
+  %6 = relu(%5) : [{n}, {e}, 20, 20]
+  %7 = concat(%4, %6) {{axis = 1}} : [{n}, {2 * e}, 20, 20]
 {tail}
 }}
 """
@@ -159,24 +159,30 @@ def fire(squeeze: int, expand: int, tail: str) -> tuple[str, Payload]:
      ("  %8 = add(%7, %7)\n  %9 = concat(%8, %4) {axis = 1}\n  output %9", False)],
     ids=["fire", "output", "part read twice"],
 )  # fmt: skip
-def test_concat_parts_are_written_in_place(tail: str, gathered: bool) -> None:
-    """A channel concatenation of one image whose parts are read by nothing else is a region
-    its producers write their slabs of: no copy (no concat function in the IR), the
-    reference's values, the same bits at any thread count. A part with another reader keeps
-    its own region and the concat copies it."""
-    text, payload = fire(8, 32, tail)
+@pytest.mark.parametrize("n", [1, 4], ids=["one image", "batch"])
+def test_concat_parts_are_written_in_place(tail: str, gathered: bool, n: int) -> None:
+    """A channel concatenation whose parts are read by nothing else is a region its
+    producers write their slabs of: no copy (no concat function in the IR), the reference's
+    values, the same bits at any thread count. In a batch the producers run as tasks of one
+    image, each writing a concatenation row further on. A part with another reader keeps its
+    own region and the concat copies it."""
+    sq, e = (8, 32) if n == 1 else (16, 64)  # at batch 4, enough work for row regions
+    text, payload = fire(sq, e, tail, n)
     graph = graph_of(text)
     built = build_graph_module(graph, payload, np.float32)
     nodes = built.plan.nodes
     assert nodes[7].gathered == gathered
     assert ('"tlc_fire.n7"' in built.ir) != gathered
     if gathered:
-        assert (nodes[3].into, nodes[5].into) == ((7, 0), (7, 32 * 400))
+        assert (nodes[3].into, nodes[5].into) == ((7, 0), (7, e * 400))
+        if n > 1:
+            assert all(nodes[i].rows.chunk == 1 and nodes[i].out_stride == 2 * e * 400
+                       for i in (3, 5))  # fmt: skip
         if nodes[7].offset is not None:  # alive from its first part on: apart from %2
-            squeezed = range(nodes[1].offset, nodes[1].offset + 8 * 400)
-            concat = range(nodes[7].offset, nodes[7].offset + 64 * 400)
+            squeezed = range(nodes[1].offset, nodes[1].offset + n * sq * 400)
+            concat = range(nodes[7].offset, nodes[7].offset + n * 2 * e * 400)
             assert not set(squeezed) & set(concat)
-    x = np.random.default_rng(5).normal(size=(1, 16, 20, 20)).astype(np.float32)
+    x = np.random.default_rng(5).normal(size=(n, 16, 20, 20)).astype(np.float32)
     outputs = {t: compile_graph(graph, payload, np.float32, threads=t)(x) for t in (1, 2)}
     assert bits(outputs[1]) == bits(outputs[2])
     expected = interpret(graph, payload, x, np.float32).output
@@ -206,6 +212,40 @@ def test_row_runs_take_each_chunk_through_a_chain(monkeypatch: pytest.MonkeyPatc
     assert "r9" not in build_graph_module(graph, payload, np.float32).ir
     alone = compile_graph(graph, payload, np.float32, threads=2)(x)
     assert bits(runs[0]) == bits(runs[1]) == bits(alone)
+
+
+@pytest.mark.parametrize(
+    ("pool", "fill", "bypassed"),
+    [("max_pool", -np.inf, True), ("avg_pool", 0.0, True), ("max_pool", 0.0, False)],
+    ids=["max, -inf", "average, 0", "max, 0"],
+)
+def test_a_pool_reads_around_its_padding_concatenations(pool: str, fill: float,
+                                                        bypassed: bool) -> None:  # fmt: skip
+    """ceil_mode pooling as ONNX imports it: the input padded at the end of both spatial axes
+    by concatenations with constants of the pooling's padding value. The pooling reads the
+    input itself (its windows past the end are padding) and the concatenations are never
+    computed; a constant of any other value is data, and the copies stay."""
+    text = f"""tl.graph @ceil {{
+  %0 = input : [2, 3, 9, 9]
+  %1 = const {{shape = [2, 3, 1, 9]}} : [2, 3, 1, 9]
+  %2 = concat(%0, %1) {{axis = 2}} : [2, 3, 10, 9]
+  %3 = const {{shape = [2, 3, 10, 1]}} : [2, 3, 10, 1]
+  %4 = concat(%2, %3) {{axis = 3}} : [2, 3, 10, 10]
+  %5 = {pool}(%4) {{kernel = [3, 3], stride = [2, 2]}} : [2, 3, 4, 4]
+  output %5
+}}
+"""
+    graph = graph_of(text)
+    payload = Payload({1: {"value": np.full(54, fill)}, 3: {"value": np.full(60, fill)}})
+    nodes = build_graph_module(graph, payload, np.float32).plan.nodes
+    assert (nodes[5].reads, nodes[2].dead, nodes[4].dead) == (
+        ((0,), True, True) if bypassed else ((4,), False, False)
+    )
+    x = np.random.default_rng(6).normal(size=(2, 3, 9, 9)).astype(np.float32)
+    expected = interpret(graph, payload, x, np.float32).output
+    # An average's 9 terms are summed in 3 chains: float32 rounding of the order.
+    got = compile_graph(graph, payload, np.float32)(x)
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
 
 
 def bits(x: np.ndarray) -> bytes:
@@ -531,6 +571,11 @@ ZERO_SIZE = {
         "%1 = linear {weight = [[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]]}",
     ),
     "relu of no rows": ("%1 = relu(%0) : [0, 4]", "[0, 4]", None),
+    "max_pool of no planes": ("%1 = max_pool(%0) {kernel = [2]} : [0, 3]", "[0, 6]", None),
+    "avg_pool of no planes": ("%1 = avg_pool(%0) {kernel = [3]} : [0, 2]", "[0, 6]", None),
+    "concat of no rows": ("%1 = relu(%0) : [0, 3]\n  %2 = exp(%0) : [0, 3]\n"
+                          "  %3 = concat(%1, %2) {axis = 1} : [0, 6]\n  %4 = relu(%3) : [0, 6]",
+                          "[0, 3]", None),
 }  # fmt: skip
 
 
@@ -538,7 +583,8 @@ ZERO_SIZE = {
 @pytest.mark.parametrize("dtype", ["f64", "f32"])
 def test_zero_size_tensors_match_the_reference(case: str, dtype: str) -> None:
     line, shape, payload = ZERO_SIZE[case]
-    text = f"tl.graph @z {{\n  %0 = input : {shape}\n  {line}\n  output %1\n}}\n"
+    last = line.split("\n")[-1].split("=")[0].strip()
+    text = f"tl.graph @z {{\n  %0 = input : {shape}\n  {line}\n  output {last}\n}}\n"
     if payload:
         text += f"tl.payload @z {{\n  {payload}\n}}\n"
     dims = tuple(int(d) for d in shape.strip("[]").split(","))
