@@ -244,10 +244,11 @@ def test_split_convolutions_stage_only_their_rows(
     """A part of a split padded or strided convolution stages only the input rows its output
     rows read (`ConvFrame.stage_rows`): every part's rows must cover what its output rows'
     taps reach, for strides of 2 and 3, a 7x7 stem, a dilation, 32-wide rows (tiles load the
-    staged planes directly), a 3-d convolution (split along its first spatial axis); and one whose 196 positions may run as C^T (on AVX-512),
-    which packs the rows of patches in every part: its C^T kernel computes on one of the two
-    parts, the other is empty. The bits are the same at every thread count and match the
-    reference (f32 summation order: the op records' tolerance)."""
+    staged planes directly), a 3-d convolution (split along its first spatial axis); and one
+    whose 196 positions may run as C^T (on AVX-512), which packs the rows of patches in every
+    part: its C^T kernel computes on its own first parts, the others are empty. The bits are
+    the same at every thread count and match the reference (f32 summation order: the op
+    records' tolerance)."""
     rng = np.random.default_rng(5)
     cin, kernel = x[1], [int(e) for e in fields.split("]")[0].split("[")[1].split(",")]
     axes = ", ".join(["channel_axis = 1", f"in_channels = {cin}", f"out_channels = {cout}"])
