@@ -1246,8 +1246,9 @@ MAX_PANEL = 64
 #: Columns a group of images reaches for when its output planes leave a partial panel, and
 #: the bytes of staged input planes it may hold for that (`ConvPlan.of`).
 GROUP_COLUMNS, STAGE_BLOCK = 1024, 1024 * 1024
-#: The vector bytes from which the tiles' masked loads of B cost what plain loads do (AVX-512).
-MASKED_LOADS = 64
+#: The vector bytes from which the tiles read B under a mask (`packed_tile`'s `b_mask`): AVX2
+#: and AVX-512 have masked vector loads, SSE has none (LLVM would load lane by lane).
+MASKED_LOADS = 32
 #: Steps along k of one K block of a convolution's product: longer products (deep layers,
 #: 3x3 over 256 channels = 2304) keep partial sums of the block's columns in scratch, so the
 #: weights' K slice (cout x 256, in L2) is read once per block of columns instead of once
@@ -1510,7 +1511,7 @@ def _conv_product(k: KernelBuilder, s: Step, f: ConvFrame, parts: int) -> None:
     # planes read, and the tiles load it there (no packing); else runs of `chunk` columns.
     # So is any vector of one image's columns of a 1x1 convolution read in place, whose
     # planes are its columns: the vectors reaching past an image's last column load only the
-    # lanes before it (on AVX-512, where masked loads cost what plain ones do).
+    # lanes before it (on AVX2 and AVX-512: `MASKED_LOADS`).
     flat = (not f.staged and f.window.taps == 1 and plan.images == 1
             and f.positions % mk.lanes != 0 and k.info.vector_bytes >= MASKED_LOADS)  # fmt: skip
     direct = f.window.out_sp[-1] % mk.lanes == 0 or flat
