@@ -1232,8 +1232,11 @@ MAX_PANEL = 64
 #: Columns a group of images reaches for when its output planes leave a partial panel, and
 #: the bytes of staged input planes it may hold for that (`ConvPlan.of`).
 GROUP_COLUMNS, STAGE_BLOCK = 1024, 1024 * 1024
-#: The vector bytes from which the tiles' masked loads of B cost what plain loads do (AVX-512).
-MASKED_LOADS = 64
+#: The vector bytes from which the tiles read B under a mask (`packed_tile`'s `b_mask`): AVX2
+#: and AVX-512 have masked vector loads, SSE has none (LLVM would load lane by lane).
+MASKED_LOADS = 32
+#: The share of a wide convolution's columns past the output rows it may compute (`_conv_product`).
+WIDE_WASTE = 0.05
 #: Steps along k of one K block of a convolution's product: longer products (deep layers,
 #: 3x3 over 256 channels = 2304) keep partial sums of the block's columns in scratch, so the
 #: weights' K slice (cout x 256, in L2) is read once per block of columns instead of once
@@ -1286,7 +1289,7 @@ def _conv_scratch(node: NodeOp, parents: list[Shape], out: Shape) -> int:
         return f.staged_plane
     plan = ConvPlan.of(f, 8)
     staging = plan.images * f.cin_g * f.staged_plane
-    normal = (plan.columns + MAX_PANEL) * f.depth + staging + plan.partials(f)
+    normal = (plan.columns + MAX_PANEL) * f.depth + staging + MAX_PANEL + plan.partials(f)
     if not _transposable(f):
         return normal
     rows = f.lead * f.positions
@@ -1358,7 +1361,10 @@ def _conv_params(node: NodeOp, parents: list[Shape], out: Shape) -> dict[str, Pa
 #: Flops one element copied by a split convolution's parts costs, about: a split stops where
 #: the copies the parts repeat (a shared block of columns re-packed, input rows staged by two
 #: parts, a C^T part's packed rows) would exceed `DUPLICATE_SHARE` of the product's flops.
-COPY_FLOPS, DUPLICATE_SHARE = 16, 1 / 32
+#: Measured on one thread (Zen 4): at 16 flops a copy, 3x3 64 -> 64 on 56 x 56 took 8 parts
+#: and ran 7% slower than in one, 64 -> 128 s2 4 parts and 4.5% slower; at 64, 6 parts and
+#: 2%, and 1 part.
+COPY_FLOPS, DUPLICATE_SHARE = 64, 1 / 32
 #: The most parts `_conv_parts` considers (a plan takes at most 8).
 MAX_PARTS = 16
 
@@ -1484,8 +1490,10 @@ def _conv_product(k: KernelBuilder, s: Step, f: ConvFrame, parts: int) -> None:
     plan = ConvPlan.of(f, 8)
     nc = -(-plan.columns // mk.nr) * mk.nr
     block = Buf(s.scratch.ptr, (nc * f.depth,))
+    # The staged planes and MAX_PANEL elements after them, zeroed: what a wide column's tap
+    # reads past the last plane.
     staging = Buf(k.at(s.scratch, (plan.columns + MAX_PANEL) * f.depth),
-                  (plan.images * f.cin_g * f.staged_plane,))  # fmt: skip
+                  (plan.images * f.cin_g * f.staged_plane + MAX_PANEL,))  # fmt: skip
     sums = Buf(k.at(staging, staging.size), (plan.partials(f),))
     kc = min(f.depth, CONV_KC)
     image = f.cin_g * f.plane if f.staged else f.cin * f.in_plane
@@ -1493,15 +1501,26 @@ def _conv_product(k: KernelBuilder, s: Step, f: ConvFrame, parts: int) -> None:
     # planes read, and the tiles load it there (no packing); else runs of `chunk` columns.
     # So is any vector of one image's columns of a 1x1 convolution read in place, whose
     # planes are its columns: the vectors reaching past an image's last column load only the
-    # lanes before it (on AVX-512, where masked loads cost what plain ones do).
+    # lanes before it (on AVX2 and AVX-512: `MASKED_LOADS`).
     flat = (not f.staged and f.window.taps == 1 and plan.images == 1
             and f.positions % mk.lanes != 0 and k.info.vector_bytes >= MASKED_LOADS)  # fmt: skip
     direct = f.window.out_sp[-1] % mk.lanes == 0 or flat
+    # Wide: the columns of a 2-d staged convolution over one image run over whole rows of the
+    # planes read (`extents`), ow of every E computed and stored: column oy * E + ox reads
+    # the staged planes at itself plus the tap's offset, so every vector of columns is
+    # contiguous there and the tiles load it in place; taken when the columns past ow are at
+    # most WIDE_WASTE of them (3x3 over 56 x 56 padded: 2 of 58).
+    extent = f.extents[-1] if f.extents else 1
+    wide = (not direct and f.staged and len(f.window.in_sp) == 2 and plan.images == 1
+            and extent >= mk.lanes
+            and extent - f.window.out_sp[-1] <= WIDE_WASTE * extent)  # fmt: skip
+    if wide:
+        P, direct = f.window.out_sp[0] * extent, True
     chunk = mk.lanes
     taps = k.global_constant("taps", f.tap_table(), I32)
-    if direct:
+    if direct and not wide:
         table = k.global_constant("columns", _column_bases(f, plan.images, nc, chunk, image), I32)
-    else:
+    elif not direct:
         runs = [k.global_constant(name, column, I32) for name, column in
                 zip(("run_first", "run_column", "run_source", "run_length"),
                     _column_runs(f, plan.images, nc, mk.lanes, image), strict=True)]  # fmt: skip
@@ -1532,7 +1551,7 @@ def _conv_product(k: KernelBuilder, s: Step, f: ConvFrame, parts: int) -> None:
     rows = None
     if f.staged and parts > 1 and plan.images == 1 and len(f.window.in_sp) >= 2:
         lo, hi, _, _ = part_blocks(k.i64(blocks))
-        row = numel(f.window.out_sp[1:])
+        row = extent if wide else numel(f.window.out_sp[1:])
         first = b.udiv(b.mul(lo, k.i64(nc)), k.i64(row))
         end = b.mul(hi, k.i64(nc))
         end = b.select(b.icmp_signed("<", end, k.i64(P)), end, k.i64(P))
@@ -1591,7 +1610,11 @@ def _conv_product(k: KernelBuilder, s: Step, f: ConvFrame, parts: int) -> None:
                     return k.at(block, b.add(row, k.i64(v * mk.lanes)))
                 col = b.add(c0, b.add(b.mul(jp, k.i64(mk.nr)), k.i64(v * mk.lanes)))
                 offset = b.sext(b.load(b.gep(taps, [p], inbounds=True)), ir.IntType(64))
-                return k.at(source, b.add(_column_start(k, table, col, chunk, valid), offset))
+                if wide:  # the column itself; past `valid`, the first
+                    at = b.select(b.icmp_signed("<", col, valid), col, k.i64(0))
+                else:
+                    at = _column_start(k, table, col, chunk, valid)
+                return k.at(source, b.add(at, offset))
 
             def column(jp: ir.Value, v: ir.Value) -> ir.Value:
                 return b.add(c0, b.add(b.mul(jp, k.i64(mk.nr)), b.mul(v, k.i64(mk.lanes))))
@@ -1609,7 +1632,9 @@ def _conv_product(k: KernelBuilder, s: Step, f: ConvFrame, parts: int) -> None:
                 value = b.fadd(acc, splat(k, vec, k.load(bias, channel)))
                 if fn is not None:
                     value = fn(value)
-                if aligned:
+                if wide:
+                    _store_wide(k, f, out, value, b0, channel, column(jp, k.i64(v)), valid)
+                elif aligned:
                     at = _plane_offset(k, f, b0, channel, column(jp, k.i64(v)))
                     if P % mk.nr == 0:  # every panel is whole: no column past `valid`
                         store_vector(k, value, k.at(out, at), mk.lanes)
@@ -1637,7 +1662,8 @@ def _conv_product(k: KernelBuilder, s: Step, f: ConvFrame, parts: int) -> None:
                     k, mk, m=f.cout_g,
                     klen=b.select(b.icmp_signed("<", left_k, k.i64(kc)), left_k, k.i64(kc)),
                     a_at=a_at, b_at=b_at, panels=panels, finish=finish,
-                    after=None if aligned else after, partial=partial if blocked else None,
+                    after=None if aligned or wide else after,
+                    partial=partial if blocked else None,
                     first=b.icmp_signed("==", pc, k.i64(0)),
                     last=b.icmp_signed("<=", left_k, k.i64(kc)), tiles=share,
                     b_mask=inside if flat else None,
@@ -1784,6 +1810,41 @@ def _plane_offset(
     image, pos = b.udiv(column, k.i64(P)), b.urem(column, k.i64(P))
     plane = b.add(b.mul(b.add(b0, image), k.i64(f.cout)), channel)
     return b.add(b.mul(plane, k.i64(P)), pos)
+
+
+def _store_wide(
+    k: KernelBuilder,
+    f: ConvFrame,
+    out: Buf,
+    value: ir.Value,
+    b0: ir.Value,
+    channel: ir.Value,
+    column: ir.Value,
+    valid: ir.Value,
+) -> None:
+    """Store the lanes of `value`, wide columns column.. (row oy, position ox of rows of
+    E = extents[-1] >= lanes) of image b0, into output channel `channel`: the lanes in row oy
+    before ow, then those of the next row before ow, each under a mask (one is empty when the
+    vector lies in one row); columns past `valid` and ow are dropped."""
+    b, lanes = k.b, value.type.count
+    extent, ow = f.extents[-1], f.window.out_sp[-1]
+
+    def clamp(v: ir.Value, hi: ir.Value | int) -> ir.Value:
+        hi = k.i64(hi) if isinstance(hi, int) else hi
+        v = b.select(b.icmp_signed("<", v, k.i64(0)), k.i64(0), v)
+        return b.select(b.icmp_signed("<", v, hi), v, hi)
+
+    count = clamp(b.sub(valid, column), lanes)
+    oy, ox = b.udiv(column, k.i64(extent)), b.urem(column, k.i64(extent))
+    plane = b.mul(b.add(b.mul(b0, k.i64(f.cout)), channel), k.i64(f.positions))
+    row = b.add(plane, b.mul(oy, k.i64(ow)))
+    first = clamp(b.sub(k.i64(ow), ox), count)
+    mask = lane_mask(k, value.type, ir.Constant(I32, 0), b.trunc(first, I32))
+    store_vector(k, value, b.gep(out.ptr, [b.add(row, ox)]), lanes, mask)
+    start = b.sub(k.i64(extent), ox)  # the first lane in row oy + 1
+    end = clamp(b.add(start, k.i64(ow)), count)
+    mask = lane_mask(k, value.type, b.trunc(clamp(start, lanes), I32), b.trunc(end, I32))
+    store_vector(k, value, b.gep(out.ptr, [b.sub(b.add(row, k.i64(ow)), start)]), lanes, mask)
 
 
 def _store_columns(

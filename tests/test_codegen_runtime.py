@@ -351,10 +351,10 @@ def test_single_row_layers_are_split_over_threads(dtype: type) -> None:
 
 @pytest.mark.parametrize(
     ("x", "fields", "cout"),
-    [((1, 64, 56, 56), "kernel = [3, 3], stride = [2, 2], padding = [1, 1]", 128),
+    [((1, 64, 56, 56), "kernel = [3, 3], stride = [2, 2], padding = [1, 1]", 512),
      ((1, 3, 112, 112), "kernel = [7, 7], stride = [2, 2], padding = [3, 3]", 64),
      ((1, 32, 40, 37), "kernel = [3, 3], padding = [2, 2], dilation = [2, 2]", 64),
-     ((1, 32, 91, 80), "kernel = [3, 3], stride = [3, 3], padding = [1, 1]", 128),
+     ((1, 32, 91, 80), "kernel = [3, 3], stride = [3, 3], padding = [1, 1]", 512),
      ((1, 32, 64, 32), "kernel = [3, 3], padding = [1, 1]", 64),
      ((1, 16, 12, 20, 20), "kernel = [3, 3, 3], padding = [1, 1, 1]", 32),
      ((1, 128, 28, 28), "kernel = [3, 3], stride = [2, 2], padding = [1, 1]", 256)],
@@ -363,13 +363,13 @@ def test_split_convolutions_stage_only_their_rows(
     x: tuple[int, ...], fields: str, cout: int
 ) -> None:
     """A part of a split padded or strided convolution stages only the input rows its output
-    rows read (`ConvFrame.stage_rows`), so these split into several parts (before, each part
-    staged the whole input and a stride-2 3x3 layer of 64 channels on 56 x 56 ran as one call):
-    strides of 2 and 3, a 7x7 stem, a dilation, 32-wide rows (tiles load the staged planes
-    directly), a 3-d convolution; and one whose 196 positions may run as C^T (on AVX-512),
-    which packs the rows of patches in every part: its C^T kernel computes on one of the two
-    parts, the other is empty. The bits are the same at every thread count and match the
-    reference (f32 summation order: the op records' tolerance)."""
+    rows read (`ConvFrame.stage_rows`): every part's rows must cover what its output rows'
+    taps reach, for strides of 2 and 3, a 7x7 stem, a dilation, 32-wide rows (tiles load the
+    staged planes directly), a 3-d convolution (split along its first spatial axis); and one
+    whose 196 positions may run as C^T (on AVX-512), which packs the rows of patches in every
+    part: its C^T kernel computes on its own first parts, the others are empty. The bits are
+    the same at every thread count and match the reference (f32 summation order: the op
+    records' tolerance)."""
     rng = np.random.default_rng(5)
     cin, kernel = x[1], [int(e) for e in fields.split("]")[0].split("[")[1].split(",")]
     axes = ", ".join(["channel_axis = 1", f"in_channels = {cin}", f"out_channels = {cout}"])
