@@ -96,15 +96,19 @@ def read_decimals(raw: bytes, count: int) -> np.ndarray | None:
     exponents = np.zeros(count, np.int64)
     exponents[mark_of] = ints[exponent_at]
     # The digits after each point: up to the number's exponent marker, or else its end.
-    ends = last[point_of] + 1
+    every = len(points) == count  # `point_of`, strictly increasing, is then `arange(count)`
+    ends = last + 1 if every else last[point_of] + 1
     has_mark = np.zeros(count, bool)
     has_mark[mark_of] = True
-    marked = has_mark[point_of]
+    marked = has_mark if every else has_mark[point_of]
     mark_index = np.searchsorted(mark_of, point_of[marked])  # the marker of the same number
     if np.any(marks[mark_index] < points[marked]):
         return None  # a point inside an exponent
     ends[marked] = marks[mark_index]
-    exponents[point_of] -= ends - points - 1
+    if every:
+        exponents -= ends - points - 1
+    else:
+        exponents[point_of] -= ends - points - 1
     return _scaled(raw, b, (first, last), significands, exponents, has_mark, point_of)
 
 
@@ -170,10 +174,14 @@ def _points_well_formed(b: np.ndarray, points: np.ndarray) -> bool:
         return True
     if points[-1] + 1 >= len(b):
         return False
-    before = b[np.maximum(points - 1, 0)]
     after = b[points + 1]
+    digit_after = _DIGITS[after]
+    if np.all(digit_after):
+        return True
+    points, after = points[~digit_after], after[~digit_after]  # `5.`, `5.e3` or malformed
+    before = b[np.maximum(points - 1, 0)]
     ends = (after == ord(",")) | (after == ord("]")) | ((after | 0x20) == ord("e"))
-    return bool(np.all(_DIGITS[after] | (_DIGITS[before] & (points > 0) & ends)))
+    return bool(np.all(_DIGITS[before] & (points > 0) & ends))
 
 
 def _scaled(
