@@ -13,7 +13,7 @@ Payload mode: an MLP whose linear weights take M MB of .tlir text (default 30), 
 weights inline (`tl.payload`) and with the same weights in an .npz file beside a document
 without them, each up to a `Payload` of arrays. The aim (issue 14) is about whole tool runs:
 `tlc-compile` or `tlc-run` on the inline document within 2x of the same run with the .npz;
-reading decimal text alone stays some 40x reading binary (docs/security.md has both figures).
+reading decimal text alone stays some 30x reading binary (docs/security.md has both figures).
 
 Times are the best of R runs (default 3), as wall time and as this process's CPU time (on a
 shared machine the wall time also counts other processes). Each run starts from a collected

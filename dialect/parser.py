@@ -484,6 +484,8 @@ _BRACKETS = re.compile(r"[\[\]]")
 _STRAY_PLUS = re.compile(r"(?<![eE])\+")
 #: The characters of numbers, each as `0` (blanks are deleted with this table).
 _NUMBER_MARKS = bytes.maketrans(b"0123456789.eEinfa+-", b"0" * 19)
+#: The characters of numbers and blanks: what is left without them is a list's skeleton.
+_NUMBER_CHARS_AND_BLANKS = b"0123456789.eEinfa+- \t\r\n"
 _UNBRACKET = bytes.maketrans(b"[]", b"  ")
 #: `-0` as an integer, which is 0 (numpy's float parser reads -0.0).
 _INTEGER_MINUS_ZERO = re.compile(rb"(?<![eE])-0+(?![0-9.eE])")
@@ -497,6 +499,8 @@ _MISPLACED = tuple(
 )
 #: The deepest number list read by numpy (tensors have a handful of axes).
 MAX_DENSE_RANK = 32
+#: How many `]` `_closing_run` looks at one by one before searching for the closing run.
+_CLOSING_LOOKS = 4096
 
 
 class _Tok(str):
@@ -688,7 +692,16 @@ def _closing_run(text: str, start: int) -> int | None:
     run of as many `]` as it opens with `[` (`_dense_values` checks the list it delimits)."""
     opening = text[start : start + MAX_DENSE_RANK + 1]
     depth = len(opening) - len(opening.lstrip("["))
-    close = text.find("]" * depth, start)
+    run = "]" * depth
+    # str.find of a run of two or more is some 20x slower than of one `]` (memchr), and a
+    # literal has one `]` per row: look at each `]` up to a bound, then search for the run.
+    close = text.find("]", start)
+    for _ in range(_CLOSING_LOOKS):
+        if close < 0 or text.startswith(run, close):
+            break
+        close = text.find("]", close + 1)
+    else:
+        close = text.find(run, close)
     return None if close < 0 else close + depth
 
 
@@ -703,8 +716,7 @@ def _dense_values(text: str, start: int, end: int) -> tuple[np.ndarray, int] | N
         raw = literal.encode("ascii")
     except UnicodeEncodeError:
         return None
-    marked = raw.translate(_NUMBER_MARKS, b" \t\r\n")
-    skeleton = marked.translate(None, b"0").decode()
+    skeleton = raw.translate(None, _NUMBER_CHARS_AND_BLANKS).decode()
     if b"+" in raw and _STRAY_PLUS.search(literal):
         return None
     shape = _dense_shape(literal, skeleton)
@@ -712,12 +724,13 @@ def _dense_values(text: str, start: int, end: int) -> tuple[np.ndarray, int] | N
         return None
     count = int(np.prod(shape))
     if count == 0:
-        if b"0" in marked:  # a number in a list of none (`[[], [5]]`)
+        if len(skeleton) != len(raw.translate(None, b" \t\r\n")):  # a number in `[[], [5]]`
             return None
         values = np.zeros(0)
     else:
         values = read_decimals(raw, count)  # checks that each number is in its place
         if values is None:  # not in the form read in bulk (inf, nan): numpy's float parser
+            marked = raw.translate(_NUMBER_MARKS, b" \t\r\n")
             if any(p.search(marked) for p in _MISPLACED) or _INTEGER_MINUS_ZERO.search(raw):
                 return None
             if b"-nan" in raw:  # numpy's NaN has no sign, `float("-nan")` has

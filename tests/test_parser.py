@@ -325,6 +325,23 @@ def test_dense_literals_read_exactly_as_numbers(literal: str) -> None:
     assert np.array_equal(np.signbit(got), np.signbit(expected))
 
 
+@pytest.mark.parametrize("rows", [3, 5000])
+def test_dense_list_end_found_past_the_rows_looked_at_one_by_one(rows: int) -> None:
+    """The end of a printed list is found by looking at each `]` up to a bound, then by
+    searching for the closing run; either way the list is read whole."""
+    import numpy as np
+
+    from tlc.dialect.parser import _CLOSING_LOOKS, _closing_run, _Scanner
+
+    assert (rows > _CLOSING_LOOKS) == (rows == 5000)
+    literal = "[[" + ", ".join(["[1.5]"] * rows) + "]]"
+    assert _closing_run(literal + " }", 0) == len(literal)
+    assert _closing_run(literal[:-1] + " }", 0) is None  # `]]` only: the list never closes
+    text = _payload_doc(literal)
+    assert _Scanner(text, "m.tlir", 0).module() is not None
+    assert np.array_equal(_payload_value(text), np.full((1, rows, 1), 1.5))
+
+
 def test_random_dense_literals_round_trip_bit_for_bit() -> None:
     import numpy as np
 

@@ -86,7 +86,7 @@ def read_decimals(raw: bytes, count: int) -> np.ndarray | None:
         return None  # two points or two exponents in one number
     if not _marks_well_formed(b, marks) or not _points_well_formed(b, points):
         return None
-    if not _signs_well_formed(raw, b, first, marks):
+    if not _signs_well_formed(b, first, marks):
         return None
     # The significands, and each exponent (after its significand, in the integer list).
     exponent_at = mark_of + np.arange(1, len(marks) + 1)
@@ -96,15 +96,19 @@ def read_decimals(raw: bytes, count: int) -> np.ndarray | None:
     exponents = np.zeros(count, np.int64)
     exponents[mark_of] = ints[exponent_at]
     # The digits after each point: up to the number's exponent marker, or else its end.
-    ends = last[point_of] + 1
+    every = len(points) == count  # `point_of`, strictly increasing, is then `arange(count)`
+    ends = last + 1 if every else last[point_of] + 1
     has_mark = np.zeros(count, bool)
     has_mark[mark_of] = True
-    marked = has_mark[point_of]
+    marked = has_mark if every else has_mark[point_of]
     mark_index = np.searchsorted(mark_of, point_of[marked])  # the marker of the same number
     if np.any(marks[mark_index] < points[marked]):
         return None  # a point inside an exponent
     ends[marked] = marks[mark_index]
-    exponents[point_of] -= ends - points - 1
+    if every:
+        exponents -= ends - points - 1
+    else:
+        exponents[point_of] -= ends - points - 1
     return _scaled(raw, b, (first, last), significands, exponents, has_mark, point_of)
 
 
@@ -120,14 +124,21 @@ def _number_spans(b: np.ndarray, commas: np.ndarray) -> tuple[np.ndarray, np.nda
 
 
 def _skipped(b: np.ndarray, at: np.ndarray, step: np.ndarray) -> np.ndarray:
-    """Each position in `at` moved by `step[byte]` until it is 0 there (only the positions
-    still moving are looked at again: after a comma's blank, few are)."""
+    """Each position in `at` moved by `step[byte]` until it is 0 there: all of them while over
+    an eighth move (a blank after every comma), then only those still moving. Each step over
+    all moves over an eighth of the positions, so there are at most `8 * len(b) / len(at)`."""
     at = at.copy()
-    moving = np.arange(len(at))
+    moves = step[b[at]]
+    while np.count_nonzero(moves) * 8 > len(at):
+        at += moves
+        moves = step[b[at]]
+    moving = np.flatnonzero(moves)
+    moves = moves[moving]
     while len(moving):
+        at[moving] += moves
         moves = step[b[at[moving]]]
-        moving = moving[moves != 0]
-        at[moving] += moves[moves != 0]
+        still = moves != 0
+        moving, moves = moving[still], moves[still]
     return at
 
 
@@ -143,7 +154,7 @@ def _marks_well_formed(b: np.ndarray, marks: np.ndarray) -> bool:
     return bool(np.all((_DIGITS[before] | (before == ord("."))) & _DIGITS[b[digit_at]]))
 
 
-def _signs_well_formed(raw: bytes, b: np.ndarray, first: np.ndarray, marks: np.ndarray) -> bool:
+def _signs_well_formed(b: np.ndarray, first: np.ndarray, marks: np.ndarray) -> bool:
     """Each `-` starts a number (right before a digit or point) or signs its exponent, each `+`
     signs an exponent (`_marks_well_formed` has checked the digit after an exponent's sign);
     numpy's integer parser would allow a blank after a sign."""
@@ -152,7 +163,9 @@ def _signs_well_formed(raw: bytes, b: np.ndarray, first: np.ndarray, marks: np.n
         return False
     signs = b[marks + 1]
     minus = np.count_nonzero(negative) + np.count_nonzero(signs == ord("-"))
-    return raw.count(b"-") == minus and raw.count(b"+") == np.count_nonzero(signs == ord("+"))
+    # numpy counts a byte some 8x faster than `bytes.count`
+    plus = np.count_nonzero(signs == ord("+"))
+    return np.count_nonzero(b == ord("-")) == minus and np.count_nonzero(b == ord("+")) == plus
 
 
 def _points_well_formed(b: np.ndarray, points: np.ndarray) -> bool:
@@ -161,10 +174,14 @@ def _points_well_formed(b: np.ndarray, points: np.ndarray) -> bool:
         return True
     if points[-1] + 1 >= len(b):
         return False
-    before = b[np.maximum(points - 1, 0)]
     after = b[points + 1]
+    digit_after = _DIGITS[after]
+    if np.all(digit_after):
+        return True
+    points, after = points[~digit_after], after[~digit_after]  # `5.`, `5.e3` or malformed
+    before = b[np.maximum(points - 1, 0)]
     ends = (after == ord(",")) | (after == ord("]")) | ((after | 0x20) == ord("e"))
-    return bool(np.all(_DIGITS[after] | (_DIGITS[before] & (points > 0) & ends)))
+    return bool(np.all(_DIGITS[before] & (points > 0) & ends))
 
 
 def _scaled(
@@ -192,7 +209,7 @@ def _scaled(
     np.divide(x, scale, out=x, where=~up)
     halfway = (x.view(np.uint64)[0::2] & 0x7FF) == 0x400
     values = x.astype(np.float64)
-    np.negative(values, out=values, where=significands < 0)
+    np.copysign(values, significands, out=values)  # 8x faster than negative(where=...)
     # A zero keeps the sign of its text where it is written as a float (`-0.0`); an integer
     # `-0` is the integer 0, as the token reader has it.
     floats = has_mark.copy()
