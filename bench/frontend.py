@@ -13,7 +13,8 @@ Payload mode: an MLP whose linear weights take M MB of .tlir text (default 30), 
 weights inline (`tl.payload`) and with the same weights in an .npz file beside a document
 without them, each up to a `Payload` of arrays. The aim (issue 14) is about whole tool runs:
 `tlc-compile` or `tlc-run` on the inline document within 2x of the same run with the .npz;
-reading decimal text alone stays some 30x reading binary (docs/security.md has both figures).
+reading decimal text alone stays some 30x reading binary (docs/security.md has both figures);
+this mode prints both: the reads, then the tool runs (CPU time of the child processes).
 
 Times are the best of R runs (default 3), as wall time and as this process's CPU time (on a
 shared machine the wall time also counts other processes). Each run starts from a collected
@@ -25,9 +26,14 @@ from __future__ import annotations
 import argparse
 import gc
 import os
+import re
+import resource
+import statistics
+import subprocess
 import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 from xdsl.dialects.builtin import ModuleOp
@@ -168,6 +174,39 @@ def payload_mode(megabytes: float, repeats: int) -> None:
         report(title, list(runs.items()))
         ratio = best(runs["inline tl.payload"])[1] / best(runs["weights in .npz"])[1]
         print(f"  inline / npz (cpu): {ratio:.2f}x")
+        tool_runs(inline, bare, npz, tmp, repeats)
+
+
+def tool_runs(inline: str, bare: str, npz: str, tmp: str, repeats: int) -> None:
+    """The aim's figures: `tlc-run` and `tlc-compile` on the inline document against the same
+    command with `--payload` the .npz, by the CPU time of the child processes (median)."""
+    width = int(re.search(r"input : \[(\d+)\]", bare).group(1))  # type: ignore[union-attr]
+    documents = {}
+    for name, text in (("inline", inline), ("bare", bare)):
+        documents[name] = os.path.join(tmp, f"{name}.tlir")
+        Path(documents[name]).write_text(text)
+    x = ",".join(["0.1"] * width)
+    so = os.path.join(tmp, "mlp.so")
+    commands = {
+        "tlc-run": ["tlc-run", "--input", x],
+        "tlc-compile": ["tlc-compile", "-o", so, "--target-cpu", "x86-64-v2"],
+    }
+    print(f"\ntool runs, CPU s of the child process, median of {repeats}")
+    for tool, command in commands.items():
+        inline_s, npz_s = [], []
+        for _ in range(repeats):
+            inline_s.append(child_cpu([*command, documents["inline"]]))
+            npz_s.append(child_cpu([*command, documents["bare"], "--payload", npz]))
+        a, b = statistics.median(inline_s), statistics.median(npz_s)
+        print(f"  {tool:12} inline {a:.3f}  npz {b:.3f}  inline / npz {a / b:.2f}x")
+
+
+def child_cpu(command: list[str]) -> float:
+    """User + system CPU seconds of running `command` (its output discarded)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
 
 
 def main() -> None:
