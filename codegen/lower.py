@@ -1361,10 +1361,10 @@ def _conv_params(node: NodeOp, parents: list[Shape], out: Shape) -> dict[str, Pa
 #: Flops one element copied by a split convolution's parts costs, about: a split stops where
 #: the copies the parts repeat (a shared block of columns re-packed, input rows staged by two
 #: parts, a C^T part's packed rows) would exceed `DUPLICATE_SHARE` of the product's flops.
-#: Measured on one thread (Zen 4): at 16 flops a copy, 3x3 64 -> 64 on 56 x 56 took 8 parts
-#: and ran 7% slower than in one, 64 -> 128 s2 4 parts and 4.5% slower; at 64, 6 parts and
-#: 2%, and 1 part.
-COPY_FLOPS, DUPLICATE_SHARE = 64, 1 / 32
+#: The copies cost only with threads: on one thread a split node runs its whole kernel
+#: (`module.split_call`). Measured at batch 1 on two threads (Zen 4, quiet): 16 and 1/8 against
+#: 64 and 1/32 took resnet18 from 0.61x to 0.75x ONNX Runtime, mobilenet_v2 from 0.58x to 0.74x.
+COPY_FLOPS, DUPLICATE_SHARE = 16, 1 / 8
 #: The most parts `_conv_parts` considers (a plan takes at most 8).
 MAX_PARTS = 16
 

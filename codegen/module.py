@@ -695,10 +695,11 @@ class _NodeEmitter:
             self.functions[key] = func
         return func, [ir.Constant(I64, n)]
 
-    def kernel(self, p: NodePlan, kernel: Kernel, params: dict[str, Buf], scratch: int
-               ) -> ir.Function:  # fmt: skip
+    def kernel(self, p: NodePlan, kernel: Kernel, params: dict[str, Buf], scratch: int,
+               whole: bool = False) -> ir.Function:  # fmt: skip
+        """The node function of `kernel`: split into the plan's parts, unless `whole`."""
         param_shapes = {name: b.shape for name, b in params.items()}
-        parts = p.parts if p.rows is None else 1
+        parts = 1 if whole or p.rows is not None else p.parts
         key = (type(kernel.node), repr(kernel.node.metadata()), kernel.arg_shapes,
                tuple(param_shapes.items()), kernel.out_shape, scratch, p.in_place,
                type(p.epilogue), repr(p.epilogue.metadata()) if p.epilogue else "",
@@ -733,10 +734,7 @@ class _NodeEmitter:
         for i, ptr in enumerate(pointers):
             k.b.store(ptr, k.b.gep(ctx, [ir.Constant(I32, 0), ir.Constant(I32, i)]))
         if rows is None:
-            return k.b.call(
-                _runtime(self.module, "tlc_rt_parallel"),
-                [k.b.bitcast(task, I8P), k.b.bitcast(ctx, I8P), k.i64(p.parts), threads],
-            )
+            return self.split_call(p, task, ctx, pointers, params, threads)
         if not rows.parallel:  # not worth threads: the tasks in order, on this thread
             with k.loop(rows.tasks, "task") as index:
                 status = k.b.call(task, [k.b.bitcast(ctx, I8P), index, k.i64(0)])
@@ -751,6 +749,30 @@ class _NodeEmitter:
             _runtime(self.module, "tlc_rt_parallel"),
             [k.b.bitcast(task, I8P), k.b.bitcast(ctx, I8P), k.i64(rows.tasks), threads],
         )
+
+    def split_call(self, p: NodePlan, task: ir.Function, ctx: ir.Value, pointers: list[ir.Value],
+                   params: dict[str, Buf], threads: ir.Value) -> ir.Value:  # fmt: skip
+        """A split node's call: its parts as a parallel region, or on one thread the node's
+        whole kernel, which repeats none of the parts' copies (staged rows, re-packed blocks)
+        and computes the same bytes (each output element's sums are the same products in the
+        same order, whatever the part that computes it)."""
+        assert p.kernel is not None
+        b = self.k.b
+        whole = self.kernel(p, p.kernel, params, p.scratch, whole=True)
+        with b.if_else(b.icmp_signed("<=", threads, ir.Constant(I32, 1))) as (one, many):
+            with one:
+                alone = b.call(whole, pointers if p.scratch else pointers[:-1])
+                alone_block = b.block
+            with many:
+                region = b.call(
+                    _runtime(self.module, "tlc_rt_parallel"),
+                    [b.bitcast(task, I8P), b.bitcast(ctx, I8P), self.k.i64(p.parts), threads],
+                )
+                region_block = b.block
+        status = b.phi(I32)
+        status.add_incoming(alone, alone_block)
+        status.add_incoming(region, region_block)
+        return status
 
     def run_task(self, run: int) -> tuple[ir.Function, ir.Value]:
         """The task of a row run (`plan.row_runs`) and its context: task t calls every node's
