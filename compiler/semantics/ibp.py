@@ -634,11 +634,8 @@ def _layernorm(node: NodeOp, boxes: list[Box], record: Any, out: Outward) -> Box
 
 @register(ops.MseLossOp)
 def _mse(node: NodeOp, boxes: list[Box], record: Any, out: Outward) -> Box | None:
-    """mean((yhat - target)^2): sub, square, then the mean as a linear map. The mean of no
-    elements is NaN, as in the reference: its box is [nan, nan] (docs/semantics.md)."""
+    """mean((yhat - target)^2): sub, square, then the mean as a linear map."""
     squares = out.square(out.sub(*boxes))
-    if numel(squares.shape) == 0:
-        return Box.point(np.asarray(np.nan))
 
     def mean(v: np.ndarray) -> np.ndarray:
         return np.asarray(np.mean(v))

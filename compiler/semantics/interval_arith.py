@@ -22,8 +22,7 @@ How (docs/intervals.md has the argument in full):
   Stability of Numerical Algorithms, Thm. 3.1) of the exact value. `linear_map` widens by
   `Outward.gamma(n)` * sum|terms| plus n subnormals, which bounds both our own float64
   evaluation of the centre and the `d` evaluation of any point of the box.
-* A NaN endpoint (from inf - inf, 0 * inf) becomes the infinite endpoint (`sanitize`); a box
-  NaN at both ends is the value NaN (the mean of no elements).
+* A NaN endpoint (from inf - inf, 0 * inf) becomes the infinite endpoint (`sanitize`).
 """
 
 from __future__ import annotations
@@ -66,12 +65,9 @@ class Box:
         return np.maximum(np.abs(self.lo), np.abs(self.hi))
 
     def contains(self, value: np.ndarray) -> np.ndarray:
-        """Elementwise `lo <= value <= hi`. A NaN value is contained only in the box [nan, nan],
-        which stands for a value that is NaN wherever the inputs lie (the mean of no elements);
-        every other box is of real numbers."""
+        """Elementwise `lo <= value <= hi` (a NaN value is never contained)."""
         v = np.asarray(value, dtype=F64)
-        not_a_number = np.isnan(v) & np.isnan(self.lo) & np.isnan(self.hi)
-        return ((self.lo <= v) & (v <= self.hi)) | not_a_number
+        return (self.lo <= v) & (v <= self.hi)
 
     def map(self, move: Callable[[np.ndarray], np.ndarray]) -> Box:
         """Apply a function that only moves values (reshape, permute, ...) to both ends."""
@@ -79,13 +75,9 @@ class Box:
 
 
 def sanitize(box: Box) -> Box:
-    """NaN endpoints (inf - inf, 0 * inf in a bound) become -inf / +inf: sound, never wrong.
-    A box NaN at both ends, [nan, nan], is kept: it holds the value NaN (`Box.contains`), as
-    the mean of no elements has it in every interpretation (docs/semantics.md)."""
-    both = np.isnan(box.lo) & np.isnan(box.hi)
+    """NaN endpoints (inf - inf, 0 * inf in a bound) become -inf / +inf: sound, never wrong."""
     return Box(
-        np.where(np.isnan(box.lo) & ~both, -np.inf, box.lo),
-        np.where(np.isnan(box.hi) & ~both, np.inf, box.hi),
+        np.where(np.isnan(box.lo), -np.inf, box.lo), np.where(np.isnan(box.hi), np.inf, box.hi)
     )
 
 
