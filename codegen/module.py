@@ -21,7 +21,7 @@ the JIT and libraries use for payloads over `BAKE_LIMIT`, supplying the array th
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -631,6 +631,22 @@ class _Profile:
         k.b.store(k.b.add(k.b.load(slot), k.b.sub(self.now(k), start)), slot)
 
 
+def _status_of_either(
+    b: ir.IRBuilder, cond: ir.Value, then: Callable[[], ir.Value], otherwise: Callable[[], ir.Value]
+) -> ir.Value:
+    """The i32 status of `then()` where `cond` holds, else of `otherwise()`: each call emitted
+    in its own branch, their results joined by a phi."""
+    with b.if_else(cond) as (yes, no):
+        with yes:
+            first, first_block = then(), b.block
+        with no:
+            second, second_block = otherwise(), b.block
+    status = b.phi(I32)
+    status.add_incoming(first, first_block)
+    status.add_incoming(second, second_block)
+    return status
+
+
 def _runtime(module: ir.Module, name: str) -> ir.Function:
     """A function of the C runtime (tlc.codegen.runtime), declared once per module."""
     return module.globals.get(name) or ir.Function(module, _RUNTIME_TYPES[name], name)
@@ -759,20 +775,15 @@ class _NodeEmitter:
         assert p.kernel is not None
         b = self.k.b
         whole = self.kernel(p, p.kernel, params, p.scratch, whole=True)
-        with b.if_else(b.icmp_signed("<=", threads, ir.Constant(I32, 1))) as (one, many):
-            with one:
-                alone = b.call(whole, pointers if p.scratch else pointers[:-1])
-                alone_block = b.block
-            with many:
-                region = b.call(
-                    _runtime(self.module, "tlc_rt_parallel"),
-                    [b.bitcast(task, I8P), b.bitcast(ctx, I8P), self.k.i64(p.parts), threads],
-                )
-                region_block = b.block
-        status = b.phi(I32)
-        status.add_incoming(alone, alone_block)
-        status.add_incoming(region, region_block)
-        return status
+        return _status_of_either(
+            b,
+            b.icmp_signed("<=", threads, ir.Constant(I32, 1)),
+            lambda: b.call(whole, pointers if p.scratch else pointers[:-1]),
+            lambda: b.call(
+                _runtime(self.module, "tlc_rt_parallel"),
+                [b.bitcast(task, I8P), b.bitcast(ctx, I8P), self.k.i64(p.parts), threads],
+            ),
+        )
 
     def run_task(self, run: int) -> tuple[ir.Function, ir.Value]:
         """The task of a row run (`plan.row_runs`) and its context: task t calls every node's
@@ -853,17 +864,14 @@ class _NodeEmitter:
             b.ret(b.call(full[0], [*pointers, *full[1]]))
         else:
             is_last = b.icmp_signed("==", index, ir.Constant(I64, rows.tasks - 1))
-            with b.if_else(is_last) as (then, otherwise):
-                with then:
-                    tail = b.call(last[0], [*pointers, *last[1]])
-                    tail_block = b.block
-                with otherwise:
-                    head = b.call(full[0], [*pointers, *full[1]])
-                    head_block = b.block
-            status = b.phi(I32)
-            status.add_incoming(tail, tail_block)
-            status.add_incoming(head, head_block)
-            b.ret(status)
+            b.ret(
+                _status_of_either(
+                    b,
+                    is_last,
+                    lambda: b.call(last[0], [*pointers, *last[1]]),
+                    lambda: b.call(full[0], [*pointers, *full[1]]),
+                )
+            )
         self.functions[key] = func
         return func
 

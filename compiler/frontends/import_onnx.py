@@ -1052,7 +1052,8 @@ def _reduce_extreme(call: NodeCall, negate: bool) -> SSAValue:
     r = _reduction(call, 18)
     if r.axes is None:
         return r.x
-    x, shape, rank = r.x, call.shape(r.x), len(call.shape(r.x))
+    x, shape = r.x, call.shape(r.x)
+    rank = len(shape)
     kept = [a for a in range(rank) if a not in r.axes]
     n = prod(shape[a] for a in r.axes)
     if n == 0:  # ONNX: the max of no elements is -inf (False), the min +inf (True)
