@@ -255,6 +255,9 @@ def _broadcast_tile(
 # Packed products: B in panels of the micro-kernel's width, A broadcast one scalar at a time
 # --------------------------------------------------------------------------------------------
 
+#: The widest panel any target's micro-kernel uses (4 vectors of 16 lanes): the unit of
+#: output columns a split linear layer or convolution hands each part.
+MAX_PANEL = 64
 #: Bytes of the slice of a B panel (kc rows of NR columns) one K block multiplies, at most
 #: 1024 rows: on Zen 4, kc = 128 (a 16 KiB slice in L1) gave 92 GFLOP/s on a 256 x 784 x 1024
 #: product, 512 gave 101-104 and 1024 gave 110: every K block but the last sends the partial

@@ -23,7 +23,7 @@ import tlc
 from tlc.api.evaluate import checked_graph
 from tlc.codegen.gemm import micro_kernel
 from tlc.codegen.jit import compile_graph
-from tlc.codegen.lower import ConvFrame, _transposed_mk
+from tlc.codegen.lower.convolution import ConvFrame, _transposed_mk
 from tlc.codegen.module import build_graph_module, pack_params
 from tlc.codegen.target import Target, compile_ir, emit_assembly, target_info
 from tlc.core.payload import Payload

@@ -1,0 +1,239 @@
+"""Sources, views and elementwise maps: the graph input, constants and reshapes as views; every
+pointwise op as a map over the flat buffers (`MAPS`, fused into producers' stores through
+`EPILOGUES`); raw log with its domain check.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from llvmlite import ir
+
+from tlc.codegen.builder import I1, Buf, KernelBuilder, Status
+from tlc.codegen.gemm import (
+    Epilogue,
+)
+from tlc.codegen.lower.rules import ParamSpec, Step, register
+from tlc.dialect import backward_ops as bw
+from tlc.dialect import ops
+from tlc.dialect.ops import NodeOp
+from tlc.dialect.shapes import Shape, numel
+from tlc.semantics.reference import uniform_draws
+
+
+@register(ops.InputOp, view=True)
+def _input(k: KernelBuilder, s: Step) -> Buf:
+    """The graph input: the module builder passes the caller's buffer as the only argument."""
+    return s.args[0]
+
+
+@register(
+    ops.ConstOp, view=True, params=lambda node, parents, out: {"value": ParamSpec((numel(out),))}
+)
+def _const(k: KernelBuilder, s: Step) -> Buf:
+    return Buf(s.params["value"].ptr, s.out.shape)
+
+
+@register(ops.DetachOp, ops.ReshapeOp, ops.FlattenOp, view=True)
+def _same_elements(k: KernelBuilder, s: Step) -> Buf:
+    """Row-major reshapes and detach move no data: the node aliases its parent."""
+    return Buf(s.args[0].ptr, s.out.shape)
+
+
+@register(ops.RandUniformOp, view=True)
+def _rand_uniform(k: KernelBuilder, s: Step) -> Buf:
+    """The seeded draws are known at compile time: a constant table of the reference's stream."""
+    draws = uniform_draws(s.node.meta("seed"), s.out.shape, k.dtype.type)
+    return Buf(k.global_constant("draws", draws), s.out.shape)
+
+
+@register(ops.BernoulliMaskOp)
+def _bernoulli(k: KernelBuilder, s: Step) -> None:
+    draws = Buf(
+        k.global_constant("draws", uniform_draws(s.node.meta("seed"), s.out.shape, k.dtype.type)),
+        s.out.shape,
+    )
+    keep = k.load(s.args[0], 0)
+    with k.loop(s.out.size) as i:
+        kept = k.b.fcmp_ordered("<", k.load(draws, i), keep)
+        k.store(k.b.select(kept, k.const(1), k.const(0)), s.out, i)
+
+
+# --------------------------------------------------------------------------------------------
+# Elementwise
+# --------------------------------------------------------------------------------------------
+
+Scalar = Callable[..., ir.Value]
+
+#: Op kinds whose kernel is a map over the flat buffers (`elementwise`, raw log): element i of
+#: the output is stored after element i of every input is loaded, so the output may overwrite
+#: an input that dies at the node (the memory plan's in-place rule).
+IN_PLACE: set[type[NodeOp]] = set()
+#: The scalar function of each `elementwise` op kind: the map kernels that take their length
+#: as an argument (`tlc.codegen.module`) apply it.
+MAPS: dict[type[NodeOp], Scalar] = {}
+
+
+def elementwise(op_class: type[NodeOp], fn: Scalar) -> None:
+    """`out[i] = fn(k, node, a[i], b[i], ...)` over the flat buffers; a scalar parent (safe_log's
+    epsilon) is read once and broadcast."""
+    IN_PLACE.add(op_class)
+    MAPS[op_class] = fn
+
+    def emit(k: KernelBuilder, s: Step) -> None:
+        scalars = {j: k.load(a, 0) for j, a in enumerate(s.args) if a.size == 1 < s.out.size}
+        lo, hi = _element_range(k, s)
+        then = epilogue(k, s)
+        with k.loop(hi, start=lo) as i:
+            xs = [scalars[j] if j in scalars else k.load(a, i) for j, a in enumerate(s.args)]
+            value = fn(k, s.node, *xs)
+            k.store(then(value) if then is not None else value, s.out, i)
+
+    # A relu after a map (the residual add's) is applied in the same pass (`Step.fused`).
+    register(op_class, parts=_element_parts, fuses=True)(emit)
+
+
+#: Elements of a flat map's unit of parallel work (whole vectors of any target).
+ELEMENT_BLOCK = 64
+
+
+def _element_parts(node: NodeOp, parents: list[Shape], out: Shape) -> int:
+    return max(numel(out) // ELEMENT_BLOCK, 1)
+
+
+def _element_range(k: KernelBuilder, s: Step) -> tuple[ir.Value | int, ir.Value | int]:
+    """The flat elements [lo, hi) this call of a map computes (`Step.part`)."""
+    if s.parts == 1:
+        return 0, s.out.size
+    lo, hi = s.part_range(k, _element_parts(s.node, [], s.out.shape))
+    b, block = k.b, k.i64(ELEMENT_BLOCK)
+    top = b.mul(hi, block)
+    last = b.icmp_signed("==", hi, k.i64(_element_parts(s.node, [], s.out.shape)))
+    return b.mul(lo, block), b.select(last, k.i64(s.out.size), top)
+
+
+def _relu(k: KernelBuilder, node: NodeOp, x: ir.Value) -> ir.Value:
+    """max(x, 0), NaN propagating like numpy's maximum (on scalars or vectors)."""
+    return k.intrinsic("maximum", x, k.like(0, x))
+
+
+def _clip(k: KernelBuilder, node: NodeOp, x: ir.Value) -> ir.Value:
+    """min(max(x, min), max) in one pass, as numpy's minimum/maximum (NaN propagating; an
+    absent bound is infinite). Its decomposition materialised both bounds as full tensors:
+    relu6 was a quarter of mobilenet_v2's time."""
+    low = k.intrinsic("maximum", x, k.like(node.meta("min"), x))
+    return k.intrinsic("minimum", low, k.like(node.meta("max"), x))
+
+
+def _sigmoid(k: KernelBuilder, node: NodeOp, x: ir.Value) -> ir.Value:
+    """The reference's stable form: e = exp(-|x|); x >= 0 ? 1/(1+e) : e/(1+e)."""
+    e = k.intrinsic("exp", k.b.fneg(k.intrinsic("fabs", x)))
+    denom = k.b.fadd(k.const(1), e)
+    positive = k.b.fcmp_ordered(">=", x, k.const(0))
+    return k.b.fdiv(k.b.select(positive, k.const(1), e), denom)
+
+
+def _softplus(k: KernelBuilder, node: NodeOp, x: ir.Value) -> ir.Value:
+    """max(x, 0) + log1p(exp(-|x|)): no overflow for large |x|."""
+    tail = k.libm("log1p", k.intrinsic("exp", k.b.fneg(k.intrinsic("fabs", x))))
+    return k.b.fadd(k.intrinsic("maximum", x, k.const(0)), tail)
+
+
+def _gelu(k: KernelBuilder, node: NodeOp, x: ir.Value) -> ir.Value:
+    """x/2 (1 + erf(x/sqrt 2)), or PyTorch's tanh approximation."""
+    b = k.b
+    if node.meta("approximate") == "tanh":
+        cube = b.fmul(b.fmul(x, x), x)
+        inner = b.fmul(k.const(math.sqrt(2 / math.pi)), b.fadd(x, b.fmul(k.const(0.044715), cube)))
+        core = k.libm("tanh", inner)
+    else:
+        core = k.libm("erf", b.fmul(x, k.const(1 / math.sqrt(2))))
+    return b.fmul(b.fmul(k.const(0.5), x), b.fadd(k.const(1), core))
+
+
+def _sign(k: KernelBuilder, node: NodeOp, x: ir.Value) -> ir.Value:
+    """-1, 0 or 1 (NaN stays NaN, like numpy's sign)."""
+    negative = k.b.select(k.b.fcmp_ordered("<", x, k.const(0)), k.const(-1), x)
+    return k.b.select(k.b.fcmp_ordered(">", x, k.const(0)), k.const(1), negative)
+
+
+def _gelu_grad(k: KernelBuilder, node: NodeOp, x: ir.Value) -> ir.Value:
+    """d gelu / dx: Phi(x) + x phi(x), or the derivative of the tanh form."""
+    b = k.b
+    if node.meta("approximate") == "tanh":
+        c = math.sqrt(2 / math.pi)
+        xx = b.fmul(x, x)
+        u = b.fmul(k.const(c), b.fadd(x, b.fmul(b.fmul(k.const(0.044715), xx), x)))
+        t = k.libm("tanh", u)
+        du = b.fmul(k.const(c), b.fadd(k.const(1), b.fmul(k.const(3 * 0.044715), xx)))
+        slope = b.fmul(b.fmul(b.fmul(k.const(0.5), x), b.fsub(k.const(1), b.fmul(t, t))), du)
+        return b.fadd(b.fmul(k.const(0.5), b.fadd(k.const(1), t)), slope)
+    cdf = b.fmul(k.const(0.5), b.fadd(k.const(1), k.libm("erf", b.fdiv(x, k.const(math.sqrt(2))))))
+    pdf = b.fdiv(
+        k.intrinsic("exp", b.fmul(b.fmul(k.const(-0.5), x), x)), k.const(math.sqrt(2 * math.pi))
+    )
+    return b.fadd(cdf, b.fmul(x, pdf))
+
+
+for _op, _fn in (
+    (ops.AddOp, lambda k, n, a, b: k.b.fadd(a, b)),
+    (ops.SubOp, lambda k, n, a, b: k.b.fsub(a, b)),
+    (ops.MulElemOp, lambda k, n, a, b: k.b.fmul(a, b)),
+    (ops.MaxElemOp, lambda k, n, a, b: k.intrinsic("maximum", a, b)),
+    (ops.MinElemOp, lambda k, n, a, b: k.intrinsic("minimum", a, b)),
+    (ops.ClipOp, _clip),
+    (ops.AbsOp, lambda k, n, x: k.intrinsic("fabs", x)),
+    (ops.SqrtOp, lambda k, n, x: k.intrinsic("sqrt", x)),
+    (ops.ReluOp, _relu),
+    (ops.TanhOp, lambda k, n, x: k.libm("tanh", x)),
+    (ops.SigmoidOp, _sigmoid),
+    (ops.SoftplusOp, _softplus),
+    (ops.ExpOp, lambda k, n, x: k.intrinsic("exp", x)),
+    (ops.InvOp, lambda k, n, x: k.b.fdiv(k.const(1), x)),
+    (ops.DivOp, lambda k, n, a, b: k.b.fdiv(a, b)),
+    (
+        ops.LessOp,
+        lambda k, n, a, b: k.b.select(k.b.fcmp_ordered("<", a, b), k.const(1), k.const(0)),
+    ),
+    (ops.WhereOp, lambda k, n, c, a, b: k.b.select(k.b.fcmp_unordered("!=", c, k.const(0)), a, b)),
+    (ops.PowOp, lambda k, n, x: k.intrinsic("pow", x, k.const(n.meta("exponent")))),
+    (ops.PowElemOp, lambda k, n, a, b: k.intrinsic("pow", a, b)),
+    (ops.SinOp, lambda k, n, x: k.intrinsic("sin", x)),
+    (ops.CosOp, lambda k, n, x: k.intrinsic("cos", x)),
+    (ops.GeluOp, _gelu),
+    (ops.ErfOp, lambda k, n, x: k.libm("erf", x)),
+    (ops.TruncOp, lambda k, n, x: k.intrinsic("trunc", x)),
+    (ops.SafeLogOp, lambda k, n, x, eps: k.intrinsic("log", k.b.fadd(_softplus(k, n, x), eps))),
+    (bw.SignOp, _sign),
+    (bw.GeluGradOp, _gelu_grad),
+):
+    elementwise(_op, _fn)
+
+
+#: Elementwise ops a producer with `Lowering.fuses` applies as it stores (their rules work on
+#: scalars and vectors alike): the node becomes a view of its producer's value.
+EPILOGUES: dict[type[NodeOp], Scalar] = {ops.ReluOp: _relu, ops.ClipOp: _clip}
+
+
+def epilogue(k: KernelBuilder, s: Step) -> Epilogue | None:
+    """The map `s.fused` applies, for `k`'s code (None when nothing is fused)."""
+    fused = s.fused
+    if fused is None:
+        return None
+    rule = EPILOGUES[type(fused)]
+    return lambda x: rule(k, fused, x)
+
+
+@register(ops.LogOp)
+def _log(k: KernelBuilder, s: Step) -> None:
+    """Raw log fails like the reference: status LOG_DOMAIN if any input is <= 0 or NaN."""
+    bad = k.local(ir.Constant(I1, 0), "bad")
+    with k.loop(s.out.size) as i:
+        x = k.load(s.args[0], i)
+        k.b.store(k.b.or_(k.b.load(bad), k.b.fcmp_unordered("<=", x, k.const(0))), bad)
+        k.store(k.intrinsic("log", x), s.out, i)
+    k.fail_if(k.b.load(bad), Status.LOG_DOMAIN)
+
+
+IN_PLACE.add(ops.LogOp)

@@ -1,0 +1,216 @@
+"""Max and average pooling (window strips over the staged plane, global pools as reductions)
+and their gradients (the cotangent scattered back over each window's taps).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from llvmlite import ir
+
+from tlc.codegen.builder import I1, Buf, KernelBuilder
+from tlc.codegen.gemm import (
+    load_vector,
+)
+from tlc.codegen.lower.convolution import ConvFrame, window_strips
+from tlc.codegen.lower.rules import Step, register
+from tlc.codegen.lower.windows import (
+    Axis,
+    Combine,
+    Window,
+    each_tap,
+    scatter_taps,
+    tap_positions,
+    zero,
+)
+from tlc.dialect import backward_ops as bw
+from tlc.dialect import ops
+from tlc.dialect.ops import NodeOp
+from tlc.dialect.shapes import Shape, numel
+
+
+@dataclass(frozen=True)
+class PoolFrame:
+    """A pooling's static geometry: `lead` planes of `in_plane` inputs and `out_plane` windows
+    over the spatial suffix."""
+
+    lead: int
+    in_plane: int
+    out_plane: int
+    window: Window
+
+    @staticmethod
+    def of(node: NodeOp, x: Shape, y: Shape) -> PoolFrame:
+        """`x` the pooling's input shape, `y` its output's."""
+        kernel, stride, padding = node.meta("kernel"), node.meta("stride"), node.meta("padding")
+        rank = len(x) - len(kernel)
+        in_sp, out_sp = x[rank:], y[rank:]
+        window = Window(in_sp, out_sp, tuple(stride), (1,) * len(kernel), tuple(padding),
+                        tuple(kernel))  # fmt: skip
+        return PoolFrame(numel(x[:rank]), numel(in_sp), numel(out_sp), window)
+
+    def planes(self, k: KernelBuilder, lead: ir.Value) -> tuple[ir.Value, ir.Value]:
+        """The offsets of one leading index's input and output planes."""
+        return k.b.mul(lead, k.i64(self.in_plane)), k.b.mul(lead, k.i64(self.out_plane))
+
+    def conv_frame(self) -> ConvFrame:
+        """The geometry as a depthwise convolution's, one plane per group: the forward
+        kernels stage and read planes as that one does (`window_strips`)."""
+        planes = max(self.lead, 1)  # one input plane per group, even with no planes
+        return ConvFrame(1, planes, planes, planes, self.in_plane, self.out_plane, self.window)
+
+
+def _pool_scratch(node: NodeOp, parents: list[Shape], out: Shape) -> int:
+    """One staged input plane (padded, split into stride phases), when the window pads or
+    strides."""
+    return PoolFrame.of(node, parents[0], out).conv_frame().staged_plane
+
+
+def _pool(k: KernelBuilder, s: Step, init: float, combine: Combine, scale: float) -> None:
+    """Pooling, plane by plane in vector strips (`window_strips`): a padded or strided plane
+    is first staged (padding filled with `init`, which never wins: -inf for max, 0 for the
+    average; every input read once, split into stride phases), so each tap's inputs are
+    contiguous; then out = combine over the taps in row-major order from `init`, divided by
+    `scale`. Global pooling (one window per plane) is a reduction over the plane instead.
+    (The tap loops with strided scalar reads ran 3x3 stride-2 max pools at 0.57x ORT.)"""
+    x, out = s.args[0], s.out
+    f = PoolFrame.of(s.node, x.shape, out.shape)
+    frame, b = f.conv_frame(), k.b
+    lo, hi = s.part_range(k, f.lead)
+    if not any(f.window.padding) and f.window.kernel == f.window.in_sp:
+        _global_pool(k, f, x, out, (lo, hi), init, combine, scale)
+        return
+    if frame.staged:
+        assert s.scratch is not None
+        staged = Buf(s.scratch.ptr, (1, frame.staged_plane))
+        with k.loop(staged.size, "z") as z:
+            k.store(k.const(init), staged, z)
+
+    def finish(value: ir.Value) -> ir.Value:
+        return b.fdiv(value, k.like(scale, value)) if scale != 1 else value
+
+    with k.loop(hi, "lead", start=lo) as lead:
+        x_base, out_base = f.planes(k, lead)
+        plane = Buf(k.at(x, x_base), (1, f.in_plane))
+        if frame.staged:
+            frame.stage(k, plane, staged)
+            plane = staged
+        window_strips(k, frame, plane, out, out_base, k.const(init),
+                      lambda acc, tap, inputs: combine(acc, inputs), finish, init,
+                      combine)  # fmt: skip
+
+
+def _global_pool(k: KernelBuilder, f: PoolFrame, x: Buf, out: Buf,
+                 planes: tuple[ir.Value, ir.Value], init: float, combine: Combine,
+                 scale: float) -> None:  # fmt: skip
+    """One window over each whole plane: combine its elements in vectors (lane j takes
+    elements j, j + lanes, ...; the last vector masked, its other lanes `init`), then the
+    lanes in order, divided by `scale`."""
+    b = k.b
+    lanes = max(k.info.vector_bytes // k.dtype.itemsize, 1)
+    vec = ir.VectorType(k.T, lanes)
+    n = f.in_plane
+    whole = n - n % lanes
+    fill = ir.Constant(vec, [init] * lanes)
+    with k.loop(planes[1], "lead", start=planes[0]) as lead:
+        x_base, out_base = f.planes(k, lead)
+        acc = k.local(fill, "gacc")
+        if whole:
+            with k.loop(whole, "e", step=lanes) as e:
+                inputs = load_vector(k, vec, k.at(x, b.add(x_base, e)), lanes)
+                b.store(combine(b.load(acc), inputs), acc)
+        if n > whole:
+            tail = load_vector(k, vec, k.at(x, b.add(x_base, k.i64(whole))), n - whole)
+            keep = ir.Constant(ir.VectorType(I1, lanes), [j < n - whole for j in range(lanes)])
+            b.store(combine(b.load(acc), b.select(keep, tail, fill)), acc)
+        total = b.load(acc)
+        value = b.extract_element(total, k.i64(0))
+        for j in range(1, lanes):
+            value = combine(value, b.extract_element(total, k.i64(j)))
+        if scale != 1:
+            value = b.fdiv(value, k.const(scale))
+        k.store(value, out, out_base)
+
+
+def _pool_parts(node: NodeOp, parents: list[Shape], out: Shape) -> int:
+    """Pooling splits into its planes (leading indices: the channels at batch 1)."""
+    return PoolFrame.of(node, parents[0], out).lead
+
+
+@register(ops.MaxPoolOp, parts=_pool_parts, scratch=_pool_scratch)
+def _max_pool(k: KernelBuilder, s: Step) -> None:
+    _pool(k, s, -math.inf, lambda acc, v: k.intrinsic("maximum", acc, v), 1.0)
+
+
+@register(ops.AvgPoolOp, parts=_pool_parts, scratch=_pool_scratch)
+def _avg_pool(k: KernelBuilder, s: Step) -> None:
+    _pool(k, s, 0.0, lambda acc, v: k.b.fadd(acc, v), float(math.prod(s.node.meta("kernel"))))
+
+
+def _max_pool_grad_scratch(node: NodeOp, parents: list[Shape], out: Shape) -> int:
+    """Per window of one plane: the best value so far and the tap that gave it."""
+    return 2 * PoolFrame.of(node, parents[0], parents[1]).out_plane
+
+
+@register(bw.MaxPoolGradOp, scratch=_max_pool_grad_scratch)
+def _max_pool_grad(k: KernelBuilder, s: Step) -> None:
+    """Each window's cotangent goes to its first maximum, exactly as in the reference: a pass
+    over the taps in row-major order keeps per window the best value and its tap number
+    (strictly greater wins, so ties keep the first; padding and NaN never win; tap 0 stands
+    when nothing beats -inf), then a pass over the taps adds g where the tap won (0
+    elsewhere), so overlapping windows accumulate in the reference's order."""
+    x, g = s.args
+    assert s.scratch is not None
+    f = PoolFrame.of(s.node, x.shape, g.shape)
+    best = Buf(s.scratch.ptr, (f.out_plane,))
+    winner = Buf(k.at(s.scratch, f.out_plane), (f.out_plane,))
+    origin = k.i64(0)
+    zero(k, s.out)
+    with k.loop(f.lead, "lead") as lead:
+        x_base, g_base = f.planes(k, lead)
+        with k.loop(f.out_plane, "o") as o:
+            k.store(k.const(-math.inf), best, o)
+            k.store(k.const(0), winner, o)
+
+        def keep(tap: ir.Value, geometry: list[Axis]) -> None:
+            j = k.b.uitofp(tap, k.T)
+
+            def body(at_x: ir.Value, o: ir.Value) -> None:
+                v, top = k.load(x, at_x), k.load(best, o)
+                better = k.b.fcmp_ordered(">", v, top)
+                k.store(k.b.select(better, v, top), best, o)
+                k.store(k.b.select(better, j, k.load(winner, o)), winner, o)
+
+            tap_positions(k, geometry, x_base, origin, body)
+
+        def route(tap: ir.Value, geometry: list[Axis]) -> None:
+            j = k.b.uitofp(tap, k.T)
+
+            def body(at_x: ir.Value, o: ir.Value) -> None:
+                won = k.b.fcmp_ordered("==", k.load(winner, o), j)
+                share = k.b.select(won, k.load(g, k.b.add(g_base, o)), k.const(0))
+                k.store(k.b.fadd(k.load(s.out, at_x), share), s.out, at_x)
+
+            tap_positions(k, geometry, x_base, origin, body)
+
+        each_tap(k, f.window, keep)
+        each_tap(k, f.window, route)
+
+
+@register(bw.AvgPoolGradOp)
+def _avg_pool_grad(k: KernelBuilder, s: Step) -> None:
+    """Each window position receives cotangent / prod(kernel), taps in the reference's order
+    (padding counts in the divisor and receives nothing)."""
+    g, out = s.args[0], s.out
+    f = PoolFrame.of(s.node, out.shape, g.shape)
+    size = k.const(math.prod(s.node.meta("kernel")))
+    zero(k, out)
+    with k.loop(f.lead, "lead") as lead:
+        x_base, g_base = f.planes(k, lead)
+
+        def spread(_: ir.Value, geometry: list[Axis]) -> None:
+            scatter_taps(k, g, g_base, out, x_base, geometry,
+                         lambda acc, v: k.b.fadd(acc, k.b.fdiv(v, size)))  # fmt: skip
+
+        each_tap(k, f.window, spread)

@@ -1,0 +1,128 @@
+"""The lowering rule table and what a rule sees: `Lowering` (emit, payload layout, scratch,
+fusion, parts), `Step` (one node being lowered) and `ParamSpec` (a payload field a node reads).
+
+Every module of this package adds its rules to `LOWERINGS` with `register`; the table is the
+one place the module builder (`tlc.codegen.module`) and the memory plan (`tlc.codegen.plan`)
+look rules up.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+from llvmlite import ir
+
+from tlc.codegen.builder import Buf, KernelBuilder
+from tlc.codegen.target import TargetInfo
+from tlc.core.rule_table import RuleTable
+from tlc.dialect.ops import NodeOp
+from tlc.dialect.shapes import Shape
+
+#: A field's value (cast to the compiled dtype, in `ParamSpec.shape`) rearranged into the
+#: layout the kernels for a target read when it is known at compile time.
+Pack = Callable[[np.ndarray, TargetInfo], np.ndarray]
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    """A payload field a node reads: its shape, and its value when the record leaves it out
+    (None: required). `pack`, when set, is the layout a baked (compile-time) value is stored
+    in: a weight matrix in the micro-kernel's panels. Runtime payloads keep `shape`'s
+    row-major layout (the C ABI's), and the rule then reads the field as it is."""
+
+    shape: Shape
+    default: float | None = None
+    pack: Pack | None = None
+
+
+@dataclass
+class Step:
+    """One node being lowered: its parents' buffers, its payload fields, its destination."""
+
+    node: NodeOp
+    args: list[Buf]
+    params: dict[str, Buf]
+    out: Buf
+    #: Temporary storage of `Lowering.scratch` elements (None when the lowering needs none).
+    scratch: Buf | None = None
+    #: The params are compile-time constants stored in their `ParamSpec.pack` layouts.
+    packed: bool = False
+    #: An elementwise node of `EPILOGUES` fused into the rule's stores (`Lowering.fuses`):
+    #: the node writes that node's value, not its own.
+    fused: NodeOp | None = None
+    #: The kernel computes part `part` (an i64 value) of `parts` of the output (`Lowering.
+    #: parts`): the parts are disjoint, fixed at compile time, and together the whole value.
+    part: ir.Value | None = None
+    parts: int = 1
+
+    def part_range(self, k: KernelBuilder, units: int | ir.Value) -> tuple[ir.Value, ir.Value]:
+        """The units [lo, hi) of `units` (equal shares, the same split for any thread count)
+        this call computes: all of them when the kernel is not split."""
+        if self.part is None or self.parts == 1:
+            return k.i64(0), units if isinstance(units, ir.Value) else k.i64(units)
+        b, count = k.b, units if isinstance(units, ir.Value) else k.i64(units)
+        lo = b.udiv(b.mul(self.part, count), k.i64(self.parts))
+        hi = b.udiv(b.mul(b.add(self.part, k.i64(1)), count), k.i64(self.parts))
+        return lo, hi
+
+
+Emit = Callable[[KernelBuilder, Step], "Buf | None"]
+ParamLayout = Callable[[NodeOp, list[Shape], Shape], dict[str, ParamSpec]]
+ScratchSize = Callable[[NodeOp, list[Shape], Shape], int]
+#: Into how many independent parts a kernel call for these shapes can be split at most.
+PartCount = Callable[[NodeOp, list[Shape], Shape], int]
+
+
+def _none(node: NodeOp, parents: list[Shape], out: Shape) -> dict[str, ParamSpec]:
+    return {}
+
+
+def _no_scratch(node: NodeOp, parents: list[Shape], out: Shape) -> int:
+    return 0
+
+
+def _whole(node: NodeOp, parents: list[Shape], out: Shape) -> int:
+    return 1
+
+
+@dataclass(frozen=True)
+class Lowering:
+    emit: Emit
+    #: The value aliases a parent, a parameter or a constant: no storage, nothing computed.
+    view: bool = False
+    params: ParamLayout = _none
+    #: Elements of temporary storage the emitted code needs (convolution's patch matrix).
+    scratch: ScratchSize = _no_scratch
+    #: The rule applies `Step.epilogue` to its values as it stores them, so an elementwise
+    #: node of `EPILOGUES` that is the only user of this node's value can be fused into it.
+    fuses: bool = False
+    #: How many parts (`Step.part`) the rule can split one call into, so that a call with a
+    #: single leading row (batch 1) still runs on several threads; 1: never split.
+    parts: PartCount = _whole
+
+    @property
+    def uses_scratch(self) -> bool:
+        """Whether the rule reads `Step.scratch` (then it gets a buffer even of size 0)."""
+        return self.scratch is not _no_scratch
+
+
+LOWERINGS: RuleTable[Lowering] = RuleTable("llvm")
+
+
+def register(
+    *op_classes: type[NodeOp],
+    view: bool = False,
+    params: ParamLayout = _none,
+    scratch: ScratchSize = _no_scratch,
+    fuses: bool = False,
+    parts: PartCount = _whole,
+):
+    """Decorator: `emit` lowers each of `op_classes`."""
+
+    def add(emit: Emit) -> Emit:
+        LOWERINGS.register(*op_classes)(Lowering(emit, view, params, scratch, fuses, parts))
+        return emit
+
+    return add
