@@ -46,6 +46,9 @@ from tlc.semantics.reference import LOG_MESSAGE, eval_error
 CompiledGraph = EntryPoint
 
 _names = itertools.count()
+#: Compiled graphs and nodes of this process, by what they were built from; consulted only
+#: while the object cache is on (`TLC_OBJECT_CACHE=0` rebuilds every call, so a code
+#: generator constant changed in a running process takes effect).
 _graph_cache: dict[tuple, EntryPoint] = {}
 _node_cache: dict[tuple, Callable[[list[np.ndarray]], np.ndarray]] = {}
 
@@ -132,7 +135,7 @@ def compile_graph(
     count = available_cpus() if threads is None else threads
     if count < 1:
         raise DiagnosticError.simple(f"threads must be at least 1, got {count}")
-    hit = _graph_cache.get(key)
+    hit = _graph_cache.get(key) if objcache.enabled() else None
     if hit is not None:
         return hit if hit.threads == count else replace(hit, threads=count)
     _check_runnable(target)
@@ -288,7 +291,7 @@ def node_kernel(
         _payload_key(record),
         np.dtype(dtype).str,
     )
-    hit = _node_cache.get(key)
+    hit = _node_cache.get(key) if objcache.enabled() else None
     if hit is not None:
         return hit
     ir_text, symbol, out_shape = build_node_module(node, parent_shapes, record, dtype)

@@ -105,6 +105,25 @@ def test_the_switch_turns_the_cache_off(cache: Path, monkeypatch) -> None:
     assert not cache.exists() or entries(cache) == []
 
 
+@pytest.mark.parametrize(("switch", "builds"), [("1", 1), ("0", 2)])
+def test_the_switch_also_turns_off_the_process_table(
+    cache: Path, monkeypatch: pytest.MonkeyPatch, switch: str, builds: int
+) -> None:
+    """Compiled graphs are kept per process only while the cache is on: with it off, a second
+    compile of the same graph builds again (so a code-generator constant changed in between,
+    as A/B measurements do, takes effect)."""
+    monkeypatch.setenv(objcache.ENV_SWITCH, switch)
+    calls = []
+    real = jit._built
+    monkeypatch.setattr(jit, "_built", lambda *a: calls.append(1) or real(*a))
+    module = parse_source(MLP, "mlp.tlir")
+    graph, payload = checked_graph(module, None), payload_from_module(module, "mlp")
+    first = jit.compile_graph(graph, payload)(X)
+    second = jit.compile_graph(graph, payload)(X)
+    assert len(calls) == builds
+    assert first.tobytes() == second.tobytes()
+
+
 def test_trim_removes_the_least_recently_used(tmp_path: Path) -> None:
     for i in range(8):
         path = tmp_path / f"{i}.o"
