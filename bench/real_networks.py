@@ -6,6 +6,7 @@
                                   [--batches 1,16] [--threads 1,2] [--target-cpu znver3]
                                   [--cpu-time]
     python bench/real_networks.py --profile [--models squeezenet1_0] [--batches 1] [--top 12]
+                                  [--threads 1]
 
 For each model (random weights, batch 1, `--size` x `--size` input; the transformer 2 x 10 x 32)
 and route (`fx`: tlc.from_torch on the float64 model; `onnx`: torch.onnx.export(dynamo=False)
@@ -24,15 +25,19 @@ take turns (`--repeats` rounds of a timed loop each), so load drifting on a shar
 them alike; a row per model, batch and thread count gives the medians in ms and
 `ORT/tlc` (above 1: tlc is faster). Outputs are checked against PyTorch first.
 
-`--profile` says where the time goes, one thread: tlc's code built with per-node clocks
-(`build_graph_module(profile=True)`: each node's computation, in the whole network's run,
-adds the CPU time it took to a counter of its own) next to ONNX Runtime's session profile
-(`SessionOptions.enable_profiling`: each node's kernel time, wall time scaled to add up to
-the calling thread's CPU time over the calls), both summed over the same calls and divided
-per call. The two graphs differ (ORT fuses conv + add + relu and reorders to its
-blocked layout; tlc fuses relus into convolutions), so nodes are matched by kind and output
-shape: a table per kind (conv, pool, concat, add, ...), and the `--top` (kind, shape) pairs
-where tlc loses most.
+`--profile` says where the time goes: tlc's code built with per-node clocks
+(`build_graph_module(profile=...)`: each node's computation, in the whole network's run,
+adds the time it took to a counter of its own) next to ONNX Runtime's session profile
+(`SessionOptions.enable_profiling`: each node's kernel time), both summed over the same calls
+and divided per call. At one thread (`--threads 1`, the default) tlc's clock is the calling
+thread's CPU time and ORT's wall times are scaled to add up to its calling thread's CPU time
+over the calls; at more (`--threads 2`: tlc's `threads=`, ORT's intra_op_num_threads) both
+are wall time, and a third table gives tlc's per-node wall time at that count against one
+thread (the same build), with the share of the time in nodes that run on one thread only
+(too little work for a parallel region). The two graphs differ (ORT fuses conv + add + relu
+and reorders to its blocked layout; tlc fuses relus into convolutions), so nodes are matched
+by kind and output shape: a table per kind (conv, pool, concat, add, ...), and the `--top`
+(kind, shape) pairs where tlc loses most.
 """
 
 from __future__ import annotations
@@ -166,49 +171,65 @@ KINDS = {"conv": "conv", "Conv": "conv", "FusedConv": "conv", "max_pool": "pool"
          "ReorderInput": "reorder", "ReorderOutput": "reorder"}  # fmt: skip
 
 
-def tlc_profile(traced: object, x: np.ndarray, calls: int) -> dict[tuple[str, tuple], float]:
-    """(kind, output shape) -> tlc's ms per call, from a profiling build at one thread."""
+#: (kind, output shape) -> (ms per call, of it in nodes run on the calling thread alone).
+NodeTimes = dict[tuple[str, tuple], tuple[float, float]]
+
+
+def tlc_profile(
+    traced: object, x: np.ndarray, calls: int, counts: list[int]
+) -> dict[int, NodeTimes]:
+    """Thread count -> (kind, output shape) -> (tlc's ms per call, of it in nodes that run
+    on the calling thread alone), from one profiling build: its clock is the calling thread's
+    CPU time when every count is 1, else wall time."""
     from tlc.codegen.jit import jit_link
     from tlc.codegen.loader import EntryPoint
     from tlc.codegen.module import bakes_payload, build_graph_module, pack_params
 
     graph, payload = traced.graph, traced.payload
     bound = not bakes_payload(graph, np.float32)
-    module = build_graph_module(graph, payload, np.float32, runtime_payload=bound, profile=True)
+    clock = "cpu" if max(counts) == 1 else "wall"
+    module = build_graph_module(graph, payload, np.float32, runtime_payload=bound, profile=clock)
     counters = f"{module.symbol}_profile"
     tracker = jit_link(module.ir, [module.symbol, counters])
-    entry = EntryPoint(module.symbol, tracker[module.symbol], module.input_shape,
-                       module.output_shape, module.dtype,
-                       module.params_size if module.params is not None else None, owner=tracker,
-                       bound=pack_params(graph, payload, np.float32) if bound else None,
-                       threads=1)  # fmt: skip
-    entry(x)
     nanos = np.ctypeslib.as_array((ctypes.c_int64 * len(module.plan.nodes)).from_address(
         tracker[counters]))  # fmt: skip
-    nanos[:] = 0
-    for _ in range(calls):
+    by_count = {}
+    for threads in counts:
+        entry = EntryPoint(module.symbol, tracker[module.symbol], module.input_shape,
+                           module.output_shape, module.dtype,
+                           module.params_size if module.params is not None else None,
+                           owner=tracker,
+                           bound=pack_params(graph, payload, np.float32) if bound else None,
+                           threads=threads)  # fmt: skip
         entry(x)
-    times: dict[tuple[str, tuple], float] = {}
-    for p in module.plan.nodes:
-        if nanos[p.node.id]:
-            kind = KINDS.get(p.node.TAG, p.node.TAG)
-            if kind == "conv" and p.node.meta("groups") == p.node.meta("in_channels") > 1:
-                kind = "depthwise"
-            key = (kind, tuple(p.shape))
-            times[key] = times.get(key, 0.0) + nanos[p.node.id] / 1e6 / calls
-    return times
+        nanos[:] = 0
+        for _ in range(calls):
+            entry(x)
+        times: NodeTimes = {}
+        for p in module.plan.nodes:
+            if nanos[p.node.id]:
+                kind = KINDS.get(p.node.TAG, p.node.TAG)
+                if kind == "conv" and p.node.meta("groups") == p.node.meta("in_channels") > 1:
+                    kind = "depthwise"
+                key = (kind, tuple(p.shape))
+                ms = nanos[p.node.id] / 1e6 / calls
+                total, serial = times.get(key, (0.0, 0.0))
+                times[key] = (total + ms, serial + (ms if p.tasks == 1 else 0.0))
+        by_count[threads] = times
+    return by_count
 
 
-def ort_profile(model: bytes, x: np.ndarray, calls: int) -> dict[tuple[str, tuple], float]:
+def ort_profile(model: bytes, x: np.ndarray, calls: int,
+                threads: int) -> dict[tuple[str, tuple], float]:  # fmt: skip
     """(kind, output shape) -> ONNX Runtime's ms per call, from its session profile. The
-    profile's durations are wall time, which a loaded machine inflates: they are scaled so
-    that they add up to the calling thread's CPU time over the same calls."""
+    profile's durations are wall time, which a loaded machine inflates: at one thread they
+    are scaled so that they add up to the calling thread's CPU time over the same calls."""
     import json
 
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
-    opts.intra_op_num_threads, opts.inter_op_num_threads = 1, 1
+    opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
     with tempfile.TemporaryDirectory() as tmp:
         opts.enable_profiling, opts.profile_file_prefix = True, str(Path(tmp) / "ort")
         session = ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
@@ -223,7 +244,7 @@ def ort_profile(model: bytes, x: np.ndarray, calls: int) -> dict[tuple[str, tupl
     kernels = [e for e in events if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")]
     kernels = kernels[len(kernels) // (calls + 1) :]  # every call runs the same nodes: the
     # first (untimed) call's come first
-    scale = cpu * 1e6 / max(sum(e["dur"] for e in kernels), 1)
+    scale = cpu * 1e6 / max(sum(e["dur"] for e in kernels), 1) if threads == 1 else 1.0
     times: dict[tuple[str, tuple], float] = {}
     for e in kernels:
         op = e["args"]["op_name"]
@@ -239,9 +260,17 @@ def ort_profile(model: bytes, x: np.ndarray, calls: int) -> dict[tuple[str, tupl
 
 
 def profile(args: argparse.Namespace) -> None:
-    """Per-node time of tlc and ONNX Runtime, one thread, by kind and by (kind, shape)."""
-    print("Per node, one thread, ms per call (tlc: thread CPU time of each node's computation;"
-          " ORT: its profile's kernel times, scaled to its thread CPU time)")  # fmt: skip
+    """Per-node time of tlc and ONNX Runtime at `--threads` (one count), by kind and by
+    (kind, shape); at more than one thread, also tlc's per-node time against one thread."""
+    threads = int(args.threads or "1")
+    if threads == 1:
+        print(
+            "Per node, one thread, ms per call (tlc: thread CPU time of each node's "
+            "computation; ORT: its profile's kernel times, scaled to its thread CPU time)"
+        )
+    else:
+        print(f"Per node, {threads} threads, ms per call, wall time (tlc: each node's "
+              "computation; ORT: its profile's kernel times)")  # fmt: skip
     for name in args.models.split(","):
         for batch in (int(b) for b in args.batches.split(",")):
             net, x = network(name, args.size)
@@ -252,8 +281,10 @@ def profile(args: argparse.Namespace) -> None:
                 traced = tlc.from_onnx(path)
                 model = Path(path).read_bytes()
             xs = x.numpy()
-            ours = tlc_profile(traced, xs, args.repeats)
-            theirs = ort_profile(model, xs, args.repeats)
+            counts = sorted({1, threads})
+            tlc_times = tlc_profile(traced, xs, args.repeats, counts)
+            ours = {key: ms for key, (ms, _) in tlc_times[threads].items()}
+            theirs = ort_profile(model, xs, args.repeats, threads)
             by_kind: dict[str, list[float]] = {}
             for times, side in ((ours, 0), (theirs, 1)):
                 for (kind, _), ms in times.items():
@@ -270,6 +301,26 @@ def profile(args: argparse.Namespace) -> None:
                 a, b = ours.get(key, 0.0), theirs.get(key, 0.0)
                 print(f"| {key[0]} {'x'.join(map(str, key[1]))} | {a:.3f} | {b:.3f} | "
                       f"{a - b:+.3f} |")  # fmt: skip
+            if threads > 1:
+                thread_table(tlc_times[1], tlc_times[threads], threads, args.top)
+
+
+def thread_table(one: NodeTimes, many: NodeTimes, threads: int, top: int) -> None:
+    """tlc's per-(kind, shape) wall time at one thread and at `threads`, the `top` that gain
+    least first, and the share of the time in nodes that run on the calling thread alone."""
+    total_one, total_many = sum(v[0] for v in one.values()), sum(v[0] for v in many.values())
+    serial_one, serial_many = sum(v[1] for v in one.values()), sum(v[1] for v in many.values())
+    print(f"tlc, 1 -> {threads} threads: {total_one:.2f} -> {total_many:.2f} ms "
+          f"({total_one / max(total_many, 1e-9):.2f}x); in nodes on one thread only: "
+          f"{serial_one:.2f} -> {serial_many:.2f} ms "
+          f"({serial_many / max(total_many, 1e-9):.0%} of the {threads}-thread time)")  # fmt: skip
+    print(f"| kind, output shape | 1 thread ms | {threads} threads ms | speed-up | serial |")
+    print("|---|---:|---:|---:|---|")
+    lost = sorted(many, key=lambda key: one.get(key, (0.0, 0.0))[0] / 2 - many[key][0])
+    for key in lost[:top]:
+        a, (b, serial) = one.get(key, (0.0, 0.0))[0], many[key]
+        print(f"| {key[0]} {'x'.join(map(str, key[1]))} | {a:.3f} | {b:.3f} | "
+              f"{a / max(b, 1e-9):.2f}x | {'yes' if serial else ''} |")  # fmt: skip
 
 
 def speed(args: argparse.Namespace) -> None:
@@ -285,7 +336,7 @@ def speed(args: argparse.Namespace) -> None:
     )
     print("| model | batch | threads | tlc ms | ORT ms | PyTorch ms | ORT/tlc | compile s |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
-    threads = [int(t) for t in args.threads.split(",")]
+    threads = [int(t) for t in (args.threads or "1,2").split(",")]
     for name in args.models.split(","):
         for batch in (int(b) for b in args.batches.split(",")):
             for line in speed_rows(name, args.size, batch, threads, args.target_cpu,
@@ -301,7 +352,11 @@ def main() -> None:
     parser.add_argument("--no-compile", action="store_true")
     parser.add_argument("--speed", action="store_true", help="time tlc, ORT and PyTorch")
     parser.add_argument("--batches", default="1,16")
-    parser.add_argument("--threads", default="1,2")
+    parser.add_argument(
+        "--threads",
+        default=None,
+        help="thread counts: --speed's (default 1,2), --profile's (default 1)",
+    )
     parser.add_argument("--target-cpu", default="host")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--cpu-time", action="store_true", help="1-thread rows by CPU time")

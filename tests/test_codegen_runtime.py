@@ -7,6 +7,7 @@ import ctypes
 import os
 import shutil
 import stat
+import subprocess
 import threading
 import warnings
 from pathlib import Path
@@ -427,6 +428,21 @@ def test_library_threads_and_concurrent_callers(tmp_path: Path) -> None:
         assert got[i] == [results[1][(i + j) % 4] for j in range(8)]
     with pytest.raises(ValueError, match="threads must be at least 1, got 0"):
         lib.set_num_threads(0)
+
+
+@needs_cc
+def test_the_pool_runs_every_task_once(tmp_path: Path) -> None:
+    """tests/c/pool_stress.c against the runtime: thousands of regions of 1-64 tasks on 1-4
+    threads, from one caller and then four at once: every task runs exactly once on a worker
+    id below the thread count, and a region returns its lowest failing task's status. (Workers
+    join a region only while it is open, so one waking late must not run a task twice or run
+    the next region's with this one's context.)"""
+    driver = Path(__file__).parent / "c" / "pool_stress.c"
+    exe = tmp_path / "pool_stress"
+    subprocess.run([runtime.c_compiler(), *runtime.CFLAGS, "-o", str(exe), str(driver),
+                    runtime.SOURCE], check=True)  # fmt: skip
+    done = subprocess.run([str(exe)], capture_output=True, text=True, timeout=120, check=False)
+    assert (done.returncode, done.stdout) == (0, "ok\n")
 
 
 def test_small_graphs_do_not_call_the_runtime() -> None:
