@@ -298,7 +298,7 @@ def build_graph_module(
     entry_name: str | None = None,
     queries: bool = True,
     params_query: bool = True,
-    profile: bool = False,
+    profile: str | None = None,
 ) -> GraphModule:
     """Check `graph` and its payload, and emit its module (see the module docstring) with
     kernels shaped for `target`. `entry_name` renames the entry point and `queries=False` leaves
@@ -307,10 +307,11 @@ def build_graph_module(
     `_params_size` of a runtime-payload module whose public entry takes no params (a library
     embedding its payload): that query is how `tlc.load` tells which entries take params. A
     graph with the batch extent `N` is compiled for `batch` rows (its `N` specialised,
-    tlc.dialect.batch). `profile`: every node's computation adds the nanoseconds of CPU time
-    the calling thread spent in it to element `node id` of the exported i64 array
-    `<symbol>_profile` (`_Profile`; a measuring build, bench/real_networks.py --profile: its
-    row regions are not merged into runs, so each node's time is its own)."""
+    tlc.dialect.batch). `profile` ("cpu" or "wall"): every node's computation adds the
+    nanoseconds it took, of the calling thread's CPU time or of wall time, to element `node
+    id` of the exported i64 array `<symbol>_profile` (`_Profile`; a measuring build,
+    bench/real_networks.py --profile: its row regions are not merged into runs, so each node's
+    time is its own)."""
     if has_batch(graph):
         if batch is None:
             raise error(
@@ -349,7 +350,7 @@ def build_graph_module(
     module = ir.Module(name=symbol)
     slots = _param_slots(graph, shapes) if runtime_payload else None
     plan = plan_graph(graph, shapes, np.dtype(dtype).itemsize, batch, fusions(graph, out_node),
-                      runs=not profile,
+                      runs=profile is None,
                       bypass=padding_bypass(graph, records, dtype, out_node))  # fmt: skip
     full_in = (batch, *in_shape) if batch is not None else in_shape
     full_out = (batch, *out_shape) if batch is not None else out_shape
@@ -364,7 +365,7 @@ def build_graph_module(
     arena = _Arena(k, graph, plan, threads)
     emitter = _NodeEmitter(module, symbol, k, plan, info, separate=len(graph.nodes) > INLINE_NODES,
                            packed=slots is None)  # fmt: skip
-    clock = _Profile(module, symbol, len(plan.nodes)) if profile else None
+    clock = _Profile(module, symbol, len(plan.nodes), profile) if profile is not None else None
     values: list[Buf] = []
     slot_at = {(s.node, s.field): s for s in slots or ()}
     for p in plan.nodes:
@@ -602,14 +603,16 @@ _RUNTIME_TYPES = {
 
 class _Profile:
     """The per-node clock of a profiling build: `<symbol>_profile`, one i64 per node (zero
-    at load), to which each node's computation adds its nanoseconds of the calling thread's
-    CPU time (clock_gettime(CLOCK_THREAD_CPUTIME_ID), from libc; work a parallel region's
-    other workers do is not counted, so profile at one thread)."""
+    at load), to which each node's computation adds its nanoseconds (clock_gettime, from
+    libc) of the calling thread's CPU time ("cpu": CLOCK_THREAD_CPUTIME_ID, which leaves out
+    the time other processes hold the core, and the work a parallel region's other workers
+    do: for one thread) or of wall time ("wall": CLOCK_MONOTONIC, for several threads)."""
 
-    #: Linux's CLOCK_THREAD_CPUTIME_ID.
-    THREAD_CPUTIME = 3
+    #: Linux's clock ids.
+    CLOCKS = {"cpu": 3, "wall": 1}
 
-    def __init__(self, module: ir.Module, symbol: str, nodes: int):
+    def __init__(self, module: ir.Module, symbol: str, nodes: int, clock: str):
+        self.clock_id = self.CLOCKS[clock]
         self.array = ir.GlobalVariable(module, ir.ArrayType(I64, nodes), f"{symbol}_profile")
         self.array.initializer = ir.Constant(self.array.type.pointee, None)
         self.timespec = ir.LiteralStructType([I64, I64])
@@ -617,10 +620,10 @@ class _Profile:
                                  "clock_gettime")  # fmt: skip
 
     def now(self, k: KernelBuilder) -> ir.Value:
-        """The calling thread's CPU time in nanoseconds."""
+        """The clock's time in nanoseconds."""
         with k.b.goto_block(k.alloca_block):
             spec = k.b.alloca(self.timespec, name="ts")
-        k.b.call(self.clock, [ir.Constant(I32, self.THREAD_CPUTIME), spec])
+        k.b.call(self.clock, [ir.Constant(I32, self.clock_id), spec])
         at = [ir.Constant(I32, 0), ir.Constant(I32, 0)]
         seconds = k.b.load(k.b.gep(spec, at))
         nanos = k.b.load(k.b.gep(spec, [ir.Constant(I32, 0), ir.Constant(I32, 1)]))

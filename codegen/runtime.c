@@ -4,12 +4,13 @@
  * helper shared object for the JIT (TLC_RT_EXPORT: every function visible). docs/codegen.md
  * ("Threads and memory") describes how generated code uses it.
  *
- * State, all of it here, each piece behind its own mutex:
+ * State, all of it here, each piece behind its own mutex (the pool's region word is atomic):
  *   - the thread count new calls use (tlc_set_num_threads; default: the CPUs this process may
  *     run on);
  *   - the pool: worker threads created on the first parallel region that needs them, and the
  *     one region they run at a time (a region started while another runs, e.g. by a second
- *     calling thread, runs on its caller alone: same results, no waiting);
+ *     calling thread, runs on its caller alone: same results, no waiting); workers join a
+ *     region only while it is open, so a caller never waits for one that has not woken;
  *   - the arena cache: workspace blocks returned by finished calls, handed to the next call
  *     that fits, so a graph's workspace is allocated (and page-faulted) once, not per call.
  *     Concurrent calls take different blocks, so the cache holds at most as many as calls ever
@@ -70,23 +71,40 @@ RT int32_t tlc_rt_threads(void) { return tlc_get_num_threads(); }
 
 /* -- the pool -------------------------------------------------------------------------------- */
 
+/* A region's workers join it while it is open and only then: the caller runs tasks from the
+ * first moment, closes the region once every task is taken, and waits for the workers that
+ * joined (running a task), never for one that has not woken up yet. A worker that wakes late
+ * (asleep, or its core held by another process) finds the region closed and leaves it alone:
+ * a region waits only for tasks already running, and at worst costs its tasks on the calling
+ * thread. (Before, the caller waited for every helper to wake and check in, on a loaded
+ * machine often a scheduler time slice: hundreds of microseconds for a region of 20.)
+ *
+ * `state` packs the region's generation, whether it is open, and the workers inside it:
+ * generation * GENERATION + (open ? OPEN : 0) + joined. A worker joins by one compare-and-swap
+ * on the whole word, which succeeds only while the region it saw is open, so what it reads of
+ * the region (task, context, count) is that region's. */
+#define GENERATION ((uint64_t)1 << 32)
+#define OPEN ((uint64_t)1 << 31)
+#define JOINED (OPEN - 1)
+
 static pthread_mutex_t region_lock = PTHREAD_MUTEX_INITIALIZER; /* one region at a time */
-static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER;   /* guards the fields below */
-static pthread_cond_t wake = PTHREAD_COND_INITIALIZER;
-static pthread_cond_t idle = PTHREAD_COND_INITIALIZER;
+static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER;   /* sleeping and waking */
+static pthread_cond_t wake = PTHREAD_COND_INITIALIZER;          /* a region opened, or stop */
+static pthread_cond_t idle = PTHREAD_COND_INITIALIZER;          /* the last joined worker left */
 static pthread_t *workers;
 static int64_t n_workers;
-static int64_t generation; /* bumped for every region the workers join */
-static int stopping;
-/* The region running: task(ctx, i, worker) for i < count, by workers 0 .. helpers. */
+static uint64_t state;   /* atomic, see above */
+static int64_t sleepers; /* workers asleep on `wake` (atomic) */
+static int stopping;     /* atomic */
+/* The region running: task(ctx, i, worker) for i < count, by the caller (worker 0) and the
+ * workers 1 .. job_helpers that join it. */
 static tlc_task job_task;
 static void *job_ctx;
 static int64_t job_count;
-static int64_t job_helpers;  /* pool workers taking part (worker ids 1 .. job_helpers) */
-static int64_t job_pending;  /* helpers not finished yet */
-static int64_t job_next;     /* next task index (atomic) */
-static int64_t job_failed;   /* lowest failing task index, or job_count */
-static int32_t job_status;   /* its status */
+static int64_t job_helpers;
+static int64_t job_next;   /* next task index (atomic) */
+static int64_t job_failed; /* lowest failing task index, or job_count */
+static int32_t job_status; /* its status */
 
 static void record_failure(int64_t index, int32_t status) {
     pthread_mutex_lock(&pool_lock);
@@ -117,33 +135,54 @@ static void pause_briefly(void) {
 #endif
 }
 
+static uint64_t generation_of(uint64_t s) { return s / GENERATION; }
+
+/* Wait (spin, then sleep) until a region newer than `seen` opens or the pool stops; returns
+ * the state then read. */
+static uint64_t next_region(uint64_t seen) {
+    uint64_t s = __atomic_load_n(&state, __ATOMIC_ACQUIRE);
+    for (int i = 0; i < SPINS && generation_of(s) == seen; i++) {
+        if (__atomic_load_n(&stopping, __ATOMIC_RELAXED)) return s;
+        pause_briefly();
+        s = __atomic_load_n(&state, __ATOMIC_ACQUIRE);
+    }
+    if (generation_of(s) != seen) return s;
+    pthread_mutex_lock(&pool_lock);
+    __atomic_add_fetch(&sleepers, 1, __ATOMIC_SEQ_CST);
+    while (generation_of(s = __atomic_load_n(&state, __ATOMIC_SEQ_CST)) == seen &&
+           !__atomic_load_n(&stopping, __ATOMIC_RELAXED))
+        pthread_cond_wait(&wake, &pool_lock);
+    __atomic_sub_fetch(&sleepers, 1, __ATOMIC_RELAXED);
+    pthread_mutex_unlock(&pool_lock);
+    return s;
+}
+
 static void *worker_main(void *arg) {
     int64_t id = (int64_t)(intptr_t)arg;
-    /* Created for the region being posted: it joins that one first. */
-    int64_t seen = -1;
-    pthread_mutex_lock(&pool_lock);
-    for (;;) {
-        if (generation == seen && !stopping) {
-            pthread_mutex_unlock(&pool_lock);
-            for (int i = 0; i < SPINS && __atomic_load_n(&generation, __ATOMIC_RELAXED) == seen;
-                 i++)
-                pause_briefly();
-            pthread_mutex_lock(&pool_lock);
+    uint64_t seen = 0; /* generation 0 is never a region: the first one is 1 */
+    while (!__atomic_load_n(&stopping, __ATOMIC_RELAXED)) {
+        uint64_t s = next_region(seen);
+        seen = generation_of(s);
+        /* Join while the region seen is open and wants this worker. */
+        while ((s & OPEN) && id <= __atomic_load_n(&job_helpers, __ATOMIC_RELAXED)) {
+            if (__atomic_compare_exchange_n(&state, &s, s + 1, 0, __ATOMIC_ACQ_REL,
+                                            __ATOMIC_ACQUIRE)) {
+                run_tasks(id);
+                uint64_t left = __atomic_sub_fetch(&state, 1, __ATOMIC_ACQ_REL);
+                if ((left & (OPEN | JOINED)) == 0) { /* closed, and the last one out */
+                    pthread_mutex_lock(&pool_lock);
+                    pthread_cond_signal(&idle);
+                    pthread_mutex_unlock(&pool_lock);
+                }
+                break;
+            }
+            if (generation_of(s) != seen) break; /* a newer region: the loop above sees it */
         }
-        while (generation == seen && !stopping) pthread_cond_wait(&wake, &pool_lock);
-        if (stopping) break;
-        seen = generation;
-        if (id > job_helpers) continue;
-        pthread_mutex_unlock(&pool_lock);
-        run_tasks(id);
-        pthread_mutex_lock(&pool_lock);
-        if (__atomic_sub_fetch(&job_pending, 1, __ATOMIC_RELEASE) == 0) pthread_cond_signal(&idle);
     }
-    pthread_mutex_unlock(&pool_lock);
     return NULL;
 }
 
-/* Grow the pool to `wanted` workers (pool_lock held); returns how many there are. */
+/* Grow the pool to `wanted` workers (region_lock held); returns how many there are. */
 static int64_t grow_pool(int64_t wanted) {
     if (wanted <= n_workers) return n_workers;
     pthread_t *grown = realloc(workers, (size_t)wanted * sizeof *grown);
@@ -176,26 +215,37 @@ RT int32_t tlc_rt_parallel(tlc_task task, void *ctx, int64_t count, int32_t thre
     int64_t helpers = (threads < count ? threads : count) - 1;
     if (helpers <= 0 || pthread_mutex_trylock(&region_lock) != 0)
         return run_serially(task, ctx, count);
-    pthread_mutex_lock(&pool_lock);
     helpers = grow_pool(helpers) < helpers ? n_workers : helpers;
     job_task = task;
     job_ctx = ctx;
     job_count = count;
-    job_helpers = helpers;
-    job_pending = helpers;
     job_failed = count;
     job_status = 0;
+    __atomic_store_n(&job_helpers, helpers, __ATOMIC_RELAXED);
     __atomic_store_n(&job_next, 0, __ATOMIC_RELAXED);
-    __atomic_store_n(&generation, generation + 1, __ATOMIC_RELEASE);
-    pthread_cond_broadcast(&wake);
-    pthread_mutex_unlock(&pool_lock);
+    /* Open it (no worker is inside: the last region waited for its own). */
+    uint64_t opened =
+        (generation_of(__atomic_load_n(&state, __ATOMIC_RELAXED)) + 1) * GENERATION + OPEN;
+    __atomic_store_n(&state, opened, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&sleepers, __ATOMIC_SEQ_CST) > 0) {
+        pthread_mutex_lock(&pool_lock);
+        pthread_cond_broadcast(&wake);
+        pthread_mutex_unlock(&pool_lock);
+    }
     run_tasks(0);
-    for (int i = 0; i < SPINS && __atomic_load_n(&job_pending, __ATOMIC_ACQUIRE) > 0; i++)
+    /* Every task is taken: close, then wait for the workers still running one. */
+    uint64_t s = __atomic_and_fetch(&state, ~OPEN, __ATOMIC_ACQ_REL);
+    for (int i = 0; i < SPINS && (s & JOINED) != 0; i++) {
         pause_briefly();
-    pthread_mutex_lock(&pool_lock);
-    while (job_pending > 0) pthread_cond_wait(&idle, &pool_lock);
+        s = __atomic_load_n(&state, __ATOMIC_ACQUIRE);
+    }
+    if ((s & JOINED) != 0) {
+        pthread_mutex_lock(&pool_lock);
+        while ((__atomic_load_n(&state, __ATOMIC_ACQUIRE) & JOINED) != 0)
+            pthread_cond_wait(&idle, &pool_lock);
+        pthread_mutex_unlock(&pool_lock);
+    }
     int32_t status = job_status;
-    pthread_mutex_unlock(&pool_lock);
     pthread_mutex_unlock(&region_lock);
     return status;
 }
@@ -265,6 +315,9 @@ static void after_fork_in_child(void) {
     free(workers);
     workers = NULL;
     n_workers = 0;
+    /* No worker of the child is inside a region or asleep. */
+    state = generation_of(state) * GENERATION;
+    sleepers = 0;
 }
 
 __attribute__((constructor)) static void loaded(void) {
@@ -275,7 +328,7 @@ __attribute__((constructor)) static void loaded(void) {
  * cached arenas. */
 __attribute__((destructor)) static void unloaded(void) {
     pthread_mutex_lock(&pool_lock);
-    stopping = 1;
+    __atomic_store_n(&stopping, 1, __ATOMIC_RELAXED);
     pthread_cond_broadcast(&wake);
     pthread_mutex_unlock(&pool_lock);
     for (int64_t i = 0; i < n_workers; i++) pthread_join(workers[i], NULL);
