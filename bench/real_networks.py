@@ -306,21 +306,24 @@ def profile(args: argparse.Namespace) -> None:
 
 
 def thread_table(one: NodeTimes, many: NodeTimes, threads: int, top: int) -> None:
-    """tlc's per-(kind, shape) wall time at one thread and at `threads`, the `top` that gain
-    least first, and the share of the time in nodes that run on the calling thread alone."""
+    """tlc's per-(kind, shape) wall time at one thread and at `threads`, the `top` losing most
+    against a perfect split first, and the share of the time in nodes that run on the calling
+    thread alone."""
     total_one, total_many = sum(v[0] for v in one.values()), sum(v[0] for v in many.values())
     serial_one, serial_many = sum(v[1] for v in one.values()), sum(v[1] for v in many.values())
     print(f"tlc, 1 -> {threads} threads: {total_one:.2f} -> {total_many:.2f} ms "
           f"({total_one / max(total_many, 1e-9):.2f}x); in nodes on one thread only: "
           f"{serial_one:.2f} -> {serial_many:.2f} ms "
           f"({serial_many / max(total_many, 1e-9):.0%} of the {threads}-thread time)")  # fmt: skip
-    print(f"| kind, output shape | 1 thread ms | {threads} threads ms | speed-up | serial |")
-    print("|---|---:|---:|---:|---|")
-    lost = sorted(many, key=lambda key: one.get(key, (0.0, 0.0))[0] / 2 - many[key][0])
+    print(f"| kind, output shape | 1 thread ms | {threads} threads ms | speed-up | of it on one "
+          "thread only |")  # fmt: skip
+    print("|---|---:|---:|---:|---:|")
+    # ms lost against a perfect split over the threads, most first
+    lost = sorted(many, key=lambda key: one.get(key, (0.0, 0.0))[0] / threads - many[key][0])
     for key in lost[:top]:
         a, (b, serial) = one.get(key, (0.0, 0.0))[0], many[key]
         print(f"| {key[0]} {'x'.join(map(str, key[1]))} | {a:.3f} | {b:.3f} | "
-              f"{a / max(b, 1e-9):.2f}x | {'yes' if serial else ''} |")  # fmt: skip
+              f"{a / max(b, 1e-9):.2f}x | {serial:.3f} |")  # fmt: skip
 
 
 def speed(args: argparse.Namespace) -> None:
