@@ -351,6 +351,24 @@ def test_single_row_layers_are_split_over_threads(dtype: type) -> None:
         )
 
 
+def test_part_counts_balance_two_threads() -> None:
+    """Of the part counts a convolution's copies allow, the split takes the one two threads
+    (then three, then four) finish soonest, the most parts among equals: parts are equal
+    shares in whole units, so 8 units in 7 parts would leave one thread 5 of them (in 5
+    parts, shares of 1 and 2 units, two threads take 4 each and three at most 3)."""
+    from tlc.codegen.lower.convolution import MAX_PARTS, _split
+    from tlc.codegen.plan import TASKS
+
+    assert MAX_PARTS == TASKS  # the counts balanced are the counts that run
+    up_to = {p: (lambda n, p=p: 0.0 if n <= p else float("inf")) for p in range(1, 9)}
+    assert _split(8, up_to[7], 1) == 5
+    assert _split(8, up_to[8], 1) == 8
+    assert _split(3, up_to[3], 1) == 3  # 2 or 3 parts: one thread takes 2 units either way
+    assert _split(12, up_to[7], 1) == 6
+    assert _split(100, up_to[1], 1) == 1
+    assert _split(5, up_to[8], 1) == 5
+
+
 @pytest.mark.parametrize(
     ("x", "fields", "cout"),
     [((1, 64, 56, 56), "kernel = [3, 3], stride = [2, 2], padding = [1, 1]", 512),
