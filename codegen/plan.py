@@ -38,6 +38,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tlc.codegen.lower import IN_PLACE, LOWERINGS
+from tlc.codegen.lower.rules import balanced_parts
 from tlc.dialect import ops
 from tlc.dialect.families import AxisOp, BinaryOp, PoolOp, UnaryOp
 from tlc.dialect.ops import GraphOp, NodeOp
@@ -332,7 +333,7 @@ def _choose_kernel(p: NodePlan, parents: list[NodePlan], shapes: list[Shape], ba
         shapes_in = list(one.arg_shapes)
         units = lowering.parts(one.node, shapes_in, one.out_shape)
         if units > 1 and work(one.node, shapes_in, one.out_shape) >= PARALLEL_WORK:
-            p.parts = min(TASKS, units)
+            p.parts = balanced_parts(units, TASKS)
     if lowering.uses_scratch:  # at least one element: an empty one is still a buffer
         p.scratch = max(
             max(lowering.scratch(k.node, list(k.arg_shapes), k.out_shape) for k in kernels), 1

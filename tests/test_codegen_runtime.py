@@ -20,7 +20,7 @@ from tlc.api.evaluate import checked_graph
 from tlc.codegen import runtime
 from tlc.codegen.jit import compile_graph
 from tlc.codegen.module import build_graph_module
-from tlc.codegen.plan import PARALLEL_WORK
+from tlc.codegen.plan import PARALLEL_WORK, TASKS
 from tlc.codegen.shared_lib import build_library
 from tlc.core.payload import Payload
 from tlc.dialect.payload_section import payload_from_module
@@ -352,21 +352,23 @@ def test_single_row_layers_are_split_over_threads(dtype: type) -> None:
 
 
 def test_part_counts_balance_two_threads() -> None:
-    """Of the part counts a convolution's copies allow, the split takes the one two threads
-    (then three, then four) finish soonest, the most parts among equals: parts are equal
-    shares in whole units, so 8 units in 7 parts would leave one thread 5 of them (in 5
-    parts, shares of 1 and 2 units, two threads take 4 each and three at most 3)."""
+    """A split takes the part count two threads (then three, then four) finish soonest, the
+    most parts among equals: parts are equal shares in whole units, so 8 units in 7 parts
+    would leave one thread 5 of them (in 5 parts, shares of 1 and 2 units, two threads take
+    4 each and three at most 3). A count that balances is kept as it is (the plan balances
+    the count a convolution's split gives again), and a convolution takes it of the counts
+    its copies allow."""
     from tlc.codegen.lower.convolution import MAX_PARTS, _split
-    from tlc.codegen.plan import TASKS
+    from tlc.codegen.lower.rules import balanced_parts
 
-    assert MAX_PARTS == TASKS  # the counts balanced are the counts that run
+    assert [balanced_parts(8, most) for most in range(1, 9)] == [1, 2, 2, 4, 5, 5, 5, 8]
+    assert [balanced_parts(n, TASKS) for n in range(1, TASKS + 1)] == list(range(1, TASKS + 1))
+    assert balanced_parts(12, 8) == 6 and balanced_parts(16, 8) == 8
+    assert balanced_parts(100, 1) == 1 and balanced_parts(0, 8) == 1
+    assert MAX_PARTS == TASKS  # the counts a convolution balances are the counts that run
     up_to = {p: (lambda n, p=p: 0.0 if n <= p else float("inf")) for p in range(1, 9)}
     assert _split(8, up_to[7], 1) == 5
     assert _split(8, up_to[8], 1) == 8
-    assert _split(3, up_to[3], 1) == 3  # 2 or 3 parts: one thread takes 2 units either way
-    assert _split(12, up_to[7], 1) == 6
-    assert _split(100, up_to[1], 1) == 1
-    assert _split(5, up_to[8], 1) == 5
 
 
 @pytest.mark.parametrize(

@@ -33,7 +33,7 @@ from tlc.codegen.gemm import (
 )
 from tlc.codegen.lower.elementwise import epilogue
 from tlc.codegen.lower.layout import gather
-from tlc.codegen.lower.rules import ParamSpec, Step, register
+from tlc.codegen.lower.rules import ParamSpec, Step, balanced_parts, register
 from tlc.codegen.lower.windows import NSW, Axis, Combine, Window, each_tap, scatter_taps, zero
 from tlc.codegen.target import TargetInfo
 from tlc.dialect import backward_ops as bw
@@ -438,7 +438,7 @@ def _conv_params(node: NodeOp, parents: list[Shape], out: Shape) -> dict[str, Pa
 #: 64 and 1/32 took resnet18 from 0.61x to 0.75x ONNX Runtime, mobilenet_v2 from 0.58x to 0.74x.
 COPY_FLOPS, DUPLICATE_SHARE = 16, 1 / 8
 #: The most parts `_conv_parts` gives: as many as a plan takes (`plan.TASKS`), so the parts
-#: `_split` balances are the parts that run.
+#: `_split` balances are the parts that run (the plan keeps a balanced count as it is).
 MAX_PARTS = 8
 
 
@@ -455,29 +455,14 @@ def _conv_parts(node: NodeOp, parents: list[Shape], out: Shape) -> int:
 
 def _split(units: int, repeated: Callable[[int], float], work: int) -> int:
     """Into how many parts (of at most `units`) to split: of the counts whose repeated copies
-    stay under DUPLICATE_SHARE of the work, the one whose parts two threads finish soonest
-    (then three, then four), the most parts among equals. Parts take equal shares of the
-    units in whole units (`Step.part_range`), so the largest count allowed can balance
-    badly: 8 units in 7 parts leave one thread 5 of them, in 5 (shares of 1 and 2) each of
-    two threads takes 4 and each of three at most 3 (resnet18's 3x3 layers on 7 x 7 at batch
-    1, C^T over 8 panels of channels, were 7 parts)."""
+    stay under DUPLICATE_SHARE of the work, the one that balances threads best
+    (`balanced_parts`: resnet18's 512-channel 3x3 layers on 7 x 7 at batch 1, C^T over 8
+    panels of channels, were the 7 parts the copies allow, one of two threads computing 5
+    panels; now 5 parts, 4 panels each)."""
     allowed = 1
     while allowed < min(units, MAX_PARTS) and repeated(allowed + 1) <= work * DUPLICATE_SHARE:
         allowed += 1
-
-    def balance(parts: int) -> tuple[int, ...]:
-        return (*(_finish(units, parts, threads) for threads in (2, 3, 4)), -parts)
-
-    return min(range(1, allowed + 1), key=balance)
-
-
-def _finish(units: int, parts: int, threads: int) -> int:
-    """The units the busiest of `threads` threads computes when they take `parts` equal
-    shares of `units` in order, each the next share as soon as it is free."""
-    busy = [0] * threads
-    for part in range(parts):
-        busy[busy.index(min(busy))] += (part + 1) * units // parts - part * units // parts
-    return max(busy)
+    return balanced_parts(units, allowed)
 
 
 def _product_parts(f: ConvFrame) -> int:

@@ -68,6 +68,31 @@ class Step:
         return lo, hi
 
 
+def balanced_parts(units: int, most: int) -> int:
+    """Into how many parts (at most `most` and `units`) to split `units` units of work that
+    parts take in equal shares of whole units (`Step.part_range`): of the counts from half
+    the most on (so a split keeps at least half its parts), the one two threads finish
+    soonest (then three, then four; tasks taken in order, each by the first free thread),
+    the most parts among equals. The largest count can balance badly: 8 units in 7 parts
+    leave one of two threads 5 of them; in 5 (shares of 1 and 2) each takes 4, and each of
+    three at most 3."""
+    top = max(min(units, most), 1)
+
+    def balance(parts: int) -> tuple[int, ...]:
+        return (*(_busiest(units, parts, threads) for threads in (2, 3, 4)), -parts)
+
+    return min(range(-(-top // 2), top + 1), key=balance)
+
+
+def _busiest(units: int, parts: int, threads: int) -> int:
+    """The units the busiest of `threads` threads computes when they take the `parts` equal
+    shares of `units` in order, each the next share as soon as it is free."""
+    busy = [0] * threads
+    for part in range(parts):
+        busy[busy.index(min(busy))] += (part + 1) * units // parts - part * units // parts
+    return max(busy)
+
+
 Emit = Callable[[KernelBuilder, Step], "Buf | None"]
 ParamLayout = Callable[[NodeOp, list[Shape], Shape], dict[str, ParamSpec]]
 ScratchSize = Callable[[NodeOp, list[Shape], Shape], int]
