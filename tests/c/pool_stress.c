@@ -1,6 +1,6 @@
-/* A stress test of the thread pool in codegen/runtime.c (tests/test_codegen_runtime.py builds it
- * with the runtime and runs it): every task of every region runs exactly once, on a worker id
- * below the region's thread count; a region returns the status of its lowest failing task
+/* A stress test of the thread pool in codegen/runtime.c (tests/test_codegen_runtime.py
+ * builds it with the runtime and runs it): every task of every region runs exactly once, on a
+ * worker id below the region's thread count; a region returns the status of its lowest failing task
  * after running all of them; regions started by several calling threads at once (each runs
  * on its caller alone while another region runs) are as correct. Prints "ok" and exits 0, or
  * says what failed and exits 1. */
