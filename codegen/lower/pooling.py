@@ -67,13 +67,15 @@ def _pool_scratch(node: NodeOp, parents: list[Shape], out: Shape) -> int:
     return PoolFrame.of(node, parents[0], out).conv_frame().staged_plane
 
 
-def _pool(k: KernelBuilder, s: Step, init: float, combine: Combine, scale: float) -> None:
+def _pool(k: KernelBuilder, s: Step, init: float, combine: Combine, scale: float,
+          ordered: bool = False) -> None:  # fmt: skip
     """Pooling, plane by plane in vector strips (`window_strips`): a padded or strided plane
     is first staged (padding filled with `init`, which never wins: -inf for max, 0 for the
     average; every input read once, split into stride phases), so each tap's inputs are
-    contiguous; then out = combine over the taps in row-major order from `init`, divided by
-    `scale`. Global pooling (one window per plane) is a reduction over the plane instead.
-    (The tap loops with strided scalar reads ran 3x3 stride-2 max pools at 0.57x ORT.)"""
+    contiguous; then out = combine over the taps from `init` (`ordered`: in row-major order,
+    as consecutive blocks of taps), divided by `scale`. Global pooling (one window per
+    plane) is a reduction over the plane instead. (The tap loops with strided scalar reads
+    ran 3x3 stride-2 max pools at 0.57x ORT.)"""
     x, out = s.args[0], s.out
     f = PoolFrame.of(s.node, x.shape, out.shape)
     frame, b = f.conv_frame(), k.b
@@ -98,7 +100,7 @@ def _pool(k: KernelBuilder, s: Step, init: float, combine: Combine, scale: float
             plane = staged
         window_strips(k, frame, plane, out, out_base, k.const(init),
                       lambda acc, tap, inputs: combine(acc, inputs), finish, init,
-                      combine)  # fmt: skip
+                      combine, ordered=ordered)  # fmt: skip
 
 
 def _global_pool(k: KernelBuilder, f: PoolFrame, x: Buf, out: Buf,
@@ -138,9 +140,23 @@ def _pool_parts(node: NodeOp, parents: list[Shape], out: Shape) -> int:
     return PoolFrame.of(node, parents[0], out).lead
 
 
+def numpy_maximum(k: KernelBuilder, a: ir.Value, x: ir.Value) -> ir.Value:
+    """numpy's maximum(a, x), the reference max pool's step, bit for bit (numpy on x86): a
+    NaN `a` stays, else a if a > x, else x (so a NaN `x` comes in, and of two equal values,
+    -0.0 and +0.0 included, the later one wins). It is associative, with -inf as its
+    identity, so consecutive blocks of taps may be folded apart and combined in order.
+    Three instructions on AVX-512 (a compare of a < x, one of a with itself, a masked move),
+    where `llvm.maximum` (-0.0 below +0.0, NaN from either side) takes six."""
+    b = k.b
+    larger = b.select(b.fcmp_ordered(">", a, x), a, x)
+    return b.select(b.fcmp_unordered("uno", a, a), a, larger)
+
+
 @register(ops.MaxPoolOp, parts=_pool_parts, scratch=_pool_scratch)
 def _max_pool(k: KernelBuilder, s: Step) -> None:
-    _pool(k, s, -math.inf, lambda acc, v: k.intrinsic("maximum", acc, v), 1.0)
+    """The reference's max over each window (numpy's maximum folded over the taps in
+    row-major order): `numpy_maximum` over consecutive blocks of taps, combined in order."""
+    _pool(k, s, -math.inf, lambda acc, v: numpy_maximum(k, acc, v), 1.0, ordered=True)
 
 
 @register(ops.AvgPoolOp, parts=_pool_parts, scratch=_pool_scratch)
