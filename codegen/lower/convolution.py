@@ -751,7 +751,10 @@ def _conv_transposed(k: KernelBuilder, s: Step, f: ConvFrame, mk: MicroKernel, p
     its panels of channels)."""
     x, out, b = s.args[0], s.out, k.b
     assert s.scratch is not None
-    fn = epilogue(k, s)  # applied as the product is written out (where its operands are)
+    fn = epilogue(k, s)
+    # A fused map reading operands is applied as the product is written out (where they
+    # are), others in the tiles (vectors, where the copy out is scalar): the same bits.
+    late = s.fused is not None and bool(s.fused.operands)
     rows = f.lead * f.positions
     product = Buf(s.scratch.ptr, (rows * f.cout,))
     packed = Buf(k.at(s.scratch, product.size), (linear_scratch(rows, f.depth),))
@@ -773,7 +776,7 @@ def _conv_transposed(k: KernelBuilder, s: Step, f: ConvFrame, mk: MicroKernel, p
     panels = -(-f.cout // mk.nr)
     share = None if parts == 1 else (lambda units: _part_share(k, s, units, parts))
     emit_packed_linear(k, source, s.params["weight"], s.params["bias"], product, packed,
-                       m=rows, n=f.cout, kk=f.depth, epilogue=None, share=share,
+                       m=rows, n=f.cout, kk=f.depth, epilogue=None if late else fn, share=share,
                        x_at=x_at)  # fmt: skip
     lo, hi = k.i64(0), k.i64(f.cout)
     if share is not None:
@@ -785,7 +788,8 @@ def _conv_transposed(k: KernelBuilder, s: Step, f: ConvFrame, mk: MicroKernel, p
         first_row = b.mul(img, k.i64(f.positions))
         with k.loop(f.positions, "pos") as pos:
             at = b.add(b.mul(b.add(first_row, pos), k.i64(f.cout)), oc)
-            store_lanes(k, k.load(product, at), out, [(b.add(plane, pos), None)], fn)
+            store_lanes(k, k.load(product, at), out, [(b.add(plane, pos), None)],
+                        fn if late else None)  # fmt: skip
 
 
 def _column_bases(f: ConvFrame, images: int, nc: int, chunk: int, image: int) -> np.ndarray:
