@@ -135,6 +135,24 @@ def test_every_store_path_fuses_the_residual_add(
     check_residual(monkeypatch, n, c, h, w, kernel, 1, depthwise, False, True, 5)
 
 
+def test_a_fused_block_has_the_same_bits_on_any_threads_and_batch() -> None:
+    """The parts of a split convolution (batch 1, two threads) read the shortcut at the
+    columns they store, and a batch of 3 runs the fused kernel over the batch (row tasks):
+    the same bits as one thread, and as each image alone."""
+    text = residual(1, 32, 28, 28, 3, 1, False, False, True)
+    graph = checked_graph(tlc.parse(text))
+    rng = np.random.default_rng(9)
+    payload = Payload({3: {"weight": rng.normal(size=(32, 32, 3, 3)), "bias": rng.normal(size=32)}})
+    x = rng.normal(size=(1, 32, 28, 28)).astype(np.float32)
+    one, two = (compile_graph(graph, payload, np.float32, threads=t)(x) for t in (1, 2))
+    assert one.tobytes() == two.tobytes()
+    batch = checked_graph(tlc.parse(residual(3, 32, 28, 28, 3, 1, False, False, True)))
+    xs = rng.normal(size=(3, 1, 32, 28, 28)).astype(np.float32)
+    batched = compile_graph(batch, payload, np.float32, threads=2)(xs.reshape(3, 32, 28, 28))
+    alone = compile_graph(graph, payload, np.float32, threads=2)
+    assert batched.tobytes() == np.stack([alone(v) for v in xs]).tobytes()
+
+
 LINEAR = """tl.graph @mlp {{
   %0 = input : [{m}, {k}]
   %1 = linear(%0) : [{m}, {n}]
