@@ -23,6 +23,7 @@ from tlc.api.evaluate import checked_graph
 from tlc.codegen import module
 from tlc.codegen.jit import compile_graph
 from tlc.codegen.module import build_graph_module, fusions, pack_params
+from tlc.codegen.target import HOST, Target
 from tlc.core.payload import Payload
 from tlc.dialect import ops
 from tlc.semantics.interpret import interpret
@@ -64,7 +65,7 @@ def residual(n: int, c: int, h: int, w: int, kernel: int, stride: int, depthwise
 
 def check_residual(
     patch: pytest.MonkeyPatch, n: int, c: int, h: int, w: int, kernel: int, stride: int,
-    depthwise: bool, swap: bool, relu: bool, seed: int,
+    depthwise: bool, swap: bool, relu: bool, seed: int, target: Target = HOST,
 ) -> None:  # fmt: skip
     """conv -> add(., shortcut) [-> relu] is one kernel (the add, and the relu, compile to
     nothing), whose result is the unfused code's, bit for bit, and the reference's within
@@ -79,13 +80,13 @@ def check_residual(
     payload = Payload({3: {"weight": rng.normal(size=(c, depth, kernel, kernel)),
                            "bias": rng.normal(size=c)}})  # fmt: skip
     x = rng.normal(size=(n, c, h, w)).astype(np.float32)
-    ir = build_graph_module(graph, payload, np.float32).ir
+    ir = build_graph_module(graph, payload, np.float32, target=target).ir
     assert '.n4"' not in ir and '.n5"' not in ir, "the add compiled on its own"
-    fused = compile_graph(graph, payload, np.float32)(x)
+    fused = compile_graph(graph, payload, np.float32, target=target)(x)
     close(fused, interpret(graph, payload, x, np.float32).output)
     unfused(patch)
-    assert '.n4"' in build_graph_module(graph, payload, np.float32).ir
-    assert fused.tobytes() == compile_graph(graph, payload, np.float32)(x).tobytes()
+    assert '.n4"' in build_graph_module(graph, payload, np.float32, target=target).ir
+    assert fused.tobytes() == compile_graph(graph, payload, np.float32, target=target)(x).tobytes()
 
 
 @settings(
@@ -128,11 +129,14 @@ def test_a_fused_residual_add_gives_the_unfused_bits(
     ids=["wide", "whole vectors", "in place", "tiles", "C^T", "two images", "depthwise",
          "depthwise 7x7"],
 )  # fmt: skip
+@pytest.mark.parametrize("cpu", ["host", "znver3", "x86-64-v2"])
 def test_every_store_path_fuses_the_residual_add(
     monkeypatch: pytest.MonkeyPatch, n: int, c: int, h: int, w: int, kernel: int,
-    depthwise: bool,
+    depthwise: bool, cpu: str,
 ) -> None:  # fmt: skip
-    check_residual(monkeypatch, n, c, h, w, kernel, 1, depthwise, False, True, 5)
+    """On AVX-512 (this machine, if it has it), AVX2 and SSE (masked stores lane by lane)."""
+    target = HOST if cpu == "host" else runnable(cpu)
+    check_residual(monkeypatch, n, c, h, w, kernel, 1, depthwise, False, True, 5, target)
 
 
 def test_a_fused_block_has_the_same_bits_on_any_threads_and_batch() -> None:

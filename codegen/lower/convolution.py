@@ -953,7 +953,6 @@ def _conv_depthwise(k: KernelBuilder, s: Step, f: ConvFrame) -> None:
     x, out, w, bias = s.args[0], s.out, s.params["weight"], s.params["bias"]
     b, taps = k.b, f.window.taps
     fn = epilogue(k, s)
-    reads = s.fused is not None and bool(s.fused.operands)  # a fused map's operand
     if f.staged:
         assert s.scratch is not None
         staged = Buf(s.scratch.ptr, (1, f.staged_plane))
@@ -973,7 +972,7 @@ def _conv_depthwise(k: KernelBuilder, s: Step, f: ConvFrame) -> None:
                 return k.fadd_r(acc, k.fmul_r(splat(k, acc.type, weight), inputs))
 
             window_strips(k, f, plane, out, base, k.load(bias, channel), fold, None, 0.0,
-                          k.fadd_r, epilogue=fn, flat=not reads)  # fmt: skip
+                          k.fadd_r, epilogue=fn)  # fmt: skip
 
 
 #: Most elements a window op's plane computed as one flat run of strips may have (its
@@ -998,7 +997,6 @@ def window_strips(
     combine: Combine,
     *,
     epilogue: Epilogue | None = None,
-    flat: bool = True,
     ordered: bool = False,
 ) -> None:
     """One plane of a window op with one input plane per output plane (depthwise
@@ -1016,8 +1014,8 @@ def window_strips(
     2-D plane is one run over its positions laid out with the width of the planes read
     (output (oh, ow) at oh * width + ow: every tap then reads one contiguous run too, and
     the positions past a row's end compute values nobody keeps), copied row by row into
-    `out` from a stack buffer (not when `flat` is false: an epilogue reading operands laid
-    out like `out`). Either way every output is the same sequence of operations."""
+    `out` from a stack buffer (the epilogue applied as each row is copied, where its operands
+    are). Either way every output is the same sequence of operations."""
     b, win = k.b, f.window
     ow = win.out_sp[-1]
     lanes = max(k.info.vector_bytes // k.dtype.itemsize, 1)
@@ -1032,8 +1030,10 @@ def window_strips(
     blocks = [c * rounds + min(c, extra) for c in range(chains)]
     first_tap, step = (blocks, 1) if ordered else (list(range(chains)), chains)
 
-    def strip(src: ir.Value, j: ir.Value, count: int, dest: Buf, to: ir.Value) -> None:
-        """Positions j .. j+count of a run read from src + j, stored at dest[to..]."""
+    def strip(src: ir.Value, j: ir.Value, count: int, dest: Buf, to: ir.Value,
+              then: Epilogue | None) -> None:  # fmt: skip
+        """Positions j .. j+count of a run read from src + j, stored at dest[to..] through
+        the epilogue `then`."""
         accs = [k.local(first if c == 0 else other, "wacc") for c in range(chains)]
 
         def tap(acc: ir.AllocaInstr, t: ir.Value) -> None:
@@ -1052,38 +1052,44 @@ def window_strips(
         mask = None if count >= lanes else lane_mask(k, vec, ir.Constant(I32, 0),
                                                      ir.Constant(I32, count))  # fmt: skip
         store_lanes(k, finish(value) if finish is not None else value, dest, [(to, mask)],
-                    epilogue)  # fmt: skip
+                    then)  # fmt: skip
 
-    def run(length: int, src: ir.Value, dest: Buf, target: Callable[[ir.Value], ir.Value]
-            ) -> None:  # fmt: skip
+    def run(length: int, src: ir.Value, dest: Buf, target: Callable[[ir.Value], ir.Value],
+            then: Epilogue | None) -> None:  # fmt: skip
         """Strips over a run of `length` positions; a run shorter than a vector is one
         masked strip, else whole strips, the last one moved back to end at the run's end (it
         recomputes a few positions, to the same values): one copy of the tap loop, no
         masks."""
         if length < lanes:
-            strip(src, k.i64(0), length, dest, target(k.i64(0)))
+            strip(src, k.i64(0), length, dest, target(k.i64(0)), then)
             return
         with k.loop(-(-length // lanes), "strip") as t:
             j = b.mul(t, k.i64(lanes))
             j = b.select(b.icmp_signed(">", j, k.i64(length - lanes)), k.i64(length - lanes), j)
-            strip(src, j, lanes, dest, target(j))
+            strip(src, j, lanes, dest, target(j), then)
 
     width = f.extents[-1]
     rows = win.out_sp[0] if len(win.out_sp) == 2 else 0
     run_all = (rows - 1) * width + ow
     fewer = -(-run_all // lanes) < rows * -(-ow // lanes) <= FLAT_PLANE
-    if flat and rows and ow < lanes and fewer:
+    if rows and ow < lanes and fewer:
         with b.goto_block(k.alloca_block):
             slots = b.alloca(ir.ArrayType(k.T, run_all), name="flat")
         held = Buf(b.bitcast(slots, k.T.as_pointer()), (run_all,))
-        run(run_all, k.i64(0), held, lambda j: j)
+        run(run_all, k.i64(0), held, lambda j: j, None)
         with k.loop(rows, "row") as r:
-            k.copy_run(out, b.add(base, b.mul(r, k.i64(ow))), held, b.mul(r, k.i64(width)), ow)
+            to, start = b.add(base, b.mul(r, k.i64(ow))), b.mul(r, k.i64(width))
+            if epilogue is None:
+                k.copy_run(out, to, held, start, ow)
+            else:  # applied as each row is copied out: its operands are laid out like `out`
+                row = load_vector(k, vec, k.at(held, start), ow)
+                keep = lane_mask(k, vec, ir.Constant(I32, 0), ir.Constant(I32, ow))
+                store_lanes(k, row, out, [(to, keep)], epilogue)
         return
     in_steps, out_steps = strides(f.extents), strides(win.out_sp)
     with k.nest(win.out_sp[:-1], "row") as index:
         dst = b.add(base, k.linear_index(index, out_steps[:-1]))
-        run(ow, k.linear_index(index, in_steps[:-1]), out, lambda j: b.add(dst, j))
+        run(ow, k.linear_index(index, in_steps[:-1]), out, lambda j: b.add(dst, j), epilogue)
 
 
 def _conv_input_grad_scratch(node: NodeOp, parents: list[Shape], out: Shape) -> int:
