@@ -124,7 +124,7 @@ def test_a_fused_residual_add_gives_the_unfused_bits(
         (1, 128, 7, 7, 3, False),  # C^T: 49 positions, 128 channels
         (2, 32, 7, 7, 1, False),  # two images a group: columns across planes
         (1, 32, 14, 14, 3, True),  # depthwise strips, row by row
-        (1, 32, 7, 7, 3, True),  # depthwise 7x7: not the flat run (the add reads `out`'s layout)
+        (1, 32, 7, 7, 3, True),  # depthwise 7x7: the flat run, the add applied row by row
     ],
     ids=["wide", "whole vectors", "in place", "tiles", "C^T", "two images", "depthwise",
          "depthwise 7x7"],

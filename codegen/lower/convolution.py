@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 from llvmlite import ir
 
-from tlc.codegen.builder import I32, I64, Buf, KernelBuilder, strides
+from tlc.codegen.builder import I1, I32, I64, Buf, KernelBuilder, strides
 from tlc.codegen.gemm import (
     MAX_PANEL,
     Epilogue,
@@ -975,6 +975,11 @@ def _conv_depthwise(k: KernelBuilder, s: Step, f: ConvFrame) -> None:
                           k.fadd_r, epilogue=fn)  # fmt: skip
 
 
+#: A window strip's fold: acc = fold(acc, tap number, the inputs the tap reads).
+Fold = Callable[[ir.Value, ir.Value, ir.Value], ir.Value]
+#: A cheaper fold and combine for a window op, with the lanes whose inputs they may get
+#: wrong (`window_strips`' `fast`): a strip with such a lane is folded again exactly.
+Fast = tuple[Fold, Combine, Callable[[ir.Value], ir.Value]]
 #: Most elements a window op's plane computed as one flat run of strips may have (its
 #: values pass through a stack buffer of that size).
 FLAT_PLANE = 4096
@@ -998,6 +1003,7 @@ def window_strips(
     *,
     epilogue: Epilogue | None = None,
     ordered: bool = False,
+    fast: Fast | None = None,
 ) -> None:
     """One plane of a window op with one input plane per output plane (depthwise
     convolution, pooling), in strips of one vector register: the taps (in row-major order)
@@ -1034,21 +1040,37 @@ def window_strips(
               then: Epilogue | None) -> None:  # fmt: skip
         """Positions j .. j+count of a run read from src + j, stored at dest[to..] through
         the epilogue `then`."""
-        accs = [k.local(first if c == 0 else other, "wacc") for c in range(chains)]
 
-        def tap(acc: ir.AllocaInstr, t: ir.Value) -> None:
-            shift = b.sext(b.load(b.gep(offsets, [t], inbounds=True)), I64)
-            inputs = load_vector(k, vec, k.at(plane, b.add(b.add(src, shift), j)), count)
-            b.store(fold(b.load(acc), t, inputs), acc)
+        def taps(fold: Fold, combine: Combine, flag: Callable | None = None) -> ir.Value:
+            accs = [k.local(first if c == 0 else other, "wacc") for c in range(chains)]
+            flagged = k.local(ir.Constant(ir.VectorType(I1, lanes), None), "flag")
 
-        with k.loop(rounds, "round") as r:
-            for c, acc in enumerate(accs):
-                tap(acc, b.add(b.mul(r, k.i64(step)), k.i64(first_tap[c])))
-        for c in range(extra):
-            tap(accs[c], k.i64(rounds * step + first_tap[c]))
-        value = b.load(accs[0])
-        for acc in accs[1:]:
-            value = combine(value, b.load(acc))
+            def tap(acc: ir.AllocaInstr, t: ir.Value) -> None:
+                shift = b.sext(b.load(b.gep(offsets, [t], inbounds=True)), I64)
+                inputs = load_vector(k, vec, k.at(plane, b.add(b.add(src, shift), j)), count)
+                b.store(fold(b.load(acc), t, inputs), acc)
+                if flag is not None:
+                    b.store(b.or_(b.load(flagged), flag(inputs)), flagged)
+
+            with k.loop(rounds, "round") as r:
+                for c, acc in enumerate(accs):
+                    tap(acc, b.add(b.mul(r, k.i64(step)), k.i64(first_tap[c])))
+            for c in range(extra):
+                tap(accs[c], k.i64(rounds * step + first_tap[c]))
+            value = b.load(accs[0])
+            for acc in accs[1:]:
+                value = combine(value, b.load(acc))
+            if flag is None:
+                return value
+            held = k.local(value, "strip")
+            any_flag = b.icmp_unsigned("!=", b.bitcast(b.load(flagged), ir.IntType(lanes)),
+                                       ir.Constant(ir.IntType(lanes), 0))  # fmt: skip
+            with b.if_then(any_flag, likely=False):
+                b.store(taps(*exact), held)
+            return b.load(held)
+
+        exact = (fold, combine)
+        value = taps(*fast) if fast is not None else taps(fold, combine)
         mask = None if count >= lanes else lane_mask(k, vec, ir.Constant(I32, 0),
                                                      ir.Constant(I32, count))  # fmt: skip
         store_lanes(k, finish(value) if finish is not None else value, dest, [(to, mask)],
