@@ -420,7 +420,8 @@ class _Region:
 
 def _roots(plans: list[NodePlan], out_id: int) -> list[int | None]:
     """Per node, the computed node whose region holds its value (views alias their first
-    operand's); None for the caller's `out` (`out_id` writes it) and the input."""
+    operand's, fused nodes their producer's); None for the caller's `out` (`out_id` writes
+    it) and the input."""
     root: list[int | None] = []
     for p in plans:
         if p.fused_into is not None:  # its producer's value
