@@ -575,10 +575,13 @@ def _conv_product(k: KernelBuilder, s: Step, f: ConvFrame, parts: int) -> None:
     # planes read, and the tiles load it there (no packing); else runs of `chunk` columns.
     # So is any vector of one image's columns of a 1x1 convolution read in place, whose
     # planes are its columns: the vectors reaching past an image's last column load only the
-    # lanes before it (on AVX2 and AVX-512: `MASKED_LOADS`).
-    flat = (not f.staged and f.window.taps == 1 and plan.images == 1
-            and f.positions % mk.lanes != 0 and k.info.vector_bytes >= MASKED_LOADS)  # fmt: skip
-    direct = f.window.out_sp[-1] % mk.lanes == 0 or flat
+    # lanes before it (on AVX2 and AVX-512: `MASKED_LOADS`; planes of whole vectors need no
+    # mask, on any target).
+    in_place = not f.staged and f.window.taps == 1 and plan.images == 1
+    flat = (in_place and f.positions % mk.lanes != 0
+            and k.info.vector_bytes >= MASKED_LOADS)  # fmt: skip
+    whole = in_place and f.positions % mk.lanes == 0
+    direct = f.window.out_sp[-1] % mk.lanes == 0 or flat or whole
     # Wide: the columns of a 2-d staged convolution over one image run over whole rows of the
     # planes read (`extents`), ow of every E computed and stored: column oy * E + ox reads
     # the staged planes at itself plus the tap's offset, so every vector of columns is
