@@ -16,7 +16,7 @@ micro-kernel instead: one element of A broadcast against vectors of a row of B.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cache
 
@@ -271,8 +271,15 @@ L2_BLOCK = 512 * 1024
 #: latency stalls on any delay).
 FMA_PER_CYCLE, LOADS_PER_CYCLE, MIN_STEP = 2, 2, 5
 
-#: A vector -> vector map applied to the finished tile before it is stored (a fused relu).
-Epilogue = Callable[[ir.Value], ir.Value]
+#: Where the lanes of a value being stored go: per store, the element offset in the
+#: destination of the address lane 0 is stored at, and the mask of the lanes stored there
+#: (None: every lane). The stores' lanes are disjoint; a scalar has one unmasked store.
+Lanes = Sequence[tuple[ir.Value, ir.Value | None]]
+#: The elementwise nodes fused into a producer's stores (`lower.rules.Fused`), applied to a
+#: value (scalar or vector) about to be stored: epilogue(value, operand), where operand(buf)
+#: reads a fused binary map's other operand (laid out like the destination) in the value's
+#: lanes. Any store path builds `operand` for its layout; contiguous ones call `store_lanes`.
+Epilogue = Callable[[ir.Value, Callable[[Buf], ir.Value]], ir.Value]
 #: The units [lo, hi) of `units` one part of a split call computes (`Step.part_range`).
 Share = Callable[[int], tuple[ir.Value, ir.Value]]
 
@@ -411,16 +418,59 @@ def store_vector(
 
 
 def load_vector(
-    k: KernelBuilder, vec: ir.VectorType, ptr: ir.Value, count: int, mask: ir.Value | None = None
+    k: KernelBuilder,
+    vec: ir.VectorType,
+    ptr: ir.Value,
+    count: int,
+    mask: ir.Value | None = None,
+    passthru: ir.Value | None = None,
 ) -> ir.Value:
-    """The first `count` lanes at `ptr` (or those under `mask` when given; the others
-    zero)."""
+    """The first `count` lanes at `ptr` (or those under `mask` when given; the others zero,
+    or `passthru`'s)."""
     vptr = k.b.bitcast(ptr, vec.as_pointer())
     if mask is None and count >= vec.count:
         return k.b.load(vptr, align=k.dtype.itemsize)
-    zero = ir.Constant(vec, [0.0] * vec.count)
+    rest = passthru if passthru is not None else ir.Constant(vec, [0.0] * vec.count)
     align = ir.Constant(I32, k.dtype.itemsize)
-    return k.b.call(_masked(k, vec, False), [vptr, align, mask or _prefix(vec, count), zero])
+    return k.b.call(_masked(k, vec, False), [vptr, align, mask or _prefix(vec, count), rest])
+
+
+def load_lanes(k: KernelBuilder, buf: Buf, like: ir.Type, lanes: Lanes) -> ir.Value:
+    """What `buf` holds where stores at `lanes` (of a value of type `like`) would write, in
+    the value's lanes (the lanes no store covers are zero)."""
+    if not isinstance(like, ir.VectorType):
+        ((at, _),) = lanes
+        return k.load(buf, at)
+    value = None
+    for at, mask in lanes:
+        value = load_vector(k, like, k.at(buf, at), like.count, mask, value)
+    assert value is not None
+    return value
+
+
+def apply_epilogue(
+    k: KernelBuilder, value: ir.Value, lanes: Lanes, epilogue: Epilogue | None
+) -> ir.Value:
+    """`value` through the fused `epilogue` (if any), its operands read at `lanes`."""
+    if epilogue is None:
+        return value
+    like = value.type
+    return epilogue(value, lambda buf: load_lanes(k, buf, like, lanes))
+
+
+def store_lanes(
+    k: KernelBuilder, value: ir.Value, out: Buf, lanes: Lanes, epilogue: Epilogue | None = None
+) -> None:
+    """Store `value` (a vector or a scalar) into `out` at `lanes`, the fused `epilogue`
+    applied first, its operands read at the same lanes: the store a producer's kernel ends
+    in (`Lowering.fuses`), so every fusion reaches every kernel that stores through it."""
+    value = apply_epilogue(k, value, lanes, epilogue)
+    if not isinstance(value.type, ir.VectorType):
+        ((at, _),) = lanes
+        k.store(value, out, at)
+        return
+    for at, mask in lanes:
+        store_vector(k, value, k.at(out, at), value.type.count, mask)
 
 
 def packed_tile(
@@ -529,9 +579,12 @@ def emit_packed_linear(
                 row = b.add(b.mul(jr, k.i64(kk * nr)), b.mul(b.add(pc, p), k.i64(nr)))
                 return k.at(panels, b.add(row, k.i64(v * lanes)))
 
-            def c_at(r: int, v: int) -> ir.Value:
+            def c_offset(r: int, v: int) -> ir.Value:
                 row = b.mul(b.add(i0, k.i64(r)), k.i64(n))
-                return k.at(out, b.add(row, b.add(b.mul(jr, k.i64(nr)), k.i64(v * lanes))))
+                return b.add(row, b.add(b.mul(jr, k.i64(nr)), k.i64(v * lanes)))
+
+            def c_at(r: int, v: int) -> ir.Value:
+                return k.at(out, c_offset(r, v))
 
             def start(r: int, v: int) -> ir.Value:
                 if first is None or v * lanes >= cols:
@@ -544,10 +597,10 @@ def emit_packed_linear(
                 at = b.add(b.mul(jr, k.i64(nr)), k.i64(v * lanes))
                 done = b.fadd(acc, b.load(b.bitcast(k.at(bias, at), vec.as_pointer()),
                                           align=k.dtype.itemsize))  # fmt: skip
-                if epilogue is not None:
-                    done = epilogue(done)
-                value = done if last is None else b.select(last, done, acc)
-                store_vector(k, value, c_at(r, v), cols - v * lanes)
+                count = cols - v * lanes
+                lanes_at = [(c_offset(r, v), None if count >= lanes else _prefix(vec, count))]
+                done = apply_epilogue(k, done, lanes_at, epilogue)
+                store_lanes(k, done if last is None else b.select(last, done, acc), out, lanes_at)
 
             packed_tile(k, mk, mr, a_at, b_at, klen, start, finish)
 

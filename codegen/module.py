@@ -29,7 +29,10 @@ from llvmlite import ir
 from xdsl.dialects.builtin import ModuleOp
 
 from tlc.codegen.builder import I32, I64, Buf, KernelBuilder, Status, scalar_type
+from tlc.codegen.gemm import store_lanes
 from tlc.codegen.lower import EPILOGUES, LOWERINGS, MAPS, ParamSpec, Step
+from tlc.codegen.lower.elementwise import fused_epilogue
+from tlc.codegen.lower.rules import Fused
 from tlc.codegen.plan import ALIGN, GraphPlan, Kernel, NodePlan, Rows, plan_graph
 from tlc.codegen.target import HOST, Target, TargetInfo, target_info
 from tlc.core.diagnostics import error
@@ -126,7 +129,7 @@ def node_function(
     *,
     in_place: bool = False,
     packed: bool = False,
-    fused: NodeOp | None = None,
+    fused: Fused | None = None,
     parts: int = 1,
 ) -> ir.Function:
     """`i32 name(args..., params..., out[, scratch][, i64 part])`: one node as an internal
@@ -166,14 +169,15 @@ def node_function(
 
 def map_function(
     module: ir.Module, name: str, node: NodeOp, n_args: int, dtype: type, info: TargetInfo,
-    *, in_place: bool = False, fused: NodeOp | None = None,
+    *, in_place: bool = False, fused: Fused | None = None,
 ) -> ir.Function:  # fmt: skip
     """`i32 name(args..., out, i64 n)`: `out[i] = f(args[0][i], ...)` for i < n, the map of an
     `elementwise` op kind (`lower.MAPS`) with its length an argument, so one function serves
     every node of that kind and metadata whatever its size (a graph's relus of 60 sizes are
     one function, not 60 for LLVM to optimise). The loop is the one the node's own kernel
     has, with a trip count LLVM learns at run time: the same vector body, the same values.
-    `fused`: an `EPILOGUES` node applied to each value before it is stored."""
+    `fused`: the `EPILOGUES` nodes applied to each value before it is stored (their other
+    operands the last of the `n_args` arguments)."""
     T = scalar_type(dtype)
     types = [T.as_pointer()] * (n_args + 1) + [I64]
     func = ir.Function(module, ir.FunctionType(I32, types), module.get_unique_name(name))
@@ -182,12 +186,11 @@ def map_function(
         func.args[n_args].add_attribute("noalias")
     k = KernelBuilder(func, dtype, info)
     fn = MAPS[type(node)]
-    inputs, out = [Buf(a, ()) for a in func.args[:n_args]], Buf(func.args[n_args], ())
+    args, out = [Buf(a, ()) for a in func.args[:n_args]], Buf(func.args[n_args], ())
+    own = n_args - (len(fused.operands) if fused is not None else 0)
+    then = fused_epilogue(k, fused, args[own:])
     with k.loop(func.args[-1]) as i:
-        value = fn(k, node, *(k.load(a, i) for a in inputs))
-        if fused is not None:
-            value = EPILOGUES[type(fused)](k, fused, value)
-        k.store(value, out, i)
+        store_lanes(k, fn(k, node, *(k.load(a, i) for a in args[:own])), out, [(i, None)], then)
     k.exit_with(Status.OK)
     k.finish()
     return func
@@ -202,40 +205,60 @@ def lower_node(
     scratch: Buf | None = None,
     *,
     packed: bool = False,
-    fused: NodeOp | None = None,
+    fused: Fused | None = None,
     part: ir.Value | None = None,
     parts: int = 1,
 ) -> Buf:
     """Emit one node; returns where its value lives (`out`, or the buffer a view aliases).
     `packed`: the params are baked in their `ParamSpec.pack` layouts; `fused`: the
-    elementwise node whose value the node writes (see `fusions`); `part` of `parts`: the
+    elementwise nodes whose value the node writes (see `fusions`); `part` of `parts`: the
     share of a split call (`Step.part`)."""
     lowering = LOWERINGS[type(node)]
     result = lowering.emit(k, Step(node, args, params, out, scratch, packed, fused, part, parts))
     return result if lowering.view else out
 
 
-def fusions(graph: GraphOp, out_node: NodeOp) -> dict[int, NodeOp]:
-    """Producer id -> the elementwise node fused into its stores: a node whose rule `fuses`,
-    that is not the output and whose value has exactly one user, an `EPILOGUES` op reading
-    nothing else (a linear, a convolution or an elementwise map, such as a residual add,
-    followed by relu or relu6)."""
-    parents = {node.id: node.parent_ids() for node in graph.nodes}
+def fusions(graph: GraphOp, out_node: NodeOp) -> dict[int, Fused]:
+    """Producer id -> the chain of elementwise nodes fused into its stores (`Fused`): from a
+    node whose rule `fuses` and that is not the output, while the value so far is not the
+    output and has exactly one user, an `EPILOGUES` op reading it once whose other operands
+    (a binary map's) are values of its shape computed before the producer, so that they are
+    there when the producer stores (binary ones only after a linear or a convolution: a
+    map's chain of maps stays a pass each). A linear, a convolution or an elementwise map
+    followed by relu or relu6; a convolution, the residual add of it and the shortcut, and
+    the relu after them (resnet18's blocks: out = relu(conv + bias + shortcut) in one store).
+    The chain's nodes compute nothing of their own (views of the producer's value)."""
+    nodes = graph.nodes
+    shapes = graph_shapes(graph)
+    parents = {node.id: node.parent_ids() for node in nodes}
     users: dict[int, list[NodeOp]] = {}
-    for node in graph.nodes:
+    for node in nodes:
         for parent in parents[node.id]:
             users.setdefault(parent, []).append(node)
-    fused = {}
-    for node in graph.nodes:
-        after = users.get(node.id, [])
-        if (
-            LOWERINGS[type(node)].fuses
-            and node is not out_node
-            and len(after) == 1
-            and type(after[0]) in EPILOGUES
-            and parents[after[0].id] == [node.id]
-        ):
-            fused[node.id] = after[0]
+    fused: dict[int, Fused] = {}
+    taken: set[int] = set()  # in a chain already
+    for node in nodes:
+        if not LOWERINGS[type(node)].fuses or node is out_node or node.id in taken:
+            continue
+        chain: list[NodeOp] = []
+        slots: list[int] = []
+        last = node
+        while last is not out_node and len(after := users.get(last.id, [])) == 1:
+            user, reads = after[0], parents[after[0].id]
+            others = [q for q in reads if q != last.id]
+            if (
+                type(user) not in EPILOGUES
+                or len(others) != len(reads) - 1
+                or (others and type(node) in MAPS)  # a map's pass: only unary ones join
+                or any(q >= node.id or shapes[q] != shapes[user.id] for q in others)
+            ):
+                break
+            chain.append(user)
+            slots.append(reads.index(last.id))
+            last = user
+        if chain:
+            fused[node.id] = Fused(tuple(chain), tuple(slots))
+            taken.update(user.id for user in chain)
     return fused
 
 
@@ -704,7 +727,7 @@ class _NodeEmitter:
             return self.kernel(p, kernel, params, scratch), []
         then = p.epilogue
         key = ("map", type(kernel.node), repr(kernel.node.metadata()), len(kernel.arg_shapes),
-               p.in_place, type(then), repr(then.metadata()) if then else "")  # fmt: skip
+               p.in_place, then.key() if then else ())  # fmt: skip
         func = self.functions.get(key)
         if func is None:
             func = map_function(self.module, f"{self.symbol}.map.{kernel.node.TAG}",
@@ -721,8 +744,7 @@ class _NodeEmitter:
         parts = 1 if whole or p.rows is not None else p.parts
         key = (type(kernel.node), repr(kernel.node.metadata()), kernel.arg_shapes,
                tuple(param_shapes.items()), kernel.out_shape, scratch, p.in_place,
-               type(p.epilogue), repr(p.epilogue.metadata()) if p.epilogue else "",
-               parts)  # fmt: skip
+               p.epilogue.key() if p.epilogue else (), parts)  # fmt: skip
         func = self.functions.get(key)
         if func is None:
             func = node_function(

@@ -38,7 +38,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tlc.codegen.lower import IN_PLACE, LOWERINGS
-from tlc.codegen.lower.rules import balanced_parts
+from tlc.codegen.lower.rules import Fused, balanced_parts
 from tlc.dialect import ops
 from tlc.dialect.families import AxisOp, BinaryOp, PoolOp, UnaryOp
 from tlc.dialect.ops import GraphOp, NodeOp
@@ -104,9 +104,10 @@ class NodePlan:
     #: per-worker scratch instead).
     scratch: int = 0
     scratch_offset: int | None = None
-    #: The elementwise node this node's kernel applies as it stores (`module.fusions`), whose
-    #: value it writes; on that node, the producer (the node is then a view of it).
-    epilogue: NodeOp | None = None
+    #: The elementwise nodes this node's kernel applies as it stores (`module.fusions`), whose
+    #: last value it writes (it reads their other operands too); on those nodes, the
+    #: producer (each is then a view of its value).
+    epilogue: Fused | None = None
     fused_into: int | None = None
     #: A single call split into this many parts (`Lowering.parts`), run as a parallel region
     #: with per-worker scratch: how a node with one leading row (batch 1) uses threads.
@@ -240,12 +241,13 @@ def plan_graph(
     shapes: list[Shape],
     itemsize: int,
     batch: int | None = None,
-    fused: dict[int, NodeOp] | None = None,
+    fused: dict[int, Fused] | None = None,
     runs: bool = True,
     bypass: dict[int, int] | None = None,
 ) -> GraphPlan:
     """The plan of `graph` (see the module docstring); `shapes` are the single-example shapes,
-    `fused` maps a producer's id to the elementwise node fused into its kernel's stores;
+    `fused` maps a producer's id to the elementwise nodes fused into its kernel's stores
+    (their other operands are read by the producer: its last operands);
     `runs=False` keeps every row region apart (`row_runs`); `bypass` maps a pooling's id to
     the value it reads instead of its operand, a chain of concatenations that only pad it
     (then dead, `module.padding_bypass`)."""
@@ -253,7 +255,7 @@ def plan_graph(
     assert output is not None
     out_id = output.value.owner.id  # type: ignore[union-attr]
     fused = fused or {}
-    fused_into = {e.id: producer for producer, e in fused.items()}
+    fused_into = {e.id: producer for producer, chain in fused.items() for e in chain.nodes}
     writer = fused_into.get(out_id, out_id)
     bypass = bypass or {}
     nodes = graph.nodes  # a list built on each access: once
@@ -266,6 +268,8 @@ def plan_graph(
     plans: list[NodePlan] = []
     for node in nodes:
         parents = [bypass[node.id]] if node.id in bypass else node.parent_ids()
+        if node.id in fused:
+            parents = [*parents, *fused[node.id].operands]
         lowering = LOWERINGS[type(node)]
         is_batched = batch is not None and (
             isinstance(node, ops.InputOp) or any(plans[p].batched for p in parents)
@@ -416,10 +420,13 @@ class _Region:
 
 def _roots(plans: list[NodePlan], out_id: int) -> list[int | None]:
     """Per node, the computed node whose region holds its value (views alias their first
-    operand's); None for the caller's `out` (`out_id` writes it) and the input."""
+    operand's, fused nodes their producer's); None for the caller's `out` (`out_id` writes
+    it) and the input."""
     root: list[int | None] = []
     for p in plans:
-        if p.view:
+        if p.fused_into is not None:  # its producer's value
+            root.append(root[p.fused_into])
+        elif p.view:
             parents = p.reads
             root.append(root[parents[0]] if parents else None)
         else:

@@ -23,6 +23,7 @@ from tlc.codegen.module import build_graph_module
 from tlc.codegen.plan import PARALLEL_WORK, TASKS
 from tlc.codegen.shared_lib import build_library
 from tlc.core.payload import Payload
+from tlc.dialect import ops
 from tlc.dialect.payload_section import payload_from_module
 from tlc.semantics.interpret import EvalError, interpret
 
@@ -98,7 +99,12 @@ def graph_of(text: str):
     return checked_graph(tlc.parse(text))
 
 
-def test_the_plan_reuses_memory_by_liveness() -> None:
+def test_the_plan_reuses_memory_by_liveness(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the residual add a map of its own (as after a producer that cannot fuse it)."""
+    from tlc.codegen import module
+
+    unary = {op: fn for op, fn in module.EPILOGUES.items() if op is not ops.AddOp}
+    monkeypatch.setattr(module, "EPILOGUES", unary)
     text, payload = residual_cnn(4, np.random.default_rng(0))
     plan = build_graph_module(graph_of(text), payload, np.float32).plan
     assert plan is not None and plan.arena < plan.unshared / 2
@@ -113,6 +119,22 @@ def test_the_plan_reuses_memory_by_liveness() -> None:
         for b in span:
             if b != a and nodes[b].offset is not None and not nodes[b].in_place:
                 assert nodes[b].offset != nodes[a].offset, (a, b)
+
+
+def test_a_fused_residual_add_keeps_its_shortcut_alive() -> None:
+    """conv -> add(., %2) -> relu is one kernel: the convolution reads the shortcut %2 as it
+    stores (an operand of its kernel), the add and the relu are views of its value, and no
+    value computed while %2 is alive takes its region."""
+    text, payload = residual_cnn(4, np.random.default_rng(0))
+    plan = build_graph_module(graph_of(text), payload, np.float32).plan
+    assert plan is not None
+    nodes = plan.nodes
+    assert nodes[6].reads == (5, 2) and nodes[6].epilogue is not None
+    assert [n.TAG for n in nodes[6].epilogue.nodes] == ["add", "relu"]
+    assert nodes[7].fused_into == nodes[8].fused_into == 6
+    assert nodes[12].fused_into == nodes[13].fused_into == 11 and nodes[11].reads == (10, 8)
+    for b in range(3, 7):
+        assert nodes[b].offset is None or nodes[b].offset != nodes[1].offset, b
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32], ids=["f64", "f32"])
@@ -191,26 +213,28 @@ def test_concat_parts_are_written_in_place(tail: str, gathered: bool, n: int) ->
 
 
 def test_row_runs_take_each_chunk_through_a_chain(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Consecutive row regions over the same tasks (the second residual block's two
-    convolutions at batch 4) are one region whose task runs both on its rows: the values
-    the run computes or reads keep their regions to its end (the tasks run its nodes at
-    once), and the bits are those of one region per node."""
+    """Consecutive row regions over the same tasks (at batch 4, the convolutions from the
+    first block's second on: the residual adds are fused into them) are one region whose
+    task runs each on its rows: the values the run computes or reads keep their regions to
+    its end (the tasks run its nodes at once), and the bits are those of one region per
+    node."""
     from tlc.codegen import plan as codegen_plan
 
     text, payload = residual_cnn(4, np.random.default_rng(0))
     graph = graph_of(text)
     built = build_graph_module(graph, payload, np.float32)
     nodes = built.plan.nodes
-    assert [(p.node.id, p.run_end) for p in nodes if p.run is not None] == [(9, False), (11, True)]
-    assert '"tlc_res.r9"' in built.ir
-    spans = {i: range(nodes[i].offset, nodes[i].offset + 4 * 16 * 256) for i in (7, 9, 11)}
-    assert all(not set(spans[a]) & set(spans[b]) for a, b in ((7, 9), (9, 11), (7, 11)))
+    chained = [(p.node.id, p.run_end) for p in nodes if p.run is not None]
+    assert chained == [(6, False), (9, False), (11, False), (14, True)]
+    assert '"tlc_res.r6"' in built.ir
+    spans = {i: range(nodes[i].offset, nodes[i].offset + 4 * 16 * 256) for i in (6, 9, 11)}
+    assert all(not set(spans[a]) & set(spans[b]) for a, b in ((6, 9), (9, 11), (6, 11)))
     x = np.random.default_rng(3).normal(size=(4, 3, 16, 16)).astype(np.float32)
     runs = [compile_graph(graph, payload, np.float32, threads=t)(x) for t in (1, 2)]
     monkeypatch.setattr(codegen_plan, "row_runs", lambda plans: None)
     monkeypatch.setenv("TLC_OBJECT_CACHE", "0")
     monkeypatch.setattr("tlc.codegen.jit._graph_cache", {})
-    assert "r9" not in build_graph_module(graph, payload, np.float32).ir
+    assert ".r6" not in build_graph_module(graph, payload, np.float32).ir
     alone = compile_graph(graph, payload, np.float32, threads=2)(x)
     assert bits(runs[0]) == bits(runs[1]) == bits(alone)
 

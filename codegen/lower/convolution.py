@@ -13,9 +13,10 @@ from dataclasses import dataclass
 import numpy as np
 from llvmlite import ir
 
-from tlc.codegen.builder import I32, I64, Buf, KernelBuilder, strides
+from tlc.codegen.builder import I1, I32, I64, Buf, KernelBuilder, strides
 from tlc.codegen.gemm import (
     MAX_PANEL,
+    Epilogue,
     MicroKernel,
     emit_broadcast_tiles,
     emit_dot_tiles,
@@ -29,6 +30,7 @@ from tlc.codegen.gemm import (
     pad_to,
     product_cycles,
     splat,
+    store_lanes,
     store_vector,
 )
 from tlc.codegen.lower.elementwise import epilogue
@@ -577,10 +579,13 @@ def _conv_product(k: KernelBuilder, s: Step, f: ConvFrame, parts: int) -> None:
     # planes read, and the tiles load it there (no packing); else runs of `chunk` columns.
     # So is any vector of one image's columns of a 1x1 convolution read in place, whose
     # planes are its columns: the vectors reaching past an image's last column load only the
-    # lanes before it (on AVX2 and AVX-512: `MASKED_LOADS`).
-    flat = (not f.staged and f.window.taps == 1 and plan.images == 1
-            and f.positions % mk.lanes != 0 and k.info.vector_bytes >= MASKED_LOADS)  # fmt: skip
-    direct = f.window.out_sp[-1] % mk.lanes == 0 or flat
+    # lanes before it (on AVX2 and AVX-512: `MASKED_LOADS`; planes of whole vectors need no
+    # mask, on any target).
+    in_place = not f.staged and f.window.taps == 1 and plan.images == 1
+    flat = (in_place and f.positions % mk.lanes != 0
+            and k.info.vector_bytes >= MASKED_LOADS)  # fmt: skip
+    whole = in_place and f.positions % mk.lanes == 0
+    direct = f.window.out_sp[-1] % mk.lanes == 0 or flat or whole
     # Wide: the columns of a 2-d staged convolution over one image run over whole rows of the
     # planes read (`extents`), ow of every E computed and stored: column oy * E + ox reads
     # the staged planes at itself plus the tap's offset, so every vector of columns is
@@ -706,18 +711,17 @@ def _conv_product(k: KernelBuilder, s: Step, f: ConvFrame, parts: int) -> None:
             def finish(oc: ir.Value, jp: ir.Value, v: int, acc: ir.Value) -> None:
                 channel = b.add(b.mul(g, k.i64(f.cout_g)), oc)
                 value = b.fadd(acc, splat(k, vec, k.load(bias, channel)))
-                if fn is not None:
-                    value = fn(value)
                 if wide:
-                    _store_wide(k, f, out, value, b0, channel, column(jp, k.i64(v)), valid)
+                    _store_columns(k, f, out, value, b0, channel, column(jp, k.i64(v)), valid,
+                                   fn, wide=True)  # fmt: skip
                 elif aligned:
-                    at = _plane_offset(k, f, b0, channel, column(jp, k.i64(v)))
+                    lanes = [(_plane_offset(k, f, b0, channel, column(jp, k.i64(v))), None)]
                     if P % mk.nr == 0:  # every panel is whole: no column past `valid`
-                        store_vector(k, value, k.at(out, at), mk.lanes)
+                        store_lanes(k, value, out, lanes, fn)
                     else:
                         with b.if_then(b.icmp_signed("<", column(jp, k.i64(v)), valid)):
-                            store_vector(k, value, k.at(out, at), mk.lanes)
-                else:  # stored by `after`, once per tile
+                            store_lanes(k, value, out, lanes, fn)
+                else:  # stored (and the epilogue applied) by `after`, once per tile
                     slot = b.add(b.mul(b.urem(oc, k.i64(mk.mr)), k.i64(mk.nv)), k.i64(v))
                     b.store(value, b.gep(tile, [k.i64(0), slot], inbounds=True))
 
@@ -725,7 +729,7 @@ def _conv_product(k: KernelBuilder, s: Step, f: ConvFrame, parts: int) -> None:
                 with k.loop(rows, "r") as r, k.loop(mk.nv, "v") as v:
                     value = b.load(b.gep(tile, [k.i64(0), b.add(b.mul(r, k.i64(mk.nv)), v)]))
                     channel = b.add(b.mul(g, k.i64(f.cout_g)), b.add(row, r))
-                    _store_columns(k, f, out, value, b0, channel, column(jp, v), valid)
+                    _store_columns(k, f, out, value, b0, channel, column(jp, v), valid, fn)
 
             def partial(row: ir.Value, jp: ir.Value, v: int) -> ir.Value:
                 at = b.mul(b.add(b.mul(jp, k.i64(tiles_m * mk.mr)), row), k.i64(mk.nr))
@@ -754,6 +758,10 @@ def _conv_transposed(k: KernelBuilder, s: Step, f: ConvFrame, mk: MicroKernel, p
     its panels of channels)."""
     x, out, b = s.args[0], s.out, k.b
     assert s.scratch is not None
+    fn = epilogue(k, s)
+    # A fused map reading operands is applied as the product is written out (where they
+    # are), others in the tiles (vectors, where the copy out is scalar): the same bits.
+    late = s.fused is not None and bool(s.fused.operands)
     rows = f.lead * f.positions
     product = Buf(s.scratch.ptr, (rows * f.cout,))
     packed = Buf(k.at(s.scratch, product.size), (linear_scratch(rows, f.depth),))
@@ -775,7 +783,7 @@ def _conv_transposed(k: KernelBuilder, s: Step, f: ConvFrame, mk: MicroKernel, p
     panels = -(-f.cout // mk.nr)
     share = None if parts == 1 else (lambda units: _part_share(k, s, units, parts))
     emit_packed_linear(k, source, s.params["weight"], s.params["bias"], product, packed,
-                       m=rows, n=f.cout, kk=f.depth, epilogue=epilogue(k, s), share=share,
+                       m=rows, n=f.cout, kk=f.depth, epilogue=None if late else fn, share=share,
                        x_at=x_at)  # fmt: skip
     lo, hi = k.i64(0), k.i64(f.cout)
     if share is not None:
@@ -787,7 +795,8 @@ def _conv_transposed(k: KernelBuilder, s: Step, f: ConvFrame, mk: MicroKernel, p
         first_row = b.mul(img, k.i64(f.positions))
         with k.loop(f.positions, "pos") as pos:
             at = b.add(b.mul(b.add(first_row, pos), k.i64(f.cout)), oc)
-            k.store(k.load(product, at), out, b.add(plane, pos))
+            store_lanes(k, k.load(product, at), out, [(b.add(plane, pos), None)],
+                        fn if late else None)  # fmt: skip
 
 
 def _column_bases(f: ConvFrame, images: int, nc: int, chunk: int, image: int) -> np.ndarray:
@@ -888,41 +897,6 @@ def _plane_offset(
     return b.add(b.mul(plane, k.i64(P)), pos)
 
 
-def _store_wide(
-    k: KernelBuilder,
-    f: ConvFrame,
-    out: Buf,
-    value: ir.Value,
-    b0: ir.Value,
-    channel: ir.Value,
-    column: ir.Value,
-    valid: ir.Value,
-) -> None:
-    """Store the lanes of `value`, wide columns column.. (row oy, position ox of rows of
-    E = extents[-1] >= lanes) of image b0, into output channel `channel`: the lanes in row oy
-    before ow, then those of the next row before ow, each under a mask (one is empty when the
-    vector lies in one row); columns past `valid` and ow are dropped."""
-    b, lanes = k.b, value.type.count
-    extent, ow = f.extents[-1], f.window.out_sp[-1]
-
-    def clamp(v: ir.Value, hi: ir.Value | int) -> ir.Value:
-        hi = k.i64(hi) if isinstance(hi, int) else hi
-        v = b.select(b.icmp_signed("<", v, k.i64(0)), k.i64(0), v)
-        return b.select(b.icmp_signed("<", v, hi), v, hi)
-
-    count = clamp(b.sub(valid, column), lanes)
-    oy, ox = b.udiv(column, k.i64(extent)), b.urem(column, k.i64(extent))
-    plane = b.mul(b.add(b.mul(b0, k.i64(f.cout)), channel), k.i64(f.positions))
-    row = b.add(plane, b.mul(oy, k.i64(ow)))
-    first = clamp(b.sub(k.i64(ow), ox), count)
-    mask = lane_mask(k, value.type, ir.Constant(I32, 0), b.trunc(first, I32))
-    store_vector(k, value, b.gep(out.ptr, [b.add(row, ox)]), lanes, mask)
-    start = b.sub(k.i64(extent), ox)  # the first lane in row oy + 1
-    end = clamp(b.add(start, k.i64(ow)), count)
-    mask = lane_mask(k, value.type, b.trunc(clamp(start, lanes), I32), b.trunc(end, I32))
-    store_vector(k, value, b.gep(out.ptr, [b.sub(b.add(row, k.i64(ow)), start)]), lanes, mask)
-
-
 def _store_columns(
     k: KernelBuilder,
     f: ConvFrame,
@@ -932,32 +906,50 @@ def _store_columns(
     channel: ir.Value,
     column: ir.Value,
     valid: ir.Value,
+    fn: Epilogue | None,
+    wide: bool = False,
 ) -> None:
     """Store the lanes of `value`, columns column.. of the group of images starting at b0,
-    into output channel `channel` when the output planes are not whole vectors: a plain
-    vector store when its columns lie in one plane, else one masked store per plane the
-    lanes reach; columns past `valid` are dropped."""
-    b, P, lanes = k.b, f.positions, value.type.count
+    into output channel `channel` through the fused epilogue `fn` (`store_lanes`). The
+    columns are rows of `pitch` columns of which the first `length` are outputs: each
+    image's output plane, or with `wide`, each output row oy of the wide columns (E =
+    extents[-1] >= lanes of them, ow kept: column oy * E + ox). A vector whose lanes all lie
+    in one row is one plain store; else one masked store per row its lanes reach; columns
+    past `valid` and a wide row's ow are dropped."""
+    b, lanes = k.b, value.type.count
+    P, ow = f.positions, f.window.out_sp[-1] if f.window.out_sp else 1
+    pitch, length = (f.extents[-1], ow) if wide else (P, P)
+
+    def place(col: ir.Value) -> tuple[ir.Value, ir.Value]:
+        """Column `col`'s position x in its row, and the output offset of x = 0."""
+        r, x = b.udiv(col, k.i64(pitch)), b.urem(col, k.i64(pitch))
+        if wide:  # row r of image b0's plane
+            plane = b.mul(b.add(b.mul(b0, k.i64(f.cout)), channel), k.i64(P))
+            return x, b.add(plane, b.mul(r, k.i64(ow)))
+        plane = b.add(b.mul(b.add(b0, r), k.i64(f.cout)), channel)
+        return x, b.mul(plane, k.i64(P))
+
     count = b.sub(valid, column)
     count = b.select(b.icmp_signed("<", count, k.i64(lanes)), count, k.i64(lanes))
-    room = b.sub(k.i64(P), b.urem(column, k.i64(P)))
+    x, row = place(column)
     whole = b.icmp_signed("==", count, k.i64(lanes))
-    whole = b.and_(whole, b.icmp_signed(">=", room, k.i64(lanes)))
+    whole = b.and_(whole, b.icmp_signed("<=", b.add(x, k.i64(lanes)), k.i64(length)))
     with b.if_else(whole) as (plain, pieces):
         with plain:
-            store_vector(k, value, k.at(out, _plane_offset(k, f, b0, channel, column)), lanes)
+            store_lanes(k, value, out, [(b.add(row, x), None)], fn)
         with pieces:
             done = k.local(k.i64(0), "lane")
-            with k.loop(min(lanes, -(-lanes // P) + 1), "piece"):
+            with k.loop(2 if wide else min(lanes, -(-lanes // P) + 1), "piece"):
                 lo = b.load(done)
                 with b.if_then(b.icmp_signed("<", lo, count)):
-                    col = b.add(column, lo)
-                    hi = b.add(lo, b.sub(k.i64(P), b.urem(col, k.i64(P))))
+                    x, row = place(b.add(column, lo))
+                    left = b.sub(k.i64(length), x)
+                    hi = b.add(lo, b.select(b.icmp_signed("<", left, k.i64(0)), k.i64(0), left))
                     hi = b.select(b.icmp_signed("<", hi, count), hi, count)
-                    mask = lane_mask(k, value.type, b.trunc(lo, I32), b.trunc(hi, I32))
-                    at = b.gep(out.ptr, [b.sub(_plane_offset(k, f, b0, channel, col), lo)])
-                    store_vector(k, value, at, lanes, mask)
-                    b.store(hi, done)
+                    with b.if_then(b.icmp_signed("<", lo, hi)):
+                        mask = lane_mask(k, value.type, b.trunc(lo, I32), b.trunc(hi, I32))
+                        store_lanes(k, value, out, [(b.sub(b.add(row, x), lo), mask)], fn)
+                    b.store(b.add(lo, b.sub(k.i64(pitch), x)), done)  # the next row's start
 
 
 def _conv_depthwise(k: KernelBuilder, s: Step, f: ConvFrame) -> None:
@@ -986,16 +978,21 @@ def _conv_depthwise(k: KernelBuilder, s: Step, f: ConvFrame) -> None:
                 weight = k.load(w, b.add(b.mul(channel, k.i64(taps)), tap))
                 return k.fadd_r(acc, k.fmul_r(splat(k, acc.type, weight), inputs))
 
-            window_strips(k, f, plane, out, base, k.load(bias, channel), fold, fn, 0.0,
-                          k.fadd_r)  # fmt: skip
+            window_strips(k, f, plane, out, base, k.load(bias, channel), fold, None, 0.0,
+                          k.fadd_r, epilogue=fn)  # fmt: skip
 
 
+#: A window strip's fold: acc = fold(acc, tap number, the inputs the tap reads).
+Fold = Callable[[ir.Value, ir.Value, ir.Value], ir.Value]
+#: A cheaper fold and combine for a window op, with the lanes whose inputs they may get
+#: wrong (`window_strips`' `fast`): a strip with such a lane is folded again exactly.
+Fast = tuple[Fold, Combine, Callable[[ir.Value], ir.Value]]
 #: Most elements a window op's plane computed as one flat run of strips may have (its
 #: values pass through a stack buffer of that size).
 FLAT_PLANE = 4096
-#: Accumulators a window strip folds its taps into (tap t into t % CHAINS, combined at the
-#: end): independent dependency chains. One chain of 9 maxima (llvm.maximum: 6 instructions
-#: each on x86) ran a 3x3 max pool at 0.57x ORT.
+#: Accumulators a window strip folds its taps into (tap t into t % CHAINS, or consecutive
+#: blocks of taps, combined at the end): independent dependency chains. One chain of 9
+#: maxima (llvm.maximum: 6 instructions each on x86) ran a 3x3 max pool at 0.57x ORT.
 CHAINS = 3
 
 
@@ -1010,21 +1007,28 @@ def window_strips(
     finish: Callable[[ir.Value], ir.Value] | None,
     identity: float,
     combine: Combine,
+    *,
+    epilogue: Epilogue | None = None,
+    ordered: bool = False,
+    fast: Fast | None = None,
 ) -> None:
     """One plane of a window op with one input plane per output plane (depthwise
     convolution, pooling), in strips of one vector register: the taps (in row-major order)
-    are dealt round-robin to `CHAINS` accumulators, the first starting at `start` in every
-    lane, the others at `identity`; acc = fold(acc, tap number, the inputs the tap reads for
-    the strip) (contiguous in `plane`: the staged plane, or the input when nothing is padded
-    or strided; each tap's offset from a compile-time table), then the accumulators are
-    combined in order and finish(acc) is stored at out[base + position].
+    are dealt round-robin to `CHAINS` accumulators (`ordered`: in consecutive blocks, so a
+    combine that is associative but not commutative still folds them in row-major order),
+    the first starting at `start` in every lane, the others at `identity`; acc = fold(acc,
+    tap number, the inputs the tap reads for the strip) (contiguous in `plane`: the staged
+    plane, or the input when nothing is padded or strided; each tap's offset from a
+    compile-time table), then the accumulators are combined in order and finish(acc) is
+    stored at out[base + position] through the fused `epilogue` (`store_lanes`).
 
     Each output row is a run of strips, or, when the rows are narrower than a vector and
     that takes fewer strips (a 7 x 7 plane: 4 strips of 16 lanes instead of 7), the whole
     2-D plane is one run over its positions laid out with the width of the planes read
     (output (oh, ow) at oh * width + ow: every tap then reads one contiguous run too, and
     the positions past a row's end compute values nobody keeps), copied row by row into
-    `out` from a stack buffer. Either way every output is the same sequence of operations."""
+    `out` from a stack buffer (the epilogue applied as each row is copied, where its operands
+    are). Either way every output is the same sequence of operations."""
     b, win = k.b, f.window
     ow = win.out_sp[-1]
     lanes = max(k.info.vector_bytes // k.dtype.itemsize, 1)
@@ -1034,53 +1038,87 @@ def window_strips(
     chains = min(CHAINS, win.taps)
     rounds, extra = divmod(win.taps, chains)
 
-    def strip(src: ir.Value, j: ir.Value, count: int, to: ir.Value) -> None:
-        """Positions j .. j+count of a run read from src + j, stored at `to`."""
-        accs = [k.local(first if c == 0 else other, "wacc") for c in range(chains)]
+    # Chain c's first tap and the step between its taps, for round r (extra chains hold
+    # one more tap, the last): round-robin, or consecutive blocks.
+    blocks = [c * rounds + min(c, extra) for c in range(chains)]
+    first_tap, step = (blocks, 1) if ordered else (list(range(chains)), chains)
 
-        def tap(acc: ir.AllocaInstr, t: ir.Value) -> None:
-            shift = b.sext(b.load(b.gep(offsets, [t], inbounds=True)), I64)
-            inputs = load_vector(k, vec, k.at(plane, b.add(b.add(src, shift), j)), count)
-            b.store(fold(b.load(acc), t, inputs), acc)
+    def strip(src: ir.Value, j: ir.Value, count: int, dest: Buf, to: ir.Value,
+              then: Epilogue | None) -> None:  # fmt: skip
+        """Positions j .. j+count of a run read from src + j, stored at dest[to..] through
+        the epilogue `then`."""
 
-        with k.loop(rounds, "round") as r:
-            for c, acc in enumerate(accs):
-                tap(acc, b.add(b.mul(r, k.i64(chains)), k.i64(c)))
-        for c in range(extra):
-            tap(accs[c], k.i64(rounds * chains + c))
-        value = b.load(accs[0])
-        for acc in accs[1:]:
-            value = combine(value, b.load(acc))
-        store_vector(k, finish(value) if finish is not None else value, to, count)
+        def taps(fold: Fold, combine: Combine, flag: Callable | None = None) -> ir.Value:
+            accs = [k.local(first if c == 0 else other, "wacc") for c in range(chains)]
+            flagged = k.local(ir.Constant(ir.VectorType(I1, lanes), None), "flag")
 
-    def run(length: int, src: ir.Value, target: Callable[[ir.Value], ir.Value]) -> None:
+            def tap(acc: ir.AllocaInstr, t: ir.Value) -> None:
+                shift = b.sext(b.load(b.gep(offsets, [t], inbounds=True)), I64)
+                inputs = load_vector(k, vec, k.at(plane, b.add(b.add(src, shift), j)), count)
+                b.store(fold(b.load(acc), t, inputs), acc)
+                if flag is not None:
+                    b.store(b.or_(b.load(flagged), flag(inputs)), flagged)
+
+            with k.loop(rounds, "round") as r:
+                for c, acc in enumerate(accs):
+                    tap(acc, b.add(b.mul(r, k.i64(step)), k.i64(first_tap[c])))
+            for c in range(extra):
+                tap(accs[c], k.i64(rounds * step + first_tap[c]))
+            value = b.load(accs[0])
+            for acc in accs[1:]:
+                value = combine(value, b.load(acc))
+            if flag is None:
+                return value
+            held = k.local(value, "strip")
+            any_flag = b.icmp_unsigned("!=", b.bitcast(b.load(flagged), ir.IntType(lanes)),
+                                       ir.Constant(ir.IntType(lanes), 0))  # fmt: skip
+            with b.if_then(any_flag, likely=False):
+                b.store(taps(*exact), held)
+            return b.load(held)
+
+        exact = (fold, combine)
+        value = taps(*fast) if fast is not None else taps(fold, combine)
+        mask = None if count >= lanes else lane_mask(k, vec, ir.Constant(I32, 0),
+                                                     ir.Constant(I32, count))  # fmt: skip
+        store_lanes(k, finish(value) if finish is not None else value, dest, [(to, mask)],
+                    then)  # fmt: skip
+
+    def run(length: int, src: ir.Value, dest: Buf, target: Callable[[ir.Value], ir.Value],
+            then: Epilogue | None) -> None:  # fmt: skip
         """Strips over a run of `length` positions; a run shorter than a vector is one
         masked strip, else whole strips, the last one moved back to end at the run's end (it
         recomputes a few positions, to the same values): one copy of the tap loop, no
         masks."""
         if length < lanes:
-            strip(src, k.i64(0), length, target(k.i64(0)))
+            strip(src, k.i64(0), length, dest, target(k.i64(0)), then)
             return
         with k.loop(-(-length // lanes), "strip") as t:
             j = b.mul(t, k.i64(lanes))
             j = b.select(b.icmp_signed(">", j, k.i64(length - lanes)), k.i64(length - lanes), j)
-            strip(src, j, lanes, target(j))
+            strip(src, j, lanes, dest, target(j), then)
 
     width = f.extents[-1]
     rows = win.out_sp[0] if len(win.out_sp) == 2 else 0
-    flat = (rows - 1) * width + ow
-    if rows and ow < lanes and -(-flat // lanes) < rows * -(-ow // lanes) <= FLAT_PLANE:
+    run_all = (rows - 1) * width + ow
+    fewer = -(-run_all // lanes) < rows * -(-ow // lanes) <= FLAT_PLANE
+    if rows and ow < lanes and fewer:
         with b.goto_block(k.alloca_block):
-            slots = b.alloca(ir.ArrayType(k.T, flat), name="flat")
-        held = Buf(b.bitcast(slots, k.T.as_pointer()), (flat,))
-        run(flat, k.i64(0), lambda j: k.at(held, j))
+            slots = b.alloca(ir.ArrayType(k.T, run_all), name="flat")
+        held = Buf(b.bitcast(slots, k.T.as_pointer()), (run_all,))
+        run(run_all, k.i64(0), held, lambda j: j, None)
         with k.loop(rows, "row") as r:
-            k.copy_run(out, b.add(base, b.mul(r, k.i64(ow))), held, b.mul(r, k.i64(width)), ow)
+            to, start = b.add(base, b.mul(r, k.i64(ow))), b.mul(r, k.i64(width))
+            if epilogue is None:
+                k.copy_run(out, to, held, start, ow)
+            else:  # applied as each row is copied out: its operands are laid out like `out`
+                row = load_vector(k, vec, k.at(held, start), ow)
+                keep = lane_mask(k, vec, ir.Constant(I32, 0), ir.Constant(I32, ow))
+                store_lanes(k, row, out, [(to, keep)], epilogue)
         return
     in_steps, out_steps = strides(f.extents), strides(win.out_sp)
     with k.nest(win.out_sp[:-1], "row") as index:
         dst = b.add(base, k.linear_index(index, out_steps[:-1]))
-        run(ow, k.linear_index(index, in_steps[:-1]), lambda j: k.at(out, b.add(dst, j)))
+        run(ow, k.linear_index(index, in_steps[:-1]), out, lambda j: b.add(dst, j), epilogue)
 
 
 def _conv_input_grad_scratch(node: NodeOp, parents: list[Shape], out: Shape) -> int:

@@ -11,10 +11,8 @@ from collections.abc import Callable
 from llvmlite import ir
 
 from tlc.codegen.builder import I1, Buf, KernelBuilder, Status
-from tlc.codegen.gemm import (
-    Epilogue,
-)
-from tlc.codegen.lower.rules import ParamSpec, Step, register
+from tlc.codegen.gemm import Epilogue, store_lanes
+from tlc.codegen.lower.rules import Fused, ParamSpec, Step, register
 from tlc.dialect import backward_ops as bw
 from tlc.dialect import ops
 from tlc.dialect.ops import NodeOp
@@ -82,15 +80,15 @@ def elementwise(op_class: type[NodeOp], fn: Scalar) -> None:
     MAPS[op_class] = fn
 
     def emit(k: KernelBuilder, s: Step) -> None:
-        scalars = {j: k.load(a, 0) for j, a in enumerate(s.args) if a.size == 1 < s.out.size}
+        inputs = s.inputs
+        scalars = {j: k.load(a, 0) for j, a in enumerate(inputs) if a.size == 1 < s.out.size}
         lo, hi = _element_range(k, s)
         then = epilogue(k, s)
         with k.loop(hi, start=lo) as i:
-            xs = [scalars[j] if j in scalars else k.load(a, i) for j, a in enumerate(s.args)]
-            value = fn(k, s.node, *xs)
-            k.store(then(value) if then is not None else value, s.out, i)
+            xs = [scalars[j] if j in scalars else k.load(a, i) for j, a in enumerate(inputs)]
+            store_lanes(k, fn(k, s.node, *xs), s.out, [(i, None)], then)
 
-    # A relu after a map (the residual add's) is applied in the same pass (`Step.fused`).
+    # A relu after a map (an unfused residual add's) is applied in the same pass (`Step.fused`).
     register(op_class, parts=_element_parts, fuses=True)(emit)
 
 
@@ -212,17 +210,38 @@ for _op, _fn in (
 
 
 #: Elementwise ops a producer with `Lowering.fuses` applies as it stores (their rules work on
-#: scalars and vectors alike): the node becomes a view of its producer's value.
-EPILOGUES: dict[type[NodeOp], Scalar] = {ops.ReluOp: _relu, ops.ClipOp: _clip}
+#: scalars and vectors alike): the node becomes a view of its producer's value. Binary ones
+#: read their other operand where the value is stored (the residual add's shortcut).
+EPILOGUES: dict[type[NodeOp], Scalar] = {
+    ops.ReluOp: _relu,
+    ops.ClipOp: _clip,
+    ops.AddOp: MAPS[ops.AddOp],
+}
+
+
+def fused_epilogue(k: KernelBuilder, fused: Fused | None, operands: list[Buf]) -> Epilogue | None:
+    """The map the chain `fused` applies, for `k`'s code, its binary nodes' other operands
+    in `operands` (`Fused.operands`' buffers); None when nothing is fused. Each node is its
+    unfused map, on the value its producer would have stored: the same operations in the
+    same order, so the fused and unfused results are the same bits."""
+    if fused is None:
+        return None
+    chain = fused
+
+    def apply(value: ir.Value, operand: Callable[[Buf], ir.Value]) -> ir.Value:
+        others = iter(operands)
+        for node, slot in zip(chain.nodes, chain.slots, strict=True):
+            xs = [operand(next(others)) for _ in range(len(node.parent_ids()) - 1)]
+            xs.insert(slot, value)
+            value = EPILOGUES[type(node)](k, node, *xs)
+        return value
+
+    return apply
 
 
 def epilogue(k: KernelBuilder, s: Step) -> Epilogue | None:
     """The map `s.fused` applies, for `k`'s code (None when nothing is fused)."""
-    fused = s.fused
-    if fused is None:
-        return None
-    rule = EPILOGUES[type(fused)]
-    return lambda x: rule(k, fused, x)
+    return fused_epilogue(k, s.fused, s.args[len(s.inputs) :])
 
 
 @register(ops.LogOp)

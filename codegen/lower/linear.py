@@ -17,6 +17,7 @@ from tlc.codegen.gemm import (
     micro_kernel,
     pack_panels,
     pad_to,
+    store_lanes,
 )
 from tlc.codegen.lower.elementwise import epilogue
 from tlc.codegen.lower.rules import ParamSpec, Step, register
@@ -90,7 +91,7 @@ def _linear(k: KernelBuilder, s: Step) -> None:
     if fn is not None:  # over the columns this call computed
         with k.loop(m, "i") as i, k.loop(hi, "j", start=lo) as j:
             at = k.b.add(k.b.mul(i, k.i64(n_out)), j)
-            k.store(fn(k.load(out, at)), out, at)
+            store_lanes(k, k.load(out, at), out, [(at, None)], fn)
 
 
 @register(ops.MatmulOp)

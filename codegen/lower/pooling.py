@@ -13,7 +13,7 @@ from tlc.codegen.builder import I1, Buf, KernelBuilder
 from tlc.codegen.gemm import (
     load_vector,
 )
-from tlc.codegen.lower.convolution import ConvFrame, window_strips
+from tlc.codegen.lower.convolution import ConvFrame, Fast, window_strips
 from tlc.codegen.lower.rules import Step, register
 from tlc.codegen.lower.windows import (
     Axis,
@@ -67,13 +67,15 @@ def _pool_scratch(node: NodeOp, parents: list[Shape], out: Shape) -> int:
     return PoolFrame.of(node, parents[0], out).conv_frame().staged_plane
 
 
-def _pool(k: KernelBuilder, s: Step, init: float, combine: Combine, scale: float) -> None:
+def _pool(k: KernelBuilder, s: Step, init: float, combine: Combine, scale: float,
+          ordered: bool = False, fast: Fast | None = None) -> None:  # fmt: skip
     """Pooling, plane by plane in vector strips (`window_strips`): a padded or strided plane
     is first staged (padding filled with `init`, which never wins: -inf for max, 0 for the
     average; every input read once, split into stride phases), so each tap's inputs are
-    contiguous; then out = combine over the taps in row-major order from `init`, divided by
-    `scale`. Global pooling (one window per plane) is a reduction over the plane instead.
-    (The tap loops with strided scalar reads ran 3x3 stride-2 max pools at 0.57x ORT.)"""
+    contiguous; then out = combine over the taps from `init` (`ordered`: in row-major order,
+    as consecutive blocks of taps), divided by `scale`. Global pooling (one window per
+    plane) is a reduction over the plane instead. (The tap loops with strided scalar reads
+    ran 3x3 stride-2 max pools at 0.57x ORT.)"""
     x, out = s.args[0], s.out
     f = PoolFrame.of(s.node, x.shape, out.shape)
     frame, b = f.conv_frame(), k.b
@@ -98,7 +100,7 @@ def _pool(k: KernelBuilder, s: Step, init: float, combine: Combine, scale: float
             plane = staged
         window_strips(k, frame, plane, out, out_base, k.const(init),
                       lambda acc, tap, inputs: combine(acc, inputs), finish, init,
-                      combine)  # fmt: skip
+                      combine, ordered=ordered, fast=fast)  # fmt: skip
 
 
 def _global_pool(k: KernelBuilder, f: PoolFrame, x: Buf, out: Buf,
@@ -138,9 +140,35 @@ def _pool_parts(node: NodeOp, parents: list[Shape], out: Shape) -> int:
     return PoolFrame.of(node, parents[0], out).lead
 
 
+def numpy_maximum(k: KernelBuilder, a: ir.Value, x: ir.Value) -> ir.Value:
+    """numpy's maximum(a, x), the reference max pool's step, bit for bit (numpy on x86): a
+    NaN `a` stays, else a if a > x, else x (so a NaN `x` comes in, and of two equal values,
+    -0.0 and +0.0 included, the later one wins). It is associative, with -inf as its
+    identity, so consecutive blocks of taps may be folded apart and combined in order.
+    Four instructions on AVX-512 (compares of a < x and of a with itself, their union, a
+    masked move), where `llvm.maximum` (-0.0 below +0.0, NaN from either side) takes six;
+    the max pool runs it only on strips holding a NaN (`_max_pool`)."""
+    b = k.b
+    larger = b.select(b.fcmp_ordered(">", a, x), a, x)
+    return b.select(b.fcmp_unordered("uno", a, a), a, larger)
+
+
 @register(ops.MaxPoolOp, parts=_pool_parts, scratch=_pool_scratch)
 def _max_pool(k: KernelBuilder, s: Step) -> None:
-    _pool(k, s, -math.inf, lambda acc, v: k.intrinsic("maximum", acc, v), 1.0)
+    """The reference's max over each window (numpy's maximum folded over the taps in
+    row-major order): `numpy_maximum` over consecutive blocks of taps, combined in order.
+    Where no input of a strip is NaN that is one `vmaxps` a tap (a > x ? a : x: the later of
+    equal values, as numpy), so each strip folds with it first, flagging the lanes whose
+    inputs are NaN (one unordered compare per pair of inputs), and a strip with a flagged
+    lane is folded again exactly (`window_strips`' `fast`)."""
+    b = k.b
+
+    def larger(acc: ir.Value, x: ir.Value) -> ir.Value:  # one maxps: numpy's without NaN
+        return b.select(b.fcmp_ordered(">", acc, x), acc, x)
+
+    fast = (lambda acc, tap, x: larger(acc, x), larger, lambda x: b.fcmp_unordered("uno", x, x))
+    _pool(k, s, -math.inf, lambda acc, v: numpy_maximum(k, acc, v), 1.0, ordered=True,
+          fast=fast)  # fmt: skip
 
 
 @register(ops.AvgPoolOp, parts=_pool_parts, scratch=_pool_scratch)

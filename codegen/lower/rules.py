@@ -37,6 +37,29 @@ class ParamSpec:
     pack: Pack | None = None
 
 
+@dataclass(frozen=True)
+class Fused:
+    """The elementwise nodes (of `EPILOGUES`) a producer's kernel applies to its values as it
+    stores them, in order, each to the value so far (`tlc.codegen.module.fusions`): node i
+    takes it as operand `slots[i]`; its other operands (a binary map's: values of the
+    output's shape computed before the producer, such as a residual add's shortcut) are the
+    kernel's last arguments, in order (`operands`)."""
+
+    nodes: tuple[NodeOp, ...]
+    slots: tuple[int, ...]
+
+    @property
+    def operands(self) -> list[int]:
+        """The ids of the nodes' other operands, in the order the kernel takes them."""
+        return [q for node, slot in zip(self.nodes, self.slots, strict=True)
+                for j, q in enumerate(node.parent_ids()) if j != slot]  # fmt: skip
+
+    def key(self) -> tuple:
+        """What the fused code depends on (node functions that share it share code)."""
+        return tuple((type(node), repr(node.metadata()), slot)
+                     for node, slot in zip(self.nodes, self.slots, strict=True))  # fmt: skip
+
+
 @dataclass
 class Step:
     """One node being lowered: its parents' buffers, its payload fields, its destination."""
@@ -49,13 +72,19 @@ class Step:
     scratch: Buf | None = None
     #: The params are compile-time constants stored in their `ParamSpec.pack` layouts.
     packed: bool = False
-    #: An elementwise node of `EPILOGUES` fused into the rule's stores (`Lowering.fuses`):
-    #: the node writes that node's value, not its own.
-    fused: NodeOp | None = None
+    #: The elementwise nodes fused into the rule's stores (`Lowering.fuses`): the node writes
+    #: the last one's value, not its own; their other operands are the last `args`.
+    fused: Fused | None = None
     #: The kernel computes part `part` (an i64 value) of `parts` of the output (`Lowering.
     #: parts`): the parts are disjoint, fixed at compile time, and together the whole value.
     part: ir.Value | None = None
     parts: int = 1
+
+    @property
+    def inputs(self) -> list[Buf]:
+        """The node's own operands: `args` without the fused nodes' operands."""
+        extra = len(self.fused.operands) if self.fused is not None else 0
+        return self.args[: len(self.args) - extra]
 
     def part_range(self, k: KernelBuilder, units: int | ir.Value) -> tuple[ir.Value, ir.Value]:
         """The units [lo, hi) of `units` (equal shares, the same split for any thread count)
@@ -120,8 +149,8 @@ class Lowering:
     params: ParamLayout = _none
     #: Elements of temporary storage the emitted code needs (convolution's patch matrix).
     scratch: ScratchSize = _no_scratch
-    #: The rule applies `Step.epilogue` to its values as it stores them, so an elementwise
-    #: node of `EPILOGUES` that is the only user of this node's value can be fused into it.
+    #: The rule applies `Step.fused` to its values as it stores them (`epilogue`), so a chain
+    #: of elementwise nodes of `EPILOGUES` after this node can be fused into it.
     fuses: bool = False
     #: How many parts (`Step.part`) the rule can split one call into, so that a call with a
     #: single leading row (batch 1) still runs on several threads; 1: never split.
