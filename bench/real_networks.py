@@ -231,18 +231,16 @@ def tlc_profile(traced: object, x: np.ndarray, calls: int) -> dict[tuple[str, tu
     """(kind, output shape) -> tlc's ms per call, from a profiling build at one thread."""
     from tlc.codegen.jit import jit_link
     from tlc.codegen.loader import EntryPoint
-    from tlc.codegen.module import bakes_payload, build_graph_module, pack_params
+    from tlc.codegen.module import bakes_payload, build_graph_module
 
     graph, payload = traced.graph, traced.payload
-    bound = not bakes_payload(graph, np.float32)
-    module = build_graph_module(graph, payload, np.float32, runtime_payload=bound, profile=True)
+    bound = not bakes_payload(graph, np.float32)  # held packed, as the JIT does
+    module = build_graph_module(graph, payload, np.float32, bound_payload=bound, profile=True)
     counters = f"{module.symbol}_profile"
     tracker = jit_link(module.ir, [module.symbol, counters])
     entry = EntryPoint(module.symbol, tracker[module.symbol], module.input_shape,
                        module.output_shape, module.dtype,
-                       module.params_size if module.params is not None else None, owner=tracker,
-                       bound=pack_params(graph, payload, np.float32) if bound else None,
-                       threads=1)  # fmt: skip
+                       None, owner=tracker, bound=module.bound, threads=1)  # fmt: skip
     entry(x)
     nanos = np.ctypeslib.as_array((ctypes.c_int64 * len(module.plan.nodes)).from_address(
         tracker[counters]))  # fmt: skip

@@ -16,7 +16,9 @@ by the plan (on the stack when small, else a block of the runtime's workspace ca
 on every exit). The output node writes straight into `out`. With `batch=N` the kernels run over
 the batch (see the plan). Payload fields are private constants by default; with
 `runtime_payload` they are slices of the caller's `params` array, laid out by `ParamSlot`s (what
-the JIT and libraries use for payloads over `BAKE_LIMIT`, supplying the array themselves).
+libraries use for payloads over `BAKE_LIMIT`, supplying the array themselves); with
+`bound_payload` they are slices of a `params` array laid out as baked fields are, each in its
+packed layout for the target (`bound_params`: what the JIT passes for payloads over the limit).
 """
 
 from __future__ import annotations
@@ -84,6 +86,8 @@ class GraphModule:
     params: tuple[ParamSlot, ...] | None
     #: How the nodes run and where their values live (`tlc.codegen.plan`).
     plan: GraphPlan | None = None
+    #: A `bound_payload` build's params array (`bound_params`), when its payload was given.
+    bound: np.ndarray | None = None
 
     @property
     def params_size(self) -> int:
@@ -294,6 +298,7 @@ def build_graph_module(
     *,
     batch: int | None = None,
     runtime_payload: bool = False,
+    bound_payload: bool = False,
     target: Target = HOST,
     entry_name: str | None = None,
     queries: bool = True,
@@ -310,7 +315,10 @@ def build_graph_module(
     tlc.dialect.batch). `profile`: every node's computation adds the nanoseconds of CPU time
     the calling thread spent in it to element `node id` of the exported i64 array
     `<symbol>_profile` (`_Profile`; a measuring build, bench/real_networks.py --profile: its
-    row regions are not merged into runs, so each node's time is its own)."""
+    row regions are not merged into runs, so each node's time is its own). `bound_payload`:
+    the fields are read from a params array as for `runtime_payload`, but laid out and packed
+    as baked fields are (`bound_params`; `GraphModule.bound` is that array), so the kernels
+    take their packed paths: the JIT's build for a payload over `BAKE_LIMIT`."""
     if has_batch(graph):
         if batch is None:
             raise error(
@@ -348,13 +356,12 @@ def build_graph_module(
     T = scalar_type(dtype)
     module = ir.Module(name=symbol)
     slots = _param_slots(graph, shapes) if runtime_payload else None
-    plan = plan_graph(graph, shapes, np.dtype(dtype).itemsize, batch, fusions(graph, out_node),
-                      runs=not profile,
-                      bypass=padding_bypass(graph, records, dtype, out_node))  # fmt: skip
+    plan = _graph_plan(graph, shapes, dtype, batch, records, out_node, runs=not profile)
+    bound = _bound_layout(plan, shapes, records, dtype, info) if bound_payload else None
     full_in = (batch, *in_shape) if batch is not None else in_shape
     full_out = (batch, *out_shape) if batch is not None else out_shape
 
-    body_args = [T.as_pointer()] * (3 if runtime_payload else 2) + [I32]
+    body_args = [T.as_pointer()] * (3 if runtime_payload or bound_payload else 2) + [I32]
     body = ir.Function(module, ir.FunctionType(I32, body_args), f"{symbol}.body")
     body.linkage = "internal"
     for arg in body.args[:-1]:
@@ -378,25 +385,19 @@ def build_graph_module(
         if p.fused_into is not None:  # computed by its producer, which wrote its value
             values.append(values[p.fused_into])
             continue
-        # The fields as the kernel reads them: laid out for the shapes one call sees.
-        kernel = p.kernel or (p.rows.full if p.rows else None)
-        specs = (
-            LOWERINGS[type(node)].params(kernel.node, list(kernel.arg_shapes), kernel.out_shape)
-            if kernel is not None
-            else param_specs(node, shapes)
-        )
         if slots is not None:
             params = {
                 name: Buf(k.at(Buf(body.args[2], ()), slot_at[(node.id, name)].offset), spec.shape)
-                for name, spec in specs.items()
+                for name, spec in kernel_specs(p, shapes).items()
             }
+        elif bound is not None:
+            params = {name: Buf(k.at(Buf(body.args[2], ()), offset), shape)
+                      for name, (offset, shape) in bound[0][node.id].items()}  # fmt: skip
         else:
-            params = {}
-            for name, spec in specs.items():
-                value = field_value(node, name, spec, records.get(node.id), dtype)
-                if spec.pack is not None:
-                    value = spec.pack(value, info)
-                params[name] = Buf(k.global_constant(f"p{node.id}.{name}", value), value.shape)
+            params = {
+                name: Buf(k.global_constant(f"p{node.id}.{name}", value), value.shape)
+                for name, value in baked_fields(p, shapes, records, dtype, info).items()
+            }
         if p.into is not None:  # its slab of a concatenation's value
             concat, offset = p.into
             whole = _destination(plan, plan.nodes[concat], out_ptr, arena)
@@ -446,6 +447,7 @@ def build_graph_module(
         np.dtype(dtype),
         tuple(slots) if slots is not None else None,
         plan,
+        bound[1] if bound is not None else None,
     )
 
 
@@ -457,6 +459,79 @@ def _destination(plan: GraphPlan, p: NodePlan, out_ptr: ir.Value, arena: _Arena)
     if p.offset is not None:
         return arena.at(p.offset, p.shape)
     return Buf(arena.base, p.shape)
+
+
+def _graph_plan(graph: GraphOp, shapes: list[Shape], dtype: type, batch: int | None,
+                records: dict, out_node: NodeOp, runs: bool = True) -> GraphPlan:  # fmt: skip
+    """The execution plan of a checked, specialised graph (`build_graph_module`)."""
+    bypass = padding_bypass(graph, records, dtype, out_node)
+    return plan_graph(graph, shapes, np.dtype(dtype).itemsize, batch, fusions(graph, out_node),
+                      runs=runs, bypass=bypass)  # fmt: skip
+
+
+def kernel_specs(p: NodePlan, shapes: list[Shape]) -> dict[str, ParamSpec]:
+    """Node `p`'s payload fields as its kernel reads them: laid out for the shapes one call
+    sees."""
+    kernel = p.kernel or (p.rows.full if p.rows else None)
+    if kernel is None:
+        return param_specs(p.node, shapes)
+    return LOWERINGS[type(p.node)].params(kernel.node, list(kernel.arg_shapes), kernel.out_shape)
+
+
+def baked_fields(p: NodePlan, shapes: list[Shape], records: dict, dtype: type,
+                 info: TargetInfo) -> dict[str, np.ndarray]:  # fmt: skip
+    """Node `p`'s payload fields as baked: its values, each in its `ParamSpec.pack` layout for
+    `info` where it has one."""
+    fields = {}
+    for name, spec in kernel_specs(p, shapes).items():
+        value = field_value(p.node, name, spec, records.get(p.node.id), dtype)
+        fields[name] = spec.pack(value, info) if spec.pack is not None else value
+    return fields
+
+
+#: Where a `bound_payload` build reads each node's fields: {node id: {field: (element offset,
+#: shape)}}.
+BoundLayout = dict[int, dict[str, tuple[int, Shape]]]
+
+
+def _bound_layout(plan: GraphPlan, shapes: list[Shape], records: dict, dtype: type,
+                  info: TargetInfo) -> tuple[BoundLayout, np.ndarray]:  # fmt: skip
+    """Where each node's fields lie in a `bound_payload` params array, and the array: every
+    computed node's `baked_fields` in node order, each starting on an `ALIGN` boundary of the
+    array (itself so aligned)."""
+    itemsize = np.dtype(dtype).itemsize
+    step = ALIGN // itemsize
+    at: BoundLayout = {}
+    parts, offset = [], 0
+    for p in plan.nodes:
+        if p.dead or p.fused_into is not None:  # never computed: reads no fields
+            continue
+        fields = at.setdefault(p.node.id, {})
+        for name, value in baked_fields(p, shapes, records, dtype, info).items():
+            fields[name] = (offset, value.shape)
+            parts.append((offset, value.reshape(-1)))
+            offset += -(-value.size // step) * step
+    raw = np.zeros(offset + step, dtype)
+    first = (-raw.ctypes.data % ALIGN) // itemsize
+    array = raw[first : first + offset]
+    for start, value in parts:
+        array[start : start + value.size] = value
+    return at, array
+
+
+def bound_params(graph: GraphOp, payload: Payload, dtype: type = np.float64,
+                 batch: int | None = None, target: Target = HOST) -> np.ndarray:  # fmt: skip
+    """The params array a `bound_payload` build of `graph` for `batch` and `target` takes,
+    from `payload` (`GraphModule.bound` of that build, without building it: for object code
+    read from the cache)."""
+    if has_batch(graph):
+        graph, batch = specialise(graph, batch), None
+    shapes = graph_shapes(graph)
+    records = prepare_records(graph, payload, dtype, shapes)
+    output = graph.output
+    assert output is not None and isinstance(output.value.owner, NodeOp)
+    plan = _graph_plan(graph, shapes, dtype, batch, records, output.value.owner)
+    return _bound_layout(plan, shapes, records, dtype, target_info(target))[1]
 
 
 def bakes_payload(graph: GraphOp, dtype: type = np.float64) -> bool:
