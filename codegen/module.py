@@ -132,12 +132,14 @@ def node_function(
     packed: bool = False,
     fused: NodeOp | None = None,
     parts: int = 1,
+    maps: tuple[NodeOp, ...] = (),
 ) -> ir.Function:
     """`i32 name(args..., params..., out[, scratch][, i64 part])`: one node as an internal
     function of pointers, so the optimiser works on one node at a time and nodes that differ
     only in their data share code (a graph of 1,000 nodes compiles in seconds). `out` is
-    `noalias` unless the plan has the node overwrite an operand (`in_place`); `packed` and
-    `fused` as in `lower_node`; with `parts` > 1 the function computes part `part` of them."""
+    `noalias` unless the plan has the node overwrite an operand (`in_place`); `packed`,
+    `fused` and `maps` as in `lower_node`; with `parts` > 1 the function computes part `part`
+    of them."""
     T = scalar_type(dtype)
     shapes = [*arg_shapes, *param_shapes.values(), out_shape, *([(scratch,)] if scratch else [])]
     types = [T.as_pointer()] * len(shapes) + ([I64] if parts > 1 else [])
@@ -160,6 +162,7 @@ def node_function(
         fused=fused,
         part=func.args[-1] if parts > 1 else None,
         parts=parts,
+        maps=maps,
     )
     if value.ptr is not dest.ptr:
         k.copy(dest, value)
@@ -209,13 +212,16 @@ def lower_node(
     fused: NodeOp | None = None,
     part: ir.Value | None = None,
     parts: int = 1,
+    maps: tuple[NodeOp, ...] = (),
 ) -> Buf:
     """Emit one node; returns where its value lives (`out`, or the buffer a view aliases).
     `packed`: the params are baked in their `ParamSpec.pack` layouts; `fused`: the
     elementwise node whose value the node writes (see `fusions`); `part` of `parts`: the
-    share of a split call (`Step.part`)."""
+    share of a split call (`Step.part`); `maps`: the per-channel maps applied first
+    (`channel_maps`)."""
     lowering = LOWERINGS[type(node)]
-    result = lowering.emit(k, Step(node, args, params, out, scratch, packed, fused, part, parts))
+    step = Step(node, args, params, out, scratch, packed, fused, part, parts, maps)
+    result = lowering.emit(k, step)
     return result if lowering.view else out
 
 
@@ -241,6 +247,66 @@ def fusions(graph: GraphOp, out_node: NodeOp) -> dict[int, NodeOp]:
         ):
             fused[node.id] = after[0]
     return fused
+
+
+#: Elementwise ops a batch norm applies as it stores, by a per-channel constant (`Step.maps`).
+CHANNEL_MAPS = (ops.MulElemOp, ops.AddOp, ops.SubOp, ops.DivOp)
+
+
+def channel_maps(
+    graph: GraphOp, shapes: list[Shape], out_node: NodeOp
+) -> tuple[dict[int, tuple[NodeOp, ...]], dict[int, NodeOp]]:
+    """Batch norm id -> the maps its kernel applies before it stores (`Step.maps`), and batch
+    norm id -> the `EPILOGUES` node after them, which it then writes: a chain of
+    `CHANNEL_MAPS` nodes, each the only user of the value before it (the batch norm's, then
+    the previous map's) and taking it as its first operand, the second a `broadcast_to` (read
+    by nothing else) of a constant with one value per channel of the batch norm, the last map
+    read only by the relu or relu6 (none of them the output). Each node computes as its own
+    kernel would, so the bits are the unfused graph's; the maps and broadcasts are never
+    computed (ONNX zoo's densenet121 runs batch norm, a scale, a shift and a relu before each
+    convolution: five passes over memory, two of them writing broadcast constants)."""
+    nodes = graph.nodes
+    users: dict[int, list[NodeOp]] = {}
+    for node in nodes:
+        for parent in node.parent_ids():
+            users.setdefault(parent, []).append(node)
+
+    def only_user(node: NodeOp) -> NodeOp | None:
+        after = users.get(node.id, [])
+        return after[0] if len(after) == 1 and node is not out_node else None
+
+    def per_channel(node: NodeOp, norm: NodeOp) -> bool:
+        """Whether `node` is a broadcast, read only here, of a constant of one value per
+        channel of `norm`."""
+        if not isinstance(node, ops.BroadcastToOp) or len(users.get(node.id, [])) != 1:
+            return False
+        source = nodes[node.parent_ids()[0]]
+        out = shapes[norm.id]
+        if not isinstance(source, ops.ConstOp) or tuple(node.meta("to")) != tuple(out):
+            return False
+        axis = norm.meta("channel_axis")
+        spread = (1,) * (len(out) - len(node.meta("from"))) + tuple(node.meta("from"))
+        return len(spread) == len(out) and all(
+            extent == (out[axis] if d == axis else 1) for d, extent in enumerate(spread)
+        )
+
+    maps: dict[int, tuple[NodeOp, ...]] = {}
+    fused: dict[int, NodeOp] = {}
+    for norm in nodes:
+        if not isinstance(norm, ops.BatchNormEvalOp):
+            continue
+        chain: list[NodeOp] = []
+        last, after = norm, only_user(norm)
+        while (
+            isinstance(after, CHANNEL_MAPS)
+            and after.parent_ids()[0] == last.id
+            and per_channel(nodes[after.parent_ids()[1]], norm)
+        ):
+            chain.append(after)
+            last, after = after, only_user(after)
+        if chain and type(after) in EPILOGUES and after.parent_ids() == [last.id]:
+            maps[norm.id], fused[norm.id] = tuple(chain), after
+    return maps, fused
 
 
 #: The value padding has in each pooling: it never wins (max) or adds nothing (average).
@@ -374,17 +440,14 @@ def build_graph_module(
     clock = _Profile(module, symbol, len(plan.nodes)) if profile else None
     values: list[Buf] = []
     slot_at = {(s.node, s.field): s for s in slots or ()}
-    for p in plan.nodes:
+    held: dict[int, dict[str, Buf]] = {}
+    nodes = graph.nodes
+
+    def fields(p: NodePlan) -> dict[str, Buf]:
+        """Node `p`'s payload fields as its kernel reads them (once per node)."""
         node = p.node
-        args = [values[q] for q in p.reads] or (
-            [Buf(x_ptr, full_in)] if isinstance(node, ops.InputOp) else []
-        )
-        if p.dead:  # read by nothing (a pool reads around it): a placeholder
-            values.append(Buf(arena.base, p.shape))
-            continue
-        if p.fused_into is not None:  # computed by its producer, which wrote its value
-            values.append(values[p.fused_into])
-            continue
+        if node.id in held:
+            return held[node.id]
         if slots is not None:
             params = {
                 name: Buf(k.at(Buf(body.args[2], ()), slot_at[(node.id, name)].offset), spec.shape)
@@ -398,6 +461,24 @@ def build_graph_module(
                 name: Buf(k.global_constant(f"p{node.id}.{name}", value), value.shape)
                 for name, value in baked_fields(p, shapes, records, dtype, info).items()
             }
+        held[node.id] = params
+        return params
+
+    for p in plan.nodes:
+        node = p.node
+        args = [values[q] for q in p.reads] or (
+            [Buf(x_ptr, full_in)] if isinstance(node, ops.InputOp) else []
+        )
+        if p.dead:  # read by nothing (a pool reads around it): a placeholder
+            values.append(Buf(arena.base, p.shape))
+            continue
+        if p.fused_into is not None:  # computed by its producer, which wrote its value
+            values.append(values[p.fused_into])
+            continue
+        params = fields(p)
+        for i, mapped in enumerate(p.maps):  # the values of its broadcast constant
+            constant = nodes[mapped.parent_ids()[1]].parent_ids()[0]
+            params = {**params, f"map{i}": fields(plan.nodes[constant])["value"]}
         if p.into is not None:  # its slab of a concatenation's value
             concat, offset = p.into
             whole = _destination(plan, plan.nodes[concat], out_ptr, arena)
@@ -465,8 +546,11 @@ def _graph_plan(graph: GraphOp, shapes: list[Shape], dtype: type, batch: int | N
                 records: dict, out_node: NodeOp, runs: bool = True) -> GraphPlan:  # fmt: skip
     """The execution plan of a checked, specialised graph (`build_graph_module`)."""
     bypass = padding_bypass(graph, records, dtype, out_node)
-    return plan_graph(graph, shapes, np.dtype(dtype).itemsize, batch, fusions(graph, out_node),
-                      runs=runs, bypass=bypass)  # fmt: skip
+    maps, chained = channel_maps(graph, shapes, out_node)
+    claimed = {e.id for e in chained.values()}
+    fused = {q: e for q, e in fusions(graph, out_node).items() if e.id not in claimed}
+    return plan_graph(graph, shapes, np.dtype(dtype).itemsize, batch, {**fused, **chained},
+                      runs=runs, bypass=bypass, maps=maps)  # fmt: skip
 
 
 def kernel_specs(p: NodePlan, shapes: list[Shape]) -> dict[str, ParamSpec]:
@@ -794,13 +878,14 @@ class _NodeEmitter:
         key = (type(kernel.node), repr(kernel.node.metadata()), kernel.arg_shapes,
                tuple(param_shapes.items()), kernel.out_shape, scratch, p.in_place,
                type(p.epilogue), repr(p.epilogue.metadata()) if p.epilogue else "",
-               parts)  # fmt: skip
+               parts, tuple(type(m) for m in p.maps))  # fmt: skip
         func = self.functions.get(key)
         if func is None:
             func = node_function(
                 self.module, f"{self.symbol}.n{p.node.id}", kernel.node, kernel.arg_shapes,
                 param_shapes, kernel.out_shape, scratch, self.k.dtype.type, self.info,
                 in_place=p.in_place, packed=self.packed, fused=p.epilogue, parts=parts,
+                maps=p.maps,
             )  # fmt: skip
             if self.separate:
                 func.attributes.add("noinline")

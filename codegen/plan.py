@@ -124,6 +124,9 @@ class NodePlan:
     #: read by nothing, computed never.
     reads: tuple[int, ...] = ()
     dead: bool = False
+    #: The per-channel maps the node's kernel applies before its epilogue (`Step.maps`,
+    #: `module.channel_maps`); the maps and their broadcast operands are then `dead`.
+    maps: tuple[NodeOp, ...] = ()
     #: Elements between the output rows of consecutive tasks when the node writes its slab
     #: of a batched concatenation (`into`, tasks of one row each); 0: the rows' own size.
     out_stride: int = 0
@@ -242,12 +245,15 @@ def plan_graph(
     fused: dict[int, NodeOp] | None = None,
     runs: bool = True,
     bypass: dict[int, int] | None = None,
+    maps: dict[int, tuple[NodeOp, ...]] | None = None,
 ) -> GraphPlan:
     """The plan of `graph` (see the module docstring); `shapes` are the single-example shapes,
     `fused` maps a producer's id to the elementwise node fused into its kernel's stores;
     `runs=False` keeps every row region apart (`row_runs`); `bypass` maps a pooling's id to
     the value it reads instead of its operand, a chain of concatenations that only pad it
-    (then dead, `module.padding_bypass`)."""
+    (then dead, `module.padding_bypass`); `maps` a node's id to the per-channel maps its
+    kernel applies before its epilogue (then dead with their second operands,
+    `module.channel_maps`)."""
     output = graph.output
     assert output is not None
     out_id = output.value.owner.id  # type: ignore[union-attr]
@@ -262,6 +268,9 @@ def plan_graph(
         while q != source:
             dead.add(q)
             q = nodes[q].parent_ids()[0]
+    maps = maps or {}
+    for chain in maps.values():
+        dead.update(q for node in chain for q in (node.id, node.parent_ids()[1]))
     plans: list[NodePlan] = []
     for node in nodes:
         parents = [bypass[node.id]] if node.id in bypass else node.parent_ids()
@@ -274,7 +283,7 @@ def plan_graph(
         skipped = folded is not None or node.id in dead
         p = NodePlan(node, shape, is_batched, lowering.view or skipped,
                      epilogue=fused.get(node.id), fused_into=folded, reads=tuple(parents),
-                     dead=node.id in dead)  # fmt: skip
+                     dead=node.id in dead, maps=maps.get(node.id, ()))  # fmt: skip
         if not p.view:
             _choose_kernel(p, [plans[q] for q in parents], shapes, batch)
         plans.append(p)
