@@ -479,12 +479,7 @@ def build_graph_module(
         for i, mapped in enumerate(p.maps):  # the values of its broadcast constant
             constant = nodes[mapped.parent_ids()[1]].parent_ids()[0]
             params = {**params, f"map{i}": fields(plan.nodes[constant])["value"]}
-        if p.into is not None:  # its slab of a concatenation's value
-            concat, offset = p.into
-            whole = _destination(plan, plan.nodes[concat], out_ptr, arena)
-            dest = Buf(k.at(whole, offset), p.shape)
-        else:
-            dest = _destination(plan, p, out_ptr, arena)
+        dest = _destination(plan, p, out_ptr, arena)
         if p.gathered:  # its producers wrote every part
             values.append(dest)
             continue
@@ -533,8 +528,13 @@ def build_graph_module(
 
 
 def _destination(plan: GraphPlan, p: NodePlan, out_ptr: ir.Value, arena: _Arena) -> Buf:
-    """Where node `p`'s value is written: the caller's `out`, its arena region, or (a view)
-    a placeholder the rule replaces with the buffer it aliases."""
+    """Where node `p`'s value is written: its slab of a concatenation's value (which may be
+    a slab of another's), the caller's `out`, its arena region, or (a view) a placeholder the
+    rule replaces with the buffer it aliases."""
+    if p.into is not None:
+        concat, offset = p.into
+        whole = _destination(plan, plan.nodes[concat], out_ptr, arena)
+        return Buf(arena.k.at(whole, offset), p.shape)
     if p.node.id == plan.writer:
         return Buf(out_ptr, p.shape)
     if p.offset is not None:

@@ -455,6 +455,9 @@ def _assign_memory(
         last[root[out_id]] = n  # type: ignore[index]
     # A run's tasks run its nodes at once on different rows: every value computed or read in
     # it stays alive (its region unshared) until the run's end.
+    for q in slabs:  # a part read after its concatenation holds that region longer
+        top = _outermost(q, slabs)
+        last[top] = max(last[top], last[q])
     ends = list(last)
     run_end = {p.run: p.node.id for p in plans if p.run_end}
     for p in plans:
@@ -476,10 +479,10 @@ def _assign_memory(
             size = aligned(numel(p.shape), itemsize)
             unshared += size
             shared = _in_place_source(p, plans, root, last)
-            if shared in inner:
+            if shared in inner or shared in slabs:
                 shared = None
-            if p.gathered:  # alive from its first part's node on
-                first = min(q for q, (c, _) in slabs.items() if c == i)
+            if p.gathered:  # alive from its first part's node on, to its parts' last reader
+                first = min(q for q in slabs if _outermost(q, slabs) == i)
                 regions[i] = _Region(first, ends[i], size)
             elif shared is not None:
                 region = regions[shared]
@@ -561,13 +564,25 @@ def _task_blocks(
     return blocks, inner
 
 
+def _outermost(q: int, slabs: dict[int, tuple[int, int]]) -> int:
+    """The concatenation whose region holds slab `q` (through concatenations that are slabs
+    of others)."""
+    while q in slabs:
+        q = slabs[q][0]
+    return q
+
+
 def _concat_slabs(plans: list[NodePlan], root: list[int | None]) -> dict[int, tuple[int, int]]:
     """Producer id -> (concat id, element offset in a row of it): the producers that write
     their value straight into a concatenation's region, which then copies nothing
     (`NodePlan.gathered`, `NodePlan.into`). A concatenation qualifies when nothing comes
     before its axis but the leading rows (extents of 1 otherwise: a channel concatenation)
     and every part is a computed value (or a relu fused into one) read by nothing else, none
-    twice. With one row each part is one contiguous slab; with several (a batch), each part's
+    twice. With one row each part is one contiguous slab, which other nodes may read too, and
+    a part may be a concatenation of that kind itself, its region then the slab (densenet's
+    growing concatenations: each dense layer's convolution writes its channels into its
+    block's last concatenation, and every concatenation before it is a prefix of it, read
+    by its batch norm, copying nothing); with several rows (a batch), each part's
     producer must be a row region, re-planned as tasks of one row whose output rows land a
     concatenation row apart (`out_stride`). The producers then run with their slab as
     destination (its region is alive from the first of them on, so nothing they read
@@ -598,10 +613,12 @@ def _concat_slabs(plans: list[NodePlan], root: list[int | None]) -> dict[int, tu
             chain = [r, q] if q != r else [r]
             if (
                 r is None
+                or r in slabs
                 or plans[r].view
-                or plans[r].gathered
+                or (plans[r].gathered and rows > 1)
                 or (q != r and plans[q].fused_into != r)
-                or any(users.get(a) != [b] for a, b in zip(chain, [*chain[1:], c], strict=True))
+                or any(users.get(a) != [b] for a, b in zip(chain, chain[1:], strict=False))
+                or (rows > 1 and users.get(chain[-1]) != [c])
                 or (rows > 1 and not _one_row_tasks(plans[r], rows, check=True))
             ):
                 break
