@@ -24,8 +24,9 @@ Decided at compile time from the shapes alone, before any IR is emitted:
   first, at the lowest offset free during the whole lifetime). An elementwise map
   (`lower.IN_PLACE`) overwrites its input when the input dies at the node and has the same size.
   Scratch of row regions is per worker (`worker_scratch` elements each, after the arena), since
-  tasks run at once. A channel concatenation of one image whose parts are read by nothing else
-  is a region its producers write their slabs of (`_concat_slabs`): it copies nothing.
+  tasks run at once. A channel concatenation whose parts are read by nothing else (of one
+  image: by anything, and concatenations of that kind among them) is a region its producers
+  write their slabs of (`_concat_slabs`): it copies nothing.
 - **Runs.** Consecutive row regions over the same tasks form one region whose task runs each
   node on its rows in turn (`row_runs`: depth first, a chunk of images through a chain of
   layers while it is in cache); what a run computes or reads stays alive to its end, but
