@@ -17,9 +17,9 @@ Models (random weights, unbatched [C, H, W] input unless imported):
 
 Times are CPU seconds of this process (LLVM runs on the calling thread; on a shared machine
 wall time mostly measures the other processes). Phases: `build` (tlc emits LLVM IR text,
-Python), `parse+opt` (LLVM parses, verifies and optimises at O3), `codegen` (LLVM emits object
-code), `link` (the JIT links the object), and `pack` (the payload packed into the array passed
-by pointer, for payloads over the bake limit). Then, unless `--no-cache`, `tlc.compile`'s own
+Python; for payloads over the bake limit, with the payload packed into the array passed by
+pointer), `parse+opt` (LLVM parses, verifies and optimises at O3), `codegen` (LLVM emits object
+code) and `link` (the JIT links the object). Then, unless `--no-cache`, `tlc.compile`'s own
 path twice in a fresh private object cache (`tlc.codegen.objcache`): `cold` compiles and stores
 the object code, `warm` (a new in-process JIT cache, as in a new process) reads it back.
 `--run` also runs the compiled model once and checks it against the reference interpreter;
@@ -48,7 +48,7 @@ from tlc.codegen import module as codegen_module
 from tlc.codegen.jit import link_object
 from tlc.codegen.loader import EntryPoint
 from tlc.codegen.lower import LOWERINGS
-from tlc.codegen.module import bakes_payload, build_graph_module, build_node_module, pack_params
+from tlc.codegen.module import bakes_payload, build_graph_module, build_node_module
 from tlc.codegen.target import HOST, compile_ir, emit_object, target_machine
 from tlc.core.payload import Payload
 from tlc.dialect import ops
@@ -258,12 +258,11 @@ def measure(
 
     target_machine(HOST)  # LLVM's initialisation is not the model's
     bound = not bakes_payload(graph, dtype)
-    module = timed("build", build_graph_module, graph, payload, dtype, runtime_payload=bound)
+    module = timed("build", build_graph_module, graph, payload, dtype, bound_payload=bound)
     llvm_module = timed("parse+opt", compile_ir, module.ir, HOST)
     obj = timed("codegen", emit_object, llvm_module, HOST)
     del llvm_module
     tracker = timed("link", link_object, obj, [module.symbol])
-    params = timed("pack", pack_params, graph, payload, dtype) if bound else None
     times["total"] = sum(times.values())
     parameters = sum(v.size for v in payload.flat().values())
     print(f"{name} ({parameters / 1e6:.2f} M parameters, {np.dtype(dtype).name}, payload "
@@ -277,8 +276,7 @@ def measure(
     if run:
         entry = EntryPoint(module.symbol, tracker[module.symbol], module.input_shape,
                            module.output_shape, module.dtype,
-                           module.params_size if bound else None, owner=tracker,
-                           bound=params)  # fmt: skip
+                           None, owner=tracker, bound=module.bound)  # fmt: skip
         from tlc.semantics.interpret import interpret
 
         x = np.random.default_rng(1).standard_normal(module.input_shape).astype(dtype)

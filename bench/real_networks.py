@@ -8,6 +8,13 @@
     python bench/real_networks.py --profile [--models squeezenet1_0] [--batches 1] [--top 12]
                                   [--threads 1]
 
+`--models` also takes `zoo:NAME` for a light model of ONNX's zoo inside the onnx wheel
+(`zoo:resnet50`, `zoo:densenet121`: `bench/zoo.py`'s `zoo_model`, random weights, 224 x 224
+whatever `--size`, rewritten for each batch size): tlc and ONNX Runtime run the same model and
+tlc is checked against ONNX Runtime's output; the PyTorch column runs the torchvision model
+of the same architecture (`ZOO_TORCH`, its own random weights: timed, not compared; `-` where
+torchvision has none).
+
 For each model (random weights, batch 1, `--size` x `--size` input; the transformer 2 x 10 x 32)
 and route (`fx`: tlc.from_torch on the float64 model; `onnx`: torch.onnx.export(dynamo=False)
 then tlc.from_onnx; `dynamo`: the same with dynamo=True), prints one table row: the import time,
@@ -51,6 +58,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -62,6 +70,7 @@ from torchvision_models import NETWORKS, network  # noqa: E402
 
 import tlc  # noqa: E402
 from tlc.semantics.interpret import interpret  # noqa: E402
+from tlc.semantics.program import Traced  # noqa: E402
 
 
 def relative(got: np.ndarray, expected: np.ndarray) -> float:
@@ -112,22 +121,70 @@ def timed_loop(fn: Callable[[], object], n: int, clock: Callable[[], float]) -> 
     return (clock() - start) / n
 
 
+#: The torchvision model of a zoo model's architecture, run by PyTorch beside it (its own
+#: random weights: timed, not compared).
+ZOO_TORCH = {"resnet50": "resnet50", "densenet121": "densenet121"}
+
+
+@dataclass
+class Workload:
+    """What the speed rows and the profile run: the ONNX file tlc and ONNX Runtime both read,
+    its input and expected output, and PyTorch's model of it (None: none) with its input."""
+
+    model: bytes
+    traced: Traced
+    x: np.ndarray
+    expected: np.ndarray
+    net: torch.nn.Module | None
+    torch_x: torch.Tensor
+    #: Whether PyTorch computes `expected` (a torchvision model) or only the same layers (a
+    #: zoo model, whose outputs come from ONNX Runtime).
+    same_weights: bool
+
+
+def workload(name: str, size: int, batch: int) -> Workload:
+    """A torchvision model of `NETWORKS` exported to ONNX (dynamo=False) at `batch` images of
+    `size` x `size`, its output computed by PyTorch; or `zoo:NAME`, a light model of the onnx
+    wheel's zoo (`bench/zoo.py`'s `zoo_model`: random weights, 224 x 224 whatever `size`),
+    its output computed by ONNX Runtime, beside PyTorch's `ZOO_TORCH` model."""
+    if name.startswith("zoo:"):
+        import onnxruntime as ort
+
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from zoo import zoo_model
+
+        proto = zoo_model(name.removeprefix("zoo:"), batch)
+        model = proto.SerializeToString()
+        initializers = {t.name for t in proto.graph.initializer}
+        (data,) = [i for i in proto.graph.input if i.name not in initializers]
+        shape = [d.dim_value for d in data.type.tensor_type.shape.dim]
+        xs = np.random.default_rng(1).standard_normal(shape, np.float32)
+        session = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+        (expected,) = session.run(None, {data.name: xs})
+        twin = ZOO_TORCH.get(name.removeprefix("zoo:"))
+        net = network(twin)[0] if twin else None
+        return Workload(model, tlc.from_onnx(proto), xs, expected, net, torch.from_numpy(xs),
+                        False)  # fmt: skip
+    net, x = network(name, size)
+    x = torch.randn(batch, *x.shape[1:])
+    with tempfile.TemporaryDirectory() as tmp, contextlib.redirect_stdout(io.StringIO()):
+        path = Path(tmp) / "m.onnx"
+        torch.onnx.export(net, (x,), str(path), dynamo=False)
+        model = path.read_bytes()
+        traced = tlc.from_onnx(str(path))
+    with torch.no_grad():
+        expected = net(x).numpy()
+    return Workload(model, traced, x.numpy(), expected, net, x, True)
+
+
 def speed_rows(name: str, size: int, batch: int, threads: list[int], target_cpu: str,
                repeats: int) -> list[str]:  # fmt: skip
     """One row per thread count: tlc, ONNX Runtime and PyTorch on model `name` at `batch`."""
     import onnxruntime as ort
 
-    net, x = network(name, size)
-    x = torch.randn(batch, *x.shape[1:])
-    with tempfile.TemporaryDirectory() as tmp, contextlib.redirect_stdout(io.StringIO()):
-        path = str(Path(tmp) / "m.onnx")
-        torch.onnx.export(net, (x,), path, dynamo=False)
-        traced = tlc.from_onnx(path)
-        with open(path, "rb") as f:
-            model = f.read()
-    xs = x.numpy()
-    with torch.no_grad():
-        expected = net(x).numpy()
+    work = workload(name, size, batch)
+    model, traced, xs, expected = work.model, work.traced, work.x, work.expected
+    net, x = work.net, work.torch_x
     rows = []
     for t in threads:
         start = time.perf_counter()
@@ -145,11 +202,14 @@ def speed_rows(name: str, size: int, batch: int, threads: list[int], target_cpu:
                 return net(x)
 
         runners = {"tlc": lambda f=compiled: f(xs),
-                   "ort": lambda s=session, feed=feed: s.run(None, feed)[0],
-                   "torch": eager}  # fmt: skip
+                   "ort": lambda s=session, feed=feed: s.run(None, feed)[0]}  # fmt: skip
+        if net is not None:
+            runners["torch"] = eager
         for label, run in runners.items():
             got = np.asarray(run())  # also the first, untimed call
-            assert relative(got, expected) < 1e-3, (name, label, relative(got, expected))
+            if label != "torch" or work.same_weights:
+                error = relative(got, expected)
+                assert error < 1e-3, (name, label, error)
         clock = CLOCK[0] if t == 1 else time.perf_counter
         n = max(1, int(0.3 / max(timed_loop(runners["tlc"], 1, clock), 1e-6)))
         samples: dict[str, list[float]] = {label: [] for label in runners}
@@ -157,8 +217,9 @@ def speed_rows(name: str, size: int, batch: int, threads: list[int], target_cpu:
             for label, run in runners.items():
                 samples[label].append(timed_loop(run, n, clock))
         ms = {label: statistics.median(v) * 1e3 for label, v in samples.items()}
+        eager_ms = f"{ms['torch']:.2f}" if "torch" in ms else "-"
         rows.append(f"| {name} | {batch} | {t} | {ms['tlc']:.2f} | {ms['ort']:.2f} | "
-                    f"{ms['torch']:.2f} | {ms['ort'] / ms['tlc']:.2f} | {built:.1f} |")  # fmt: skip
+                    f"{eager_ms} | {ms['ort'] / ms['tlc']:.2f} | {built:.1f} |")  # fmt: skip
     return rows
 
 
@@ -183,12 +244,12 @@ def tlc_profile(
     CPU time when every count is 1, else wall time."""
     from tlc.codegen.jit import jit_link
     from tlc.codegen.loader import EntryPoint
-    from tlc.codegen.module import bakes_payload, build_graph_module, pack_params
+    from tlc.codegen.module import bakes_payload, build_graph_module
 
     graph, payload = traced.graph, traced.payload
-    bound = not bakes_payload(graph, np.float32)
+    bound = not bakes_payload(graph, np.float32)  # held packed, as the JIT does
     clock = "cpu" if max(counts) == 1 else "wall"
-    module = build_graph_module(graph, payload, np.float32, runtime_payload=bound, profile=clock)
+    module = build_graph_module(graph, payload, np.float32, bound_payload=bound, profile=clock)
     counters = f"{module.symbol}_profile"
     tracker = jit_link(module.ir, [module.symbol, counters])
     nanos = np.ctypeslib.as_array((ctypes.c_int64 * len(module.plan.nodes)).from_address(
@@ -197,9 +258,7 @@ def tlc_profile(
     for threads in counts:
         entry = EntryPoint(module.symbol, tracker[module.symbol], module.input_shape,
                            module.output_shape, module.dtype,
-                           module.params_size if module.params is not None else None,
-                           owner=tracker,
-                           bound=pack_params(graph, payload, np.float32) if bound else None,
+                           None, owner=tracker, bound=module.bound,
                            threads=threads)  # fmt: skip
         entry(x)
         nanos[:] = 0
@@ -273,18 +332,11 @@ def profile(args: argparse.Namespace) -> None:
               "computation; ORT: its profile's kernel times)")  # fmt: skip
     for name in args.models.split(","):
         for batch in (int(b) for b in args.batches.split(",")):
-            net, x = network(name, args.size)
-            x = torch.randn(batch, *x.shape[1:])
-            with tempfile.TemporaryDirectory() as tmp, contextlib.redirect_stdout(io.StringIO()):
-                path = str(Path(tmp) / "m.onnx")
-                torch.onnx.export(net, (x,), path, dynamo=False)
-                traced = tlc.from_onnx(path)
-                model = Path(path).read_bytes()
-            xs = x.numpy()
+            work = workload(name, args.size, batch)
             counts = sorted({1, threads})
-            tlc_times = tlc_profile(traced, xs, args.repeats, counts)
+            tlc_times = tlc_profile(work.traced, work.x, args.repeats, counts)
             ours = {key: ms for key, (ms, _) in tlc_times[threads].items()}
-            theirs = ort_profile(model, xs, args.repeats, threads)
+            theirs = ort_profile(work.model, work.x, args.repeats, threads)
             by_kind: dict[str, list[float]] = {}
             for times, side in ((ours, 0), (theirs, 1)):
                 for (kind, _), ms in times.items():

@@ -13,6 +13,9 @@ difference from ONNX Runtime's output, also relative to its largest magnitude. A
 
 The tolerance docs/onnx-models.md states is ONNX's backend-test one, rtol 1e-3 and atol 1e-7
 per element; the relative figures here are far inside it.
+
+`zoo_model(name, batch)` is a filled model for any batch size: `bench/real_networks.py
+--speed --models zoo:NAME` times it beside ONNX Runtime and PyTorch.
 """
 
 from __future__ import annotations
@@ -22,10 +25,39 @@ import time
 
 import numpy as np
 import onnx
+from onnx import numpy_helper
 
 import tlc
 from tlc.semantics.interpret import interpret
 from tlc.tools.onnx_models import _light_data, fill_weights, model_name, model_paths
+
+
+def zoo_model(name: str, batch: int = 1) -> onnx.ModelProto:
+    """The light model `name` with its weights filled (`fill_weights`), for `batch` images:
+    the zoo's models are stored for one image, so the data input's and the outputs' leading
+    dimension and every constant Reshape target that starts with it (resnet50's [1, 2048]
+    before its classifier) become `batch`."""
+    paths = [p for p in model_paths("light") if model_name(p) == name]
+    if not paths:
+        names = ", ".join(model_name(p) for p in model_paths("light"))
+        raise SystemExit(f"no zoo model {name}; the zoo has {names}")
+    model = fill_weights(onnx.load(paths[0]))
+    if batch == 1:
+        return model
+    graph = model.graph
+    initializers = {t.name: t for t in graph.initializer}
+    (data,) = [i for i in graph.input if i.name not in initializers]
+    for value in (data, *graph.output):
+        value.type.tensor_type.shape.dim[0].dim_value = batch
+    del graph.value_info[:]
+    for node in graph.node:
+        if node.op_type == "Reshape" and node.input[1] in initializers:
+            target = numpy_helper.to_array(initializers[node.input[1]]).copy()
+            if target.size and target[0] == 1:
+                target[0] = batch
+                initializers[node.input[1]].CopyFrom(
+                    numpy_helper.from_array(target, node.input[1]))  # fmt: skip
+    return model
 
 
 def measure(path: str, compile_it: bool) -> str:

@@ -27,9 +27,9 @@ from tlc.codegen.module import (
     GraphModule,
     ParamSlot,
     bakes_payload,
+    bound_params,
     build_graph_module,
     build_node_module,
-    pack_params,
 )
 from tlc.codegen.runtime import available_cpus, helper_symbols
 from tlc.codegen.target import HOST, Target, compile_ir, emit_object, host_lacks, target_machine
@@ -139,10 +139,16 @@ def compile_graph(
     if hit is not None:
         return hit if hit.threads == count else replace(hit, threads=count)
     _check_runnable(target)
-    # A payload over the bake limit is passed by pointer: the entry point holds it packed.
+    # A payload over the bake limit is passed by pointer: the entry point holds it, each field
+    # in the layout its kernel reads when baked (`bound_params`).
     bound = not runtime_payload and not bakes_payload(graph, dtype)
-    module, obj, runtime = _built(graph, payload, dtype, batch, runtime_payload or bound, target,
+    module, obj, runtime = _built(graph, payload, dtype, batch, runtime_payload, bound, target,
                                   key)  # fmt: skip
+    held = None
+    if bound:
+        held = module.bound
+        if held is None:  # the object code came from the cache
+            held = bound_params(graph, payload or Payload(), dtype, batch, target)
     tracker = link_object(obj, [module.symbol], target, runtime=runtime)
     entry = EntryPoint(
         module.symbol,
@@ -153,7 +159,7 @@ def compile_graph(
         module.params_size if module.params is not None else None,
         owner=tracker,
         explain=_explainer(graph, payload, module, batch),
-        bound=pack_params(graph, payload or Payload(), dtype) if bound else None,
+        bound=held,
         threads=count,
     )
     _graph_cache[key] = entry
@@ -166,6 +172,7 @@ def _built(
     dtype: type,
     batch: int | None,
     runtime_payload: bool,
+    bound: bool,
     target: Target,
     key: tuple,
 ) -> tuple[GraphModule, bytes, bool]:
@@ -173,13 +180,15 @@ def _built(
     object code and whether that calls the runtime: from the object cache when this exact
     graph, payload and build were compiled before by the same tlc (`objcache.source_digest`)
     for the same machine, else built, compiled and stored."""
-    name = objcache.key([objcache.source_digest(), *map(str, key), str(runtime_payload)], target)
+    name = objcache.key([objcache.source_digest(), *map(str, key), str(runtime_payload),
+                         str(bound)], target)  # fmt: skip
     hit = objcache.load(name)
     if hit is not None:
         obj, facts = hit
         return _module_of(facts), obj, facts["runtime"]
     module = build_graph_module(graph, payload, dtype, batch=batch,
-                                runtime_payload=runtime_payload, target=target)  # fmt: skip
+                                runtime_payload=runtime_payload, bound_payload=bound,
+                                target=target)  # fmt: skip
     obj = emit_object(compile_ir(module.ir, target), target)
     runtime = RUNTIME_CALL in module.ir
     objcache.store(name, obj, {**_facts_of(module), "runtime": runtime})

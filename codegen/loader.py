@@ -70,7 +70,7 @@ class EntryPoint:
     _func: Callable = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        n_args = 2 if self.params_size is None else 3
+        n_args = 2 if self.params_size is None and self.bound is None else 3
         counts = [ctypes.c_int32] if self.threads is not None else []
         proto = ctypes.CFUNCTYPE(ctypes.c_int32, *([ctypes.c_void_p] * n_args), *counts)
         self._func = proto(self.address)

@@ -16,7 +16,9 @@ by the plan (on the stack when small, else a block of the runtime's workspace ca
 on every exit). The output node writes straight into `out`. With `batch=N` the kernels run over
 the batch (see the plan). Payload fields are private constants by default; with
 `runtime_payload` they are slices of the caller's `params` array, laid out by `ParamSlot`s (what
-the JIT and libraries use for payloads over `BAKE_LIMIT`, supplying the array themselves).
+libraries use for payloads over `BAKE_LIMIT`, supplying the array themselves); with
+`bound_payload` they are slices of a `params` array laid out as baked fields are, each in its
+packed layout for the target (`bound_params`: what the JIT passes for payloads over the limit).
 """
 
 from __future__ import annotations
@@ -87,6 +89,8 @@ class GraphModule:
     params: tuple[ParamSlot, ...] | None
     #: How the nodes run and where their values live (`tlc.codegen.plan`).
     plan: GraphPlan | None = None
+    #: A `bound_payload` build's params array (`bound_params`), when its payload was given.
+    bound: np.ndarray | None = None
 
     @property
     def params_size(self) -> int:
@@ -131,12 +135,14 @@ def node_function(
     packed: bool = False,
     fused: Fused | None = None,
     parts: int = 1,
+    maps: tuple[NodeOp, ...] = (),
 ) -> ir.Function:
     """`i32 name(args..., params..., out[, scratch][, i64 part])`: one node as an internal
     function of pointers, so the optimiser works on one node at a time and nodes that differ
     only in their data share code (a graph of 1,000 nodes compiles in seconds). `out` is
-    `noalias` unless the plan has the node overwrite an operand (`in_place`); `packed` and
-    `fused` as in `lower_node`; with `parts` > 1 the function computes part `part` of them."""
+    `noalias` unless the plan has the node overwrite an operand (`in_place`); `packed`,
+    `fused` and `maps` as in `lower_node`; with `parts` > 1 the function computes part `part`
+    of them."""
     T = scalar_type(dtype)
     shapes = [*arg_shapes, *param_shapes.values(), out_shape, *([(scratch,)] if scratch else [])]
     types = [T.as_pointer()] * len(shapes) + ([I64] if parts > 1 else [])
@@ -159,6 +165,7 @@ def node_function(
         fused=fused,
         part=func.args[-1] if parts > 1 else None,
         parts=parts,
+        maps=maps,
     )
     if value.ptr is not dest.ptr:
         k.copy(dest, value)
@@ -208,13 +215,16 @@ def lower_node(
     fused: Fused | None = None,
     part: ir.Value | None = None,
     parts: int = 1,
+    maps: tuple[NodeOp, ...] = (),
 ) -> Buf:
     """Emit one node; returns where its value lives (`out`, or the buffer a view aliases).
     `packed`: the params are baked in their `ParamSpec.pack` layouts; `fused`: the
     elementwise nodes whose value the node writes (see `fusions`); `part` of `parts`: the
-    share of a split call (`Step.part`)."""
+    share of a split call (`Step.part`); `maps`: the per-channel maps applied first
+    (`channel_maps`)."""
     lowering = LOWERINGS[type(node)]
-    result = lowering.emit(k, Step(node, args, params, out, scratch, packed, fused, part, parts))
+    step = Step(node, args, params, out, scratch, packed, fused, part, parts, maps)
+    result = lowering.emit(k, step)
     return result if lowering.view else out
 
 
@@ -260,6 +270,66 @@ def fusions(graph: GraphOp, out_node: NodeOp) -> dict[int, Fused]:
             fused[node.id] = Fused(tuple(chain), tuple(slots))
             taken.update(user.id for user in chain)
     return fused
+
+
+#: Elementwise ops a batch norm applies as it stores, by a per-channel constant (`Step.maps`).
+CHANNEL_MAPS = (ops.MulElemOp, ops.AddOp, ops.SubOp, ops.DivOp)
+
+
+def channel_maps(
+    graph: GraphOp, shapes: list[Shape], out_node: NodeOp
+) -> tuple[dict[int, tuple[NodeOp, ...]], dict[int, Fused]]:
+    """Batch norm id -> the maps its kernel applies before it stores (`Step.maps`), and batch
+    norm id -> the `EPILOGUES` node after them, which it then writes: a chain of
+    `CHANNEL_MAPS` nodes, each the only user of the value before it (the batch norm's, then
+    the previous map's) and taking it as its first operand, the second a `broadcast_to` (read
+    by nothing else) of a constant with one value per channel of the batch norm, the last map
+    read only by the relu or relu6 (none of them the output). Each node computes as its own
+    kernel would, so the bits are the unfused graph's; the maps and broadcasts are never
+    computed (ONNX zoo's densenet121 runs batch norm, a scale, a shift and a relu before each
+    convolution: five passes over memory, two of them writing broadcast constants)."""
+    nodes = graph.nodes
+    users: dict[int, list[NodeOp]] = {}
+    for node in nodes:
+        for parent in node.parent_ids():
+            users.setdefault(parent, []).append(node)
+
+    def only_user(node: NodeOp) -> NodeOp | None:
+        after = users.get(node.id, [])
+        return after[0] if len(after) == 1 and node is not out_node else None
+
+    def per_channel(node: NodeOp, norm: NodeOp) -> bool:
+        """Whether `node` is a broadcast, read only here, of a constant of one value per
+        channel of `norm`."""
+        if not isinstance(node, ops.BroadcastToOp) or len(users.get(node.id, [])) != 1:
+            return False
+        source = nodes[node.parent_ids()[0]]
+        out = shapes[norm.id]
+        if not isinstance(source, ops.ConstOp) or tuple(node.meta("to")) != tuple(out):
+            return False
+        axis = norm.meta("channel_axis")
+        spread = (1,) * (len(out) - len(node.meta("from"))) + tuple(node.meta("from"))
+        return len(spread) == len(out) and all(
+            extent == (out[axis] if d == axis else 1) for d, extent in enumerate(spread)
+        )
+
+    maps: dict[int, tuple[NodeOp, ...]] = {}
+    fused: dict[int, Fused] = {}
+    for norm in nodes:
+        if not isinstance(norm, ops.BatchNormEvalOp):
+            continue
+        chain: list[NodeOp] = []
+        last, after = norm, only_user(norm)
+        while (
+            isinstance(after, CHANNEL_MAPS)
+            and after.parent_ids()[0] == last.id
+            and per_channel(nodes[after.parent_ids()[1]], norm)
+        ):
+            chain.append(after)
+            last, after = after, only_user(after)
+        if chain and type(after) in EPILOGUES and after.parent_ids() == [last.id]:
+            maps[norm.id], fused[norm.id] = tuple(chain), Fused((after,), (0,))
+    return maps, fused
 
 
 #: The value padding has in each pooling: it never wins (max) or adds nothing (average).
@@ -317,6 +387,7 @@ def build_graph_module(
     *,
     batch: int | None = None,
     runtime_payload: bool = False,
+    bound_payload: bool = False,
     target: Target = HOST,
     entry_name: str | None = None,
     queries: bool = True,
@@ -334,7 +405,10 @@ def build_graph_module(
     nanoseconds it took, of the calling thread's CPU time or of wall time, to element `node
     id` of the exported i64 array `<symbol>_profile` (`_Profile`; a measuring build,
     bench/real_networks.py --profile: its row regions are not merged into runs, so each node's
-    time is its own)."""
+    time is its own). `bound_payload`: the fields are read from a params array as for
+    `runtime_payload`, but laid out and packed as baked fields are (`bound_params`;
+    `GraphModule.bound` is that array), so the kernels take their packed paths: the JIT's
+    build for a payload over `BAKE_LIMIT`."""
     if has_batch(graph):
         if batch is None:
             raise error(
@@ -372,13 +446,12 @@ def build_graph_module(
     T = scalar_type(dtype)
     module = ir.Module(name=symbol)
     slots = _param_slots(graph, shapes) if runtime_payload else None
-    plan = plan_graph(graph, shapes, np.dtype(dtype).itemsize, batch, fusions(graph, out_node),
-                      runs=profile is None,
-                      bypass=padding_bypass(graph, records, dtype, out_node))  # fmt: skip
+    plan = _graph_plan(graph, shapes, dtype, batch, records, out_node, runs=profile is None)
+    bound = _bound_layout(plan, shapes, records, dtype, info) if bound_payload else None
     full_in = (batch, *in_shape) if batch is not None else in_shape
     full_out = (batch, *out_shape) if batch is not None else out_shape
 
-    body_args = [T.as_pointer()] * (3 if runtime_payload else 2) + [I32]
+    body_args = [T.as_pointer()] * (3 if runtime_payload or bound_payload else 2) + [I32]
     body = ir.Function(module, ir.FunctionType(I32, body_args), f"{symbol}.body")
     body.linkage = "internal"
     for arg in body.args[:-1]:
@@ -391,6 +464,30 @@ def build_graph_module(
     clock = _Profile(module, symbol, len(plan.nodes), profile) if profile is not None else None
     values: list[Buf] = []
     slot_at = {(s.node, s.field): s for s in slots or ()}
+    held: dict[int, dict[str, Buf]] = {}
+    nodes = graph.nodes
+
+    def fields(p: NodePlan) -> dict[str, Buf]:
+        """Node `p`'s payload fields as its kernel reads them (once per node)."""
+        node = p.node
+        if node.id in held:
+            return held[node.id]
+        if slots is not None:
+            params = {
+                name: Buf(k.at(Buf(body.args[2], ()), slot_at[(node.id, name)].offset), spec.shape)
+                for name, spec in kernel_specs(p, shapes).items()
+            }
+        elif bound is not None:
+            params = {name: Buf(k.at(Buf(body.args[2], ()), offset), shape)
+                      for name, (offset, shape) in bound[0][node.id].items()}  # fmt: skip
+        else:
+            params = {
+                name: Buf(k.global_constant(f"p{node.id}.{name}", value), value.shape)
+                for name, value in baked_fields(p, shapes, records, dtype, info).items()
+            }
+        held[node.id] = params
+        return params
+
     for p in plan.nodes:
         node = p.node
         args = [values[q] for q in p.reads] or (
@@ -402,31 +499,11 @@ def build_graph_module(
         if p.fused_into is not None:  # computed by its producer, which wrote its value
             values.append(values[p.fused_into])
             continue
-        # The fields as the kernel reads them: laid out for the shapes one call sees.
-        kernel = p.kernel or (p.rows.full if p.rows else None)
-        specs = (
-            LOWERINGS[type(node)].params(kernel.node, list(kernel.arg_shapes), kernel.out_shape)
-            if kernel is not None
-            else param_specs(node, shapes)
-        )
-        if slots is not None:
-            params = {
-                name: Buf(k.at(Buf(body.args[2], ()), slot_at[(node.id, name)].offset), spec.shape)
-                for name, spec in specs.items()
-            }
-        else:
-            params = {}
-            for name, spec in specs.items():
-                value = field_value(node, name, spec, records.get(node.id), dtype)
-                if spec.pack is not None:
-                    value = spec.pack(value, info)
-                params[name] = Buf(k.global_constant(f"p{node.id}.{name}", value), value.shape)
-        if p.into is not None:  # its slab of a concatenation's value
-            concat, offset = p.into
-            whole = _destination(plan, plan.nodes[concat], out_ptr, arena)
-            dest = Buf(k.at(whole, offset), p.shape)
-        else:
-            dest = _destination(plan, p, out_ptr, arena)
+        params = fields(p)
+        for i, mapped in enumerate(p.maps):  # the values of its broadcast constant
+            constant = nodes[mapped.parent_ids()[1]].parent_ids()[0]
+            params = {**params, f"map{i}": fields(plan.nodes[constant])["value"]}
+        dest = _destination(plan, p, out_ptr, arena)
         if p.gathered:  # its producers wrote every part
             values.append(dest)
             continue
@@ -470,17 +547,103 @@ def build_graph_module(
         np.dtype(dtype),
         tuple(slots) if slots is not None else None,
         plan,
+        bound[1] if bound is not None else None,
     )
 
 
 def _destination(plan: GraphPlan, p: NodePlan, out_ptr: ir.Value, arena: _Arena) -> Buf:
-    """Where node `p`'s value is written: the caller's `out`, its arena region, or (a view)
-    a placeholder the rule replaces with the buffer it aliases."""
+    """Where node `p`'s value is written: its slab of a concatenation's value (which may be
+    a slab of another's), the caller's `out`, its arena region, or (a view) a placeholder the
+    rule replaces with the buffer it aliases."""
+    if p.into is not None:
+        concat, offset = p.into
+        whole = _destination(plan, plan.nodes[concat], out_ptr, arena)
+        return Buf(arena.k.at(whole, offset), p.shape)
     if p.node.id == plan.writer:
         return Buf(out_ptr, p.shape)
     if p.offset is not None:
         return arena.at(p.offset, p.shape)
     return Buf(arena.base, p.shape)
+
+
+def _graph_plan(graph: GraphOp, shapes: list[Shape], dtype: type, batch: int | None,
+                records: dict, out_node: NodeOp, runs: bool = True) -> GraphPlan:  # fmt: skip
+    """The execution plan of a checked, specialised graph (`build_graph_module`)."""
+    bypass = padding_bypass(graph, records, dtype, out_node)
+    maps, chained = channel_maps(graph, shapes, out_node)
+    claimed = {e.id for chain in chained.values() for e in chain.nodes}
+    fused = {
+        q: chain
+        for q, chain in fusions(graph, out_node).items()
+        if q not in chained and not any(e.id in claimed for e in chain.nodes)
+    }
+    return plan_graph(graph, shapes, np.dtype(dtype).itemsize, batch, {**fused, **chained},
+                      runs=runs, bypass=bypass, maps=maps)  # fmt: skip
+
+
+def kernel_specs(p: NodePlan, shapes: list[Shape]) -> dict[str, ParamSpec]:
+    """Node `p`'s payload fields as its kernel reads them: laid out for the shapes one call
+    sees."""
+    kernel = p.kernel or (p.rows.full if p.rows else None)
+    if kernel is None:
+        return param_specs(p.node, shapes)
+    return LOWERINGS[type(p.node)].params(kernel.node, list(kernel.arg_shapes), kernel.out_shape)
+
+
+def baked_fields(p: NodePlan, shapes: list[Shape], records: dict, dtype: type,
+                 info: TargetInfo) -> dict[str, np.ndarray]:  # fmt: skip
+    """Node `p`'s payload fields as baked: its values, each in its `ParamSpec.pack` layout for
+    `info` where it has one."""
+    fields = {}
+    for name, spec in kernel_specs(p, shapes).items():
+        value = field_value(p.node, name, spec, records.get(p.node.id), dtype)
+        fields[name] = spec.pack(value, info) if spec.pack is not None else value
+    return fields
+
+
+#: Where a `bound_payload` build reads each node's fields: {node id: {field: (element offset,
+#: shape)}}.
+BoundLayout = dict[int, dict[str, tuple[int, Shape]]]
+
+
+def _bound_layout(plan: GraphPlan, shapes: list[Shape], records: dict, dtype: type,
+                  info: TargetInfo) -> tuple[BoundLayout, np.ndarray]:  # fmt: skip
+    """Where each node's fields lie in a `bound_payload` params array, and the array: every
+    computed node's `baked_fields` in node order, each starting on an `ALIGN` boundary of the
+    array (itself so aligned)."""
+    itemsize = np.dtype(dtype).itemsize
+    step = ALIGN // itemsize
+    at: BoundLayout = {}
+    parts, offset = [], 0
+    for p in plan.nodes:
+        if p.dead or p.fused_into is not None:  # never computed: reads no fields
+            continue
+        fields = at.setdefault(p.node.id, {})
+        for name, value in baked_fields(p, shapes, records, dtype, info).items():
+            fields[name] = (offset, value.shape)
+            parts.append((offset, value.reshape(-1)))
+            offset += -(-value.size // step) * step
+    raw = np.zeros(offset + step, dtype)
+    first = (-raw.ctypes.data % ALIGN) // itemsize
+    array = raw[first : first + offset]
+    for start, value in parts:
+        array[start : start + value.size] = value
+    return at, array
+
+
+def bound_params(graph: GraphOp, payload: Payload, dtype: type = np.float64,
+                 batch: int | None = None, target: Target = HOST) -> np.ndarray:  # fmt: skip
+    """The params array a `bound_payload` build of `graph` for `batch` and `target` takes,
+    from `payload` (`GraphModule.bound` of that build, without building it: for object code
+    read from the cache)."""
+    if has_batch(graph):
+        graph, batch = specialise(graph, batch), None
+    shapes = graph_shapes(graph)
+    records = prepare_records(graph, payload, dtype, shapes)
+    output = graph.output
+    assert output is not None and isinstance(output.value.owner, NodeOp)
+    plan = _graph_plan(graph, shapes, dtype, batch, records, output.value.owner)
+    return _bound_layout(plan, shapes, records, dtype, target_info(target))[1]
 
 
 def bakes_payload(graph: GraphOp, dtype: type = np.float64) -> bool:
@@ -744,13 +907,15 @@ class _NodeEmitter:
         parts = 1 if whole or p.rows is not None else p.parts
         key = (type(kernel.node), repr(kernel.node.metadata()), kernel.arg_shapes,
                tuple(param_shapes.items()), kernel.out_shape, scratch, p.in_place,
-               p.epilogue.key() if p.epilogue else (), parts)  # fmt: skip
+               p.epilogue.key() if p.epilogue else (), parts,
+               tuple(type(m) for m in p.maps))  # fmt: skip
         func = self.functions.get(key)
         if func is None:
             func = node_function(
                 self.module, f"{self.symbol}.n{p.node.id}", kernel.node, kernel.arg_shapes,
                 param_shapes, kernel.out_shape, scratch, self.k.dtype.type, self.info,
                 in_place=p.in_place, packed=self.packed, fused=p.epilogue, parts=parts,
+                maps=p.maps,
             )  # fmt: skip
             if self.separate:
                 func.attributes.add("noinline")

@@ -18,9 +18,16 @@ import pytest
 
 import tlc
 from tlc.api.evaluate import checked_graph
+from tlc.codegen import jit, objcache
 from tlc.codegen import module as codegen_module
 from tlc.codegen.jit import compile_graph
-from tlc.codegen.module import BAKE_LIMIT, bakes_payload, build_graph_module
+from tlc.codegen.module import (
+    BAKE_LIMIT,
+    bakes_payload,
+    bound_params,
+    build_graph_module,
+    pack_params,
+)
 from tlc.codegen.shared_lib import build_library
 from tlc.core.payload import Payload
 from tlc.frontends.text import parse_source
@@ -76,6 +83,48 @@ def test_jit_passes_a_big_payload_by_pointer() -> None:
     # The module itself holds no weights: its IR is a few kilobytes, not 17 MB of constants.
     built = build_graph_module(graph, payload, runtime_payload=True)
     assert len(built.ir) < 100_000
+
+
+#: A convolution whose kernel depends on its weights' layout: with W baked (packed), a 7x7
+#: plane of 128 channels runs as C^T over packed W^T panels; read row by row (a runtime
+#: payload, the C ABI's layout) it must run as C = W patches.
+CONV = """tl.graph @c {
+  %0 = input : [1, 128, 7, 7]
+  %1 = conv(%0) {kernel = [3, 3], padding = [1, 1], channel_axis = 1, in_channels = 128, out_channels = 128}
+  %2 = relu(%1)
+  output %2
+}
+"""  # noqa: E501
+
+
+def test_a_payload_held_by_pointer_is_laid_out_as_baked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Over the limit, the JIT's array holds every field as the kernels read baked ones (packed
+    for the target: `bound_params`), so the code is the baked build's and computes its bits,
+    also when its object code comes from the cache (the array then built without the module)."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv(objcache.ENV_SWITCH, raising=False)
+    monkeypatch.setattr(jit, "_graph_cache", {})
+    graph = checked_graph(parse_source(CONV, "c.tlir"), None)
+    rng = np.random.default_rng(3)
+    payload = Payload.from_flat({"1.weight": rng.standard_normal((128, 128, 3, 3)) / 34,
+                                 "1.bias": rng.standard_normal(128)})  # fmt: skip
+    x = rng.standard_normal((1, 128, 7, 7)).astype(np.float32)
+    baked = compile_graph(graph, payload, np.float32)
+    assert baked.bound is None
+    jit._graph_cache.clear()
+    monkeypatch.setattr(codegen_module, "BAKE_LIMIT", 1024)
+    held = compile_graph(graph, payload, np.float32)
+    assert held.bound is not None and held.bound.ctypes.data % 64 == 0
+    assert not np.array_equal(held.bound, pack_params(graph, payload, np.float32))
+    assert held(x).tobytes() == baked(x).tobytes()
+    jit._graph_cache.clear()
+    monkeypatch.setattr(jit, "build_graph_module", None)  # the cache must answer
+    again = compile_graph(graph, payload, np.float32)
+    np.testing.assert_array_equal(again.bound, bound_params(graph, payload, np.float32))
+    np.testing.assert_array_equal(again.bound, held.bound)
+    assert again(x).tobytes() == baked(x).tobytes()
 
 
 def test_small_payloads_stay_baked() -> None:

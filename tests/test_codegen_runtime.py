@@ -109,8 +109,8 @@ def test_the_plan_reuses_memory_by_liveness(monkeypatch: pytest.MonkeyPatch) -> 
     plan = build_graph_module(graph_of(text), payload, np.float32).plan
     assert plan is not None and plan.arena < plan.unshared / 2
     nodes = plan.nodes
-    # relu overwrites the conv it follows when nothing else reads it...
-    assert nodes[5].in_place and nodes[5].offset == nodes[4].offset
+    # the relu after the batch norm is applied in its pass (a view of its value)...
+    assert nodes[5].fused_into == 4 and nodes[5].offset is None
     # ...and the residual add overwrites one of its operands, both dying there; but no node
     # of the block takes the region of %2, the skip the add still reads.
     assert nodes[7].in_place and nodes[7].offset in (nodes[6].offset, nodes[2].offset)
@@ -187,13 +187,16 @@ def test_concat_parts_are_written_in_place(tail: str, gathered: bool, n: int) ->
     """A channel concatenation whose parts are read by nothing else is a region its
     producers write their slabs of: no copy (no concat function in the IR), the reference's
     values, the same bits at any thread count. In a batch the producers run as tasks of one
-    image, each writing a concatenation row further on. A part with another reader keeps its
-    own region and the concat copies it."""
+    image, each writing a concatenation row further on. In a batch a part with another
+    reader keeps its own region and the concat copies it; with one image its slab is
+    contiguous, and the other reader reads it there (the second concat, which also has it
+    as a part, then copies it)."""
     sq, e = (8, 32) if n == 1 else (16, 64)  # at batch 4, enough work for row regions
     text, payload = fire(sq, e, tail, n)
     graph = graph_of(text)
     built = build_graph_module(graph, payload, np.float32)
     nodes = built.plan.nodes
+    gathered = gathered or n == 1
     assert nodes[7].gathered == gathered
     assert ('"tlc_fire.n7"' in built.ir) != gathered
     if gathered:
@@ -206,6 +209,41 @@ def test_concat_parts_are_written_in_place(tail: str, gathered: bool, n: int) ->
             concat = range(nodes[7].offset, nodes[7].offset + n * 2 * e * 400)
             assert not set(squeezed) & set(concat)
     x = np.random.default_rng(5).normal(size=(n, 16, 20, 20)).astype(np.float32)
+    outputs = {t: compile_graph(graph, payload, np.float32, threads=t)(x) for t in (1, 2)}
+    assert bits(outputs[1]) == bits(outputs[2])
+    expected = interpret(graph, payload, x, np.float32).output
+    np.testing.assert_allclose(outputs[1], expected, rtol=2e-5, atol=2e-6)
+
+
+def test_growing_concatenations_are_prefixes_of_the_last(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A dense block (densenet's): each layer's convolution reads the block's concatenation
+    so far (through a batch norm) and its output is concatenated to it. With one image every
+    concatenation is a prefix of the block's last one, whose region the pool before the
+    block and every convolution write their channels into: no concat copies, the reference's
+    values, the same bits at 1 and 2 threads."""
+    lines = ["  %0 = input : [1, 16, 12, 12]", "  %1 = max_pool(%0) {kernel = [1, 1]}"]
+    payload, rng, last, channels = Payload(), np.random.default_rng(6), 1, 16
+    for layer in range(3):
+        n = 4 * layer + 2
+        lines += [f"  %{n} = batch_norm_eval(%{last}) {{channel_axis = 1, channels = {channels}}}",
+                  f"  %{n + 1} = relu(%{n})",
+                  f"  %{n + 2} = conv(%{n + 1}) {conv_fields(channels, 8)}",
+                  f"  %{n + 3} = concat(%{last}, %{n + 2}) {{axis = 1}}"]  # fmt: skip
+        payload.records[n] = {"gamma": rng.uniform(0.5, 1.5, channels),
+                              "beta": rng.normal(size=channels), "mean": rng.normal(size=channels),
+                              "var": rng.uniform(0.5, 1.5, channels)}  # fmt: skip
+        payload.records[n + 2] = {"weight": rng.normal(size=(8, channels, 3, 3)) / 12,
+                                  "bias": rng.normal(size=8)}  # fmt: skip
+        last, channels = n + 3, channels + 8
+    lines += [f"  %14 = max_pool(%{last}) {{kernel = [2, 2]}}", "  output %14"]
+    graph = graph_of("tl.graph @dense {\n" + "\n".join(lines) + "\n}\n")
+    built = build_graph_module(graph, payload, np.float32)
+    nodes = built.plan.nodes
+    assert all(nodes[c].gathered for c in (5, 9, 13))
+    assert (nodes[1].into, nodes[5].into, nodes[9].into) == ((5, 0), (9, 0), (13, 0))
+    assert [nodes[c].into for c in (4, 8, 12)] == [(5, 16 * 144), (9, 24 * 144), (13, 32 * 144)]
+    assert not any(f'"tlc_dense.n{c}"' in built.ir for c in (5, 9, 13))
+    x = np.random.default_rng(7).normal(size=(1, 16, 12, 12)).astype(np.float32)
     outputs = {t: compile_graph(graph, payload, np.float32, threads=t)(x) for t in (1, 2)}
     assert bits(outputs[1]) == bits(outputs[2])
     expected = interpret(graph, payload, x, np.float32).output

@@ -12,6 +12,7 @@ import numpy as np
 from llvmlite import ir
 
 from tlc.codegen.builder import I8, Buf, KernelBuilder
+from tlc.codegen.lower.elementwise import MAPS, epilogue
 from tlc.codegen.lower.layout import split
 from tlc.codegen.lower.rules import ParamSpec, Step, register
 from tlc.dialect import ops
@@ -214,19 +215,24 @@ def _batch_norm_params(node: NodeOp, parents: list[Shape], out: Shape) -> dict[s
     return {**per_channel, "eps": ParamSpec((), 1e-5)}
 
 
-@register(ops.BatchNormEvalOp, params=_batch_norm_params)
+@register(ops.BatchNormEvalOp, params=_batch_norm_params, fuses=True)
 def _batch_norm_eval(k: KernelBuilder, s: Step) -> None:
-    """(x - mean) * (gamma / sqrt(var + eps)) + beta per channel."""
+    """(x - mean) * (gamma / sqrt(var + eps)) + beta per channel, then the per-channel maps
+    (`Step.maps`) and the fused epilogue, each as its own node computes it, in one pass."""
     x, out, p = s.args[0], s.out, s.params
     pre, channels, post = split(x.shape, s.node.meta("channel_axis"))
     eps = k.load(p["eps"], 0)
+    then = epilogue(k, s)
     with k.loop(pre, "p") as i, k.loop(channels, "c") as c:
         scale = k.b.fdiv(
             k.load(p["gamma"], c), k.intrinsic("sqrt", k.b.fadd(k.load(p["var"], c), eps))
         )
         mean, beta = k.load(p["mean"], c), k.load(p["beta"], c)
+        operands = [k.load(p[f"map{j}"], c) for j in range(len(s.maps))]
         base = k.b.mul(k.b.add(k.b.mul(i, k.i64(channels)), c), k.i64(post))
         with k.loop(post, "q") as q:
             at = k.b.add(base, q)
             y = k.b.fadd(k.b.fmul(k.b.fsub(k.load(x, at), mean), scale), beta)
-            k.store(y, out, at)
+            for node, operand in zip(s.maps, operands, strict=True):
+                y = MAPS[type(node)](k, node, y, operand)
+            k.store(then(y, lambda b: k.load(b, at)) if then is not None else y, out, at)

@@ -79,6 +79,10 @@ class Step:
     #: parts`): the parts are disjoint, fixed at compile time, and together the whole value.
     part: ir.Value | None = None
     parts: int = 1
+    #: Binary elementwise nodes whose second operand is one value per channel, applied in
+    #: order to the rule's value before `fused` (`module.channel_maps`: batch norm, then a
+    #: pre-activation's scale and shift); map i's second operand is param `map{i}`.
+    maps: tuple[NodeOp, ...] = ()
 
     @property
     def inputs(self) -> list[Buf]:
