@@ -31,6 +31,15 @@ from tlc.codegen.gemm import (
     splat,
     store_vector,
 )
+from tlc.codegen.lower.conv_direct import (
+    DIRECT_DEPTH,
+    DirectPlane,
+    DirectTile,
+    direct_tile,
+    direct_units,
+    emit_direct,
+    unit_rows,
+)
 from tlc.codegen.lower.elementwise import epilogue
 from tlc.codegen.lower.layout import gather
 from tlc.codegen.lower.rules import ParamSpec, Step, register
@@ -404,26 +413,89 @@ def _conv_mk(info: TargetInfo, itemsize: int, f: ConvFrame) -> MicroKernel:
     return micro_kernel(info, itemsize, f.cout_g, max(f.lead * f.positions, 1))
 
 
+def _direct_tile(info: TargetInfo, itemsize: int, f: ConvFrame) -> DirectTile | None:
+    """The direct kernel's tile (`conv_direct`) when the convolution runs it, weights baked:
+    one group, two spatial axes, a window of more than one tap and patch rows of at least
+    DIRECT_DEPTH (measured); None: the product kernels."""
+    w = f.window
+    if f.groups != 1 or len(w.out_sp) != 2 or w.taps == 1 or f.depth < DIRECT_DEPTH:
+        return None
+    return direct_tile(info, itemsize, w.out_sp[0], w.out_sp[1], f.cout) if f.positions else None
+
+
+def _conv_direct(k: KernelBuilder, s: Step, f: ConvFrame, tile: DirectTile) -> None:
+    """The direct kernel over every image, its input planes staged in scratch when padded or
+    strided; a split call shares out each image's units (`direct_units`), and a part over
+    one image stages only the input rows its units read (`unit_rows`)."""
+    x, b = s.args[0], k.b
+    assert s.scratch is not None and s.scratch.size >= f.cin * f.staged_plane
+    out_sp = (f.window.out_sp[0], f.window.out_sp[1])
+    units = s.part_range(k, direct_units(tile, out_sp, f.cout))
+    taps = k.global_constant("taps", f.tap_table(), I32)
+    staging = Buf(s.scratch.ptr, (f.cin, f.staged_plane))
+    rows = None
+    if f.staged and s.parts > 1 and f.lead == 1:
+        e_lo, e_hi, i_lo, i_hi = f.stage_rows(k, *unit_rows(k, tile, units, out_sp))
+        f.zero_rows(k, staging, e_lo, e_hi)
+        rows = (i_lo, i_hi)
+    elif f.staged:
+        zero(k, staging)
+    with k.loop(f.lead, "img") as img:
+        source, base = x, b.mul(img, k.i64(f.cin * f.in_plane))
+        if f.staged:
+            f.stage(k, f.input_block(k, x, img, k.i64(0)), staging, rows)
+            source, base = staging, k.i64(0)
+        plane = DirectPlane(source, base, f.extents[-1], taps, f.depth,
+                            b.mul(img, k.i64(f.cout)), out_sp, f.cout)  # fmt: skip
+        emit_direct(k, tile, plane, (s.params["weight"], s.params["bias"]), s.out, units,
+                    epilogue(k, s))  # fmt: skip
+
+
+def kernel_name(info: TargetInfo, itemsize: int, f: ConvFrame) -> str:
+    """The kernel a convolution with baked weights runs on the target and its register tile
+    (bench/conv_layers.py prints it beside each layer)."""
+    if _depthwise(f):
+        return "depthwise window strips"
+    direct = _direct_tile(info, itemsize, f)
+    if direct is not None:
+        return f"direct {direct.rows}x{direct.cols} positions x {direct.nr} channels"
+    transposed = _transposed_mk(info, itemsize, f)
+    if transposed is not None:
+        return f"C^T {transposed.mr}x{transposed.nr}"
+    mk = _conv_mk(info, itemsize, f)
+    return f"C {mk.mr}x{mk.nr}"
+
+
+def _channel_panels(info: TargetInfo, itemsize: int, f: ConvFrame) -> int | None:
+    """The width of the panels of output channels W^T is packed in for the direct kernel
+    (`_direct_tile`) or C^T (`_transposed_mk`); None: panels of the product's rows."""
+    direct = _direct_tile(info, itemsize, f)
+    if direct is not None:
+        return direct.nr
+    transposed = _transposed_mk(info, itemsize, f)
+    return None if transposed is None else transposed.nr
+
+
 def _conv_params(node: NodeOp, parents: list[Shape], out: Shape) -> dict[str, ParamSpec]:
     """weight [out, in/groups, k...], bias [out]; baked, each group's weights as panels of the
-    micro-kernel's rows: [groups, ceil(cout_g / MR), depth, MR]."""
+    micro-kernel's rows: [groups, ceil(cout_g / MR), depth, MR], or (direct kernel, C^T) W^T
+    in panels of NR output channels: [ceil(cout / NR), depth, NR], the bias padded to them."""
     m = node.metadata()
     cout = m["out_channels"]
     weight = (cout, m["in_channels"] // m["groups"], *m["kernel"])
     f = ConvFrame.of(node, parents[0], out)
 
     def pack(value: np.ndarray, info: TargetInfo) -> np.ndarray:
-        transposed = _transposed_mk(info, value.dtype.itemsize, f)
-        if transposed is not None:  # W^T [depth, cout] in panels of NR channels
-            return pack_panels(value.reshape(cout, f.depth).T, transposed.nr)
+        nr = _channel_panels(info, value.dtype.itemsize, f)
+        if nr is not None:  # W^T [depth, cout] in panels of NR channels
+            return pack_panels(value.reshape(cout, f.depth).T, nr)
         mr = _conv_mk(info, value.dtype.itemsize, f).mr
         per_group = value.reshape(f.groups, f.cout_g, f.depth)
         return np.concatenate([pack_panels(w.T, mr).reshape(-1) for w in per_group])
 
     def pad(value: np.ndarray, info: TargetInfo) -> np.ndarray:
-        transposed = _transposed_mk(info, value.dtype.itemsize, f)
-        return value if transposed is None else pad_to(value, -(-cout // transposed.nr)
-                                                       * transposed.nr)  # fmt: skip
+        nr = _channel_panels(info, value.dtype.itemsize, f)
+        return value if nr is None else pad_to(value, -(-cout // nr) * nr)
 
     packing = None if _depthwise(f) else pack
     return {"weight": ParamSpec(weight, pack=packing),
@@ -526,12 +598,18 @@ def _conv(k: KernelBuilder, s: Step) -> None:
     micro-kernel's panels (`_pack_patches`), then the tiles of W (packed at compile time, or
     read row by row from a runtime payload) run over them; bias and a fused epilogue are
     applied as the tiles are stored (`_store_columns`). Depthwise convolutions have a direct
-    kernel of their own (`_conv_depthwise`)."""
+    kernel of their own (`_conv_depthwise`), and so do 3x3-like ones over many channels with
+    baked weights (`conv_direct`: output channels as the vector dimension, the input
+    broadcast in place)."""
     x, out = s.args[0], s.out
     assert s.scratch is not None
     f = ConvFrame.of(s.node, x.shape, out.shape)
     if _depthwise(f):
         _conv_depthwise(k, s, f)
+        return
+    direct = _direct_tile(k.info, k.dtype.itemsize, f) if s.packed else None
+    if direct is not None:
+        _conv_direct(k, s, f, direct)
         return
     transposed = _transposed_mk(k.info, k.dtype.itemsize, f) if s.packed else None
     if transposed is not None:
