@@ -30,6 +30,7 @@ from tlc.codegen.gemm import (
     Epilogue,
     MicroKernel,
     packed_tile,
+    reserved_registers,
     splat,
     store_vector,
 )
@@ -61,12 +62,6 @@ class DirectTile:
         return self.nv * self.lanes
 
 
-def _reserved(nv: int) -> int:
-    """Vector registers beside the accumulators: the nv weight vectors and a broadcast
-    (with one vector, LLVM keeps several broadcasts live, as in the GEMM tiles)."""
-    return nv + 1 if nv > 1 else 7
-
-
 def _step(positions: int, nv: int) -> float:
     """The issue model's cycles per patch row of one tile (`gemm.micro_kernel`'s)."""
     return max(positions * nv / FMA_PER_CYCLE, (positions + nv) / LOADS_PER_CYCLE, MIN_STEP)
@@ -87,14 +82,15 @@ def tile_cycles(tile: DirectTile, oh: int, ow: int, cout: int) -> float:
 
 def direct_tile(info: TargetInfo, itemsize: int, oh: int, ow: int, cout: int) -> DirectTile:
     """The tile for an oh x ow plane of cout channels on the target: every rows x cols x nv
-    whose accumulators and `_reserved` registers fit is scored by `tile_cycles`; ties go to
-    more accumulators (fewer loads of the weights), then fewer tile shapes (edge tiles),
-    then fewer rows."""
+    whose accumulators and `reserved_registers` (as the GEMM tiles count them) fit the
+    target's vector registers is scored by `tile_cycles`; ties go to more accumulators (fewer
+    loads of the weights), then fewer tile shapes (edge tiles), then fewer rows."""
     lanes = max(info.vector_bytes // itemsize, 1)
     regs = info.vector_registers
     shapes = [DirectTile(rows, cols, nv, lanes)
               for nv in range(1, 5) for rows in range(1, min(oh, TILE_ROWS) + 1)
-              for cols in range(1, ow + 1) if rows * cols * nv + _reserved(nv) <= regs]  # fmt: skip
+              for cols in range(1, ow + 1)
+              if rows * cols * nv + reserved_registers(nv) <= regs]  # fmt: skip
 
     def score(t: DirectTile) -> tuple[float, int, int, int]:
         edges = len(_tiles(oh, t.rows)) * len(_tiles(ow, t.cols))
