@@ -83,8 +83,10 @@ def tile_cycles(tile: DirectTile, oh: int, ow: int, cout: int) -> float:
 def direct_tile(info: TargetInfo, itemsize: int, oh: int, ow: int, cout: int) -> DirectTile:
     """The tile for an oh x ow plane of cout channels on the target: every rows x cols x nv
     whose accumulators and `reserved_registers` (as the GEMM tiles count them) fit the
-    target's vector registers is scored by `tile_cycles`; ties go to more accumulators (fewer
-    loads of the weights), then fewer tile shapes (edge tiles), then fewer rows."""
+    target's vector registers is scored by `tile_cycles`; ties go to fewer tile shapes (each
+    edge tile is code of its own: 2 x 7 tiles over a 7 x 7 plane compiled 0.4 s slower than
+    1 x 7 and ran no faster), then more accumulators (fewer loads of the weights), then
+    fewer rows."""
     lanes = max(info.vector_bytes // itemsize, 1)
     regs = info.vector_registers
     shapes = [DirectTile(rows, cols, nv, lanes)
@@ -94,7 +96,7 @@ def direct_tile(info: TargetInfo, itemsize: int, oh: int, ow: int, cout: int) ->
 
     def score(t: DirectTile) -> tuple[float, int, int, int]:
         edges = len(_tiles(oh, t.rows)) * len(_tiles(ow, t.cols))
-        return tile_cycles(t, oh, ow, cout), -t.rows * t.cols * t.nv, edges, t.rows
+        return tile_cycles(t, oh, ow, cout), edges, -t.rows * t.cols * t.nv, t.rows
 
     return min(shapes, key=score)
 
