@@ -371,6 +371,8 @@ def _conv_scratch(node: NodeOp, parents: list[Shape], out: Shape) -> int:
     plan = ConvPlan.of(f, 8)
     staging = plan.images * f.cin_g * f.staged_plane
     normal = (plan.columns + MAX_PANEL) * f.depth + staging + MAX_PANEL + plan.partials(f)
+    if _direct(f):
+        normal = max(normal, _direct_images(f) * f.cin * f.staged_plane)
     if not _transposable(f):
         return normal
     rows = f.lead * f.positions
@@ -414,25 +416,33 @@ def _conv_mk(info: TargetInfo, itemsize: int, f: ConvFrame) -> MicroKernel:
 
 
 def _direct_tile(info: TargetInfo, itemsize: int, f: ConvFrame) -> DirectTile | None:
-    """The direct kernel's tile (`conv_direct`) when the convolution runs it, weights baked:
-    one group, two spatial axes, a window of more than one tap and patch rows of at least
-    DIRECT_DEPTH (measured); None: the product kernels."""
+    """The direct kernel's tile (`conv_direct`) when the convolution runs it with weights
+    packed at compile time (baked, or held by the JIT): `_direct`'s shapes; None: the product
+    kernels."""
+    out_sp = f.window.out_sp
+    return direct_tile(info, itemsize, out_sp[0], out_sp[1], f.cout) if _direct(f) else None
+
+
+def _direct(f: ConvFrame) -> bool:
+    """One group, two spatial axes, a window of more than one tap and patch rows of at least
+    DIRECT_DEPTH (measured)."""
     w = f.window
-    if f.groups != 1 or len(w.out_sp) != 2 or w.taps == 1 or f.depth < DIRECT_DEPTH:
-        return None
-    return direct_tile(info, itemsize, w.out_sp[0], w.out_sp[1], f.cout) if f.positions else None
+    return (f.groups == 1 and len(w.out_sp) == 2 and w.taps > 1 and f.depth >= DIRECT_DEPTH
+            and f.positions > 0)  # fmt: skip
 
 
 def _conv_direct(k: KernelBuilder, s: Step, f: ConvFrame, tile: DirectTile) -> None:
-    """The direct kernel over every image, its input planes staged in scratch when padded or
-    strided; a split call shares out each image's units (`direct_units`), and a part over
-    one image stages only the input rows its units read (`unit_rows`)."""
+    """The direct kernel over groups of images (`_direct_images`), their input planes staged
+    together in scratch when padded or strided; a split call shares out the units of each
+    group (`direct_units`), and a part over one image stages only the input rows its units
+    read (`unit_rows`)."""
     x, b = s.args[0], k.b
-    assert s.scratch is not None and s.scratch.size >= f.cin * f.staged_plane
+    group = _direct_images(f)
+    assert s.scratch is not None and s.scratch.size >= group * f.cin * f.staged_plane
     out_sp = (f.window.out_sp[0], f.window.out_sp[1])
     units = s.part_range(k, direct_units(tile, out_sp, f.cout))
     taps = k.global_constant("taps", f.tap_table(), I32)
-    staging = Buf(s.scratch.ptr, (f.cin, f.staged_plane))
+    staging = Buf(s.scratch.ptr, (group * f.cin, f.staged_plane))
     rows = None
     if f.staged and s.parts > 1 and f.lead == 1:
         e_lo, e_hi, i_lo, i_hi = f.stage_rows(k, *unit_rows(k, tile, units, out_sp))
@@ -440,15 +450,29 @@ def _conv_direct(k: KernelBuilder, s: Step, f: ConvFrame, tile: DirectTile) -> N
         rows = (i_lo, i_hi)
     elif f.staged:
         zero(k, staging)
-    with k.loop(f.lead, "img") as img:
-        source, base = x, b.mul(img, k.i64(f.cin * f.in_plane))
+    with k.loop(f.lead, "b0", step=group) as b0:
+        left = b.sub(k.i64(f.lead), b0)
+        images = b.select(b.icmp_signed("<", left, k.i64(group)), left, k.i64(group))
+        source, base, step = x, b.mul(b0, k.i64(f.cin * f.in_plane)), f.cin * f.in_plane
         if f.staged:
-            f.stage(k, f.input_block(k, x, img, k.i64(0)), staging, rows)
-            source, base = staging, k.i64(0)
-        plane = DirectPlane(source, base, f.extents[-1], taps, f.depth,
-                            b.mul(img, k.i64(f.cout)), out_sp, f.cout)  # fmt: skip
+            with k.loop(images, "bi") as bi:
+                at = k.at(staging, b.mul(bi, k.i64(f.cin * f.staged_plane)))
+                f.stage(k, f.input_block(k, x, b.add(b0, bi), k.i64(0)),
+                        Buf(at, (f.cin, f.staged_plane)), rows)  # fmt: skip
+            source, base, step = staging, k.i64(0), f.cin * f.staged_plane
+        plane = DirectPlane(source, base, step, images, f.extents[-1], taps, f.depth,
+                            b.mul(b0, k.i64(f.cout)), out_sp, f.cout)  # fmt: skip
         emit_direct(k, tile, plane, (s.params["weight"], s.params["bias"]), s.out, units,
                     epilogue(k, s))  # fmt: skip
+
+
+def _direct_images(f: ConvFrame) -> int:
+    """The images the direct kernel stages and runs together: as many as STAGE_BLOCK bytes
+    of staged planes hold (of doubles; all of them when the input is read in place), at
+    least one."""
+    if not f.staged:
+        return max(f.lead, 1)
+    return max(1, min(f.lead, STAGE_BLOCK // max(f.cin * f.staged_plane * 8, 1)))
 
 
 def kernel_name(info: TargetInfo, itemsize: int, f: ConvFrame) -> str:
