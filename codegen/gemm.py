@@ -334,10 +334,15 @@ def micro_kernel(info: TargetInfo, itemsize: int, m: int, n: int) -> MicroKernel
     return MicroKernel(mr, nv, lanes, min(max(PANEL_BYTES // (nv * lanes * itemsize), 8), 1024))
 
 
+def step_cycles(mr: int, nv: int) -> float:
+    """The issue model's cycles per step along k of one tile of MR broadcasts by NV vectors
+    (the direct convolution's tiles are scored by it too)."""
+    return max(mr * nv / FMA_PER_CYCLE, (mr + nv) / LOADS_PER_CYCLE, MIN_STEP)
+
+
 def _cycles(mr: int, nv: int, lanes: int, m: int, n: int) -> float:
     """The issue model's cycles per step along k of MR x NV tiles covering m x n."""
-    per_step = max(mr * nv / FMA_PER_CYCLE, (mr + nv) / LOADS_PER_CYCLE, MIN_STEP)
-    return math.ceil(m / mr) * math.ceil(n / (nv * lanes)) * per_step
+    return math.ceil(m / mr) * math.ceil(n / (nv * lanes)) * step_cycles(mr, nv)
 
 
 def product_cycles(info: TargetInfo, itemsize: int, m: int, n: int) -> float:

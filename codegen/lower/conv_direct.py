@@ -24,14 +24,12 @@ from llvmlite import ir
 
 from tlc.codegen.builder import I1, I32, I64, Buf, KernelBuilder
 from tlc.codegen.gemm import (
-    FMA_PER_CYCLE,
-    LOADS_PER_CYCLE,
-    MIN_STEP,
     Epilogue,
     MicroKernel,
     packed_tile,
     reserved_registers,
     splat,
+    step_cycles,
     store_vector,
 )
 from tlc.codegen.target import TargetInfo
@@ -62,11 +60,6 @@ class DirectTile:
         return self.nv * self.lanes
 
 
-def _step(positions: int, nv: int) -> float:
-    """The issue model's cycles per patch row of one tile (`gemm.micro_kernel`'s)."""
-    return max(positions * nv / FMA_PER_CYCLE, (positions + nv) / LOADS_PER_CYCLE, MIN_STEP)
-
-
 def _tiles(extent: int, size: int) -> list[tuple[int, int]]:
     """(count, size) of the tiles covering `extent`: whole ones and the remainder."""
     whole, rest = divmod(extent, size)
@@ -74,9 +67,10 @@ def _tiles(extent: int, size: int) -> list[tuple[int, int]]:
 
 
 def tile_cycles(tile: DirectTile, oh: int, ow: int, cout: int) -> float:
-    """Cycles per patch row of the tiles covering an oh x ow output plane of cout channels."""
+    """Cycles per patch row of the tiles covering an oh x ow output plane of cout channels
+    (`gemm.step_cycles`, the GEMM tiles' issue model, per tile)."""
     rows, cols = _tiles(oh, tile.rows), _tiles(ow, tile.cols)
-    per_block = sum(nr * nc * _step(r * c, tile.nv) for nr, r in rows for nc, c in cols)
+    per_block = sum(nr * nc * step_cycles(r * c, tile.nv) for nr, r in rows for nc, c in cols)
     return -(-cout // tile.nr) * per_block
 
 
