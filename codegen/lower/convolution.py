@@ -417,10 +417,15 @@ def _conv_mk(info: TargetInfo, itemsize: int, f: ConvFrame) -> MicroKernel:
 
 def _direct_tile(info: TargetInfo, itemsize: int, f: ConvFrame) -> DirectTile | None:
     """The direct kernel's tile (`conv_direct`) when the convolution runs it with weights
-    packed at compile time (baked, or held by the JIT): `_direct`'s shapes; None: the product
-    kernels."""
+    packed at compile time (baked, or held by the JIT): `_direct`'s shapes whose output rows
+    are not whole vectors of the target; None: the product kernels. Whole-vector rows are
+    read in place by the product kernel, with no packing and nothing past the edge, and
+    there it measured as fast or faster (3x3 64 -> 64 on 56 x 56 in AVX2 code: 90 GFLOP/s
+    against 73 direct; on 32 x 32: 98 against 89, on AVX-512 105 against 102)."""
     out_sp = f.window.out_sp
-    return direct_tile(info, itemsize, out_sp[0], out_sp[1], f.cout) if _direct(f) else None
+    if not _direct(f) or out_sp[-1] % max(info.vector_bytes // itemsize, 1) == 0:
+        return None
+    return direct_tile(info, itemsize, out_sp[0], out_sp[1], f.cout)
 
 
 def _direct(f: ConvFrame) -> bool:
