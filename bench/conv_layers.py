@@ -35,7 +35,7 @@ from run import peak_gflops  # noqa: E402
 import tlc  # noqa: E402
 
 #: (in, out, kernel, stride, padding, input extent): count, per network.
-LAYERS = {  # fmt: skip
+LAYERS = {
     "resnet18": {
         (3, 64, 7, 2, 3, 224): 1, (64, 64, 3, 1, 1, 56): 4, (64, 128, 3, 2, 1, 56): 1,
         (128, 128, 3, 1, 1, 28): 3, (64, 128, 1, 2, 0, 56): 1, (128, 256, 3, 2, 1, 28): 1,
@@ -52,7 +52,7 @@ LAYERS = {  # fmt: skip
         (512, 64, 1, 1, 0, 13): 1, (64, 256, 1, 1, 0, 13): 1, (64, 256, 3, 1, 1, 13): 1,
         (512, 1000, 1, 1, 0, 13): 1,
     },
-}
+}  # fmt: skip
 
 
 def describe(layer: tuple[int, ...]) -> str:
