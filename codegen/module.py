@@ -361,9 +361,10 @@ def build_graph_module(
             values.append(values[p.fused_into])
             continue
         specs = _kernel_specs(p, shapes)
-        if slots is not None:
+        if slots is not None:  # a packed payload's fields have their packed shapes
             at = {name: slot_at[(node.id, name)] for name in specs}
-            params = {name: Buf(k.at(Buf(body.args[2], ()), slot.offset), slot.shape)
+            params = {name: Buf(k.at(Buf(body.args[2], ()), slot.offset),
+                                slot.shape if packed_payload else specs[name].shape)
                       for name, slot in at.items()}  # fmt: skip
         else:
             params = {}
