@@ -1,6 +1,8 @@
 """The packed matrix kernels: micro-kernels derived from the target, compile-time packed
 weights, cache blocking, convolution as an implicit matrix product over the batch with
-remainder tiles for any output extent, the direct depthwise kernel and fused epilogues.
+remainder tiles for any output extent, the direct depthwise kernel, the direct convolution
+with output channels as the vector dimension (tests/test_conv_direct.py has its own cases) and
+fused epilogues.
 
 Shapes are chosen to reach every path: row tiles of their own height, a partial last panel,
 several K blocks, output planes that are not whole vectors (so stores straddle two images),
