@@ -29,7 +29,7 @@ from tlc.codegen.module import (
     bakes_payload,
     build_graph_module,
     build_node_module,
-    held_payload,
+    pack_params,
 )
 from tlc.codegen.runtime import available_cpus, helper_symbols
 from tlc.codegen.target import HOST, Target, compile_ir, emit_object, host_lacks, target_machine
@@ -139,11 +139,10 @@ def compile_graph(
     if hit is not None:
         return hit if hit.threads == count else replace(hit, threads=count)
     _check_runnable(target)
-    # A payload over the bake limit is passed by pointer: the entry point holds it, laid out as
-    # baked fields are (the kernels' panels for the target: `held_payload`).
+    # A payload over the bake limit is passed by pointer: the entry point holds it packed.
     bound = not runtime_payload and not bakes_payload(graph, dtype)
     module, obj, runtime = _built(graph, payload, dtype, batch, runtime_payload or bound, target,
-                                  key, bound)  # fmt: skip
+                                  key)  # fmt: skip
     tracker = link_object(obj, [module.symbol], target, runtime=runtime)
     entry = EntryPoint(
         module.symbol,
@@ -154,9 +153,7 @@ def compile_graph(
         module.params_size if module.params is not None else None,
         owner=tracker,
         explain=_explainer(graph, payload, module, batch),
-        bound=held_payload(graph, payload or Payload(), dtype, batch=batch, target=target)
-        if bound
-        else None,
+        bound=pack_params(graph, payload or Payload(), dtype) if bound else None,
         threads=count,
     )
     _graph_cache[key] = entry
@@ -171,22 +168,18 @@ def _built(
     runtime_payload: bool,
     target: Target,
     key: tuple,
-    packed: bool = False,
 ) -> tuple[GraphModule, bytes, bool]:
     """The graph's module (its interface facts; `ir` empty when it came from the cache), its
     object code and whether that calls the runtime: from the object cache when this exact
     graph, payload and build were compiled before by the same tlc (`objcache.source_digest`)
-    for the same machine, else built, compiled and stored. `packed`: the runtime payload in
-    the baked fields' layouts (`build_graph_module`'s `packed_payload`)."""
-    name = objcache.key([objcache.source_digest(), *map(str, key), str(runtime_payload),
-                         str(packed)], target)  # fmt: skip
+    for the same machine, else built, compiled and stored."""
+    name = objcache.key([objcache.source_digest(), *map(str, key), str(runtime_payload)], target)
     hit = objcache.load(name)
     if hit is not None:
         obj, facts = hit
         return _module_of(facts), obj, facts["runtime"]
     module = build_graph_module(graph, payload, dtype, batch=batch,
-                                runtime_payload=runtime_payload, target=target,
-                                packed_payload=packed)  # fmt: skip
+                                runtime_payload=runtime_payload, target=target)  # fmt: skip
     obj = emit_object(compile_ir(module.ir, target), target)
     runtime = RUNTIME_CALL in module.ir
     objcache.store(name, obj, {**_facts_of(module), "runtime": runtime})

@@ -299,7 +299,6 @@ def build_graph_module(
     queries: bool = True,
     params_query: bool = True,
     profile: bool = False,
-    packed_payload: bool = False,
 ) -> GraphModule:
     """Check `graph` and its payload, and emit its module (see the module docstring) with
     kernels shaped for `target`. `entry_name` renames the entry point and `queries=False` leaves
@@ -311,15 +310,36 @@ def build_graph_module(
     tlc.dialect.batch). `profile`: every node's computation adds the nanoseconds of CPU time
     the calling thread spent in it to element `node id` of the exported i64 array
     `<symbol>_profile` (`_Profile`; a measuring build, bench/real_networks.py --profile: its
-    row regions are not merged into runs, so each node's time is its own). `packed_payload`
-    (with `runtime_payload` and the payload's values): the `params` array holds the fields
-    laid out as baked ones are (`ParamSpec.pack`: the matrix kernels' panels for `target`),
-    which only a caller holding the values can fill (`held_payload`): how the JIT passes a
-    payload over `BAKE_LIMIT`."""
-    graph, batch, shapes, records, plan = _prepared(graph, payload, dtype, batch,
-                                                    runtime_payload, profile)  # fmt: skip
+    row regions are not merged into runs, so each node's time is its own)."""
+    if has_batch(graph):
+        if batch is None:
+            raise error(
+                f"codegen: graph @{graph.graph_name} has the batch extent N in its shapes: "
+                "compile it for one batch size (tlc-compile --batch N; tlc.compile compiles "
+                "per batch size at call time)",
+                graph,
+            )
+        graph, batch = specialise(graph, batch), None
+    shapes = graph_shapes(graph)
+    check_lowerable(graph)
+    _check_addressable(graph, shapes, np.dtype(dtype).itemsize, batch)
+    # A runtime-payload build needs no values, but checks any it is given.
+    records = (
+        {}
+        if runtime_payload and not payload
+        else prepare_records(graph, payload or Payload(), dtype, shapes)
+    )
     inputs = [n for n in graph.nodes if isinstance(n, ops.InputOp)]
-    out_node = _output_node(graph)
+    if len(inputs) > 1:
+        raise error(
+            f"codegen: graph @{graph.graph_name} has {len(inputs)} input nodes; compiled entry "
+            "points take exactly one input",
+            inputs[1],
+        )
+    output = graph.output
+    assert output is not None, "verify-structure guarantees an output"
+    out_node = output.value.owner
+    assert isinstance(out_node, NodeOp)
     in_shape = shapes[inputs[0].id] if inputs else ()
     out_shape = shapes[out_node.id]
     symbol = graph_symbol(graph)
@@ -328,11 +348,9 @@ def build_graph_module(
     T = scalar_type(dtype)
     module = ir.Module(name=symbol)
     slots = _param_slots(graph, shapes) if runtime_payload else None
-    if packed_payload:
-        slots, offset = [], 0
-        for node_id, name, value in _held_fields(plan, shapes, records, dtype, info):
-            slots.append(ParamSlot(node_id, name, offset, value.shape, None))
-            offset += value.size
+    plan = plan_graph(graph, shapes, np.dtype(dtype).itemsize, batch, fusions(graph, out_node),
+                      runs=not profile,
+                      bypass=padding_bypass(graph, records, dtype, out_node))  # fmt: skip
     full_in = (batch, *in_shape) if batch is not None else in_shape
     full_out = (batch, *out_shape) if batch is not None else out_shape
 
@@ -345,7 +363,7 @@ def build_graph_module(
     x_ptr, out_ptr, threads = body.args[0], body.args[1], body.args[-1]
     arena = _Arena(k, graph, plan, threads)
     emitter = _NodeEmitter(module, symbol, k, plan, info, separate=len(graph.nodes) > INLINE_NODES,
-                           packed=slots is None or packed_payload)  # fmt: skip
+                           packed=slots is None)  # fmt: skip
     clock = _Profile(module, symbol, len(plan.nodes)) if profile else None
     values: list[Buf] = []
     slot_at = {(s.node, s.field): s for s in slots or ()}
@@ -360,16 +378,24 @@ def build_graph_module(
         if p.fused_into is not None:  # computed by its producer, which wrote its value
             values.append(values[p.fused_into])
             continue
-        specs = _kernel_specs(p, shapes)
-        if slots is not None:  # a packed payload's fields have their packed shapes
-            at = {name: slot_at[(node.id, name)] for name in specs}
-            params = {name: Buf(k.at(Buf(body.args[2], ()), slot.offset),
-                                slot.shape if packed_payload else specs[name].shape)
-                      for name, slot in at.items()}  # fmt: skip
+        # The fields as the kernel reads them: laid out for the shapes one call sees.
+        kernel = p.kernel or (p.rows.full if p.rows else None)
+        specs = (
+            LOWERINGS[type(node)].params(kernel.node, list(kernel.arg_shapes), kernel.out_shape)
+            if kernel is not None
+            else param_specs(node, shapes)
+        )
+        if slots is not None:
+            params = {
+                name: Buf(k.at(Buf(body.args[2], ()), slot_at[(node.id, name)].offset), spec.shape)
+                for name, spec in specs.items()
+            }
         else:
             params = {}
             for name, spec in specs.items():
-                value = _baked(node, name, spec, records.get(node.id), dtype, info)
+                value = field_value(node, name, spec, records.get(node.id), dtype)
+                if spec.pack is not None:
+                    value = spec.pack(value, info)
                 params[name] = Buf(k.global_constant(f"p{node.id}.{name}", value), value.shape)
         if p.into is not None:  # its slab of a concatenation's value
             concat, offset = p.into
@@ -421,101 +447,6 @@ def build_graph_module(
         tuple(slots) if slots is not None else None,
         plan,
     )
-
-
-def _prepared(
-    graph: GraphOp,
-    payload: Payload | None,
-    dtype: type,
-    batch: int | None,
-    runtime_payload: bool,
-    profile: bool,
-) -> tuple[GraphOp, int | None, list[Shape], dict[int, Record], GraphPlan]:
-    """`build_graph_module`'s checks and plan: the graph (its batch extent specialised), the
-    batch left to the kernels, the shapes, the checked payload records and the plan."""
-    if has_batch(graph):
-        if batch is None:
-            raise error(
-                f"codegen: graph @{graph.graph_name} has the batch extent N in its shapes: "
-                "compile it for one batch size (tlc-compile --batch N; tlc.compile compiles "
-                "per batch size at call time)",
-                graph,
-            )
-        graph, batch = specialise(graph, batch), None
-    shapes = graph_shapes(graph)
-    check_lowerable(graph)
-    _check_addressable(graph, shapes, np.dtype(dtype).itemsize, batch)
-    # A runtime-payload build needs no values, but checks any it is given.
-    records = (
-        {}
-        if runtime_payload and not payload
-        else prepare_records(graph, payload or Payload(), dtype, shapes)
-    )
-    inputs = [n for n in graph.nodes if isinstance(n, ops.InputOp)]
-    if len(inputs) > 1:
-        raise error(
-            f"codegen: graph @{graph.graph_name} has {len(inputs)} input nodes; compiled entry "
-            "points take exactly one input",
-            inputs[1],
-        )
-    out_node = _output_node(graph)
-    plan = plan_graph(graph, shapes, np.dtype(dtype).itemsize, batch, fusions(graph, out_node),
-                      runs=not profile,
-                      bypass=padding_bypass(graph, records, dtype, out_node))  # fmt: skip
-    return graph, batch, shapes, records, plan
-
-
-def _output_node(graph: GraphOp) -> NodeOp:
-    output = graph.output
-    assert output is not None, "verify-structure guarantees an output"
-    out_node = output.value.owner
-    assert isinstance(out_node, NodeOp)
-    return out_node
-
-
-def _kernel_specs(p: NodePlan, shapes: list[Shape]) -> dict[str, ParamSpec]:
-    """Node `p`'s fields as its kernel reads them: laid out for the shapes one call sees."""
-    kernel = p.kernel or (p.rows.full if p.rows else None)
-    if kernel is None:
-        return param_specs(p.node, shapes)
-    return LOWERINGS[type(p.node)].params(kernel.node, list(kernel.arg_shapes), kernel.out_shape)
-
-
-def _baked(
-    node: NodeOp, name: str, spec: ParamSpec, record: Record | None, dtype: type, info: TargetInfo
-) -> np.ndarray:
-    """A field's value in the layout its kernel reads when the value is known (`ParamSpec.
-    pack` for the target)."""
-    value = field_value(node, name, spec, record, dtype)
-    return spec.pack(value, info) if spec.pack is not None else value
-
-
-def _held_fields(
-    plan: GraphPlan, shapes: list[Shape], records: dict[int, Record], dtype: type,
-    info: TargetInfo,
-) -> list[tuple[int, str, np.ndarray]]:  # fmt: skip
-    """(node, field, value) of every field the build reads, in its order, laid out as baked
-    fields are: a `packed_payload` build's params array, one after the other."""
-    fields = []
-    for p in plan.nodes:
-        if p.dead or p.fused_into is not None:
-            continue
-        for name, spec in _kernel_specs(p, shapes).items():
-            fields.append((p.node.id, name, _baked(p.node, name, spec, records.get(p.node.id),
-                                                   dtype, info)))  # fmt: skip
-    return fields
-
-
-def held_payload(
-    graph: GraphOp, payload: Payload, dtype: type, *, batch: int | None = None,
-    target: Target = HOST,
-) -> np.ndarray:  # fmt: skip
-    """The params array a `packed_payload` build of `graph` for `target` reads: every field
-    in its kernel's layout (what the JIT holds for a payload over `BAKE_LIMIT`)."""
-    graph, batch, shapes, records, plan = _prepared(graph, payload, dtype, batch, True, False)
-    fields = _held_fields(plan, shapes, records, dtype, target_info(target))
-    values = [value.reshape(-1) for _, _, value in fields]
-    return np.concatenate(values) if values else np.zeros(0, dtype=dtype)
 
 
 def _destination(plan: GraphPlan, p: NodePlan, out_ptr: ir.Value, arena: _Arena) -> Buf:
