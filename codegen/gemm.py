@@ -313,7 +313,7 @@ class MicroKernel:
         return self.nv * self.lanes
 
 
-def _reserved(nv: int) -> int:
+def reserved_registers(nv: int) -> int:
     """Vector registers a tile of NV vectors of columns needs beside its accumulators: the NV
     loaded vectors and a broadcast; with a single vector, LLVM's unrolled loop keeps several
     broadcasts live (tiles of 10 or more rows spilled on 16 registers), so 7."""
@@ -323,9 +323,9 @@ def _reserved(nv: int) -> int:
 @cache
 def micro_kernel(info: TargetInfo, itemsize: int, m: int, n: int) -> MicroKernel:
     """The tile for an m x n product on the target. Every MR x NV whose MR*NV accumulators
-    and `_reserved` registers fit the target's (16 on AVX2/SSE, 32 on AVX-512) is scored by the
-    cycles its tiles take per step along k to cover m x n (rows and columns past the edge
-    included): max(FMAs / FMA_PER_CYCLE, loads / LOADS_PER_CYCLE, MIN_STEP) per tile; ties
+    and `reserved_registers` fit the target's registers (16 on AVX2/SSE, 32 on AVX-512) is
+    scored by the cycles its tiles take per step along k to cover m x n (rows and columns past
+    the edge included): max(FMAs / FMA_PER_CYCLE, loads / LOADS_PER_CYCLE, MIN_STEP) per tile; ties
     go to fewer rows past the edge, more accumulators, then more rows. For the wide layers
     that is 6 x 2 vectors (6x16 f32) or 4 x 3 on AVX2 and 8 x 2 vectors (8x32) on AVX-512;
     a single row (batch 1) gets 4 vectors."""
@@ -336,15 +336,20 @@ def micro_kernel(info: TargetInfo, itemsize: int, m: int, n: int) -> MicroKernel
         return _cycles(mr, nv, lanes, m, n)
 
     shapes = [(mr, nv) for nv in range(1, 5) for mr in range(1, regs)
-              if mr * nv + _reserved(nv) <= regs]  # fmt: skip
+              if mr * nv + reserved_registers(nv) <= regs]  # fmt: skip
     mr, nv = min(shapes, key=lambda s: (cycles(*s), -(-m // s[0]) * s[0], -s[0] * s[1], -s[0]))
     return MicroKernel(mr, nv, lanes, min(max(PANEL_BYTES // (nv * lanes * itemsize), 8), 1024))
 
 
+def step_cycles(mr: int, nv: int) -> float:
+    """The issue model's cycles per step along k of one tile of MR broadcasts by NV vectors
+    (the direct convolution's tiles are scored by it too)."""
+    return max(mr * nv / FMA_PER_CYCLE, (mr + nv) / LOADS_PER_CYCLE, MIN_STEP)
+
+
 def _cycles(mr: int, nv: int, lanes: int, m: int, n: int) -> float:
     """The issue model's cycles per step along k of MR x NV tiles covering m x n."""
-    per_step = max(mr * nv / FMA_PER_CYCLE, (mr + nv) / LOADS_PER_CYCLE, MIN_STEP)
-    return math.ceil(m / mr) * math.ceil(n / (nv * lanes)) * per_step
+    return math.ceil(m / mr) * math.ceil(n / (nv * lanes)) * step_cycles(mr, nv)
 
 
 def product_cycles(info: TargetInfo, itemsize: int, m: int, n: int) -> float:

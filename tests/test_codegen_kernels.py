@@ -1,6 +1,8 @@
 """The packed matrix kernels: micro-kernels derived from the target, compile-time packed
 weights, cache blocking, convolution as an implicit matrix product over the batch with
-remainder tiles for any output extent, the direct depthwise kernel and fused epilogues.
+remainder tiles for any output extent, the direct depthwise kernel, the direct convolution
+with output channels as the vector dimension (tests/test_conv_direct.py has its own cases) and
+fused epilogues.
 
 Shapes are chosen to reach every path: row tiles of their own height, a partial last panel,
 several K blocks, output planes that are not whole vectors (so stores straddle two images),
@@ -64,17 +66,26 @@ GRAPHS = {
         conv([2, 4, 16, 16], "kernel = [3, 3], padding = [1, 1]", 4, 12),
         {"weight": (12, 4, 3, 3), "bias": (12,)},
     ),
-    # K = 32 * 9 = 288: two K blocks of the convolution's product (partial sums kept), with
-    # 7x7 output planes and a remainder row tile.
+    # K = 32 * 9 = 288 per group: two K blocks of the convolution's product (partial sums
+    # kept), with 7x7 output planes and a remainder row tile (two groups: the direct kernel
+    # takes one group only).
     "conv_deep": (
-        conv([2, 32, 7, 7], "kernel = [3, 3], padding = [1, 1]", 32, 20),
+        conv([2, 64, 7, 7], "kernel = [3, 3], padding = [1, 1], groups = 2", 64, 20),
         {"weight": (20, 32, 3, 3), "bias": (20,)},
     ),
-    # 5x5 output planes of 128 channels over 2 images, strided and padded: few positions, many
-    # channels, computed as C^T = patches^T W^T on AVX-512 (`_transposed_mk`).
+    # 5x5 output planes of 128 channels over 2 images, a 1x1 stride-2 convolution: few
+    # positions, many channels, computed as C^T = patches^T W^T on AVX2 and AVX-512
+    # (`_transposed_mk`).
     "conv_transposed": (
-        conv([2, 32, 10, 10], "kernel = [3, 3], stride = [2, 2], padding = [1, 1]", 32, 128),
-        {"weight": (128, 32, 3, 3), "bias": (128,)},
+        conv([2, 64, 10, 10], "kernel = [1, 1], stride = [2, 2]", 64, 128),
+        {"weight": (128, 64, 1, 1), "bias": (128,)},
+    ),
+    # K = 32 * 9 = 288, one group, baked: the direct kernel (`conv_direct`: output channels as
+    # the vector dimension), 9 x 11 output planes (edge tiles of their own shape) over 2
+    # images, 40 channels (a partial last block of channels).
+    "conv_channels": (
+        conv([2, 32, 9, 11], "kernel = [3, 3], padding = [1, 1]", 32, 40),
+        {"weight": (40, 32, 3, 3), "bias": (40,)},
     ),
     # A 1x1 convolution on 13x11 planes (143 positions, not whole vectors): on AVX-512 its
     # tiles read the input in place, the last vector of the plane under a mask.
@@ -230,7 +241,7 @@ def hot_loop(asm: str) -> str:
 
 
 @pytest.mark.parametrize(("cpu", "reg", "fmas"), [("znver3", "ymm", 12), ("znver4", "zmm", 16)])
-@pytest.mark.parametrize("name", ["linear", "conv_direct", "conv_7x7"])
+@pytest.mark.parametrize("name", ["linear", "conv_direct", "conv_7x7", "conv_channels"])
 def test_micro_kernel_loops_are_fmas_on_full_registers(
     name: str, cpu: str, reg: str, fmas: int
 ) -> None:
@@ -256,7 +267,7 @@ def test_relu_is_fused_into_the_stores(activation: str) -> None:
     """A relu (or relu6, a clip) that is the only user of a linear or convolution is applied
     as the tiles are stored: the graph has no function for the relu node, and the values
     match."""
-    for name in ("linear", "conv_7x7", "depthwise", "conv_transposed"):
+    for name in ("linear", "conv_7x7", "depthwise", "conv_transposed", "conv_channels"):
         text, _, payload, x, _ = case(name, np.float32)
         graph = checked_graph(tlc.parse(text.replace("relu(%1)", activation)))
         expected = interpret(graph, payload, x, np.float32).output

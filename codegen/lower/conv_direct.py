@@ -1,0 +1,270 @@
+"""Direct convolution with the output channels as the vector dimension (the formulation of
+MLAS's NCHWc kernels, with the activations kept in NCHW).
+
+Per tile of `DirectTile.rows` x `cols` output positions of one image and `nv` vectors of
+output channels, for every patch row p = (input channel, tap): load the nv vectors of the
+packed weights' row p ([ceil(cout / NR), depth, NR] at compile time: `pack_panels(W^T, NR)`,
+as C^T packs them) and broadcast the input scalar each position of the tile reads, read in
+place in the (staged, for padding or a stride) input planes: position (dy, dx) of the tile
+reads `taps[p] + dy * E + dx` past the tile's first position, a compile-time offset, so the
+loop is loads and FMAs with nothing packed (no im2col, no patch panels) and no position
+computed past the plane's edge (the tiles at the right and bottom edges have their own,
+smaller shape). The finished accumulators (vectors of channels) are transposed in registers
+(`_transpose`: two-vector shuffles) into one vector of positions per output channel, and
+stored one tile row at a time, with the bias and the fused epilogue applied to those vectors
+as every convolution store applies them. `convolution._conv` chooses this kernel by
+`_direct_tile`, a measured rule (`DIRECT_DEPTH`), and stages the input for it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from llvmlite import ir
+
+from tlc.codegen.builder import I1, I32, I64, Buf, KernelBuilder
+from tlc.codegen.gemm import (
+    Epilogue,
+    MicroKernel,
+    packed_tile,
+    reserved_registers,
+    splat,
+    step_cycles,
+    store_vector,
+)
+from tlc.codegen.target import TargetInfo
+
+#: The most output rows one tile spans.
+TILE_ROWS = 4
+#: The shortest patch row (input channels x taps) the direct kernel is chosen for. Measured
+#: on Zen 4 (one thread, against the product kernel in the same process): 3x3 over 16
+#: channels (144) on 32 x 32 ran at 67 GFLOP/s direct against 80 by the product kernel, the
+#: bench CNN's 3 -> 16 (27) at 46 against 49 and mobilenet_v2's 3 -> 32 stem at 73 against 85:
+#: over a short row, a tile's transposed stores and the staging weigh as much as packing;
+#: from 288 (3x3 over 32 channels) on, direct was faster on every layer measured.
+DIRECT_DEPTH = 256
+
+
+@dataclass(frozen=True)
+class DirectTile:
+    """The register tile of the direct kernel: `rows` x `cols` output positions (one
+    broadcast each per step) by `nv` vectors of `lanes` output channels (one load each)."""
+
+    rows: int
+    cols: int
+    nv: int
+    lanes: int
+
+    @property
+    def nr(self) -> int:
+        return self.nv * self.lanes
+
+
+def _tiles(extent: int, size: int) -> list[tuple[int, int]]:
+    """(count, size) of the tiles covering `extent`: whole ones and the remainder."""
+    whole, rest = divmod(extent, size)
+    return [(n, s) for n, s in ((whole, size), (1 if rest else 0, rest)) if n]
+
+
+def tile_cycles(tile: DirectTile, oh: int, ow: int, cout: int) -> float:
+    """Cycles per patch row of the tiles covering an oh x ow output plane of cout channels
+    (`gemm.step_cycles`, the GEMM tiles' issue model, per tile)."""
+    rows, cols = _tiles(oh, tile.rows), _tiles(ow, tile.cols)
+    per_block = sum(nr * nc * step_cycles(r * c, tile.nv) for nr, r in rows for nc, c in cols)
+    return -(-cout // tile.nr) * per_block
+
+
+def direct_tile(info: TargetInfo, itemsize: int, oh: int, ow: int, cout: int) -> DirectTile:
+    """The tile for an oh x ow plane of cout channels on the target: every rows x cols x nv
+    whose accumulators and `reserved_registers` (as the GEMM tiles count them) fit the
+    target's vector registers is scored by `tile_cycles`; ties go to fewer tile shapes (each
+    edge tile is code of its own: 2 x 7 tiles over a 7 x 7 plane compiled 0.4 s slower than
+    1 x 7 and ran no faster), then more accumulators (fewer loads of the weights), then
+    fewer rows."""
+    lanes = max(info.vector_bytes // itemsize, 1)
+    regs = info.vector_registers
+    shapes = [DirectTile(rows, cols, nv, lanes)
+              for nv in range(1, 5) for rows in range(1, min(oh, TILE_ROWS) + 1)
+              for cols in range(1, ow + 1)
+              if rows * cols * nv + reserved_registers(nv) <= regs]  # fmt: skip
+
+    def score(t: DirectTile) -> tuple[float, int, int, int]:
+        edges = len(_tiles(oh, t.rows)) * len(_tiles(ow, t.cols))
+        return tile_cycles(t, oh, ow, cout), edges, -t.rows * t.cols * t.nv, t.rows
+
+    return min(shapes, key=score)
+
+
+@dataclass(frozen=True)
+class DirectPlane:
+    """Where a group of `images` images' direct convolution reads and writes: `source` (their
+    input planes, or their staged copies, `step` elements from one image to the next),
+    `base` (the first image's first element there), `extent` (elements between the rows of
+    those planes), `taps` (an i32 table: patch row p's offset, `ConvFrame.tap_table`),
+    `depth` (patch rows), `first` (the first image's first output plane in `out`), `out_sp`
+    and `cout`."""
+
+    source: Buf
+    base: ir.Value
+    step: int
+    images: ir.Value
+    extent: int
+    taps: ir.Value
+    depth: int
+    first: ir.Value
+    out_sp: tuple[int, int]
+    cout: int
+
+
+def direct_units(tile: DirectTile, out_sp: tuple[int, int], cout: int) -> int:
+    """The units of an image a split call shares out: (block of NR channels, row of tiles)
+    pairs, block-major."""
+    return -(-cout // tile.nr) * -(-out_sp[0] // tile.rows)
+
+
+def unit_rows(
+    k: KernelBuilder, tile: DirectTile, units: tuple[ir.Value, ir.Value], out_sp: tuple[int, int]
+) -> tuple[ir.Value, ir.Value]:
+    """The output rows [first, end) the units [lo, hi) read for: their rows of tiles when they
+    lie in one block of channels, else every row."""
+    b, (lo, hi), oh = k.b, units, out_sp[0]
+    row_tiles = k.i64(-(-oh // tile.rows))
+    last = b.sub(b.select(b.icmp_signed(">", hi, lo), hi, b.add(lo, k.i64(1))), k.i64(1))
+    same = b.icmp_signed("==", b.udiv(lo, row_tiles), b.udiv(last, row_tiles))
+    first = b.mul(b.urem(lo, row_tiles), k.i64(tile.rows))
+    end = b.mul(b.add(b.urem(last, row_tiles), k.i64(1)), k.i64(tile.rows))
+    end = b.select(b.icmp_signed("<", end, k.i64(oh)), end, k.i64(oh))
+    return b.select(same, first, k.i64(0)), b.select(same, end, k.i64(oh))
+
+
+def emit_direct(
+    k: KernelBuilder,
+    tile: DirectTile,
+    plane: DirectPlane,
+    params: tuple[Buf, Buf],
+    out: Buf,
+    units: tuple[ir.Value, ir.Value],
+    fn: Epilogue | None,
+) -> None:
+    """The units [lo, hi) (`direct_units`) of a group of images: out = fn(W patches + bias)
+    with `params` = (W^T packed as `pack_panels(W^T, tile.nr)`, bias padded to whole
+    blocks). Each unit runs over every image of the group, so a block's weights are read
+    from memory once per group, not once per image (512 -> 512 on 7 x 7: 9.4 MB)."""
+    b, lanes, nr = k.b, tile.lanes, tile.nr
+    (oh, ow), cout, extent, taps = plane.out_sp, plane.cout, plane.extent, plane.taps
+    row_tiles = -(-oh // tile.rows)
+    vec = ir.VectorType(k.T, lanes)
+    w, bias = params
+    source = plane.source
+    lo, hi = units
+
+    def micro(block: ir.Value, oy: ir.Value, ox: ir.Value, height: int, width: int,
+              image: ir.Value) -> None:  # fmt: skip
+        base = b.add(plane.base, b.mul(image, k.i64(plane.step)))
+        positions = height * width
+        start = b.add(base, b.add(b.mul(oy, k.i64(extent)), ox))
+        offsets = [(r // width) * extent + r % width for r in range(positions)]
+        zero = ir.Constant(vec, [0.0] * lanes)
+
+        def a_at(r: int, p: ir.Value) -> ir.Value:
+            tap = b.sext(b.load(b.gep(taps, [p], inbounds=True)), I64)
+            return k.at(source, b.add(b.add(start, tap), k.i64(offsets[r])))
+
+        def b_at(v: int, p: ir.Value) -> ir.Value:
+            row = b.mul(b.add(b.mul(block, k.i64(plane.depth)), p), k.i64(nr))
+            return k.at(w, b.add(row, k.i64(v * lanes)))
+
+        accs: dict[tuple[int, int], ir.Value] = {}
+
+        def finish(r: int, v: int, acc: ir.Value) -> None:
+            accs[r, v] = acc
+
+        mk = MicroKernel(positions, tile.nv, lanes, 0)
+        packed_tile(k, mk, positions, a_at, b_at, k.i64(plane.depth), lambda r, v: zero, finish)
+        for v in range(tile.nv):
+            for g in range(0, positions, lanes):
+                group = [accs.get((g + lane, v), zero) for lane in range(lanes)]
+                for c, value in enumerate(_transpose(k, group)):
+                    oc = b.add(b.mul(block, k.i64(nr)), k.i64(v * lanes + c))
+                    first = b.add(b.add(plane.first, b.mul(image, k.i64(cout))), oc)
+                    # Channels past cout (a last, partial block) are not stored.
+                    past = cout % nr and v * lanes + c >= cout % nr
+                    with b.if_then(b.icmp_signed("<", oc, k.i64(cout)) if past
+                                   else ir.Constant(I1, 1)):  # fmt: skip
+                        _store_positions(k, out, value, first, (oy, ox), (g, width,
+                                         min(positions, g + lanes)), (oh, ow),
+                                         k.load(bias, oc), fn)  # fmt: skip
+
+    def row_of_tiles(block: ir.Value, oy: ir.Value, height: int) -> None:
+        whole = ow // tile.cols
+        with k.loop(plane.images, "im") as image:
+            with k.loop(whole, "ct") as ct:
+                micro(block, oy, b.mul(ct, k.i64(tile.cols)), height, tile.cols, image)
+            if ow % tile.cols:
+                micro(block, oy, k.i64(whole * tile.cols), height, ow % tile.cols, image)
+
+    with k.loop(hi, "u", start=lo) as u:
+        block, rt = b.udiv(u, k.i64(row_tiles)), b.urem(u, k.i64(row_tiles))
+        oy = b.mul(rt, k.i64(tile.rows))
+        if oh % tile.rows:
+            last = b.icmp_signed("==", rt, k.i64(row_tiles - 1))
+            with b.if_else(last) as (edge, inner):
+                with edge:
+                    row_of_tiles(block, oy, oh % tile.rows)
+                with inner:
+                    row_of_tiles(block, oy, tile.rows)
+        else:
+            row_of_tiles(block, oy, tile.rows)
+
+
+def _transpose(k: KernelBuilder, rows: list[ir.Value]) -> list[ir.Value]:
+    """The lanes x lanes transpose of `rows` (vectors of `lanes` lanes): out[c][r] = rows[r][c],
+    by log2(lanes) rounds of two-vector shuffles exchanging blocks of h lanes (h = lanes/2,
+    ..., 1), lanes / 2 pairs a round."""
+    n, b = len(rows), k.b
+    out, h = list(rows), n // 2
+    while h:
+        low = [j if not j & h else j - h + n for j in range(n)]
+        high = [j + h if not j & h else j + n for j in range(n)]
+        for i in (i for i in range(n) if not i & h):
+            a, c = out[i], out[i + h]
+            out[i] = b.shuffle_vector(a, c, ir.Constant(ir.VectorType(I32, n), low))
+            out[i + h] = b.shuffle_vector(a, c, ir.Constant(ir.VectorType(I32, n), high))
+        h //= 2
+    return out
+
+
+def _store_positions(
+    k: KernelBuilder,
+    out: Buf,
+    value: ir.Value,
+    plane: ir.Value,
+    corner: tuple[ir.Value, ir.Value],
+    lanes_at: tuple[int, int, int],
+    extents: tuple[int, int],
+    bias: ir.Value,
+    fn: Epilogue | None,
+) -> None:
+    """Store the tile positions [first, end) (`lanes_at` = (first, width, end)) of one output
+    channel: lane l of `value` is position first + l, row-major in a tile `width` wide whose
+    corner is `corner` = (oy, ox) of output plane `plane` (of `extents`), stored after adding
+    `bias` and applying `fn` (the fused epilogue, on vectors of positions as every convolution
+    store applies it): one store per tile row the lanes reach, of that row's lanes."""
+    b, lanes = k.b, value.type.count
+    (oy, ox), (first, width, end), (oh, ow) = corner, lanes_at, extents
+    value = b.fadd(value, splat(k, value.type, bias))
+    if fn is not None:
+        value = fn(value)
+    row0 = b.add(b.mul(b.add(b.mul(plane, k.i64(oh)), oy), k.i64(ow)), ox)
+    for dy in range(first // width, -(-end // width)):
+        lo, hi = max(dy * width, first) - first, min((dy + 1) * width, end) - first
+        # Lane l lands at row dy, column first + l - dy * width of the tile.
+        at = b.add(row0, k.i64(dy * ow + first - dy * width))
+        ptr = b.gep(out.ptr, [at])
+        if lo == 0 and hi == lanes:
+            store_vector(k, value, ptr, lanes)
+        elif lo == 0:
+            store_vector(k, value, ptr, hi)
+        else:
+            mask = ir.Constant(ir.VectorType(I1, lanes), [lo <= j < hi for j in range(lanes)])
+            store_vector(k, value, ptr, lanes, mask)

@@ -1,0 +1,181 @@
+"""The direct convolution kernel (`tlc.codegen.lower.conv_direct`): output channels as the
+vector dimension, the input broadcast in place, tiles of output positions of their own shape at
+the plane's edges, the accumulators transposed in registers before the stores.
+
+Random convolutions (channels, planes 1..30, stride 1/2, padding, dilation, kernels 3x3 and
+others, batch) run through the JIT against the reference interpreter with the kernel's rule
+lowered to every patch row length (`DIRECT_DEPTH`; the object cache and the process's table
+are off, so the patched rule is what builds), and at the real rule's sizes on the SSE, AVX2
+and AVX-512 targets this CPU can run; a split call gives the same bits at 1, 2 and 3 threads.
+Tolerances: f64 rtol 1e-11, f32 rtol 2e-5 of the output's scale (the summation-order
+tolerances of tests/op_records.py: the kernel sums the patch row in its own order).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_codegen_targets import runnable
+
+import tlc
+from tlc.api.evaluate import checked_graph
+from tlc.codegen import objcache
+from tlc.codegen.gemm import reserved_registers
+from tlc.codegen.jit import compile_graph
+from tlc.codegen.lower import convolution
+from tlc.codegen.lower.conv_direct import direct_tile
+from tlc.codegen.lower.convolution import ConvFrame, kernel_name
+from tlc.codegen.module import build_graph_module, pack_params
+from tlc.codegen.target import Target, target_info
+from tlc.core.payload import Payload
+from tlc.semantics.interpret import interpret
+
+X86_64 = "x86_64-unknown-linux-gnu"
+
+
+def conv_case(
+    batch: int, cin: int, cout: int, size: tuple[int, int], attrs: str, kernel: tuple[int, int],
+    seed: int = 0,
+) -> tuple[str, Payload, np.ndarray]:  # fmt: skip
+    """A conv + relu graph (batch, cin, size) -> cout channels, random weights and input."""
+    fields = (f"kernel = [{kernel[0]}, {kernel[1]}], {attrs}, channel_axis = 1, "
+              f"in_channels = {cin}, out_channels = {cout}")  # fmt: skip
+    text = (f"tl.graph @c {{\n  %0 = input : [{batch}, {cin}, {size[0]}, {size[1]}]\n"
+            f"  %1 = conv(%0) {{{fields}}}\n  %2 = relu(%1)\n  output %2\n}}\n")  # fmt: skip
+    rng = np.random.default_rng(seed)
+    weight = rng.normal(size=(cout, cin, *kernel)) / np.sqrt(cin * kernel[0] * kernel[1])
+    payload = Payload({1: {"weight": weight, "bias": rng.normal(size=cout)}})
+    return text, payload, rng.normal(size=(batch, cin, *size))
+
+
+def close(got: np.ndarray, expected: np.ndarray, dtype: type) -> None:
+    rtol = 1e-11 if dtype == np.float64 else 2e-5
+    np.testing.assert_allclose(got, expected, rtol=rtol, atol=rtol * np.abs(expected).max())
+
+
+def frame(text: str) -> ConvFrame:
+    graph = checked_graph(tlc.parse(text))
+    node, x = graph.nodes[1], graph.nodes[0].declared_shape
+    return ConvFrame.of(node, x, node.infer([x]))
+
+
+def reference(text: str, payload: Payload, x: np.ndarray, dtype: type) -> np.ndarray:
+    return interpret(checked_graph(tlc.parse(text)), payload, x.astype(dtype), dtype).output
+
+
+@st.composite
+def convolutions(draw: st.DrawFn) -> tuple:
+    kernel = draw(st.sampled_from([(3, 3), (2, 3), (5, 5), (3, 1)]))
+    stride = draw(st.sampled_from([1, 2]))
+    dilation = draw(st.sampled_from([1, 1, 2]))
+    padding = [draw(st.integers(0, 2)), draw(st.integers(0, 2))]
+    # Output planes of 1..30 positions a side (inputs whose padding is wider than themselves
+    # have fewer).
+    out = [draw(st.integers(1, 30)) for _ in kernel]
+    size = tuple(max((o - 1) * stride + (k - 1) * dilation + 1 - 2 * p, 1)
+                 for o, k, p in zip(out, kernel, padding, strict=True))  # fmt: skip
+    attrs = (f"stride = [{stride}, {stride}], padding = [{padding[0]}, {padding[1]}], "
+             f"dilation = [{dilation}, {dilation}]")  # fmt: skip
+    return (draw(st.integers(1, 3)), draw(st.integers(1, 9)), draw(st.integers(1, 40)), size,
+            attrs, kernel)  # fmt: skip
+
+
+@settings(max_examples=30, deadline=None)
+@given(convolutions(), st.sampled_from([np.float32, np.float64]))
+def test_direct_kernel_computes_the_reference(conv: tuple, dtype: type) -> None:
+    """Any batch, channels, plane, stride, padding, dilation and kernel, with the rule taking
+    every patch row length (`DIRECT_DEPTH` = 1)."""
+    text, payload, x = conv_case(*conv)
+    f = frame(text)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(objcache.ENV_SWITCH, "0")
+        patch.setattr(convolution, "DIRECT_DEPTH", 1)
+        info, itemsize = target_info(), np.dtype(dtype).itemsize
+        if f.window.taps > 1 and f.window.out_sp[-1] % (info.vector_bytes // itemsize):
+            assert kernel_name(info, itemsize, f).startswith("direct")
+        got = tlc.compile(text, payload, "f32" if dtype == np.float32 else "f64")(x)
+    close(got, reference(text, payload, x, dtype), dtype)
+
+
+@pytest.mark.parametrize("cpu", ["x86-64-v2", "haswell", "znver4"])
+@pytest.mark.parametrize(
+    ("batch", "cin", "cout", "size", "attrs"),
+    [(1, 32, 64, (14, 14), "padding = [1, 1]"),
+     (2, 29, 37, (9, 13), "stride = [2, 2], padding = [1, 1]"),
+     (1, 64, 48, (7, 7), "padding = [1, 1]")],
+)  # fmt: skip
+def test_the_rule_runs_the_direct_kernel_on_every_target(
+    cpu: str, batch: int, cin: int, cout: int, size: tuple[int, int], attrs: str
+) -> None:
+    """3x3 over 29 channels or more (patch rows of at least DIRECT_DEPTH), f32 and f64, on
+    SSE, AVX2 and AVX-512 code."""
+    text, payload, x = conv_case(batch, cin, cout, size, attrs, (3, 3), seed=cin)
+    info = target_info(Target(cpu, triple=X86_64))
+    assert kernel_name(info, 4, frame(text)).startswith("direct"), cpu
+    runnable(cpu)
+    for dtype in (np.float32, np.float64):
+        got = tlc.compile(text, payload, "f32" if dtype == np.float32 else "f64",
+                          target_cpu=cpu)(x)  # fmt: skip
+        close(got, reference(text, payload, x, dtype), dtype)
+
+
+@pytest.mark.parametrize(
+    ("cin", "kernel", "attrs", "size", "kind"),
+    [(16, (3, 3), "padding = [1, 1]", 28, "C "),  # patch rows of 144: the product kernel
+     (64, (1, 1), "stride = [1, 1]", 28, "C "),  # 1x1: read in place by the product kernel
+     (64, (3, 3), "padding = [1, 1], groups = 2", 28, "C "),  # groups
+     (32, (3, 3), "padding = [1, 1]", 28, "direct"),
+     # output rows of whole vectors (32 = 2 x 16): the product kernel reads them in place
+     (32, (3, 3), "padding = [1, 1]", 32, "C ")],
+)  # fmt: skip
+def test_which_convolutions_run_direct(
+    cin: int, kernel: tuple[int, int], attrs: str, size: int, kind: str
+) -> None:
+    text, _, _ = conv_case(1, cin, 64, (size, size), attrs, kernel)
+    info = target_info(Target("znver4", triple=X86_64))
+    assert kernel_name(info, 4, frame(text)).startswith(kind)
+
+
+def test_runtime_payloads_run_the_product_kernel() -> None:
+    """A runtime payload keeps W row-major (the C ABI's layout): the product kernel reads it
+    row by row; the direct kernel needs W^T packed at compile time."""
+    text, payload, x = conv_case(1, 32, 40, (10, 10), "padding = [1, 1]", (3, 3))
+    graph = checked_graph(tlc.parse(text))
+    f = compile_graph(graph, None, np.float32, runtime_payload=True)
+    got = f(x.astype(np.float32), pack_params(graph, payload, np.float32))
+    close(got, reference(text, payload, x, np.float32), np.float32)
+
+
+@pytest.mark.parametrize(
+    ("cpu", "oh", "ow", "cout", "tile"),
+    [("znver4", 14, 14, 256, (1, 14, 2)),  # 28 accumulators, no edge tile
+     ("znver4", 7, 7, 512, (1, 7, 2)),  # 2 x 7 would need an edge tile for the last row
+     ("znver4", 56, 56, 64, (1, 14, 2)),
+     ("znver3", 28, 28, 128, (1, 6, 2)),  # 12 of 16 ymm registers
+     ("znver3", 14, 14, 256, (2, 2, 3))],
+)  # fmt: skip
+def test_tiles_come_from_the_target(
+    cpu: str, oh: int, ow: int, cout: int, tile: tuple[int, int, int]
+) -> None:
+    info = target_info(Target(cpu, triple=X86_64))
+    got = direct_tile(info, 4, oh, ow, cout)
+    assert (got.rows, got.cols, got.nv) == tile
+    assert got.rows * got.cols * got.nv + reserved_registers(got.nv) <= info.vector_registers
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_split_calls_give_the_same_bits(batch: int) -> None:
+    """At batch 1 the call is split into parts over (block of channels, row of tiles) units,
+    each staging only the input rows it reads; at batch 3 into row tasks of images: the bytes
+    are those of one thread either way."""
+    text, payload, x = conv_case(batch, 64, 96, (20, 20), "padding = [1, 1]", (3, 3))
+    graph = checked_graph(tlc.parse(text))
+    plan = build_graph_module(graph, payload, np.float32).plan
+    assert plan is not None
+    node = next(p for p in plan.nodes if p.node.id == 1)
+    assert (node.parts > 1) if batch == 1 else node.rows is not None, node
+    xs = x.astype(np.float32)
+    outputs = [tlc.compile(text, payload, "f32", threads=t)(xs).tobytes() for t in (1, 2, 3)]
+    assert outputs[0] == outputs[1] == outputs[2]
