@@ -22,8 +22,9 @@ import tlc
 from tlc.api.evaluate import checked_graph
 from tlc.codegen import module
 from tlc.codegen.jit import compile_graph
+from tlc.codegen.lower.convolution import ConvFrame, kernel_name
 from tlc.codegen.module import build_graph_module, fusions, pack_params
-from tlc.codegen.target import HOST, Target
+from tlc.codegen.target import HOST, Target, target_info
 from tlc.core.payload import Payload
 from tlc.dialect import ops
 from tlc.semantics.interpret import interpret
@@ -292,3 +293,17 @@ def test_a_zero_tie_takes_the_last_zero_of_the_window() -> None:
     x = np.full((1, 1, 3, 3), -np.inf, np.float32)
     x[0, 0, 1, 0] = np.nan
     assert np.isnan(f(x)[0, 0, 0, 0])
+
+
+@pytest.mark.parametrize(("c", "h"), [(64, 14), (128, 7), (32, 28)])
+def test_the_direct_kernel_fuses_the_residual_add(
+    monkeypatch: pytest.MonkeyPatch, c: int, h: int
+) -> None:
+    """resnet18's 3x3 convolutions on small planes run the direct kernel (output channels as
+    the vector lanes, stored a tile row at a time): its stores read the shortcut at the lanes
+    they write, so the block's end is one store there too, with the unfused bits."""
+    graph = checked_graph(tlc.parse(residual(1, c, h, h, 3, 1, False, False, True)))
+    conv, x = graph.nodes[3], graph.nodes[1].require_declared()
+    frame = ConvFrame.of(conv, x, conv.require_declared())
+    assert kernel_name(target_info(), 4, frame).startswith("direct")
+    check_residual(monkeypatch, 1, c, h, h, 3, 1, False, False, True, 6)

@@ -21,6 +21,7 @@ from test_codegen_targets import runnable
 
 import tlc
 from tlc.api.evaluate import checked_graph
+from tlc.codegen import module as codegen_module
 from tlc.codegen import objcache
 from tlc.codegen.gemm import reserved_registers
 from tlc.codegen.jit import compile_graph
@@ -179,3 +180,21 @@ def test_split_calls_give_the_same_bits(batch: int) -> None:
     xs = x.astype(np.float32)
     outputs = [tlc.compile(text, payload, "f32", threads=t)(xs).tobytes() for t in (1, 2, 3)]
     assert outputs[0] == outputs[1] == outputs[2]
+
+
+def test_a_payload_over_the_bake_limit_is_held_in_the_kernels_layout() -> None:
+    """The JIT passes a payload over BAKE_LIMIT by pointer, laid out as baked fields are
+    (`module.bound_params`: here W^T in panels of NR channels, the bias padded to them, each
+    field 64-byte aligned), so the direct kernel runs on it as on baked weights (resnet18's
+    44 MB): the held array is at least the packed fields' size, which the row-major layout
+    (40 x 32 x 9 + 40) is not."""
+    text, payload, x = conv_case(1, 32, 40, (10, 10), "padding = [1, 1]", (3, 3))
+    graph = checked_graph(tlc.parse(text))
+    assert kernel_name(target_info(), 4, frame(text)).startswith("direct")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(objcache.ENV_SWITCH, "0")
+        patch.setattr(codegen_module, "BAKE_LIMIT", 64)
+        f = compile_graph(graph, payload, np.float32)
+    nr = direct_tile(target_info(), 4, 10, 10, 40).nr
+    assert f.bound is not None and f.bound.size >= -(-40 // nr) * nr * (32 * 9 + 1) > 40 * 289
+    close(f(x.astype(np.float32)), reference(text, payload, x, np.float32), np.float32)

@@ -30,7 +30,7 @@ from tlc.codegen.gemm import (
     reserved_registers,
     splat,
     step_cycles,
-    store_vector,
+    store_lanes,
 )
 from tlc.codegen.target import TargetInfo
 
@@ -248,23 +248,16 @@ def _store_positions(
     """Store the tile positions [first, end) (`lanes_at` = (first, width, end)) of one output
     channel: lane l of `value` is position first + l, row-major in a tile `width` wide whose
     corner is `corner` = (oy, ox) of output plane `plane` (of `extents`), stored after adding
-    `bias` and applying `fn` (the fused epilogue, on vectors of positions as every convolution
-    store applies it): one store per tile row the lanes reach, of that row's lanes."""
+    `bias` and applying `fn` (the fused epilogue, its operands read at the same lanes:
+    `store_lanes`): one store per tile row the lanes reach, of that row's lanes."""
     b, lanes = k.b, value.type.count
     (oy, ox), (first, width, end), (oh, ow) = corner, lanes_at, extents
-    value = b.fadd(value, splat(k, value.type, bias))
-    if fn is not None:
-        value = fn(value)
     row0 = b.add(b.mul(b.add(b.mul(plane, k.i64(oh)), oy), k.i64(ow)), ox)
+    stores = []
     for dy in range(first // width, -(-end // width)):
         lo, hi = max(dy * width, first) - first, min((dy + 1) * width, end) - first
         # Lane l lands at row dy, column first + l - dy * width of the tile.
         at = b.add(row0, k.i64(dy * ow + first - dy * width))
-        ptr = b.gep(out.ptr, [at])
-        if lo == 0 and hi == lanes:
-            store_vector(k, value, ptr, lanes)
-        elif lo == 0:
-            store_vector(k, value, ptr, hi)
-        else:
-            mask = ir.Constant(ir.VectorType(I1, lanes), [lo <= j < hi for j in range(lanes)])
-            store_vector(k, value, ptr, lanes, mask)
+        within = [lo <= j < hi for j in range(lanes)]
+        stores.append((at, None if all(within) else ir.Constant(ir.VectorType(I1, lanes), within)))
+    store_lanes(k, b.fadd(value, splat(k, value.type, bias)), out, stores, fn)
