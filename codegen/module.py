@@ -137,15 +137,15 @@ def node_function(
     parts: int = 1,
     maps: tuple[NodeOp, ...] = (),
 ) -> ir.Function:
-    """`i32 name(args..., params..., out[, scratch][, i64 part])`: one node as an internal
+    """`i32 name(args..., params..., out[, scratch][, i64 part, i64 end])`: one node as an internal
     function of pointers, so the optimiser works on one node at a time and nodes that differ
     only in their data share code (a graph of 1,000 nodes compiles in seconds). `out` is
     `noalias` unless the plan has the node overwrite an operand (`in_place`); `packed`,
-    `fused` and `maps` as in `lower_node`; with `parts` > 1 the function computes part `part`
-    of them."""
+    `fused` and `maps` as in `lower_node`; with `parts` > 1 the function computes parts
+    [`part`, `end`) of them: one part in a task, all of them on one thread."""
     T = scalar_type(dtype)
     shapes = [*arg_shapes, *param_shapes.values(), out_shape, *([(scratch,)] if scratch else [])]
-    types = [T.as_pointer()] * len(shapes) + ([I64] if parts > 1 else [])
+    types = [T.as_pointer()] * len(shapes) + ([I64, I64] if parts > 1 else [])
     func = ir.Function(module, ir.FunctionType(I32, types), module.get_unique_name(name))
     func.linkage = "internal"
     k = KernelBuilder(func, dtype, info)
@@ -163,7 +163,7 @@ def node_function(
         inner[len(shapes) - 1] if scratch else None,
         packed=packed,
         fused=fused,
-        part=func.args[-1] if parts > 1 else None,
+        part=(func.args[-2], func.args[-1]) if parts > 1 else None,
         parts=parts,
         maps=maps,
     )
@@ -213,17 +213,18 @@ def lower_node(
     *,
     packed: bool = False,
     fused: Fused | None = None,
-    part: ir.Value | None = None,
+    part: tuple[ir.Value, ir.Value] | None = None,
     parts: int = 1,
     maps: tuple[NodeOp, ...] = (),
 ) -> Buf:
     """Emit one node; returns where its value lives (`out`, or the buffer a view aliases).
     `packed`: the params are baked in their `ParamSpec.pack` layouts; `fused`: the
-    elementwise nodes whose value the node writes (see `fusions`); `part` of `parts`: the
-    share of a split call (`Step.part`); `maps`: the per-channel maps applied first
-    (`channel_maps`)."""
+    elementwise nodes whose value the node writes (see `fusions`); `part`: the parts
+    [first, end) of `parts` a split call computes (`Step.part`); `maps`: the per-channel
+    maps applied first (`channel_maps`)."""
     lowering = LOWERINGS[type(node)]
-    step = Step(node, args, params, out, scratch, packed, fused, part, parts, maps)
+    first, end = part if part is not None else (None, None)
+    step = Step(node, args, params, out, scratch, packed, fused, first, parts, end, maps)
     result = lowering.emit(k, step)
     return result if lowering.view else out
 
@@ -900,11 +901,11 @@ class _NodeEmitter:
             self.functions[key] = func
         return func, [ir.Constant(I64, n)]
 
-    def kernel(self, p: NodePlan, kernel: Kernel, params: dict[str, Buf], scratch: int,
-               whole: bool = False) -> ir.Function:  # fmt: skip
-        """The node function of `kernel`: split into the plan's parts, unless `whole`."""
+    def kernel(self, p: NodePlan, kernel: Kernel, params: dict[str, Buf], scratch: int
+               ) -> ir.Function:  # fmt: skip
+        """The node function of `kernel`: split into the plan's parts."""
         param_shapes = {name: b.shape for name, b in params.items()}
-        parts = 1 if whole or p.rows is not None else p.parts
+        parts = 1 if p.rows is not None else p.parts
         key = (type(kernel.node), repr(kernel.node.metadata()), kernel.arg_shapes,
                tuple(param_shapes.items()), kernel.out_shape, scratch, p.in_place,
                p.epilogue.key() if p.epilogue else (), parts,
@@ -958,17 +959,20 @@ class _NodeEmitter:
 
     def split_call(self, p: NodePlan, task: ir.Function, ctx: ir.Value, pointers: list[ir.Value],
                    params: dict[str, Buf], threads: ir.Value) -> ir.Value:  # fmt: skip
-        """A split node's call: its parts as a parallel region, or on one thread the node's
-        whole kernel, which repeats none of the parts' copies (staged rows, re-packed blocks)
-        and computes the same bytes (each output element's sums are the same products in the
-        same order, whatever the part that computes it)."""
+        """A split node's call: its parts as a parallel region, or on one thread the part
+        kernel called once over all its parts, which repeats none of the parts' copies (staged
+        rows, re-packed blocks) and computes the same bytes (each output element's sums are
+        the same products in the same order, whatever the part that computes it). One
+        function serves both: a whole-kernel variant of its own doubled the LLVM work of
+        every split node (see docs/codegen.md, "Compile time")."""
         assert p.kernel is not None
         b = self.k.b
-        whole = self.kernel(p, p.kernel, params, p.scratch, whole=True)
+        kernel = self.kernel(p, p.kernel, params, p.scratch)
+        every = [self.k.i64(0), self.k.i64(p.parts)]
         return _status_of_either(
             b,
             b.icmp_signed("<=", threads, ir.Constant(I32, 1)),
-            lambda: b.call(whole, pointers if p.scratch else pointers[:-1]),
+            lambda: b.call(kernel, [*(pointers if p.scratch else pointers[:-1]), *every]),
             lambda: b.call(
                 _runtime(self.module, "tlc_rt_parallel"),
                 [b.bitcast(task, I8P), b.bitcast(ctx, I8P), self.k.i64(p.parts), threads],
@@ -1013,7 +1017,7 @@ class _NodeEmitter:
             base = b.load(b.gep(slots, [ir.Constant(I64, count)]))
             mine = b.mul(worker, ir.Constant(I64, self.plan.worker_scratch))
             pointers.append(b.gep(base, [mine], inbounds=True))
-        b.ret(b.call(kernel, [*pointers, index]))
+        b.ret(b.call(kernel, [*pointers, index, b.add(index, ir.Constant(I64, 1))]))
         return func
 
     def task(self, p: NodePlan, rows: Rows, params: dict[str, Buf]) -> ir.Function:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -408,6 +409,20 @@ def test_single_row_layers_are_split_over_threads(dtype: type) -> None:
             rtol=1e-10 if dtype == np.float64 else 1e-4,
             atol=1e-12 if dtype == np.float64 else 1e-5,
         )
+
+
+def test_a_split_node_has_one_kernel_function() -> None:
+    """A split node's kernel is one function of its parts [part, end): each task calls it
+    on one part, a call on one thread over all of them (`Emitter.split_call`), with no
+    whole-kernel copy of its own for LLVM to compile again (`-O3` time per function; the
+    bits at 1, 2 and 3 threads: test_single_row_layers_are_split_over_threads)."""
+    text, payload, _ = single_row_graphs(np.random.default_rng(8))[0]
+    module = build_graph_module(graph_of(text), payload, np.float32)
+    assert module.plan is not None
+    split = {p.node.id for p in module.plan.nodes if p.parts > 1}
+    kernels = re.findall(r'^define internal i32 @"tlc_c\.n(\d+)(\.\d+)?"\(', module.ir, re.M)
+    assert len(split) >= 5 and split <= {int(node) for node, _ in kernels}, (split, kernels)
+    assert not [node for node, copy in kernels if copy], kernels
 
 
 def test_part_counts_balance_two_threads() -> None:

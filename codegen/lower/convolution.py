@@ -612,14 +612,13 @@ def _transposed_parts(f: ConvFrame) -> int:
 def _part_share(
     k: KernelBuilder, s: Step, units: int | ir.Value, parts: int
 ) -> tuple[ir.Value, ir.Value]:
-    """The units [lo, hi) of `units` of the call's part when its kernel computes on only the
+    """The units [lo, hi) of `units` of the call's parts when its kernel computes on only the
     first `parts` of the call's `Step.parts` (`_conv_parts`): the same split as
     `Step.part_range` over `parts`, empty for the parts past them."""
-    assert s.part is not None
+    assert s.part is not None and s.part_end is not None
     b, count = k.b, units if isinstance(units, ir.Value) else k.i64(units)
     first = b.select(b.icmp_signed("<", s.part, k.i64(parts)), s.part, k.i64(parts))
-    after = b.add(first, k.i64(1))
-    after = b.select(b.icmp_signed("<", after, k.i64(parts)), after, k.i64(parts))
+    after = b.select(b.icmp_signed("<", s.part_end, k.i64(parts)), s.part_end, k.i64(parts))
     return (b.udiv(b.mul(first, count), k.i64(parts)),
             b.udiv(b.mul(after, count), k.i64(parts)))  # fmt: skip
 

@@ -75,10 +75,13 @@ class Step:
     #: The elementwise nodes fused into the rule's stores (`Lowering.fuses`): the node writes
     #: the last one's value, not its own; their other operands are the last `args`.
     fused: Fused | None = None
-    #: The kernel computes part `part` (an i64 value) of `parts` of the output (`Lowering.
-    #: parts`): the parts are disjoint, fixed at compile time, and together the whole value.
+    #: The kernel computes parts [`part`, `part_end`) (i64 values) of `parts` of the output
+    #: (`Lowering.parts`): the parts are disjoint, fixed at compile time, and together the
+    #: whole value; a task computes one part, a call on one thread all of them (`module.
+    #: Emitter.split_call`: one function for both).
     part: ir.Value | None = None
     parts: int = 1
+    part_end: ir.Value | None = None
     #: Binary elementwise nodes whose second operand is one value per channel, applied in
     #: order to the rule's value before `fused` (`module.channel_maps`: batch norm, then a
     #: pre-activation's scale and shift); map i's second operand is param `map{i}`.
@@ -92,12 +95,12 @@ class Step:
 
     def part_range(self, k: KernelBuilder, units: int | ir.Value) -> tuple[ir.Value, ir.Value]:
         """The units [lo, hi) of `units` (equal shares, the same split for any thread count)
-        this call computes: all of them when the kernel is not split."""
-        if self.part is None or self.parts == 1:
+        this call's parts compute: all of them when the kernel is not split."""
+        if self.part is None or self.part_end is None or self.parts == 1:
             return k.i64(0), units if isinstance(units, ir.Value) else k.i64(units)
         b, count = k.b, units if isinstance(units, ir.Value) else k.i64(units)
         lo = b.udiv(b.mul(self.part, count), k.i64(self.parts))
-        hi = b.udiv(b.mul(b.add(self.part, k.i64(1)), count), k.i64(self.parts))
+        hi = b.udiv(b.mul(self.part_end, count), k.i64(self.parts))
         return lo, hi
 
 
