@@ -325,6 +325,11 @@ WIDE_WASTE = 0.05
 #: weights' K slice (cout x 256, in L2) is read once per block of columns instead of once
 #: per panel.
 CONV_KC = 256
+#: Elements ahead of each vector a 1x1 convolution reads in place that its first row tile
+#: prefetches: each k step reads another input plane, more streams than the hardware
+#: prefetchers follow once the planes come from L3 or memory (squeezenet's 96 -> 16 squeeze
+#: on 54 x 54 at batch 16, AVX-512: 4.5 -> 2.9 ms; 384 bytes of float32 ahead, 2 of its panels).
+IN_PLACE_AHEAD = 96
 
 
 @dataclass(frozen=True)
@@ -854,6 +859,7 @@ def _conv_product(k: KernelBuilder, s: Step, f: ConvFrame, parts: int) -> None:
                     first=b.icmp_signed("==", pc, k.i64(0)),
                     last=b.icmp_signed("<=", left_k, k.i64(kc)), tiles=share,
                     b_mask=inside if flat else None,
+                    prefetch=IN_PLACE_AHEAD if flat or whole else 0,
                 )  # fmt: skip
 
 
