@@ -637,6 +637,16 @@ def emit_packed_linear(
         k_block(pc, klen, first, last)
 
 
+def _prefetch(k: KernelBuilder, at: ir.Value) -> None:
+    """A read prefetch of `at` into every cache level (it never faults: `at` may lie past
+    the buffer, and is not claimed in bounds)."""
+    name = "llvm.prefetch.p0"
+    func = k.module.globals.get(name) or ir.Function(
+        k.module, ir.FunctionType(ir.VoidType(), [at.type, I32, I32, I32]), name
+    )
+    k.b.call(func, [at, ir.Constant(I32, 0), ir.Constant(I32, 3), ir.Constant(I32, 1)])
+
+
 def emit_packed_block(
     k: KernelBuilder,
     mk: MicroKernel,
@@ -653,6 +663,7 @@ def emit_packed_block(
     last: ir.Value | None = None,
     tiles: tuple[ir.Value, ir.Value] | None = None,
     b_mask: Callable[[ir.Value, int], ir.Value] | None = None,
+    prefetch: int = 0,
 ) -> None:
     """C = A B over `panels` panels of NR columns of B (filled at run time: convolution's
     patches), `klen` steps along k: for each panel, every tile of MR rows of A (the last one
@@ -663,7 +674,10 @@ def emit_packed_block(
     `first`, keep them there, and are finished only when `last`. `tiles` = (lo, hi) limits
     the row tiles to [lo, hi) (of ceil(m / MR), the short one last): one part of a split
     call. With `b_mask`, vector v of panel j loads only the lanes under b_mask(j, v)
-    (B read in place, whose last columns end with the buffer)."""
+    (B read in place, whose last columns end with the buffer). With `prefetch`, the first row
+    tile of each panel (of the part's `tiles`) prefetches every vector of B it loads that
+    many elements ahead (B read in place from long rows: the tiles read it from as many rows
+    as k steps, more streams than the hardware prefetchers follow)."""
     b, lanes = k.b, mk.lanes
     vec = ir.VectorType(k.T, lanes)
     zero = ir.Constant(vec, [0.0] * lanes)
@@ -680,7 +694,12 @@ def emit_packed_block(
             return a_at(ib, r, p)
 
         def bv(v: int, p: ir.Value) -> ir.Value:
-            return b_at(jp, v, p)
+            at = b_at(jp, v, p)
+            if prefetch:  # the other row tiles prefetch what they read (in L1 by then)
+                lead = k.i64(0) if tiles is None else tiles[0]
+                ahead = b.select(b.icmp_signed("==", ib, lead), k.i64(prefetch), k.i64(0))
+                _prefetch(k, b.gep(at, [ahead]))
+            return at
 
         mask = None if b_mask is None else (lambda v: b_mask(jp, v))
 

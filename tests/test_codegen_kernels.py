@@ -25,6 +25,7 @@ import tlc
 from tlc.api.evaluate import checked_graph
 from tlc.codegen.gemm import micro_kernel
 from tlc.codegen.jit import compile_graph
+from tlc.codegen.lower import convolution
 from tlc.codegen.lower.convolution import ConvFrame, _transposed_mk
 from tlc.codegen.module import build_graph_module, pack_params
 from tlc.codegen.target import Target, compile_ir, emit_assembly, target_info
@@ -219,6 +220,30 @@ def test_1x1_convolutions_read_their_input_in_place() -> None:
         assert ("run_first" not in ir_text) == bool(lanes), cpu
         if lanes:
             assert f"llvm.masked.load.v{lanes}f32" in ir_text, cpu
+
+
+def test_1x1_convolutions_read_in_place_prefetch_ahead(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 1x1 convolution read in place loads each k step's vectors from another input plane,
+    more streams than the hardware prefetchers follow: its first row tile prefetches
+    IN_PLACE_AHEAD elements ahead when its input is over AHEAD_BYTES (a squeeze 96 -> 16 on
+    54 x 54 at batch 16: 4.5 -> 2.9 ms, ORT 3.7-4.1); packed or staged convolutions do not.
+    The prefetch changes no bits."""
+    _, graph, payload, x, _ = case("conv_1x1", np.float32)
+    assert "llvm.prefetch" not in build_graph_module(graph, payload, np.float32).ir  # 13 KiB
+    monkeypatch.setattr(convolution, "AHEAD_BYTES", 0)
+    monkeypatch.setenv("TLC_OBJECT_CACHE", "0")  # the constants are not in the caches' keys
+    monkeypatch.setattr("tlc.codegen.jit._graph_cache", {})
+    for cpu, ahead in (("znver4", True), ("znver3", True), ("x86-64-v2", False)):
+        ir_text = build_graph_module(graph, payload, np.float32,
+                                     target=Target(cpu, triple=X86_64)).ir  # fmt: skip
+        assert ("llvm.prefetch" in ir_text) == ahead, cpu
+    _, staged, staged_payload, _, _ = case("conv_small", np.float32)
+    assert "llvm.prefetch" not in build_graph_module(staged, staged_payload, np.float32).ir
+    runnable("haswell")
+    prefetched = compile_graph(graph, payload, np.float32)(x)
+    monkeypatch.setattr(convolution, "IN_PLACE_AHEAD", 0)
+    assert "llvm.prefetch" not in build_graph_module(graph, payload, np.float32).ir
+    assert compile_graph(graph, payload, np.float32)(x).tobytes() == prefetched.tobytes()
 
 
 @pytest.mark.parametrize("name", ["conv_wide", "conv_wide_s2"])
