@@ -229,6 +229,16 @@ def lower_node(
     return result if lowering.view else out
 
 
+def users_of(graph: GraphOp) -> dict[int, list[NodeOp]]:
+    """Node id -> the nodes that read its value, once per read, in graph order (the fusion
+    and bypass rules below ask who else reads a value)."""
+    users: dict[int, list[NodeOp]] = {}
+    for node in graph.nodes:
+        for parent in node.parent_ids():
+            users.setdefault(parent, []).append(node)
+    return users
+
+
 def fusions(graph: GraphOp, out_node: NodeOp) -> dict[int, Fused]:
     """Producer id -> the chain of elementwise nodes fused into its stores (`Fused`): from a
     node whose rule `fuses` and that is not the output, while the value so far is not the
@@ -242,10 +252,7 @@ def fusions(graph: GraphOp, out_node: NodeOp) -> dict[int, Fused]:
     nodes = graph.nodes
     shapes = graph_shapes(graph)
     parents = {node.id: node.parent_ids() for node in nodes}
-    users: dict[int, list[NodeOp]] = {}
-    for node in nodes:
-        for parent in parents[node.id]:
-            users.setdefault(parent, []).append(node)
+    users = users_of(graph)
     fused: dict[int, Fused] = {}
     taken: set[int] = set()  # in a chain already
     for node in nodes:
@@ -290,10 +297,7 @@ def channel_maps(
     computed (ONNX zoo's densenet121 runs batch norm, a scale, a shift and a relu before each
     convolution: five passes over memory, two of them writing broadcast constants)."""
     nodes = graph.nodes
-    users: dict[int, list[NodeOp]] = {}
-    for node in nodes:
-        for parent in node.parent_ids():
-            users.setdefault(parent, []).append(node)
+    users = users_of(graph)
 
     def only_user(node: NodeOp) -> NodeOp | None:
         after = users.get(node.id, [])
@@ -347,10 +351,7 @@ def padding_bypass(graph: GraphOp, records: dict, dtype: type, out_node: NodeOp)
     concatenations: squeezenet copied its pooled tensors twice, 7% of its time at batch
     16.)"""
     nodes = graph.nodes
-    users: dict[int, int] = {}
-    for node in nodes:
-        for q in node.parent_ids():
-            users[q] = users.get(q, 0) + 1
+    users = users_of(graph)
     bypass = {}
     for node in nodes:
         fill = POOL_PADDING.get(type(node))
@@ -360,11 +361,11 @@ def padding_bypass(graph: GraphOp, records: dict, dtype: type, out_node: NodeOp)
         q = node.parent_ids()[0]
         while True:
             c = nodes[q]
-            if not isinstance(c, ops.ConcatOp) or users[q] != 1 or c is out_node:
+            if not isinstance(c, ops.ConcatOp) or len(users[q]) != 1 or c is out_node:
                 break
             parts = c.parent_ids()
             const = nodes[parts[-1]] if len(parts) == 2 else None
-            if not isinstance(const, ops.ConstOp) or users[const.id] != 1:
+            if not isinstance(const, ops.ConstOp) or len(users[const.id]) != 1:
                 break
             value = field_value(const, "value", ParamSpec((numel(const.meta("shape")),)),
                                 records.get(const.id), dtype)  # fmt: skip
