@@ -78,7 +78,7 @@ class Step:
     #: The kernel computes parts [`part`, `part_end`) (i64 values) of `parts` of the output
     #: (`Lowering.parts`): the parts are disjoint, fixed at compile time, and together the
     #: whole value; a task computes one part, a call on one thread all of them (`module.
-    #: Emitter.split_call`: one function for both).
+    #: _NodeEmitter.split_call`: one function for both).
     part: ir.Value | None = None
     parts: int = 1
     part_end: ir.Value | None = None
