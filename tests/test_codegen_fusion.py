@@ -295,13 +295,14 @@ def test_a_zero_tie_takes_the_last_zero_of_the_window() -> None:
     assert np.isnan(f(x)[0, 0, 0, 0])
 
 
-@pytest.mark.parametrize(("c", "h"), [(64, 14), (128, 7), (32, 28)])
+@pytest.mark.parametrize(("c", "h"), [(64, 14), (128, 7), (32, 26)])
 def test_the_direct_kernel_fuses_the_residual_add(
     monkeypatch: pytest.MonkeyPatch, c: int, h: int
 ) -> None:
     """resnet18's 3x3 convolutions on small planes run the direct kernel (output channels as
     the vector lanes, stored a tile row at a time): its stores read the shortcut at the lanes
-    they write, so the block's end is one store there too, with the unfused bits."""
+    they write, so the block's end is one store there too, with the unfused bits. (Planes
+    whose rows are whole vectors of no x86-64 target: the product kernel takes those.)"""
     graph = checked_graph(tlc.parse(residual(1, c, h, h, 3, 1, False, False, True)))
     conv, x = graph.nodes[3], graph.nodes[1].require_declared()
     frame = ConvFrame.of(conv, x, conv.require_declared())
