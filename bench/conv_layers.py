@@ -9,9 +9,10 @@ networks beside them), or `--only` those whose description contains the text: ea
 compiled by tlc (`tlc.from_onnx`, `tlc.compile` f32, one thread) and run by ONNX Runtime
 (intra_op_num_threads = 1). The two take turns, `--repeats` rounds of a timed loop each, so
 load drifting on a shared machine hits them alike; a row per layer gives the medians as
-GFLOP/s, tlc's share of one core's measured FMA peak (bench/run.py's `peak_gflops`), ORT/tlc
-(above 1: tlc is faster) and the kernel tlc chose (`convolution.kernel_name`). The last line
-is the layers weighted by their counts. Outputs are checked against ORT first.
+GFLOP/s, tlc's share of one core's measured FMA peak (bench/run.py's `peak_gflops`, with the
+vectors of `--target-cpu`: 256-bit for znver3), ORT/tlc (above 1: tlc is faster) and the
+kernel tlc chose (`convolution.kernel_name`). The last line is the layers weighted by their
+counts. Outputs are checked against ORT first.
 """
 
 from __future__ import annotations
@@ -115,7 +116,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--target-cpu", default="host")
     args = parser.parse_args()
-    peak = peak_gflops()
+    from tlc.codegen.target import resolve_target
+
+    peak = peak_gflops(target=resolve_target(args.target_cpu))
     print(f"one core's float32 FMA peak (measured): {peak:.1f} GFLOP/s; batch {args.batch}")
     print("| layer (+ relu) (count) | tlc GFLOP/s | % of peak | ORT GFLOP/s | ORT/tlc | kernel |")
     print("|---|---:|---:|---:|---:|---|")

@@ -4,8 +4,13 @@ Code goes through the same path as a shared library (`tlc.codegen.objcache`: O3 
 code, or the same bytes from the user's object cache), for the host CPU by default or for a
 `Target` this machine can run (AVX2 kernels on an AVX-512 host, say), and is linked into one
 process-wide LLJIT per target; libm symbols (tanh, erf, log1p) resolve from the running
-process. Compiled code is cached in-process by the graph's printed form, the payload's bytes,
-the dtype, the batch size and the target, so compiling the same graph twice costs a hash.
+process. The LLJIT links with JITLink, which maps all of an object's sections in one block
+and reaches symbols outside it through stubs of its own: RuntimeDyld, llvmlite's default,
+maps code and constants separately, and in a process with gigabytes mapped they can land
+more than 2 GiB apart, out of reach of the code's 32-bit PC-relative references (LLVM then
+aborts the process; tests/test_jit_link.py). Compiled code is cached in-process by the
+graph's printed form, the payload's bytes, the dtype, the batch size and the target, so
+compiling the same graph twice costs a hash.
 """
 
 from __future__ import annotations
@@ -55,7 +60,7 @@ _node_cache: dict[tuple, Callable[[list[np.ndarray]], np.ndarray]] = {}
 
 @cache
 def _lljit(target: Target) -> llvm.LLJIT:
-    return llvm.create_lljit_compiler(target_machine(target))
+    return llvm.create_lljit_compiler(target_machine(target), use_jit_link=True)
 
 
 def jit_link(ir_text: str, symbols: list[str], target: Target = HOST) -> llvm.ResourceTracker:
