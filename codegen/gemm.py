@@ -663,6 +663,7 @@ def emit_packed_block(
     last: ir.Value | None = None,
     tiles: tuple[ir.Value, ir.Value] | None = None,
     b_mask: Callable[[ir.Value, int], ir.Value] | None = None,
+    b_whole: Callable[[ir.Value], ir.Value] | None = None,
     prefetch: int = 0,
 ) -> None:
     """C = A B over `panels` panels of NR columns of B (filled at run time: convolution's
@@ -674,8 +675,11 @@ def emit_packed_block(
     `first`, keep them there, and are finished only when `last`. `tiles` = (lo, hi) limits
     the row tiles to [lo, hi) (of ceil(m / MR), the short one last): one part of a split
     call. With `b_mask`, vector v of panel j loads only the lanes under b_mask(j, v)
-    (B read in place, whose last columns end with the buffer). With `prefetch`, the first row
-    tile of each panel (of the part's `tiles`) prefetches every vector of B it loads that
+    (B read in place, whose last columns end with the buffer); with `b_whole` as well, the
+    panels j where b_whole(j) holds (every lane of theirs under the mask) load B unmasked: on
+    AVX2 a mask is a vector register per vector of B, which a tile of 12 accumulators does not
+    have free, so LLVM reloaded the masks from the stack at every step. With `prefetch`, the
+    first row tile of each panel (of the part's `tiles`) prefetches every vector of B it loads that
     many elements ahead (B read in place from long rows: the tiles read it from as many rows
     as k steps, more streams than the hardware prefetchers follow)."""
     b, lanes = k.b, mk.lanes
@@ -683,7 +687,7 @@ def emit_packed_block(
     zero = ir.Constant(vec, [0.0] * lanes)
     whole, rest = divmod(m, mk.mr)
 
-    def tile(jp: ir.Value, ib: ir.Value, mr: int) -> None:
+    def tile(jp: ir.Value, ib: ir.Value, mr: int, masked: bool) -> None:
         def row(r: int) -> ir.Value:
             return b.add(b.mul(ib, k.i64(mk.mr)), k.i64(r))
 
@@ -701,7 +705,7 @@ def emit_packed_block(
                 _prefetch(k, b.gep(at, [ahead]))
             return at
 
-        mask = None if b_mask is None else (lambda v: b_mask(jp, v))
+        mask = None if b_mask is None or not masked else (lambda v: b_mask(jp, v))
 
         if partial is None:
             packed_tile(k, mk, mr, a, bv, klen, lambda r, v: zero, done, mask)
@@ -727,21 +731,31 @@ def emit_packed_block(
             if after is not None:
                 after(row(0), jp, mr)
 
-    with k.loop(panels, "jp") as jp:
+    def panel(jp: ir.Value, masked: bool) -> None:
         if tiles is None:
             if whole:
                 with k.loop(whole, "ib") as ib:
-                    tile(jp, ib, mk.mr)
+                    tile(jp, ib, mk.mr, masked)
             if rest:
-                tile(jp, k.i64(whole), rest)
+                tile(jp, k.i64(whole), rest, masked)
         else:
             lo, hi = tiles
             if whole:
                 end = b.select(b.icmp_signed("<", hi, k.i64(whole)), hi, k.i64(whole))
                 with k.loop(end, "ib", start=lo) as ib:
-                    tile(jp, ib, mk.mr)
+                    tile(jp, ib, mk.mr, masked)
             if rest:
                 short = b.and_(b.icmp_signed("<=", lo, k.i64(whole)),
                                b.icmp_signed(">", hi, k.i64(whole)))  # fmt: skip
                 with b.if_then(short):
-                    tile(jp, k.i64(whole), rest)
+                    tile(jp, k.i64(whole), rest, masked)
+
+    with k.loop(panels, "jp") as jp:
+        if b_mask is None or b_whole is None:
+            panel(jp, b_mask is not None)
+        else:
+            with b.if_else(b_whole(jp)) as (unmasked, cut):
+                with unmasked:
+                    panel(jp, False)
+                with cut:
+                    panel(jp, True)

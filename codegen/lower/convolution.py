@@ -822,6 +822,10 @@ def _conv_product(k: KernelBuilder, s: Step, f: ConvFrame, parts: int) -> None:
                                 k.i64(mk.lanes))  # fmt: skip
                 return lane_mask(k, vec, ir.Constant(I32, 0), b.trunc(left, I32))
 
+            def before_cut(jp: ir.Value) -> ir.Value:
+                """Whether every column of panel jp lies before the image's last column."""
+                return b.icmp_signed("<=", column(jp, k.i64(mk.nv)), valid)
+
             def finish(oc: ir.Value, jp: ir.Value, v: int, acc: ir.Value) -> None:
                 channel = b.add(b.mul(g, k.i64(f.cout_g)), oc)
                 value = b.fadd(acc, splat(k, vec, k.load(bias, channel)))
@@ -860,7 +864,7 @@ def _conv_product(k: KernelBuilder, s: Step, f: ConvFrame, parts: int) -> None:
                     partial=partial if blocked else None,
                     first=b.icmp_signed("==", pc, k.i64(0)),
                     last=b.icmp_signed("<=", left_k, k.i64(kc)), tiles=share,
-                    b_mask=inside if flat else None,
+                    b_mask=inside if flat else None, b_whole=before_cut,
                     prefetch=IN_PLACE_AHEAD if ahead else 0,
                 )  # fmt: skip
 
