@@ -248,8 +248,12 @@ def test_1x1_convolutions_in_place_take_k_whole(monkeypatch: pytest.MonkeyPatch)
     so blocks only re-stream its weights and K blocks add partial sums' round trips (384 -> 64
     on 27 x 27, Zen 4: 0.444 -> 0.428 ms; 16 -> 64 on 54 x 54 0.095 -> 0.079). Over two
     images, or staged, the blocks stay. The bytes are those of the K-blocked product."""
-    frame = ConvFrame.of(*_conv_node([1, 384, 27, 27], "kernel = [1, 1]", 64))
-    assert convolution.ConvPlan.of(frame, 8) == convolution.ConvPlan(1, 729, 384)
+    node, shape, out = _conv_node([1, 384, 27, 27], "kernel = [1, 1]", 64)
+    assert convolution.ConvPlan.of(ConvFrame.of(node, shape, out), 8) == convolution.ConvPlan(
+        1, 729, 384
+    )
+    # Its parts share out tiles of output channels, none counted as re-packing the block.
+    assert convolution._conv_parts(node, [shape], out) == convolution.MAX_PARTS
     two = ConvFrame.of(*_conv_node([2, 384, 27, 27], "kernel = [1, 1]", 64))
     assert convolution.ConvPlan.of(two, 8).kc == convolution.CONV_KC
     staged = ConvFrame.of(*_conv_node([1, 384, 28, 28], "kernel = [1, 1], stride = [2, 2]", 64))

@@ -621,7 +621,13 @@ def _product_parts(f: ConvFrame) -> int:
     tiles = -(-f.cout_g // 8)
     stage = f.groups * plan.images * f.cin_g * f.staged_plane
     limited = f.staged and plan.images == 1 and len(w.in_sp) >= 2
-    pack = f.groups * f.depth * plan.columns * -(-f.lead // plan.images)
+    # A 1x1 convolution read in place packs nothing on AVX2 and AVX-512 (`_whole_in_place`:
+    # one block of columns, which every part would count as re-packed).
+    pack = (
+        0
+        if _whole_in_place(f, 8)
+        else f.groups * f.depth * plan.columns * -(-f.lead // plan.images)
+    )
     row, halo = numel(w.out_sp[1:]), (w.kernel[0] - 1) * w.dilation[0] // w.stride[0]
 
     def repeated(parts: int) -> float:
