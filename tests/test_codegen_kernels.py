@@ -94,6 +94,18 @@ GRAPHS = {
         conv([1, 24, 13, 11], "kernel = [1, 1]", 24, 40),
         {"weight": (40, 24, 1, 1), "bias": (40,)},
     ),
+    # A 1x1 convolution over one image read in place with K = 600 (over CONV_KC): one block
+    # of its 63 positions with K whole, no partial sums (`convolution._whole_in_place`).
+    "conv_1x1_deep": (
+        conv([1, 600, 9, 7], "kernel = [1, 1]", 600, 20),
+        {"weight": (20, 600, 1, 1), "bias": (20,)},
+    ),
+    # A 1x1 convolution whose weights have more than TRANSPOSE_WEIGHTS elements (260 x 1010):
+    # C^T whatever the cycles, over 2 images of 3 x 3.
+    "conv_1x1_wide": (
+        conv([2, 260, 3, 3], "kernel = [1, 1]", 260, 1010),
+        {"weight": (1010, 260, 1, 1), "bias": (1010,)},
+    ),
     # 42-wide output rows, padded to 44 in the staged planes (2 columns of 44 computed for
     # nothing): the tiles read whole staged rows in place ("wide"), over 2 images; and 41-wide
     # rows of a stride-2 convolution, one stride phase 42 wide.
@@ -206,6 +218,59 @@ def test_few_positions_and_many_channels_compute_c_transposed(
     out = node.infer([shape])
     info = target_info(Target("znver4", triple=X86_64))
     assert (_transposed_mk(info, 4, ConvFrame.of(node, shape, out)) is not None) == transposed
+
+
+@pytest.mark.parametrize(
+    ("shape", "cout", "stride", "transposed"),
+    [((1, 512, 13, 13), 1000, 1, True), ((2, 512, 13, 13), 1000, 1, True),
+     ((4, 512, 13, 13), 1000, 1, False), ((1, 512, 13, 13), 64, 1, False),
+     ((1, 512, 26, 26), 1000, 2, False)],
+)  # fmt: skip
+def test_1x1_convolutions_over_wide_weights_compute_c_transposed(
+    shape: tuple[int, ...], cout: int, stride: int, transposed: bool
+) -> None:
+    """A 1x1 convolution read in place with more than TRANSPOSE_WEIGHTS weights runs as C^T
+    for up to TRANSPOSE_WIDE_ROWS positions, where the cycle model alone keeps C (squeezenet's
+    classifier 512 -> 1000 on 13 x 13, at batch 1 and in a row task of 2 images: C^T at 0.94
+    of C's cycles, measured 12% faster); not over 4 images (676 positions), nor with narrow
+    weights, nor staged (stride 2)."""
+    text = conv(list(shape), f"kernel = [1, 1], stride = [{stride}, {stride}]", shape[1], cout)
+    node = checked_graph(tlc.parse(text)).nodes[1]
+    frame = ConvFrame.of(node, shape, node.infer([shape]))
+    for cpu in ("znver4", "znver3"):
+        info = target_info(Target(cpu, triple=X86_64))
+        assert (_transposed_mk(info, 4, frame) is not None) == transposed, cpu
+
+
+def test_1x1_convolutions_in_place_take_k_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 1x1 convolution reading one image's planes in place is one block of its positions
+    with K whole (up to IN_PLACE_KC) where its patches fit IN_PLACE_BLOCK: it packs nothing,
+    so blocks only re-stream its weights and K blocks add partial sums' round trips (384 -> 64
+    on 27 x 27, Zen 4: 0.444 -> 0.428 ms; 16 -> 64 on 54 x 54 0.095 -> 0.079). Over two
+    images, or staged, the blocks stay. The bytes are those of the K-blocked product."""
+    node, shape, out = _conv_node([1, 384, 27, 27], "kernel = [1, 1]", 64)
+    assert convolution.ConvPlan.of(ConvFrame.of(node, shape, out), 8) == convolution.ConvPlan(
+        1, 729, 384
+    )
+    # Its parts share out tiles of output channels, none counted as re-packing the block.
+    assert convolution._conv_parts(node, [shape], out) == convolution.MAX_PARTS
+    two = ConvFrame.of(*_conv_node([2, 384, 27, 27], "kernel = [1, 1]", 64))
+    assert convolution.ConvPlan.of(two, 8).kc == convolution.CONV_KC
+    staged = ConvFrame.of(*_conv_node([1, 384, 28, 28], "kernel = [1, 1], stride = [2, 2]", 64))
+    assert convolution.ConvPlan.of(staged, 8).kc == convolution.CONV_KC
+    _, graph, payload, x, _ = case("conv_1x1_deep", np.float32)
+    runnable("haswell")
+    whole = compile_graph(graph, payload, np.float32)(x)
+    monkeypatch.setattr(convolution, "IN_PLACE_BLOCK", 0)
+    monkeypatch.setenv("TLC_OBJECT_CACHE", "0")  # the constants are not in the caches' keys
+    monkeypatch.setattr("tlc.codegen.jit._graph_cache", {})
+    assert compile_graph(graph, payload, np.float32)(x).tobytes() == whole.tobytes()
+
+
+def _conv_node(shape: list[int], attrs: str, cout: int) -> tuple:
+    """A convolution node of `conv`'s graph, its input shape and its output shape."""
+    node = checked_graph(tlc.parse(conv(shape, attrs, shape[1], cout))).nodes[1]
+    return node, tuple(shape), node.infer([tuple(shape)])
 
 
 def test_1x1_convolutions_read_their_input_in_place() -> None:

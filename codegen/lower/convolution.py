@@ -343,6 +343,8 @@ class ConvPlan:
 
     images: int
     columns: int
+    #: Steps along k of one K block.
+    kc: int = CONV_KC
 
     @staticmethod
     def of(f: ConvFrame, itemsize: int) -> ConvPlan:
@@ -350,7 +352,10 @@ class ConvPlan:
         an output plane is not a whole number of the widest panels, a group's last panel is
         partly padding, so groups take images up to GROUP_COLUMNS columns (staging at most
         STAGE_BLOCK bytes of planes): 7x7 planes, 49 columns, one image per group computed
-        64 columns for 49."""
+        64 columns for 49. A 1x1 convolution over one image's planes read in place
+        (`_whole_in_place`) is one block of its positions with K whole."""
+        if _whole_in_place(f, itemsize):
+            return ConvPlan(1, f.positions, f.depth)
         target = max(PACK_BLOCK // max(min(f.depth, CONV_KC) * itemsize, 1), 1)
         P = max(f.positions, 1)
         images = max(target // P, 1)
@@ -363,7 +368,21 @@ class ConvPlan:
     def partials(self, f: ConvFrame) -> int:
         """Elements of partial sums a block of columns keeps when K is blocked (rows padded to
         a whole tile of at most 32), else 0."""
-        return (self.columns + MAX_PANEL) * (f.cout_g + 32) if f.depth > CONV_KC else 0
+        return (self.columns + MAX_PANEL) * (f.cout_g + 32) if f.depth > self.kc else 0
+
+
+#: A 1x1 convolution reading one image's planes in place (`_whole_in_place`) takes them as
+#: one block of columns with K whole when its patches (depth x positions, in doubles) are at
+#: most IN_PLACE_BLOCK bytes and its depth at most IN_PLACE_KC: it packs nothing, so its
+#: blocks only set how often the weights stream through the caches (once per block) and K
+#: blocks add round trips of partial sums.
+IN_PLACE_BLOCK, IN_PLACE_KC = 4 * 1024 * 1024, 1024
+
+
+def _whole_in_place(f: ConvFrame, itemsize: int) -> bool:
+    return (f.window.taps == 1 and not f.staged and f.groups == 1 and f.positions > 0
+            and f.lead <= 1 and f.depth <= IN_PLACE_KC
+            and f.depth * f.positions * itemsize <= IN_PLACE_BLOCK)  # fmt: skip
 
 
 def _depthwise(f: ConvFrame) -> bool:
@@ -398,8 +417,21 @@ TRANSPOSE_ROWS = 256
 TRANSPOSE_GAIN = 0.8
 
 
+#: A 1x1 convolution read in place whose weights have more than TRANSPOSE_WEIGHTS elements
+#: runs as C^T for up to TRANSPOSE_WIDE_ROWS positions (of all leading indices), whatever
+#: the cycles: C streams the weights (its A) through the caches once per block of columns,
+#: C^T (where they are B's panels) once per block of rows. squeezenet1_0's classifier, 512 ->
+#: 1000 on 13 x 13 (2 MB of weights), Zen 4: 2.11 -> 1.84 ms at batch 1, 4.66 -> 4.10 at 2.
+TRANSPOSE_WEIGHTS, TRANSPOSE_WIDE_ROWS = 256 * 1024, 512
+
+
+def _wide_weights(f: ConvFrame) -> bool:
+    return f.window.taps == 1 and not f.staged and f.cout * f.depth > TRANSPOSE_WEIGHTS
+
+
 def _transposable(f: ConvFrame) -> bool:
-    return f.groups == 1 and 0 < f.lead * f.positions <= TRANSPOSE_ROWS and f.depth > 0
+    rows = TRANSPOSE_WIDE_ROWS if _wide_weights(f) else TRANSPOSE_ROWS
+    return f.groups == 1 and 0 < f.lead * f.positions <= rows and f.depth > 0
 
 
 def _transposed_mk(info: TargetInfo, itemsize: int, f: ConvFrame) -> MicroKernel | None:
@@ -407,13 +439,14 @@ def _transposed_mk(info: TargetInfo, itemsize: int, f: ConvFrame) -> MicroKernel
     columns: output channels, W^T packed in panels like a linear layer's) when that covers
     the product in fewer cycles than C = W patches: few positions, many channels (a 7x7
     plane of 512 channels: 7 x 32 tiles cover 49 positions exactly, 8 x 32 tiles over the
-    positions compute 64 columns for 49). None: C = W patches."""
+    positions compute 64 columns for 49), or a 1x1 convolution's weights are wide
+    (`_wide_weights`). None: C = W patches."""
     if not _transposable(f):
         return None
     rows = f.lead * f.positions
-    if product_cycles(info, itemsize, rows, f.cout) >= TRANSPOSE_GAIN * product_cycles(
-        info, itemsize, f.cout, rows
-    ):
+    if not _wide_weights(f) and product_cycles(
+        info, itemsize, rows, f.cout
+    ) >= TRANSPOSE_GAIN * product_cycles(info, itemsize, f.cout, rows):
         return None
     return micro_kernel(info, itemsize, rows, f.cout)
 
@@ -588,7 +621,13 @@ def _product_parts(f: ConvFrame) -> int:
     tiles = -(-f.cout_g // 8)
     stage = f.groups * plan.images * f.cin_g * f.staged_plane
     limited = f.staged and plan.images == 1 and len(w.in_sp) >= 2
-    pack = f.groups * f.depth * plan.columns * -(-f.lead // plan.images)
+    # A 1x1 convolution read in place packs nothing on AVX2 and AVX-512 (`_whole_in_place`:
+    # one block of columns, which every part would count as re-packed).
+    pack = (
+        0
+        if _whole_in_place(f, 8)
+        else f.groups * f.depth * plan.columns * -(-f.lead // plan.images)
+    )
     row, halo = numel(w.out_sp[1:]), (w.kernel[0] - 1) * w.dilation[0] // w.stride[0]
 
     def repeated(parts: int) -> float:
@@ -686,7 +725,7 @@ def _conv_product(k: KernelBuilder, s: Step, f: ConvFrame, parts: int) -> None:
     staging = Buf(k.at(s.scratch, (plan.columns + MAX_PANEL) * f.depth),
                   (plan.images * f.cin_g * f.staged_plane + MAX_PANEL,))  # fmt: skip
     sums = Buf(k.at(staging, staging.size), (plan.partials(f),))
-    kc = min(f.depth, CONV_KC)
+    kc = min(f.depth, plan.kc)
     image = f.cin_g * f.plane if f.staged else f.cin * f.in_plane
     # Output rows of whole vectors: each vector of a panel's columns is contiguous in the
     # planes read, and the tiles load it there (no packing); else runs of `chunk` columns.
