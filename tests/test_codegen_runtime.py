@@ -497,6 +497,42 @@ def task_shares(monkeypatch: pytest.MonkeyPatch, graph: ops.GraphOp, payload: Pa
     return shares, out
 
 
+def test_nodes_from_part_work_on_are_split() -> None:
+    """A single call is split into parts from `PART_WORK` on, half the work a row region
+    needs (`PARALLEL_WORK`): at two threads its region is two tasks, which pays for
+    mobilenet_v2's depthwise 960 channels on 7 x 7 (0.85 Mflop) and resnet18's classifier
+    (512 -> 1000: 1 Mflop, 2 MB of weights); a node under it is one call. The bits are the
+    same at 1, 2 and 3 threads."""
+    from tlc.codegen.plan import PART_WORK, work
+
+    rng = np.random.default_rng(9)
+    dw = "groups = 960, in_channels = 960, out_channels = 960"
+    text = f"""tl.graph @w {{
+  %0 = input : [1, 960, 7, 7]
+  %1 = conv(%0) {{kernel = [3, 3], padding = [1, 1], channel_axis = 1, {dw}}} : [1, 960, 7, 7]
+  %2 = avg_pool(%1) {{kernel = [7, 7]}} : [1, 960, 1, 1]
+  %3 = reshape(%2) {{from = [1, 960, 1, 1], to = [1, 960]}} : [1, 960]
+  %4 = linear(%3) : [1, 500]
+  %5 = linear(%4) : [1, 10]
+  output %5
+}}
+"""
+    graph = graph_of(text)
+    payload = Payload({1: {"weight": rng.normal(size=(960, 1, 3, 3)) / 3},
+                       4: {"weight": rng.normal(size=(500, 960)) / 31},
+                       5: {"weight": rng.normal(size=(10, 500)) / 22}})  # fmt: skip
+    plan = build_graph_module(graph, payload, np.float32).plan
+    assert plan is not None
+    for n in (1, 4, 5):
+        p, node = plan.nodes[n], graph.nodes[n]
+        amount = work(node, [plan.nodes[q].shape for q in node.parent_ids()], p.shape)
+        assert (amount >= PART_WORK) == (p.parts > 1), (n, amount, p.parts)
+        assert (n in (1, 4)) == (PART_WORK <= amount < PARALLEL_WORK), (n, amount)
+    x = rng.normal(size=(1, 960, 7, 7)).astype(np.float32)
+    outputs = {t: bits(compile_graph(graph, payload, np.float32, threads=t)(x)) for t in (1, 2, 3)}
+    assert outputs[1] == outputs[2] == outputs[3]
+
+
 @pytest.mark.parametrize(
     ("x", "cout", "fields"),
     [((1, 512, 13, 13), 1000, "kernel = [1, 1]"),
