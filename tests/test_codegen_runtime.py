@@ -413,9 +413,9 @@ def test_single_row_layers_are_split_over_threads(dtype: type) -> None:
 
 def test_a_split_node_has_one_kernel_function() -> None:
     """A split node's kernel is one function of its parts [part, end): each task calls it
-    on one part, a call on one thread over all of them (`Emitter.split_call`), with no
-    whole-kernel copy of its own for LLVM to compile again (`-O3` time per function; the
-    bits at 1, 2 and 3 threads: test_single_row_layers_are_split_over_threads)."""
+    on its range of parts, a call on one thread over all of them (`Emitter.split_call`),
+    with no whole-kernel copy of its own for LLVM to compile again (`-O3` time per function;
+    the bits at 1, 2 and 3 threads: test_single_row_layers_are_split_over_threads)."""
     text, payload, _ = single_row_graphs(np.random.default_rng(8))[0]
     module = build_graph_module(graph_of(text), payload, np.float32)
     assert module.plan is not None
