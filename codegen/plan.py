@@ -52,6 +52,12 @@ ALIGN = 64
 #: Estimated work (about one unit per flop or element moved) below which a node stays one
 #: call: waking the pool costs microseconds, more than such a node takes on one core.
 PARALLEL_WORK = 1 << 20
+#: The same for a single call split into parts (batch 1): its region is one task per thread
+#: when the threads divide its parts (`module._NodeEmitter.parts_per_task`), about a
+#: microsecond with the workers awake between the regions of a call, so smaller nodes pay:
+#: mobilenet_v2's depthwise 960-channel 3x3 on 7 x 7 (0.85 Mflop, 45 us on one thread) and
+#: resnet18's classifier (1 Mflop, but 2 MB of weights read: 93 us) were left on one thread.
+PART_WORK = 1 << 19
 #: Tasks a node with enough work is split into (independent of the thread count, so results
 #: do not depend on it; enough to balance 2-4 threads).
 TASKS = 8
@@ -348,7 +354,7 @@ def _choose_kernel(p: NodePlan, parents: list[NodePlan], shapes: list[Shape], ba
         one = p.kernel
         shapes_in = list(one.arg_shapes)
         units = lowering.parts(one.node, shapes_in, one.out_shape)
-        if units > 1 and work(one.node, shapes_in, one.out_shape) >= PARALLEL_WORK:
+        if units > 1 and work(one.node, shapes_in, one.out_shape) >= PART_WORK:
             p.parts = balanced_parts(units, TASKS)
     if lowering.uses_scratch:  # at least one element: an empty one is still a buffer
         p.scratch = max(

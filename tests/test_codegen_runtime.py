@@ -18,7 +18,7 @@ import pytest
 
 import tlc
 from tlc.api.evaluate import checked_graph
-from tlc.codegen import runtime
+from tlc.codegen import jit, runtime
 from tlc.codegen.jit import compile_graph
 from tlc.codegen.module import build_graph_module
 from tlc.codegen.plan import PARALLEL_WORK, TASKS
@@ -413,9 +413,9 @@ def test_single_row_layers_are_split_over_threads(dtype: type) -> None:
 
 def test_a_split_node_has_one_kernel_function() -> None:
     """A split node's kernel is one function of its parts [part, end): each task calls it
-    on one part, a call on one thread over all of them (`Emitter.split_call`), with no
-    whole-kernel copy of its own for LLVM to compile again (`-O3` time per function; the
-    bits at 1, 2 and 3 threads: test_single_row_layers_are_split_over_threads)."""
+    on its range of parts, a call on one thread over all of them (`Emitter.split_call`),
+    with no whole-kernel copy of its own for LLVM to compile again (`-O3` time per function;
+    the bits at 1, 2 and 3 threads: test_single_row_layers_are_split_over_threads)."""
     text, payload, _ = single_row_graphs(np.random.default_rng(8))[0]
     module = build_graph_module(graph_of(text), payload, np.float32)
     assert module.plan is not None
@@ -445,6 +445,130 @@ def test_part_counts_balance_two_threads() -> None:
     assert _split(8, up_to[8], 1) == 8
 
 
+def one_conv(x: tuple[int, ...], cout: int, fields: str, rng: np.random.Generator
+             ) -> tuple[ops.GraphOp, Payload]:  # fmt: skip
+    """A graph of one convolution of `x` to `cout` channels, its weights drawn from `rng`."""
+    cin, kernel = x[1], [int(e) for e in fields.split("]")[0].split("[")[1].split(",")]
+    axes = ", ".join(["channel_axis = 1", f"in_channels = {cin}", f"out_channels = {cout}"])
+    text = f"""tl.graph @s {{
+  %0 = input : {list(x)}
+  %1 = conv(%0) {{{fields}, {axes}}} : OUT
+  output %1
+}}
+"""
+    graph = checked_graph(tlc.parse(text.replace(" : OUT", "")))
+    text = text.replace("OUT", str(list(graph.nodes[1].infer([x]))))
+    payload = Payload()
+    payload.records[1] = {"weight": rng.normal(size=(cout, cin, *kernel)) / np.sqrt(cin * 9),
+                          "bias": rng.normal(size=cout) * 0.1}  # fmt: skip
+    return checked_graph(tlc.parse(text)), payload
+
+
+#: `tlc_rt_parallel`'s C type.
+PARALLEL = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
+                            ctypes.c_int32)  # fmt: skip
+TASK = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)
+
+
+def task_shares(monkeypatch: pytest.MonkeyPatch, graph: ops.GraphOp, payload: Payload,
+                x: np.ndarray, threads: int) -> tuple[list[int], np.ndarray]:  # fmt: skip
+    """Run the graph of `one_conv` at `threads` through a `tlc_rt_parallel` that runs each
+    region's tasks in order on the calling thread: the output elements each task of its
+    region wrote, and the output."""
+    out = np.empty(tuple(graph.nodes[1].infer([x.shape])), x.dtype)
+    shares: list[int] = []
+
+    def parallel(task: int, ctx: int, count: int, wanted: int) -> int:
+        assert wanted == threads
+        for index in range(count):
+            before = np.isnan(out).sum()
+            assert TASK(task)(ctx, index, 0) == 0
+            shares.append(int(before - np.isnan(out).sum()))
+        return 0
+
+    hook = PARALLEL(parallel)
+    symbols = dict(runtime.helper_symbols())
+    symbols["tlc_rt_parallel"] = ctypes.cast(hook, ctypes.c_void_p).value
+    monkeypatch.setenv("TLC_OBJECT_CACHE", "0")
+    monkeypatch.setattr(jit, "helper_symbols", lambda: symbols)
+    compiled = compile_graph(graph, payload, x.dtype.type, threads=threads)
+    out[...] = np.nan
+    compiled(x, out=out)
+    return shares, out
+
+
+def test_nodes_from_part_work_on_are_split() -> None:
+    """A single call is split into parts from `PART_WORK` on, half the work a row region
+    needs (`PARALLEL_WORK`): at two threads its region is two tasks, which pays for
+    mobilenet_v2's depthwise 960 channels on 7 x 7 (0.85 Mflop) and resnet18's classifier
+    (512 -> 1000: 1 Mflop, 2 MB of weights); a node under it is one call. The bits are the
+    same at 1, 2 and 3 threads."""
+    from tlc.codegen.plan import PART_WORK, work
+
+    rng = np.random.default_rng(9)
+    dw = "groups = 960, in_channels = 960, out_channels = 960"
+    text = f"""tl.graph @w {{
+  %0 = input : [1, 960, 7, 7]
+  %1 = conv(%0) {{kernel = [3, 3], padding = [1, 1], channel_axis = 1, {dw}}} : [1, 960, 7, 7]
+  %2 = avg_pool(%1) {{kernel = [7, 7]}} : [1, 960, 1, 1]
+  %3 = reshape(%2) {{from = [1, 960, 1, 1], to = [1, 960]}} : [1, 960]
+  %4 = linear(%3) : [1, 500]
+  %5 = linear(%4) : [1, 10]
+  output %5
+}}
+"""
+    graph = graph_of(text)
+    payload = Payload({1: {"weight": rng.normal(size=(960, 1, 3, 3)) / 3},
+                       4: {"weight": rng.normal(size=(500, 960)) / 31},
+                       5: {"weight": rng.normal(size=(10, 500)) / 22}})  # fmt: skip
+    plan = build_graph_module(graph, payload, np.float32).plan
+    assert plan is not None
+    for n in (1, 4, 5):
+        p, node = plan.nodes[n], graph.nodes[n]
+        amount = work(node, [plan.nodes[q].shape for q in node.parent_ids()], p.shape)
+        assert (amount >= PART_WORK) == (p.parts > 1), (n, amount, p.parts)
+        assert (n in (1, 4)) == (PART_WORK <= amount < PARALLEL_WORK), (n, amount)
+    x = rng.normal(size=(1, 960, 7, 7)).astype(np.float32)
+    outputs = {t: bits(compile_graph(graph, payload, np.float32, threads=t)(x)) for t in (1, 2, 3)}
+    assert outputs[1] == outputs[2] == outputs[3]
+
+
+@pytest.mark.parametrize(
+    ("x", "cout", "fields"),
+    [((1, 512, 13, 13), 1000, "kernel = [1, 1]"),
+     ((1, 320, 7, 7), 1280, "kernel = [1, 1]"),
+     ((1, 64, 56, 56), 64, "kernel = [3, 3], padding = [1, 1]"),
+     ((1, 128, 56, 56), 128, "kernel = [3, 3], stride = [2, 2], padding = [1, 1]")],
+)  # fmt: skip
+def test_threads_take_balanced_ranges_of_parts(
+    monkeypatch: pytest.MonkeyPatch, x: tuple[int, ...], cout: int, fields: str
+) -> None:
+    """At a thread count that divides a split node's parts, its region has one task per
+    thread, each a range of consecutive parts (`_NodeEmitter.parts_per_task`: staged rows
+    and packed blocks shared by neighbouring parts are copied once), and each range holds
+    about an equal share of the output: C = W patches splits its units by work, not by count
+    (`_unit_starts`: squeezenet1_0's 512 -> 1000 on 13 x 13, a block of 128 columns and one
+    of 41, split by count gave one thread 3x the other's), and a path with fewer parts than
+    the call spreads them over the call's (`_own_parts`: 320 -> 1280 on 7 x 7 as C^T, 4
+    parts in 6, had been 3 in one thread's range and 1 in the other's). Otherwise a task per
+    part. The bits are the same at every count."""
+    graph, payload = one_conv(x, cout, fields, np.random.default_rng(3))
+    parts = build_graph_module(graph, payload, np.float32).plan.nodes[1].parts
+    assert parts in (6, 8), parts
+    inputs = np.random.default_rng(4).normal(size=x).astype(np.float32)
+    outputs = {}
+    for threads in (1, 2, 3, 4):
+        shares, outputs[threads] = task_shares(monkeypatch, graph, payload, inputs, threads)
+        if threads == 1:  # one call over every part, no region
+            assert shares == []
+            continue
+        assert sum(shares) == outputs[threads].size and not np.isnan(outputs[threads]).any()
+        assert len(shares) == (threads if parts % threads == 0 else parts), shares
+        if threads == 2:  # (3 and 4 threads: as balanced as the path's parts allow)
+            assert max(shares) <= 1.25 * outputs[threads].size / threads, shares
+    assert len({bits(v) for v in outputs.values()}) == 1
+
+
 @pytest.mark.parametrize(
     ("x", "fields", "cout"),
     [((1, 64, 56, 56), "kernel = [3, 3], stride = [2, 2], padding = [1, 1]", 512),
@@ -463,25 +587,11 @@ def test_split_convolutions_stage_only_their_rows(
     taps reach, for strides of 2 and 3, a 7x7 stem, a dilation, 32-wide rows (tiles load the
     staged planes directly), a 3-d convolution (split along its first spatial axis); and one
     whose 196 positions may run as C^T (on AVX-512), which packs the rows of patches in every
-    part: its C^T kernel computes on its own first parts, the others are empty. The bits are
-    the same at every thread count and match the reference (f32 summation order: the op
-    records' tolerance)."""
+    part: its C^T kernel computes on its own parts, spread over the call's, the others
+    are empty. The bits are the same at every thread count and match the reference (f32
+    summation order: the op records' tolerance)."""
     rng = np.random.default_rng(5)
-    cin, kernel = x[1], [int(e) for e in fields.split("]")[0].split("[")[1].split(",")]
-    axes = ", ".join(["channel_axis = 1", f"in_channels = {cin}", f"out_channels = {cout}"])
-    text = f"""tl.graph @s {{
-  %0 = input : {list(x)}
-  %1 = conv(%0) {{{fields}, {axes}}} : OUT
-  output %1
-}}
-"""
-    graph = checked_graph(tlc.parse(text.replace(" : OUT", "")))
-    node = graph.nodes[1]
-    text = text.replace("OUT", str(list(node.infer([x]))))
-    graph = checked_graph(tlc.parse(text.replace("OUT", "")))
-    payload = Payload()
-    payload.records[1] = {"weight": rng.normal(size=(cout, cin, *kernel)) / np.sqrt(cin * 9),
-                          "bias": rng.normal(size=cout) * 0.1}  # fmt: skip
+    graph, payload = one_conv(x, cout, fields, rng)
     plan = build_graph_module(graph, payload, np.float32).plan
     assert plan is not None and plan.nodes[1].parts >= 2, plan.nodes[1].parts
     inputs = rng.normal(size=x).astype(np.float32)

@@ -588,8 +588,8 @@ MAX_PARTS = 8
 def _conv_parts(node: NodeOp, parents: list[Shape], out: Shape) -> int:
     """Into how many parts a convolution's call splits (depthwise: its groups): as many as
     its product's path allows, C = W patches (`_product_parts`) or, when the target may run
-    it as C^T (`_transposable`), C^T (`_transposed_parts`); each path computes on its own
-    first parts of them and leaves the others empty (`_part_share`)."""
+    it as C^T (`_transposable`), C^T (`_transposed_parts`); each path computes on as many
+    of them as it allows, spread over them, and leaves the others empty (`_part_share`)."""
     f = ConvFrame.of(node, parents[0], out)
     if _depthwise(f):
         return f.groups
@@ -658,15 +658,27 @@ def _transposed_parts(f: ConvFrame) -> int:
 def _part_share(
     k: KernelBuilder, s: Step, units: int | ir.Value, parts: int
 ) -> tuple[ir.Value, ir.Value]:
-    """The units [lo, hi) of `units` of the call's parts when its kernel computes on only the
-    first `parts` of the call's `Step.parts` (`_conv_parts`): the same split as
-    `Step.part_range` over `parts`, empty for the parts past them."""
+    """The units [lo, hi) of `units` of the call's parts when its kernel computes on only
+    `parts` of the call's `Step.parts` (`_conv_parts`): the same split as `Step.part_range`
+    over `parts`, those parts spread over the call's (`_own_parts`), so a range of the call's
+    parts holds about its share of them."""
     assert s.part is not None and s.part_end is not None
     b, count = k.b, units if isinstance(units, ir.Value) else k.i64(units)
-    first = b.select(b.icmp_signed("<", s.part, k.i64(parts)), s.part, k.i64(parts))
-    after = b.select(b.icmp_signed("<", s.part_end, k.i64(parts)), s.part_end, k.i64(parts))
+    first, after = _own_parts(k, s, parts)
     return (b.udiv(b.mul(first, count), k.i64(parts)),
             b.udiv(b.mul(after, count), k.i64(parts)))  # fmt: skip
+
+
+def _own_parts(k: KernelBuilder, s: Step, parts: int) -> tuple[ir.Value, ir.Value]:
+    """The path's parts [lo, hi) (of its `parts`) in the call's parts [part, part_end) of
+    `Step.parts`: call part p ends at the path's part p * parts // Step.parts. Spread, not the
+    first ones: a thread's range of consecutive parts (`module._NodeEmitter.parts_per_task`)
+    then computes its share (mobilenet_v2's 960 -> 320 on 7 x 7: 5 panels in 6 parts, 3 of
+    them, not 5 of 5 against 0, in a thread's half)."""
+    assert s.part is not None and s.part_end is not None
+    b, total = k.b, k.i64(s.parts)
+    return (b.udiv(b.mul(s.part, k.i64(parts)), total),
+            b.udiv(b.mul(s.part_end, k.i64(parts)), total))  # fmt: skip
 
 
 @register(ops.ConvOp, params=_conv_params, scratch=_conv_scratch, fuses=True, parts=_conv_parts)
@@ -703,12 +715,27 @@ def _conv(k: KernelBuilder, s: Step) -> None:
         def emit(parts: int) -> None:
             _conv_product(k, s, f, parts)
 
-    if s.parts > used:  # the parts past this path's own do nothing
-        assert s.part is not None
-        with k.b.if_then(k.b.icmp_signed("<", s.part, k.i64(used))):
+    if s.parts > used:  # call parts that hold none of this path's own do nothing
+        first, after = _own_parts(k, s, used)
+        with k.b.if_then(k.b.icmp_signed("<", first, after)):
             emit(used)
     else:
         emit(used)
+
+
+def _unit_starts(columns: int, nc: int, nr: int, rows: int, mr: int, parts: int) -> np.ndarray:
+    """Where each of `parts` parts of C = W patches starts among its units, (block of `nc`
+    columns, tile of `mr` rows) pairs block-major, and where the last ends: whole units, each
+    part about an equal share of the work, a unit's work being its panels of `nr` columns
+    times its rows. Equal counts of units are not equal work when the last block or tile is
+    partial: squeezenet1_0's 512 -> 1000 on 13 x 13 had parts of 0.47 and 0.18 ms, and a
+    thread running consecutive parts (`module._NodeEmitter.parts_per_task`) 3 of each."""
+    blocks, tiles = -(-columns // nc), -(-rows // mr)
+    work = [-(-min(nc, columns - cb * nc) // nr) * min(mr, rows - t * mr)
+            for cb in range(blocks) for t in range(tiles)]  # fmt: skip
+    done = np.concatenate([[0], np.cumsum(work)])
+    share = done[-1] * np.arange(parts + 1) / parts
+    return np.abs(done[None, :] - share[:, None]).argmin(axis=1).astype(np.int64)
 
 
 def _conv_product(k: KernelBuilder, s: Step, f: ConvFrame, parts: int) -> None:
@@ -776,7 +803,11 @@ def _conv_product(k: KernelBuilder, s: Step, f: ConvFrame, parts: int) -> None:
         its units [lo, hi) (None: not split)."""
         if s.parts == 1:
             return k.i64(0), here, None, None
-        u_lo, u_hi = _part_share(k, s, blocks * tiles_m, parts)
+        first, after = _own_parts(k, s, parts)
+        starts = k.global_constant("unit_starts", _unit_starts(
+            plan.images * P, nc, mk.nr, f.cout_g, mk.mr, parts), I64)  # fmt: skip
+        u_lo = b.load(b.gep(starts, [first], inbounds=True))
+        u_hi = b.load(b.gep(starts, [after], inbounds=True))
         cb_hi = b.udiv(b.add(u_hi, k.i64(tiles_m - 1)), k.i64(tiles_m))
         return (b.udiv(u_lo, k.i64(tiles_m)), b.select(b.icmp_signed("<", cb_hi, here), cb_hi,
                                                        here), u_lo, u_hi)  # fmt: skip
