@@ -18,6 +18,7 @@ as every convolution store applies them. `convolution._conv` chooses this kernel
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from llvmlite import ir
@@ -145,9 +146,10 @@ def emit_direct(
     out: Buf,
     units: tuple[ir.Value, ir.Value],
     fn: Epilogue | None,
+    stage: Callable[[ir.Value, ir.Value], ir.Value] | None = None,
 ) -> None:
-    """The units [lo, hi) (`direct_units`) of a group of images: out = fn(W patches + bias)
-    with `params` = (W^T packed as `pack_panels(W^T, tile.nr)`, bias padded to whole
+    """The units [lo, hi) (`direct_units`) of a group of images: out = fn(stage(W patches +
+    bias, channel)) (`stage`: the per-channel maps `reductions.norm_stage` applies) with `params` = (W^T packed as `pack_panels(W^T, tile.nr)`, bias padded to whole
     blocks). Each unit runs over every image of the group, so a block's weights are read
     from memory once per group, not once per image (512 -> 512 on 7 x 7: 9.4 MB)."""
     b, lanes, nr = k.b, tile.lanes, tile.nr
@@ -193,7 +195,8 @@ def emit_direct(
                                    else ir.Constant(I1, 1)):  # fmt: skip
                         _store_positions(k, out, value, first, (oy, ox), (g, width,
                                          min(positions, g + lanes)), (oh, ow),
-                                         k.load(bias, oc), fn)  # fmt: skip
+                                         k.load(bias, oc), fn,
+                                         None if stage is None else lambda y: stage(y, oc))  # fmt: skip
 
     def row_of_tiles(block: ir.Value, oy: ir.Value, height: int) -> None:
         whole = ow // tile.cols
@@ -244,12 +247,14 @@ def _store_positions(
     extents: tuple[int, int],
     bias: ir.Value,
     fn: Epilogue | None,
+    stage: Callable[[ir.Value], ir.Value] | None = None,
 ) -> None:
     """Store the tile positions [first, end) (`lanes_at` = (first, width, end)) of one output
     channel: lane l of `value` is position first + l, row-major in a tile `width` wide whose
     corner is `corner` = (oy, ox) of output plane `plane` (of `extents`), stored after adding
     `bias` and applying `fn` (the fused epilogue, its operands read at the same lanes:
-    `store_lanes`): one store per tile row the lanes reach, of that row's lanes."""
+    `store_lanes`; `stage` first, the channel's maps): one store per tile row the lanes
+    reach, of that row's lanes."""
     b, lanes = k.b, value.type.count
     (oy, ox), (first, width, end), (oh, ow) = corner, lanes_at, extents
     row0 = b.add(b.mul(b.add(b.mul(plane, k.i64(oh)), oy), k.i64(ow)), ox)
@@ -260,4 +265,5 @@ def _store_positions(
         at = b.add(row0, k.i64(dy * ow + first - dy * width))
         within = [lo <= j < hi for j in range(lanes)]
         stores.append((at, None if all(within) else ir.Constant(ir.VectorType(I1, lanes), within)))
-    store_lanes(k, b.fadd(value, splat(k, value.type, bias)), out, stores, fn)
+    value = b.fadd(value, splat(k, value.type, bias))
+    store_lanes(k, stage(value) if stage is not None else value, out, stores, fn)

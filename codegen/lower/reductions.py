@@ -12,12 +12,16 @@ import numpy as np
 from llvmlite import ir
 
 from tlc.codegen.builder import I8, Buf, KernelBuilder
+from tlc.codegen.gemm import splat
 from tlc.codegen.lower.elementwise import MAPS, epilogue
 from tlc.codegen.lower.layout import split
 from tlc.codegen.lower.rules import ParamSpec, Step, register
 from tlc.dialect import ops
 from tlc.dialect.ops import NodeOp
 from tlc.dialect.shapes import Shape, numel
+
+#: A producer's per-channel maps applied to a value (scalar or vector) of one channel.
+ChannelStage = Callable[[ir.Value, ir.Value], ir.Value]
 
 
 def reduce_axis(k: KernelBuilder, x: Buf, out: Buf, axis: int, scale: float) -> None:
@@ -215,24 +219,63 @@ def _batch_norm_params(node: NodeOp, parents: list[Shape], out: Shape) -> dict[s
     return {**per_channel, "eps": ParamSpec((), 1e-5)}
 
 
+def _norm_scale(k: KernelBuilder, p: dict[str, Buf], prefix: str, c: ir.Value) -> ir.Value:
+    """Channel c's gamma / sqrt(var + eps) of the batch norm whose fields are `prefix` + name."""
+    eps = k.load(p[f"{prefix}eps"], 0)
+    var = k.b.fadd(k.load(p[f"{prefix}var"], c), eps)
+    return k.b.fdiv(k.load(p[f"{prefix}gamma"], c), k.intrinsic("sqrt", var))
+
+
+def _normalise(k: KernelBuilder, x: ir.Value, mean: ir.Value, scale: ir.Value,
+               beta: ir.Value) -> ir.Value:  # fmt: skip
+    """(x - mean) * scale + beta: a batch norm's value (scalars or vectors alike)."""
+    return k.b.fadd(k.b.fmul(k.b.fsub(x, mean), scale), beta)
+
+
 @register(ops.BatchNormEvalOp, params=_batch_norm_params, fuses=True)
 def _batch_norm_eval(k: KernelBuilder, s: Step) -> None:
     """(x - mean) * (gamma / sqrt(var + eps)) + beta per channel, then the per-channel maps
     (`Step.maps`) and the fused epilogue, each as its own node computes it, in one pass."""
     x, out, p = s.args[0], s.out, s.params
     pre, channels, post = split(x.shape, s.node.meta("channel_axis"))
-    eps = k.load(p["eps"], 0)
     then = epilogue(k, s)
     with k.loop(pre, "p") as i, k.loop(channels, "c") as c:
-        scale = k.b.fdiv(
-            k.load(p["gamma"], c), k.intrinsic("sqrt", k.b.fadd(k.load(p["var"], c), eps))
-        )
+        scale = _norm_scale(k, p, "", c)
         mean, beta = k.load(p["mean"], c), k.load(p["beta"], c)
         operands = [k.load(p[f"map{j}"], c) for j in range(len(s.maps))]
         base = k.b.mul(k.b.add(k.b.mul(i, k.i64(channels)), c), k.i64(post))
         with k.loop(post, "q") as q:
             at = k.b.add(base, q)
-            y = k.b.fadd(k.b.fmul(k.b.fsub(k.load(x, at), mean), scale), beta)
+            y = _normalise(k, k.load(x, at), mean, scale, beta)
             for node, operand in zip(s.maps, operands, strict=True):
                 y = MAPS[type(node)](k, node, y, operand)
             k.store(then(y, lambda b: k.load(b, at)) if then is not None else y, out, at)
+
+
+def norm_stage(k: KernelBuilder, s: Step, channels: int) -> ChannelStage | None:
+    """The maps `s.maps` of a producer that applies a batch norm and the per-channel maps
+    after it as it stores (`module.norm_stores`: a convolution's), as (value, channel) ->
+    value: each as its own kernel computes it, so the bits are the unfused graph's. The batch
+    norm's fields are params `map0.<field>`, map j's operand param `map{j}`; the scale per
+    channel is computed here, once per call, into a table on the stack. None: no maps."""
+    if not s.maps:
+        return None
+    assert isinstance(s.maps[0], ops.BatchNormEvalOp)
+    p, b = s.params, k.b
+    with b.goto_block(k.alloca_block):
+        slots = b.alloca(ir.ArrayType(k.T, channels), name="norm_scale")
+        table = Buf(b.bitcast(slots, k.T.as_pointer()), (channels,))
+    with k.loop(channels, "c") as c:
+        k.store(_norm_scale(k, p, "map0.", c), table, c)
+
+    def stage(value: ir.Value, channel: ir.Value) -> ir.Value:
+        def at(buf: Buf) -> ir.Value:
+            x = k.load(buf, channel)
+            return splat(k, value.type, x) if isinstance(value.type, ir.VectorType) else x
+
+        y = _normalise(k, value, at(p["map0.mean"]), at(table), at(p["map0.beta"]))
+        for j, node in enumerate(s.maps[1:], start=1):
+            y = MAPS[type(node)](k, node, y, at(p[f"map{j}"]))
+        return y
+
+    return stage
