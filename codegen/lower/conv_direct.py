@@ -149,9 +149,10 @@ def emit_direct(
     stage: Callable[[ir.Value, ir.Value], ir.Value] | None = None,
 ) -> None:
     """The units [lo, hi) (`direct_units`) of a group of images: out = fn(stage(W patches +
-    bias, channel)) (`stage`: the per-channel maps `reductions.norm_stage` applies) with `params` = (W^T packed as `pack_panels(W^T, tile.nr)`, bias padded to whole
-    blocks). Each unit runs over every image of the group, so a block's weights are read
-    from memory once per group, not once per image (512 -> 512 on 7 x 7: 9.4 MB)."""
+    bias, channel)) (`stage`: the per-channel maps `reductions.norm_stage` applies) with
+    `params` = (W^T packed as `pack_panels(W^T, tile.nr)`, bias padded to whole blocks).
+    Each unit runs over every image of the group, so a block's weights are read from memory
+    once per group, not once per image (512 -> 512 on 7 x 7: 9.4 MB)."""
     b, lanes, nr = k.b, tile.lanes, tile.nr
     (oh, ow), cout, extent, taps = plane.out_sp, plane.cout, plane.extent, plane.taps
     row_tiles = -(-oh // tile.rows)
@@ -195,8 +196,8 @@ def emit_direct(
                                    else ir.Constant(I1, 1)):  # fmt: skip
                         _store_positions(k, out, value, first, (oy, ox), (g, width,
                                          min(positions, g + lanes)), (oh, ow),
-                                         k.load(bias, oc), fn,
-                                         None if stage is None else lambda y: stage(y, oc))  # fmt: skip
+                                         k.load(bias, oc), fn, None if stage is None
+                                         else lambda y, oc=oc: stage(y, oc))  # fmt: skip
 
     def row_of_tiles(block: ir.Value, oy: ir.Value, height: int) -> None:
         whole = ow // tile.cols

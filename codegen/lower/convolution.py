@@ -122,10 +122,20 @@ class ConvFrame:
         return not self.window.inside or any(st > 1 for st in self.window.stride)
 
     @property
+    def subsampled(self) -> bool:
+        """Whether the window is one tap, unpadded and strided (resnet's 1x1 stride-2
+        downsamples): it reads only stride phase 0, the only phase staged."""
+        w = self.window
+        return w.taps == 1 and w.inside and not any(w.padding) and any(st > 1 for st in w.stride)
+
+    @property
     def staged_plane(self) -> int:
         """Elements of one input plane's staged copy: the zero-padded plane split into its
-        stride phases (as many elements as the padded plane, rounded up to whole strides)."""
+        stride phases (as many elements as the padded plane, rounded up to whole strides);
+        `subsampled`, its phase 0 alone (the output plane's positions)."""
         w = self.window
+        if self.subsampled:
+            return numel(w.phases)
         return numel(w.stride) * numel(w.phases) if self.staged else 0
 
     def stage(
@@ -143,6 +153,9 @@ class ConvFrame:
         `stride` consecutive inputs per step (a contiguous copy, or a de-interleave of whole
         vectors by shuffles, the last one masked), the few at the edges are emitted one by
         one."""
+        if self.subsampled:
+            self._stage_phase(k, x_block, staged, rows)
+            return
         w, b = self.window, k.b
         phase_block = [step * numel(w.phases) for step in strides(w.stride)]
         element_steps = strides(w.phases)
@@ -191,13 +204,53 @@ class ConvFrame:
                         value = k.load(x_block, b.add(src, k.i64(edge * st + r - pad)))
                         k.store(value, staged, b.add(dst, k.i64(r * phase_block[-1] + edge)))
 
+    def _stage_phase(
+        self, k: KernelBuilder, x_block: Buf, staged: Buf, rows: tuple[ir.Value, ir.Value] | None
+    ) -> None:
+        """`stage` of a `subsampled` window: element e (row-major in the output plane) of
+        phase 0 from input e * stride, every element written (no padding, nothing to zero),
+        for the phase rows of input rows [lo, hi) of the first axis (`rows`). Along the last
+        axis, lanes * stride consecutive inputs per step, phase 0's lanes picked by a shuffle;
+        the last step reads up to the last input it keeps (none past the row). A quarter of
+        the copies of four phases at stride 2, and half the input rows read."""
+        w, b = self.window, k.b
+        size, st, length = w.in_sp[-1], w.stride[-1], w.phases[-1]
+        lanes = max(k.info.vector_bytes // k.dtype.itemsize, 1)
+        wide = ir.VectorType(k.T, lanes * st)
+        pick = ir.Constant(ir.VectorType(I32, lanes), [st * j for j in range(lanes)])
+        whole = min(length, size // st) // lanes * lanes
+        first = None
+        if rows is not None:
+            lo, hi = (b.udiv(b.add(r, k.i64(w.stride[0] - 1)), k.i64(w.stride[0])) for r in rows)
+            first = (lo, hi)
+        in_steps = strides(w.in_sp)[:-1]
+        with k.loop(self.cin_g, "ic") as ic, self._input_rows(k, first, w.phases[:-1]) as es:
+            dst = b.add(b.mul(ic, k.i64(self.staged_plane), flags=NSW),
+                        k.linear_index(es, strides(w.phases)[:-1]), flags=NSW)  # fmt: skip
+            src = b.mul(ic, k.i64(self.in_plane), flags=NSW)
+            for e, st_d, step in zip(es, w.stride, in_steps, strict=False):
+                src = b.add(src, b.mul(e, k.i64(st_d * step), flags=NSW), flags=NSW)
+
+            def pick_lanes(e: ir.Value, count: int, reach: int) -> None:
+                """Elements e.. (`count`) from the `reach` inputs from e * stride on."""
+                at = b.add(src, b.mul(e, k.i64(st), flags=NSW), flags=NSW)
+                inputs = load_vector(k, wide, k.at(x_block, at), reach)
+                phase = b.shuffle_vector(inputs, ir.Constant(wide, ir.Undefined), pick)
+                store_vector(k, phase, k.at(staged, b.add(dst, e, flags=NSW)), count)
+
+            with k.loop(whole, "e", step=lanes) as e:  # (e + lanes) * stride <= size
+                pick_lanes(e, lanes, lanes * st)
+            if length > whole:
+                pick_lanes(k.i64(whole), length - whole, (length - whole - 1) * st + 1)
+
     @contextmanager
     def _input_rows(
-        self, k: KernelBuilder, first: tuple[ir.Value, ir.Value] | None
-    ) -> Iterator[list[ir.Value]]:
-        """Loops over the input rows (every spatial axis but the last), the first axis only
-        over [lo, hi) when `first` is given."""
-        lead = self.window.in_sp[:-1]
+        self, k: KernelBuilder, first: tuple[ir.Value, ir.Value] | None,
+        extents: Shape | None = None,
+    ) -> Iterator[list[ir.Value]]:  # fmt: skip
+        """Loops over the input rows (every spatial axis but the last; or over `extents`),
+        the first axis only over [lo, hi) when `first` is given."""
+        lead = self.window.in_sp[:-1] if extents is None else extents
         if first is None:
             with k.nest(lead, "row") as rows:
                 yield rows
@@ -226,7 +279,7 @@ class ConvFrame:
         w, b = self.window, k.b
         row = numel(w.phases[1:])
         start, end = b.mul(e_lo, k.i64(row)), b.mul(e_hi, k.i64(row))
-        with k.loop(self.cin_g * numel(w.stride), "plane") as q:
+        with k.loop(self.cin_g * (self.staged_plane // numel(w.phases)), "plane") as q:
             base = b.mul(q, k.i64(numel(w.phases)))
             with k.loop(b.add(base, end), "z", start=b.add(base, start)) as z:
                 k.store(k.const(0), staged, z)
