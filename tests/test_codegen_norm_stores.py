@@ -147,3 +147,43 @@ def test_only_a_convolutions_only_user_joins_its_stores() -> None:
     graph = checked_graph(tlc.parse(block(16, 8, 3, depthwise=True)))
     plan = build_graph_module(graph, payload(16, 3, depthwise=True), np.float32).plan
     assert plan.nodes[3].maps == () and plan.nodes[1].maps != ()
+
+
+def test_the_maps_after_the_batch_norm_and_an_output_batch_norm(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """conv -> batch norm -> mul_elem and add by per-channel constants -> relu (`channel_maps`'
+    chain, moved to the convolution with the batch norm), and a batch norm that is the graph's
+    output (the convolution writes it): the unfused bits."""
+    spread = "{from = [8, 1, 1], to = [2, 8, 6, 6]}"
+    text = f"""tl.graph @maps {{
+  %0 = input : [2, 8, 6, 6]
+  %1 = conv(%0) {{kernel = [3, 3], padding = [1, 1], channel_axis = 1, in_channels = 8, out_channels = 8}}
+  %2 = batch_norm_eval(%1) {{channel_axis = 1, channels = 8}}
+  %3 = const {{shape = [8, 1, 1]}}
+  %4 = broadcast_to(%3) {spread}
+  %5 = mul_elem(%2, %4)
+  %6 = const {{shape = [8, 1, 1]}}
+  %7 = broadcast_to(%6) {spread}
+  %8 = add(%5, %7)
+  %9 = relu(%8)
+  %10 = conv(%9) {{kernel = [1, 1], channel_axis = 1, in_channels = 8, out_channels = 8}}
+  %11 = batch_norm_eval(%10) {{channel_axis = 1, channels = 8}}
+  output %11
+}}
+"""  # noqa: E501
+    rng = np.random.default_rng(8)
+    base = payload(8, 3, seed=9).records
+    weights = Payload({1: base[3], 2: base[4], 3: {"value": rng.uniform(0.5, 1.5, 8)},
+                       6: {"value": rng.normal(size=8)}, 10: base[1], 11: base[7]})  # fmt: skip
+    graph = checked_graph(tlc.parse(text))
+    plan = build_graph_module(graph, weights, np.float32).plan
+    kinds = [type(m).__name__ for m in plan.nodes[1].maps]
+    assert kinds == ["BatchNormEvalOp", "MulElemOp", "AddOp"] and plan.nodes[9].fused_into == 1
+    assert plan.nodes[11].fused_into == 10 and plan.writer == 10
+    x = rng.normal(size=(2, 8, 6, 6)).astype(np.float32)
+    got = compile_graph(graph, weights, np.float32)(x)
+    expected = interpret(graph, weights, x, np.float32).output
+    np.testing.assert_allclose(got, expected, rtol=2e-5, atol=2e-5)
+    unfused(monkeypatch)
+    assert got.tobytes() == compile_graph(graph, weights, np.float32)(x).tobytes()
