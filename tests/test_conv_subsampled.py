@@ -5,13 +5,14 @@ written, no padding to zero. Checked against the reference interpreter (the op r
 f32 tolerance for convolutions, rtol 2e-5, docs/codegen.md "Numerical policy") on even and
 odd extents, strides along one axis or both, 1-d and 2-d, one image and several, every
 convolution kernel that stages (the product kernel, C^T, split parts at 1 and 2 threads: the
-same bytes).
+same bytes), and in AVX2 and SSE code where the host runs it.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from test_codegen_targets import runnable
 
 import tlc
 from tlc.api.evaluate import checked_graph
@@ -85,3 +86,19 @@ def test_padding_or_more_taps_stage_every_phase() -> None:
         shapes = graph_shapes(graph)
         frame = ConvFrame.of(graph.nodes[1], shapes[0], shapes[1])
         assert not frame.subsampled and frame.staged_plane == 4 * numel(frame.window.phases)
+
+
+@pytest.mark.parametrize("cpu", ["znver3", "x86-64-v2"])
+def test_every_vector_width_stages_phase_zero(cpu: str) -> None:
+    """AVX2 (8 lanes of f32, 16 inputs a step) and SSE (4, 8): the same shuffle and tail."""
+    target = runnable(cpu)
+    for case in (CASES[3], CASES[4], CASES[6]):
+        lead, cin, cout, extents, stride = case
+        graph = checked_graph(tlc.parse(downsample(lead, cin, cout, extents, stride)))
+        rng = np.random.default_rng(11)
+        weights = Payload({1: {"weight": rng.normal(size=(cout, cin, *([1] * len(extents)))),
+                               "bias": rng.normal(size=cout)}})  # fmt: skip
+        x = rng.normal(size=(lead, cin, *extents)).astype(np.float32)
+        got = compile_graph(graph, weights, np.float32, target=target)(x)
+        expected = interpret(graph, weights, x, np.float32).output
+        np.testing.assert_allclose(got, expected, rtol=2e-5, atol=2e-5 * np.abs(expected).max())
