@@ -3,16 +3,15 @@
     python bench/conv_layers.py [--nets resnet18,squeezenet1_0] [--only 3x3] [--batch 1]
                                 [--repeats 5] [--target-cpu host]
 
-Every distinct convolution of resnet18 and squeezenet1_0 (or `--nets resnet50`: ONNX zoo
-resnet50's) at 224 x 224 (their counts in the networks beside them), or `--only` those whose
-description contains the text: each layer is a `torch.nn.Conv2d` + ReLU with random weights,
-exported to ONNX (dynamo=False), the same file compiled by tlc (`tlc.from_onnx`, `tlc.compile`
-f32, one thread) and run by ONNX Runtime (intra_op_num_threads = 1). The two take turns,
-`--repeats` rounds of a timed loop each, so load drifting on a shared machine hits them alike;
-a row per layer gives the medians as GFLOP/s, tlc's share of one core's measured FMA peak
-(bench/run.py's `peak_gflops`), ORT/tlc (above 1: tlc is faster) and the kernel tlc chose
-(`convolution.kernel_name`). The last line is the layers weighted by their counts. Outputs are
-checked against ORT first.
+Every distinct convolution of resnet18 and squeezenet1_0 at 224 x 224 (their counts in the
+networks beside them), or `--only` those whose description contains the text: each layer is a
+`torch.nn.Conv2d` + ReLU with random weights, exported to ONNX (dynamo=False), the same file
+compiled by tlc (`tlc.from_onnx`, `tlc.compile` f32, one thread) and run by ONNX Runtime
+(intra_op_num_threads = 1). The two take turns, `--repeats` rounds of a timed loop each, so
+load drifting on a shared machine hits them alike; a row per layer gives the medians as
+GFLOP/s, tlc's share of one core's measured FMA peak (bench/run.py's `peak_gflops`), ORT/tlc
+(above 1: tlc is faster) and the kernel tlc chose (`convolution.kernel_name`). The last line
+is the layers weighted by their counts. Outputs are checked against ORT first.
 """
 
 from __future__ import annotations
