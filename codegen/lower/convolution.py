@@ -511,7 +511,7 @@ def _conv_direct(k: KernelBuilder, s: Step, f: ConvFrame, tile: DirectTile) -> N
     units = s.part_range(k, direct_units(tile, out_sp, f.cout))
     taps = k.global_constant("taps", f.tap_table(), I32)
     staging = Buf(s.scratch.ptr, (group * f.cin, f.staged_plane))
-    stage = norm_stage(k, s, f.cout)
+    stage = norm_stage(k, s, f.cout, -(-f.cout // tile.nr) * tile.nr)
     rows = None
     if f.staged and s.parts > 1 and f.lead == 1:
         e_lo, e_hi, i_lo, i_hi = f.stage_rows(k, *unit_rows(k, tile, units, out_sp))

@@ -20,9 +20,6 @@ from tlc.dialect import ops
 from tlc.dialect.ops import NodeOp
 from tlc.dialect.shapes import Shape, numel
 
-#: A producer's per-channel maps applied to a value (scalar or vector) of one channel.
-ChannelStage = Callable[[ir.Value, ir.Value], ir.Value]
-
 
 def reduce_axis(k: KernelBuilder, x: Buf, out: Buf, axis: int, scale: float) -> None:
     """out = sum over `axis` (times `scale` unless 1). A contiguous axis reduces in a
@@ -252,30 +249,58 @@ def _batch_norm_eval(k: KernelBuilder, s: Step) -> None:
             k.store(then(y, lambda b: k.load(b, at)) if then is not None else y, out, at)
 
 
-def norm_stage(k: KernelBuilder, s: Step, channels: int) -> ChannelStage | None:
-    """The maps `s.maps` of a producer that applies a batch norm and the per-channel maps
-    after it as it stores (`module.norm_stores`: a convolution's), as (value, channel) ->
-    value: each as its own kernel computes it, so the bits are the unfused graph's. The batch
-    norm's fields are params `map0.<field>`, map j's operand param `map{j}`; the scale per
-    channel is computed here, once per call, into a table on the stack. None: no maps."""
-    if not s.maps:
-        return None
-    assert isinstance(s.maps[0], ops.BatchNormEvalOp)
-    p, b = s.params, k.b
-    with b.goto_block(k.alloca_block):
-        slots = b.alloca(ir.ArrayType(k.T, channels), name="norm_scale")
-        table = Buf(b.bitcast(slots, k.T.as_pointer()), (channels,))
-    with k.loop(channels, "c") as c:
-        k.store(_norm_scale(k, p, "map0.", c), table, c)
+class NormStage:
+    """The maps `Step.maps` of a producer that applies a batch norm and the per-channel maps
+    after it as it stores (`module.norm_stores`: a convolution's), each as its own kernel
+    computes it, so the bits are the unfused graph's: called as (value, channel) -> value on
+    a scalar or a vector of one channel, or `channels(value, first)` on a vector of the
+    consecutive channels from `first`. The batch norm's fields are params `map0.<field>`,
+    map j's operand param `map{j}`; once per call, the batch norm's mean, scale gamma /
+    sqrt(var + eps) and beta and the maps' operands are copied into tables on the stack,
+    zero past the channels up to `padded` (whole vectors of channels read there)."""
 
-    def stage(value: ir.Value, channel: ir.Value) -> ir.Value:
-        def at(buf: Buf) -> ir.Value:
-            x = k.load(buf, channel)
-            return splat(k, value.type, x) if isinstance(value.type, ir.VectorType) else x
+    def __init__(self, k: KernelBuilder, s: Step, channels: int, padded: int) -> None:
+        assert isinstance(s.maps[0], ops.BatchNormEvalOp)
+        p, b = s.params, k.b
+        self.k, self.maps = k, s.maps[1:]
+        sources = ["map0.mean", "map0.beta", *(f"map{j}" for j in range(1, len(s.maps)))]
+        tables = []
+        with b.goto_block(k.alloca_block):
+            for name in ["scale", *sources]:
+                slots = b.alloca(ir.ArrayType(k.T, padded), name=f"norm_{name}")
+                tables.append(Buf(b.bitcast(slots, k.T.as_pointer()), (padded,)))
+        self.scale, self.mean, self.beta, *self.operands = tables
+        with k.loop(channels, "c") as c:
+            k.store(_norm_scale(k, p, "map0.", c), self.scale, c)
+            for name, table in zip(sources, tables[1:], strict=True):
+                k.store(k.load(p[name], c), table, c)
+        if padded > channels:
+            with k.loop(padded, "c", start=channels) as c:
+                for table in tables:
+                    k.store(k.const(0), table, c)
 
-        y = _normalise(k, value, at(p["map0.mean"]), at(table), at(p["map0.beta"]))
-        for j, node in enumerate(s.maps[1:], start=1):
-            y = MAPS[type(node)](k, node, y, at(p[f"map{j}"]))
+    def _apply(self, value: ir.Value, at: Callable[[Buf], ir.Value]) -> ir.Value:
+        y = _normalise(self.k, value, at(self.mean), at(self.scale), at(self.beta))
+        for node, table in zip(self.maps, self.operands, strict=True):
+            y = MAPS[type(node)](self.k, node, y, at(table))
         return y
 
-    return stage
+    def __call__(self, value: ir.Value, channel: ir.Value) -> ir.Value:
+        def at(table: Buf) -> ir.Value:
+            x = self.k.load(table, channel)
+            return splat(self.k, value.type, x) if isinstance(value.type, ir.VectorType) else x
+
+        return self._apply(value, at)
+
+    def channels(self, value: ir.Value, first: ir.Value) -> ir.Value:
+        def at(table: Buf) -> ir.Value:
+            ptr = self.k.b.bitcast(self.k.at(table, first), value.type.as_pointer())
+            return self.k.b.load(ptr, align=self.k.dtype.itemsize)
+
+        return self._apply(value, at)
+
+
+def norm_stage(k: KernelBuilder, s: Step, channels: int, padded: int = 0) -> NormStage | None:
+    """The `NormStage` of `s.maps` over `channels` output channels (its tables `padded` long
+    when longer), its tables filled here; None: no maps."""
+    return NormStage(k, s, channels, max(channels, padded)) if s.maps else None
