@@ -53,6 +53,17 @@ LAYERS = {
         (512, 64, 1, 1, 0, 13): 1, (64, 256, 1, 1, 0, 13): 1, (64, 256, 3, 1, 1, 13): 1,
         (512, 1000, 1, 1, 0, 13): 1,
     },
+    # ONNX zoo resnet50 (bench/zoo.py; the stride in the 3x3 layers, as torchvision's).
+    "resnet50": {
+        (3, 64, 7, 2, 3, 224): 1, (64, 64, 1, 1, 0, 56): 1, (64, 64, 3, 1, 1, 56): 3,
+        (64, 256, 1, 1, 0, 56): 4, (256, 64, 1, 1, 0, 56): 2, (256, 128, 1, 1, 0, 56): 1,
+        (128, 128, 3, 2, 1, 56): 1, (256, 512, 1, 2, 0, 56): 1, (128, 512, 1, 1, 0, 28): 4,
+        (512, 128, 1, 1, 0, 28): 3, (128, 128, 3, 1, 1, 28): 3, (512, 256, 1, 1, 0, 28): 1,
+        (256, 256, 3, 2, 1, 28): 1, (512, 1024, 1, 2, 0, 28): 1, (256, 1024, 1, 1, 0, 14): 6,
+        (1024, 256, 1, 1, 0, 14): 5, (256, 256, 3, 1, 1, 14): 5, (1024, 512, 1, 1, 0, 14): 1,
+        (512, 512, 3, 2, 1, 14): 1, (1024, 2048, 1, 2, 0, 14): 1, (512, 2048, 1, 1, 0, 7): 3,
+        (2048, 512, 1, 1, 0, 7): 2, (512, 512, 3, 1, 1, 7): 2,
+    },
 }  # fmt: skip
 
 
@@ -110,7 +121,8 @@ def measure(layer: tuple[int, ...], batch: int, repeats: int, target_cpu: str) -
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--nets", default=",".join(LAYERS))
+    parser.add_argument("--nets", default="resnet18,squeezenet1_0",
+                        help=f"of {', '.join(LAYERS)}")  # fmt: skip
     parser.add_argument("--only", default="", help="layers whose description contains this")
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=5)

@@ -44,6 +44,7 @@ from tlc.codegen.lower.conv_direct import (
 )
 from tlc.codegen.lower.elementwise import epilogue
 from tlc.codegen.lower.layout import gather
+from tlc.codegen.lower.reductions import norm_stage
 from tlc.codegen.lower.rules import ParamSpec, Step, balanced_parts, register
 from tlc.codegen.lower.windows import NSW, Axis, Combine, Window, each_tap, scatter_taps, zero
 from tlc.codegen.target import TargetInfo
@@ -121,10 +122,20 @@ class ConvFrame:
         return not self.window.inside or any(st > 1 for st in self.window.stride)
 
     @property
+    def subsampled(self) -> bool:
+        """Whether the window is one tap, unpadded and strided (resnet's 1x1 stride-2
+        downsamples): it reads only stride phase 0, the only phase staged."""
+        w = self.window
+        return w.taps == 1 and w.inside and not any(w.padding) and any(st > 1 for st in w.stride)
+
+    @property
     def staged_plane(self) -> int:
         """Elements of one input plane's staged copy: the zero-padded plane split into its
-        stride phases (as many elements as the padded plane, rounded up to whole strides)."""
+        stride phases (as many elements as the padded plane, rounded up to whole strides);
+        `subsampled`, its phase 0 alone (the output plane's positions)."""
         w = self.window
+        if self.subsampled:
+            return numel(w.phases)
         return numel(w.stride) * numel(w.phases) if self.staged else 0
 
     def stage(
@@ -142,6 +153,9 @@ class ConvFrame:
         `stride` consecutive inputs per step (a contiguous copy, or a de-interleave of whole
         vectors by shuffles, the last one masked), the few at the edges are emitted one by
         one."""
+        if self.subsampled:
+            self._stage_phase(k, x_block, staged, rows)
+            return
         w, b = self.window, k.b
         phase_block = [step * numel(w.phases) for step in strides(w.stride)]
         element_steps = strides(w.phases)
@@ -190,13 +204,53 @@ class ConvFrame:
                         value = k.load(x_block, b.add(src, k.i64(edge * st + r - pad)))
                         k.store(value, staged, b.add(dst, k.i64(r * phase_block[-1] + edge)))
 
+    def _stage_phase(
+        self, k: KernelBuilder, x_block: Buf, staged: Buf, rows: tuple[ir.Value, ir.Value] | None
+    ) -> None:
+        """`stage` of a `subsampled` window: element e (row-major in the output plane) of
+        phase 0 from input e * stride, every element written (no padding, nothing to zero),
+        for the phase rows of input rows [lo, hi) of the first axis (`rows`). Along the last
+        axis, lanes * stride consecutive inputs per step, phase 0's lanes picked by a shuffle;
+        the last step reads up to the last input it keeps (none past the row). A quarter of
+        the copies of four phases at stride 2, and half the input rows read."""
+        w, b = self.window, k.b
+        size, st, length = w.in_sp[-1], w.stride[-1], w.phases[-1]
+        lanes = max(k.info.vector_bytes // k.dtype.itemsize, 1)
+        wide = ir.VectorType(k.T, lanes * st)
+        pick = ir.Constant(ir.VectorType(I32, lanes), [st * j for j in range(lanes)])
+        whole = min(length, size // st) // lanes * lanes
+        first = None
+        if rows is not None:
+            lo, hi = (b.udiv(b.add(r, k.i64(w.stride[0] - 1)), k.i64(w.stride[0])) for r in rows)
+            first = (lo, hi)
+        in_steps = strides(w.in_sp)[:-1]
+        with k.loop(self.cin_g, "ic") as ic, self._input_rows(k, first, w.phases[:-1]) as es:
+            dst = b.add(b.mul(ic, k.i64(self.staged_plane), flags=NSW),
+                        k.linear_index(es, strides(w.phases)[:-1]), flags=NSW)  # fmt: skip
+            src = b.mul(ic, k.i64(self.in_plane), flags=NSW)
+            for e, st_d, step in zip(es, w.stride, in_steps, strict=False):
+                src = b.add(src, b.mul(e, k.i64(st_d * step), flags=NSW), flags=NSW)
+
+            def pick_lanes(e: ir.Value, count: int, reach: int) -> None:
+                """Elements e.. (`count`) from the `reach` inputs from e * stride on."""
+                at = b.add(src, b.mul(e, k.i64(st), flags=NSW), flags=NSW)
+                inputs = load_vector(k, wide, k.at(x_block, at), reach)
+                phase = b.shuffle_vector(inputs, ir.Constant(wide, ir.Undefined), pick)
+                store_vector(k, phase, k.at(staged, b.add(dst, e, flags=NSW)), count)
+
+            with k.loop(whole, "e", step=lanes) as e:  # (e + lanes) * stride <= size
+                pick_lanes(e, lanes, lanes * st)
+            if length > whole:
+                pick_lanes(k.i64(whole), length - whole, (length - whole - 1) * st + 1)
+
     @contextmanager
     def _input_rows(
-        self, k: KernelBuilder, first: tuple[ir.Value, ir.Value] | None
-    ) -> Iterator[list[ir.Value]]:
-        """Loops over the input rows (every spatial axis but the last), the first axis only
-        over [lo, hi) when `first` is given."""
-        lead = self.window.in_sp[:-1]
+        self, k: KernelBuilder, first: tuple[ir.Value, ir.Value] | None,
+        extents: Shape | None = None,
+    ) -> Iterator[list[ir.Value]]:  # fmt: skip
+        """Loops over the input rows (every spatial axis but the last; or over `extents`),
+        the first axis only over [lo, hi) when `first` is given."""
+        lead = self.window.in_sp[:-1] if extents is None else extents
         if first is None:
             with k.nest(lead, "row") as rows:
                 yield rows
@@ -225,7 +279,7 @@ class ConvFrame:
         w, b = self.window, k.b
         row = numel(w.phases[1:])
         start, end = b.mul(e_lo, k.i64(row)), b.mul(e_hi, k.i64(row))
-        with k.loop(self.cin_g * numel(w.stride), "plane") as q:
+        with k.loop(self.cin_g * (self.staged_plane // numel(w.phases)), "plane") as q:
             base = b.mul(q, k.i64(numel(w.phases)))
             with k.loop(b.add(base, end), "z", start=b.add(base, start)) as z:
                 k.store(k.const(0), staged, z)
@@ -490,6 +544,7 @@ def _conv_direct(k: KernelBuilder, s: Step, f: ConvFrame, tile: DirectTile) -> N
     units = s.part_range(k, direct_units(tile, out_sp, f.cout))
     taps = k.global_constant("taps", f.tap_table(), I32)
     staging = Buf(s.scratch.ptr, (group * f.cin, f.staged_plane))
+    stage = norm_stage(k, s, f.cout, -(-f.cout // tile.nr) * tile.nr)
     rows = None
     if f.staged and s.parts > 1 and f.lead == 1:
         e_lo, e_hi, i_lo, i_hi = f.stage_rows(k, *unit_rows(k, tile, units, out_sp))
@@ -510,7 +565,7 @@ def _conv_direct(k: KernelBuilder, s: Step, f: ConvFrame, tile: DirectTile) -> N
         plane = DirectPlane(source, base, step, images, f.extents[-1], taps, f.depth,
                             b.mul(b0, k.i64(f.cout)), out_sp, f.cout)  # fmt: skip
         emit_direct(k, tile, plane, (s.params["weight"], s.params["bias"]), s.out, units,
-                    epilogue(k, s))  # fmt: skip
+                    epilogue(k, s), stage)  # fmt: skip
 
 
 def _direct_images(f: ConvFrame) -> int:
@@ -697,6 +752,7 @@ def _conv(k: KernelBuilder, s: Step) -> None:
     assert s.scratch is not None
     f = ConvFrame.of(s.node, x.shape, out.shape)
     if _depthwise(f):
+        assert not s.maps, "module.norm_stores leaves depthwise convolutions alone"
         _conv_depthwise(k, s, f)
         return
     direct = _direct_tile(k.info, k.dtype.itemsize, f) if s.packed else None
@@ -789,6 +845,7 @@ def _conv_product(k: KernelBuilder, s: Step, f: ConvFrame, parts: int) -> None:
     w, bias = s.params["weight"], s.params["bias"]
     tiles_m = -(-f.cout_g // mk.mr)
     fn = epilogue(k, s)
+    stage = norm_stage(k, s, f.cout)
     vec = ir.VectorType(k.T, mk.lanes)
     # Whole vectors of columns never straddle two output planes: plain stores.
     aligned = P % mk.lanes == 0
@@ -899,6 +956,8 @@ def _conv_product(k: KernelBuilder, s: Step, f: ConvFrame, parts: int) -> None:
             def finish(oc: ir.Value, jp: ir.Value, v: int, acc: ir.Value) -> None:
                 channel = b.add(b.mul(g, k.i64(f.cout_g)), oc)
                 value = b.fadd(acc, splat(k, vec, k.load(bias, channel)))
+                if stage is not None:
+                    value = stage(value, channel)
                 if wide:
                     _store_columns(k, f, out, value, b0, channel, column(jp, k.i64(v)), valid,
                                    fn, wide=True)  # fmt: skip
@@ -950,7 +1009,9 @@ def _conv_transposed(k: KernelBuilder, s: Step, f: ConvFrame, mk: MicroKernel, p
     fn = epilogue(k, s)
     # A fused map reading operands is applied as the product is written out (where they
     # are), others in the tiles (vectors, where the copy out is scalar): the same bits.
-    late = s.fused is not None and bool(s.fused.operands)
+    # So are a batch norm and the maps after it (`Step.maps`), by output channel.
+    stage = norm_stage(k, s, f.cout)
+    late = (s.fused is not None and bool(s.fused.operands)) or stage is not None
     rows = f.lead * f.positions
     product = Buf(s.scratch.ptr, (rows * f.cout,))
     packed = Buf(k.at(s.scratch, product.size), (linear_scratch(rows, f.depth),))
@@ -984,8 +1045,9 @@ def _conv_transposed(k: KernelBuilder, s: Step, f: ConvFrame, mk: MicroKernel, p
         first_row = b.mul(img, k.i64(f.positions))
         with k.loop(f.positions, "pos") as pos:
             at = b.add(b.mul(b.add(first_row, pos), k.i64(f.cout)), oc)
-            store_lanes(k, k.load(product, at), out, [(b.add(plane, pos), None)],
-                        fn if late else None)  # fmt: skip
+            value = k.load(product, at)
+            store_lanes(k, stage(value, oc) if stage is not None else value, out,
+                        [(b.add(plane, pos), None)], fn if late else None)  # fmt: skip
 
 
 def _column_bases(f: ConvFrame, images: int, nc: int, chunk: int, image: int) -> np.ndarray:
