@@ -432,8 +432,9 @@ def row_runs(plans: list[NodePlan]) -> None:
 
 def one_row_runs(plans: list[NodePlan]) -> None:
     """Re-plan every row run of at least LONG_RUN nodes over at most ROW_TASKS rows as tasks
-    of one row each (when each of its nodes can be): the same kernels at one row, the same
-    bits."""
+    of one row each (when each of its nodes can be), each node's kernel at one row (its
+    outputs the same bits as in chunks on mobilenet_v2, resnet18 and zoo resnet50 at batch 16:
+    a column's sums do not depend on the columns beside it)."""
     runs: dict[int, list[NodePlan]] = {}
     for p in plans:
         if p.run is not None:
