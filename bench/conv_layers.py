@@ -4,15 +4,14 @@
                                 [--repeats 5] [--target-cpu host]
 
 Every distinct convolution of resnet18 and squeezenet1_0 at 224 x 224 (their counts in the
-networks beside them; `--nets mobilenet_v2`: its stem and 1x1 layers), or `--only` those
-whose description contains the text: each layer is a `torch.nn.Conv2d` + ReLU with random
-weights, exported to ONNX (dynamo=False), the same file compiled by tlc (`tlc.from_onnx`,
-`tlc.compile` f32, one thread) and run by ONNX Runtime (intra_op_num_threads = 1). The two
-take turns, `--repeats` rounds of a timed loop each, so load drifting on a shared machine
-hits them alike; a row per layer gives the medians as GFLOP/s, tlc's share of one core's
-measured FMA peak (bench/run.py's `peak_gflops`), ORT/tlc (above 1: tlc is faster) and the
-kernel tlc chose (`convolution.kernel_name`). The last line is the layers weighted by their
-counts. Outputs are checked against ORT first.
+networks beside them), or `--only` those whose description contains the text: each layer is a
+`torch.nn.Conv2d` + ReLU with random weights, exported to ONNX (dynamo=False), the same file
+compiled by tlc (`tlc.from_onnx`, `tlc.compile` f32, one thread) and run by ONNX Runtime
+(intra_op_num_threads = 1). The two take turns, `--repeats` rounds of a timed loop each, so
+load drifting on a shared machine hits them alike; a row per layer gives the medians as
+GFLOP/s, tlc's share of one core's measured FMA peak (bench/run.py's `peak_gflops`), ORT/tlc
+(above 1: tlc is faster) and the kernel tlc chose (`convolution.kernel_name`). The last line
+is the layers weighted by their counts. Outputs are checked against ORT first.
 """
 
 from __future__ import annotations
@@ -43,6 +42,16 @@ LAYERS = {
         (256, 256, 3, 1, 1, 14): 3, (128, 256, 1, 2, 0, 28): 1, (256, 512, 3, 2, 1, 14): 1,
         (512, 512, 3, 1, 1, 7): 3, (256, 512, 1, 2, 0, 14): 1,
     },
+    # torchvision mobilenet_v2: its stem and 1x1 layers (the depthwise ones have groups).
+    "mobilenet_v2": {
+        (3, 32, 3, 2, 1, 224): 1, (32, 16, 1, 1, 0, 112): 1, (16, 96, 1, 1, 0, 112): 1,
+        (96, 24, 1, 1, 0, 56): 1, (24, 144, 1, 1, 0, 56): 2, (144, 24, 1, 1, 0, 56): 1,
+        (144, 32, 1, 1, 0, 28): 1, (32, 192, 1, 1, 0, 28): 3, (192, 32, 1, 1, 0, 28): 2,
+        (192, 64, 1, 1, 0, 14): 1, (64, 384, 1, 1, 0, 14): 4, (384, 64, 1, 1, 0, 14): 3,
+        (384, 96, 1, 1, 0, 14): 1, (96, 576, 1, 1, 0, 14): 3, (576, 96, 1, 1, 0, 14): 2,
+        (576, 160, 1, 1, 0, 7): 1, (160, 960, 1, 1, 0, 7): 3, (960, 160, 1, 1, 0, 7): 2,
+        (960, 320, 1, 1, 0, 7): 1, (320, 1280, 1, 1, 0, 7): 1,
+    },
     "squeezenet1_0": {
         (3, 96, 7, 2, 0, 224): 1, (96, 16, 1, 1, 0, 54): 1, (16, 64, 1, 1, 0, 54): 2,
         (16, 64, 3, 1, 1, 54): 2, (128, 16, 1, 1, 0, 54): 1, (128, 32, 1, 1, 0, 54): 1,
@@ -52,15 +61,6 @@ LAYERS = {
         (384, 64, 1, 1, 0, 27): 1, (64, 256, 1, 1, 0, 27): 1, (64, 256, 3, 1, 1, 27): 1,
         (512, 64, 1, 1, 0, 13): 1, (64, 256, 1, 1, 0, 13): 1, (64, 256, 3, 1, 1, 13): 1,
         (512, 1000, 1, 1, 0, 13): 1,
-    },
-    "mobilenet_v2": {
-        (3, 32, 3, 2, 1, 224): 1, (32, 16, 1, 1, 0, 112): 1, (16, 96, 1, 1, 0, 112): 1,
-        (96, 24, 1, 1, 0, 56): 1, (24, 144, 1, 1, 0, 56): 2, (144, 24, 1, 1, 0, 56): 1,
-        (144, 32, 1, 1, 0, 28): 1, (32, 192, 1, 1, 0, 28): 3, (192, 32, 1, 1, 0, 28): 2,
-        (192, 64, 1, 1, 0, 14): 1, (64, 384, 1, 1, 0, 14): 4, (384, 64, 1, 1, 0, 14): 3,
-        (384, 96, 1, 1, 0, 14): 1, (96, 576, 1, 1, 0, 14): 3, (576, 96, 1, 1, 0, 14): 2,
-        (576, 160, 1, 1, 0, 7): 1, (160, 960, 1, 1, 0, 7): 3, (960, 160, 1, 1, 0, 7): 2,
-        (960, 320, 1, 1, 0, 7): 1, (320, 1280, 1, 1, 0, 7): 1,
     },
 }  # fmt: skip
 
@@ -119,7 +119,8 @@ def measure(layer: tuple[int, ...], batch: int, repeats: int, target_cpu: str) -
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--nets", default="resnet18,squeezenet1_0")
+    parser.add_argument("--nets", default="resnet18,squeezenet1_0",
+                        help=f"of {', '.join(LAYERS)}")  # fmt: skip
     parser.add_argument("--only", default="", help="layers whose description contains this")
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=5)
