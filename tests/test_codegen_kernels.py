@@ -389,3 +389,39 @@ def test_a_linear_without_input_features_is_its_bias(n: int) -> None:
     f = tlc.compile(text, Payload({1: {"weight": np.zeros((n, 0)), "bias": bias}}), "f32")
     got = f(np.zeros((5, 0), np.float32))
     np.testing.assert_array_equal(got, np.tile(bias, (5, 1)).astype(np.float32))
+
+
+@pytest.mark.parametrize(
+    ("h", "w", "stride"),
+    [(13, 40, 1), (14, 14, 1), (9, 40, 2), (3, 17, 1)],
+    ids=["last block of 1", "rows narrower than a vector", "stride 2", "one block of 3"],
+)
+def test_depthwise_strips_cover_blocks_of_rows(
+    monkeypatch: pytest.MonkeyPatch, h: int, w: int, stride: int
+) -> None:
+    """A 3x3 depthwise strip computes `depthwise_rows` output rows at once on AVX-512 (4),
+    each input vector loaded once for the rows whose taps read it; AVX2 and SSE keep one row
+    (the accumulators and weights would not fit 16 registers). The bits are those of one row
+    per strip, relu6 (clip) fused: a last block of fewer rows, rows narrower than a vector
+    (one masked strip each), stride 2 (the staged phases)."""
+    assert [convolution.depthwise_rows(target_info(Target(cpu, triple=X86_64)), 9)
+            for cpu in CPUS] == [1, 1, 4]  # fmt: skip
+    c, attrs = 5, "kernel = [3, 3], stride = [{0}, {0}], padding = [1, 1], groups = 5"
+    text = conv([2, c, h, w], attrs.format(stride), c, c, relu=False).replace(
+        "  output %1", "  %2 = clip(%1) {min = 0.0, max = 6.0}\n  output %2"
+    )
+    graph = checked_graph(tlc.parse(text))
+    rng = np.random.default_rng(7)
+    payload = Payload({1: {"weight": rng.normal(size=(c, 1, 3, 3)), "bias": rng.normal(size=c)}})
+    x = (3 * rng.normal(size=(2, c, h, w))).astype(np.float32)
+    target = runnable("znver4")
+    assert "rows" in build_graph_module(graph, payload, np.float32, target=target).ir
+    blocked = compile_graph(graph, payload, np.float32, target=target)(x)
+    close(blocked, interpret(graph, payload, x, np.float32).output, np.float32)
+    monkeypatch.setattr(convolution, "DEPTHWISE_ROWS", 1)
+    monkeypatch.setenv("TLC_OBJECT_CACHE", "0")  # the constants are not in the caches' keys
+    monkeypatch.setattr("tlc.codegen.jit._graph_cache", {})
+    assert "rows" not in build_graph_module(graph, payload, np.float32, target=target).ir
+    assert (
+        compile_graph(graph, payload, np.float32, target=target)(x).tobytes() == blocked.tobytes()
+    )

@@ -21,7 +21,7 @@ from tlc.api.evaluate import checked_graph
 from tlc.codegen import jit, runtime
 from tlc.codegen.jit import compile_graph
 from tlc.codegen.module import build_graph_module
-from tlc.codegen.plan import PARALLEL_WORK, TASKS
+from tlc.codegen.plan import LONG_RUN, PARALLEL_WORK, ROW_TASKS, TASKS
 from tlc.codegen.shared_lib import build_library
 from tlc.core.payload import Payload
 from tlc.dialect import ops
@@ -273,6 +273,44 @@ def test_row_runs_take_each_chunk_through_a_chain(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr("tlc.codegen.jit._graph_cache", {})
     assert ".r3" not in build_graph_module(graph, payload, np.float32).ir
     alone = compile_graph(graph, payload, np.float32, threads=2)(x)
+    assert bits(runs[0]) == bits(runs[1]) == bits(alone)
+
+
+def conv_chain(batch: int, depth: int, rng: np.random.Generator) -> tuple[str, Payload]:
+    """`depth` 3x3 convolutions of 8 channels on 24 x 24, each with a relu (fused into it)."""
+    lines, payload = [f"  %0 = input : [{batch}, 8, 24, 24]"], Payload()
+    for i in range(depth):
+        lines.append(f"  %{2 * i + 1} = conv(%{2 * i}) {conv_fields(8, 8)} : [{batch}, 8, 24, 24]")
+        lines.append(f"  %{2 * i + 2} = relu(%{2 * i + 1}) : [{batch}, 8, 24, 24]")
+        payload.records[2 * i + 1] = {"weight": rng.normal(size=(8, 8, 3, 3)) / 9,
+                                      "bias": rng.normal(size=8)}  # fmt: skip
+    body = "\n".join(lines)
+    return f"tl.graph @chain {{\n{body}\n  output %{2 * depth}\n}}\n", payload
+
+
+@pytest.mark.parametrize(("depth", "chunk"), [(LONG_RUN, 1), (LONG_RUN - 1, 2)])
+def test_long_row_runs_take_one_image_per_task(
+    monkeypatch: pytest.MonkeyPatch, depth: int, chunk: int
+) -> None:
+    """At batch 12 (rows in TASKS chunks of 2), a row run of LONG_RUN convolutions runs one
+    image per task (`plan.one_row_runs`), a shorter one keeps its chunks; the bits are those
+    of the chunked run, at 1 and 2 threads."""
+    from tlc.codegen import plan as codegen_plan
+
+    assert -(-12 // TASKS) == 2 and ROW_TASKS >= 12
+    text, payload = conv_chain(12, depth, np.random.default_rng(4))
+    graph = graph_of(text)
+    nodes = build_graph_module(graph, payload, np.float32).plan.nodes
+    convs = [p for p in nodes if isinstance(p.node, ops.ConvOp)]
+    assert {(p.run, p.rows.chunk, p.rows.full.out_shape[0]) for p in convs} == {(1, chunk, chunk)}
+    x = np.random.default_rng(5).normal(size=(12, 8, 24, 24)).astype(np.float32)
+    runs = [compile_graph(graph, payload, np.float32, threads=t)(x) for t in (1, 2)]
+    monkeypatch.setattr(codegen_plan, "ROW_TASKS", 8)  # 12 rows: past it, chunks of 2
+    monkeypatch.setenv("TLC_OBJECT_CACHE", "0")
+    monkeypatch.setattr("tlc.codegen.jit._graph_cache", {})
+    chunked = build_graph_module(graph, payload, np.float32).plan.nodes
+    assert {p.rows.chunk for p in chunked if isinstance(p.node, ops.ConvOp)} == {2}
+    alone = compile_graph(graph, payload, np.float32, threads=1)(x)
     assert bits(runs[0]) == bits(runs[1]) == bits(alone)
 
 
