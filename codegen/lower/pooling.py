@@ -9,9 +9,11 @@ from dataclasses import dataclass
 
 from llvmlite import ir
 
-from tlc.codegen.builder import I1, Buf, KernelBuilder
+from tlc.codegen.builder import I1, I32, Buf, KernelBuilder
 from tlc.codegen.gemm import (
+    lane_mask,
     load_vector,
+    store_lanes,
 )
 from tlc.codegen.lower.convolution import ConvFrame, Fast, window_strips
 from tlc.codegen.lower.rules import Step, register
@@ -153,7 +155,102 @@ def numpy_maximum(k: KernelBuilder, a: ir.Value, x: ir.Value) -> ir.Value:
     return b.select(b.fcmp_unordered("uno", a, a), a, larger)
 
 
-@register(ops.MaxPoolOp, parts=_pool_parts, scratch=_pool_scratch)
+def _in_place(node: NodeOp, x: Shape) -> bool:
+    """Whether a max pool reads its input planes in place (`_max_pool_rows`): 2-D windows
+    but for a global one (a reduction, `_global_pool`)."""
+    kernel = tuple(node.meta("kernel"))
+    return len(kernel) == 2 and (any(node.meta("padding")) or kernel != tuple(x[-2:]))
+
+
+def _max_pool_scratch(node: NodeOp, parents: list[Shape], out: Shape) -> int:
+    return 0 if _in_place(node, parents[0]) else _pool_scratch(node, parents, out)
+
+
+def _max_pool_rows(k: KernelBuilder, s: Step, larger: Combine, exact: Combine) -> None:
+    """A 2-D max pool read in place, output row by output row in strips of one vector:
+    each kernel row inside the input folds its taps (strip lane l of tap column kw reads
+    input column (j + l) * stride + kw - padding: `stride` vectors of consecutive inputs,
+    one lane in `stride` picked by a shuffle), then the rows are combined in order.
+    Kernel rows in the padding are skipped, and in the strips at a row's ends the columns
+    outside the input are masked to -inf: -inf is the identity of numpy's maximum on both
+    sides, so this is the reference's fold over the padded window. Rows fold with `larger`
+    (one `vmaxps`), flagging the lanes whose inputs are NaN; a strip with a flagged lane is
+    folded again with `exact` (`numpy_maximum`). No staged copy: staging squeezenet1_0's
+    planes into stride phases took half its max pools' time."""
+    x, out, b = s.args[0], s.out, k.b
+    f = PoolFrame.of(s.node, x.shape, out.shape)
+    (h, w), (oh_n, ow) = f.window.in_sp, f.window.out_sp
+    (sh, sw), (ph, pw), (kh_n, kw_n) = f.window.stride, f.window.padding, f.window.kernel
+    lanes = max(k.info.vector_bytes // k.dtype.itemsize, 1)
+    vec, wide = ir.VectorType(k.T, lanes), ir.VectorType(k.T, lanes * sw)
+    pick = ir.Constant(ir.VectorType(I32, lanes), [sw * j for j in range(lanes)])
+    floor, outside = (
+        ir.Constant(vec, [-math.inf] * lanes),
+        ir.Constant(wide, [-math.inf] * lanes * sw),
+    )
+    strips = -(-ow // lanes)
+    # Strip t needs no mask when every tap's `lanes * sw` inputs lie inside its row.
+    inside = [t for t in range(strips) if t * lanes * sw >= pw and (t + 1) * lanes <= ow
+              and t * lanes * sw - pw + kw_n - 1 + lanes * sw <= w]  # fmt: skip
+    t_lo, t_hi = (inside[0], inside[-1] + 1) if inside else (0, 0)
+
+    def strip(row: ir.Value, kh_lo: ir.Value, kh_hi: ir.Value, to: ir.Value, t: ir.Value,
+              masked: bool) -> None:  # fmt: skip
+        j = b.mul(t, k.i64(lanes))
+        col = b.sub(b.mul(j, k.i64(sw)), k.i64(pw))
+
+        def fold(step: Combine, flag: bool) -> tuple[ir.Value, ir.Value | None]:
+            total = k.local(floor, "pool")
+            flagged = k.local(ir.Constant(ir.VectorType(I1, lanes), None), "nan")
+            with k.loop(kh_hi, "kh", start=kh_lo) as kh:
+                acc = k.local(floor, "prow")
+                at_row = b.add(row, b.mul(kh, k.i64(w)))
+                with k.loop(kw_n, "kw") as kw:
+                    start = b.add(col, kw)
+                    ptr = b.gep(x.ptr, [b.add(at_row, start)])  # may point before the row
+                    if masked:
+                        keep = lane_mask(k, wide, b.trunc(b.neg(start), I32),
+                                         b.trunc(b.sub(k.i64(w), start), I32))  # fmt: skip
+                        inputs = load_vector(k, wide, ptr, lanes * sw, keep, outside)
+                    else:
+                        inputs = load_vector(k, wide, ptr, lanes * sw)
+                    if sw > 1:
+                        inputs = b.shuffle_vector(inputs, ir.Constant(wide, ir.Undefined), pick)
+                    b.store(step(b.load(acc), inputs), acc)
+                    if flag:
+                        nan = b.fcmp_unordered("uno", inputs, inputs)
+                        b.store(b.or_(b.load(flagged), nan), flagged)
+                b.store(step(b.load(total), b.load(acc)), total)
+            return b.load(total), b.load(flagged) if flag else None
+
+        value, flagged = fold(larger, True)
+        held = k.local(value, "strip")
+        assert flagged is not None
+        any_nan = b.icmp_unsigned("!=", b.bitcast(flagged, ir.IntType(lanes)),
+                                  ir.Constant(ir.IntType(lanes), 0))  # fmt: skip
+        with b.if_then(any_nan, likely=False):
+            b.store(fold(exact, False)[0], held)
+        mask = None
+        if masked:
+            mask = lane_mask(k, vec, ir.Constant(I32, 0), b.trunc(b.sub(k.i64(ow), j), I32))
+        store_lanes(k, b.load(held), out, [(b.add(to, j), mask)])
+
+    lo, hi = s.part_range(k, f.lead)
+    with k.loop(hi, "lead", start=lo) as lead, k.loop(oh_n, "orow") as oh:
+        x_base, out_base = f.planes(k, lead)
+        top = b.sub(b.mul(oh, k.i64(sh)), k.i64(ph))  # the window's first input row
+        kh_lo = b.select(b.icmp_signed("<", top, k.i64(0)), b.neg(top), k.i64(0))
+        room = b.sub(k.i64(h), top)
+        kh_hi = b.select(b.icmp_signed("<", room, k.i64(kh_n)), room, k.i64(kh_n))
+        row = b.add(x_base, b.mul(top, k.i64(w)))
+        to = b.add(out_base, b.mul(oh, k.i64(ow)))
+        for first, end, masked in ((0, t_lo, True), (t_lo, t_hi, False), (t_hi, strips, True)):
+            if end > first:
+                with k.loop(end, "pstrip", start=first) as t:
+                    strip(row, kh_lo, kh_hi, to, t, masked)
+
+
+@register(ops.MaxPoolOp, parts=_pool_parts, scratch=_max_pool_scratch)
 def _max_pool(k: KernelBuilder, s: Step) -> None:
     """The reference's max over each window (numpy's maximum folded over the taps in
     row-major order): `numpy_maximum` over consecutive blocks of taps, combined in order.
@@ -166,6 +263,9 @@ def _max_pool(k: KernelBuilder, s: Step) -> None:
     def larger(acc: ir.Value, x: ir.Value) -> ir.Value:  # one maxps: numpy's without NaN
         return b.select(b.fcmp_ordered(">", acc, x), acc, x)
 
+    if _in_place(s.node, s.args[0].shape):
+        _max_pool_rows(k, s, larger, lambda acc, v: numpy_maximum(k, acc, v))
+        return
     fast = (lambda acc, tap, x: larger(acc, x), larger, lambda x: b.fcmp_unordered("uno", x, x))
     _pool(k, s, -math.inf, lambda acc, v: numpy_maximum(k, acc, v), 1.0, ordered=True,
           fast=fast)  # fmt: skip
