@@ -167,16 +167,19 @@ def _max_pool_scratch(node: NodeOp, parents: list[Shape], out: Shape) -> int:
 
 
 def _max_pool_rows(k: KernelBuilder, s: Step, larger: Combine, exact: Combine) -> None:
-    """A 2-D max pool read in place, output row by output row in strips of one vector:
-    each kernel row inside the input folds its taps (strip lane l of tap column kw reads
-    input column (j + l) * stride + kw - padding: `stride` vectors of consecutive inputs,
-    one lane in `stride` picked by a shuffle), then the rows are combined in order.
-    Kernel rows in the padding are skipped, and in the strips at a row's ends the columns
-    outside the input are masked to -inf: -inf is the identity of numpy's maximum on both
-    sides, so this is the reference's fold over the padded window. Rows fold with `larger`
-    (one `vmaxps`), flagging the lanes whose inputs are NaN; a strip with a flagged lane is
-    folded again with `exact` (`numpy_maximum`). No staged copy: staging squeezenet1_0's
-    planes into stride phases took half its max pools' time."""
+    """A 2-D max pool read in place, in strips of one vector, each strip's column of output
+    rows top to bottom: each kernel row inside the input folds its taps (strip lane l of
+    tap column kw reads input column (j + l) * stride + kw - padding: `stride` vectors of
+    consecutive inputs, one lane in `stride` picked by a shuffle), then the rows are
+    combined in order. Kernel rows in the padding are skipped, and in the strips at a
+    row's ends the columns outside the input are masked to -inf: -inf is the identity of
+    numpy's maximum on both sides, so this is the reference's fold over the padded window.
+    Where a window's last row is the next one's first (3x3 stride 2) that row's fold is
+    kept for the next window (6 row taps per output strip instead of 9). Rows fold with
+    `larger` (one `vmaxps`), flagging the lanes whose inputs are NaN; a strip with a
+    flagged lane (the kept row's flags included) is folded again with `exact`
+    (`numpy_maximum`) from its inputs. No staged copy: staging squeezenet1_0's planes into
+    stride phases took half its max pools' time."""
     x, out, b = s.args[0], s.out, k.b
     f = PoolFrame.of(s.node, x.shape, out.shape)
     (h, w), (oh_n, ow) = f.window.in_sp, f.window.out_sp
@@ -194,60 +197,87 @@ def _max_pool_rows(k: KernelBuilder, s: Step, larger: Combine, exact: Combine) -
               and t * lanes * sw - pw + kw_n - 1 + lanes * sw <= w]  # fmt: skip
     t_lo, t_hi = (inside[0], inside[-1] + 1) if inside else (0, 0)
 
-    def strip(row: ir.Value, kh_lo: ir.Value, kh_hi: ir.Value, to: ir.Value, t: ir.Value,
-              masked: bool) -> None:  # fmt: skip
+    carry = kh_n - sh == 1  # a window's last row is the next one's first (3x3 stride 2)
+    no_nan = ir.Constant(ir.VectorType(I1, lanes), None)
+
+    def fold_row(at_row: ir.Value, col: ir.Value, masked: bool, step: Combine,
+                 flagged: ir.AllocaInstr | None) -> ir.Value:  # fmt: skip
+        """One kernel row's taps for one strip (at_row: the row's offset in x), folded by
+        `step`; the lanes of NaN inputs or'ed into `flagged`."""
+        acc = k.local(floor, "prow")
+        with k.loop(kw_n, "kw") as kw:
+            start = b.add(col, kw)
+            ptr = b.gep(x.ptr, [b.add(at_row, start)])  # may point before the row
+            if masked:
+                keep = lane_mask(k, wide, b.trunc(b.neg(start), I32),
+                                 b.trunc(b.sub(k.i64(w), start), I32))  # fmt: skip
+                inputs = load_vector(k, wide, ptr, lanes * sw, keep, outside)
+            else:
+                inputs = load_vector(k, wide, ptr, lanes * sw)
+            if sw > 1:
+                inputs = b.shuffle_vector(inputs, ir.Constant(wide, ir.Undefined), pick)
+            b.store(step(b.load(acc), inputs), acc)
+            if flagged is not None:
+                b.store(b.or_(b.load(flagged), b.fcmp_unordered("uno", inputs, inputs)), flagged)
+        return b.load(acc)
+
+    def column(x_base: ir.Value, out_base: ir.Value, t: ir.Value, masked: bool) -> None:
+        """Strip t of every output row, top to bottom; with `carry`, a window's last row
+        (folded, and its NaN lanes) is kept for the next window's first."""
         j = b.mul(t, k.i64(lanes))
         col = b.sub(b.mul(j, k.i64(sw)), k.i64(pw))
-
-        def fold(step: Combine, flag: bool) -> tuple[ir.Value, ir.Value | None]:
-            total = k.local(floor, "pool")
-            flagged = k.local(ir.Constant(ir.VectorType(I1, lanes), None), "nan")
-            with k.loop(kh_hi, "kh", start=kh_lo) as kh:
-                acc = k.local(floor, "prow")
-                at_row = b.add(row, b.mul(kh, k.i64(w)))
-                with k.loop(kw_n, "kw") as kw:
-                    start = b.add(col, kw)
-                    ptr = b.gep(x.ptr, [b.add(at_row, start)])  # may point before the row
-                    if masked:
-                        keep = lane_mask(k, wide, b.trunc(b.neg(start), I32),
-                                         b.trunc(b.sub(k.i64(w), start), I32))  # fmt: skip
-                        inputs = load_vector(k, wide, ptr, lanes * sw, keep, outside)
-                    else:
-                        inputs = load_vector(k, wide, ptr, lanes * sw)
-                    if sw > 1:
-                        inputs = b.shuffle_vector(inputs, ir.Constant(wide, ir.Undefined), pick)
-                    b.store(step(b.load(acc), inputs), acc)
-                    if flag:
-                        nan = b.fcmp_unordered("uno", inputs, inputs)
-                        b.store(b.or_(b.load(flagged), nan), flagged)
-                b.store(step(b.load(total), b.load(acc)), total)
-            return b.load(total), b.load(flagged) if flag else None
-
-        value, flagged = fold(larger, True)
-        held = k.local(value, "strip")
-        assert flagged is not None
-        any_nan = b.icmp_unsigned("!=", b.bitcast(flagged, ir.IntType(lanes)),
-                                  ir.Constant(ir.IntType(lanes), 0))  # fmt: skip
-        with b.if_then(any_nan, likely=False):
-            b.store(fold(exact, False)[0], held)
+        kept, kept_nan = k.local(floor, "kept"), k.local(no_nan, "kept_nan")
+        if carry and ph == 0:  # output row 0's first row: input row 0
+            b.store(fold_row(x_base, col, masked, larger, kept_nan), kept)
         mask = None
         if masked:
             mask = lane_mask(k, vec, ir.Constant(I32, 0), b.trunc(b.sub(k.i64(ow), j), I32))
-        store_lanes(k, b.load(held), out, [(b.add(to, j), mask)])
+        with k.loop(oh_n, "orow") as oh:
+            top = b.sub(b.mul(oh, k.i64(sh)), k.i64(ph))  # the window's first input row
+            kh_lo = b.select(b.icmp_signed("<", top, k.i64(0)), b.neg(top), k.i64(0))
+            room = b.sub(k.i64(h), top)
+            kh_hi = b.select(b.icmp_signed("<", room, k.i64(kh_n)), room, k.i64(kh_n))
+            row = b.add(x_base, b.mul(top, k.i64(w)))
+
+            def fold(step: Combine, flagged: ir.AllocaInstr | None, first: ir.Value,
+                     reuse: bool) -> ir.Value:  # fmt: skip
+                total = k.local(b.load(kept) if reuse else floor, "pool")
+                if reuse:
+                    b.store(floor, kept)
+                    b.store(no_nan, kept_nan)
+                with k.loop(kh_hi, "kh", start=first) as kh:
+                    mine = k.local(no_nan, "row_nan") if flagged is not None else None
+                    value = fold_row(b.add(row, b.mul(kh, k.i64(w))), col, masked, step, mine)
+                    b.store(step(b.load(total), value), total)
+                    if mine is not None and flagged is not None:
+                        b.store(b.or_(b.load(flagged), b.load(mine)), flagged)
+                    if reuse and mine is not None:
+                        last = b.icmp_signed("==", kh, k.i64(kh_n - 1))
+                        b.store(b.select(last, value, floor), kept)
+                        b.store(b.select(last, b.load(mine), no_nan), kept_nan)
+                return b.load(total)
+
+            flagged = k.local(b.load(kept_nan), "nan")
+            if carry:
+                first = b.select(b.icmp_signed("<", kh_lo, k.i64(1)), k.i64(1), kh_lo)
+                value = fold(larger, flagged, first, True)
+            else:
+                value = fold(larger, flagged, kh_lo, False)
+            held = k.local(value, "strip")
+            any_nan = b.icmp_unsigned("!=", b.bitcast(b.load(flagged), ir.IntType(lanes)),
+                                      ir.Constant(ir.IntType(lanes), 0))  # fmt: skip
+            with b.if_then(any_nan, likely=False):
+                b.store(fold(exact, None, kh_lo, False), held)
+            to = b.add(b.add(out_base, b.mul(oh, k.i64(ow))), j)
+            store_lanes(k, b.load(held), out, [(to, mask)])
 
     lo, hi = s.part_range(k, f.lead)
-    with k.loop(hi, "lead", start=lo) as lead, k.loop(oh_n, "orow") as oh:
+    with k.loop(hi, "lead", start=lo) as lead:
         x_base, out_base = f.planes(k, lead)
-        top = b.sub(b.mul(oh, k.i64(sh)), k.i64(ph))  # the window's first input row
-        kh_lo = b.select(b.icmp_signed("<", top, k.i64(0)), b.neg(top), k.i64(0))
-        room = b.sub(k.i64(h), top)
-        kh_hi = b.select(b.icmp_signed("<", room, k.i64(kh_n)), room, k.i64(kh_n))
-        row = b.add(x_base, b.mul(top, k.i64(w)))
-        to = b.add(out_base, b.mul(oh, k.i64(ow)))
         for first, end, masked in ((0, t_lo, True), (t_lo, t_hi, False), (t_hi, strips, True)):
             if end > first:
                 with k.loop(end, "pstrip", start=first) as t:
-                    strip(row, kh_lo, kh_hi, to, t, masked)
+                    column(x_base, out_base, t, masked)
 
 
 @register(ops.MaxPoolOp, parts=_pool_parts, scratch=_max_pool_scratch)
