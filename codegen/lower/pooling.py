@@ -177,9 +177,9 @@ def _max_pool_rows(k: KernelBuilder, s: Step, larger: Combine, exact: Combine) -
     Where a window's last row is the next one's first (3x3 stride 2) that row's fold is
     kept for the next window (6 row taps per output strip instead of 9). Rows fold with
     `larger` (one `vmaxps`), flagging the lanes whose inputs are NaN; a strip with a
-    flagged lane (the kept row's flags included) is folded again with `exact`
-    (`numpy_maximum`) from its inputs. No staged copy: staging squeezenet1_0's planes into
-    stride phases took half its max pools' time."""
+    flagged lane, or after one (whose kept row may hold the NaN), is folded again with
+    `exact` (`numpy_maximum`) from its inputs. No staged copy: staging squeezenet1_0's
+    planes into stride phases took half its max pools' time."""
     x, out, b = s.args[0], s.out, k.b
     f = PoolFrame.of(s.node, x.shape, out.shape)
     (h, w), (oh_n, ow) = f.window.in_sp, f.window.out_sp
@@ -221,14 +221,21 @@ def _max_pool_rows(k: KernelBuilder, s: Step, larger: Combine, exact: Combine) -
                 b.store(b.or_(b.load(flagged), b.fcmp_unordered("uno", inputs, inputs)), flagged)
         return b.load(acc)
 
+    def any_lane(flags: ir.Value) -> ir.Value:
+        return b.icmp_unsigned("!=", b.bitcast(flags, ir.IntType(lanes)),
+                               ir.Constant(ir.IntType(lanes), 0))  # fmt: skip
+
     def column(x_base: ir.Value, out_base: ir.Value, t: ir.Value, masked: bool) -> None:
         """Strip t of every output row, top to bottom; with `carry`, a window's last row
-        (folded, and its NaN lanes) is kept for the next window's first."""
+        (folded) is kept for the next window's first, and whether the window had a NaN
+        (its last row's then may be among them: the next window is folded exactly too)."""
         j = b.mul(t, k.i64(lanes))
         col = b.sub(b.mul(j, k.i64(sw)), k.i64(pw))
-        kept, kept_nan = k.local(floor, "kept"), k.local(no_nan, "kept_nan")
+        kept, again = k.local(floor, "kept"), k.local(ir.Constant(I1, 0), "again")
         if carry and ph == 0:  # output row 0's first row: input row 0
-            b.store(fold_row(x_base, col, masked, larger, kept_nan), kept)
+            first_nan = k.local(no_nan, "first_nan")
+            b.store(fold_row(x_base, col, masked, larger, first_nan), kept)
+            b.store(any_lane(b.load(first_nan)), again)
         mask = None
         if masked:
             mask = lane_mask(k, vec, ir.Constant(I32, 0), b.trunc(b.sub(k.i64(ow), j), I32))
@@ -244,30 +251,25 @@ def _max_pool_rows(k: KernelBuilder, s: Step, larger: Combine, exact: Combine) -
                 total = k.local(b.load(kept) if reuse else floor, "pool")
                 if reuse:
                     b.store(floor, kept)
-                    b.store(no_nan, kept_nan)
                 with k.loop(kh_hi, "kh", start=first) as kh:
-                    mine = k.local(no_nan, "row_nan") if flagged is not None else None
-                    value = fold_row(b.add(row, b.mul(kh, k.i64(w))), col, masked, step, mine)
+                    value = fold_row(b.add(row, b.mul(kh, k.i64(w))), col, masked, step, flagged)
                     b.store(step(b.load(total), value), total)
-                    if mine is not None and flagged is not None:
-                        b.store(b.or_(b.load(flagged), b.load(mine)), flagged)
-                    if reuse and mine is not None:
+                    if reuse:
                         last = b.icmp_signed("==", kh, k.i64(kh_n - 1))
                         b.store(b.select(last, value, floor), kept)
-                        b.store(b.select(last, b.load(mine), no_nan), kept_nan)
                 return b.load(total)
 
-            flagged = k.local(b.load(kept_nan), "nan")
+            flagged = k.local(no_nan, "nan")
             if carry:
                 first = b.select(b.icmp_signed("<", kh_lo, k.i64(1)), k.i64(1), kh_lo)
                 value = fold(larger, flagged, first, True)
             else:
                 value = fold(larger, flagged, kh_lo, False)
             held = k.local(value, "strip")
-            any_nan = b.icmp_unsigned("!=", b.bitcast(b.load(flagged), ir.IntType(lanes)),
-                                      ir.Constant(ir.IntType(lanes), 0))  # fmt: skip
-            with b.if_then(any_nan, likely=False):
+            nan = any_lane(b.load(flagged))
+            with b.if_then(b.or_(nan, b.load(again)), likely=False):
                 b.store(fold(exact, None, kh_lo, False), held)
+            b.store(nan, again)
             to = b.add(b.add(out_base, b.mul(oh, k.i64(ow))), j)
             store_lanes(k, b.load(held), out, [(to, mask)])
 
