@@ -295,6 +295,52 @@ def test_a_zero_tie_takes_the_last_zero_of_the_window() -> None:
     assert np.isnan(f(x)[0, 0, 0, 0])
 
 
+@pytest.mark.parametrize("cpu", ["host", "znver3", "x86-64-v2"])
+def test_a_max_pool_reads_its_input_in_place(cpu: str) -> None:
+    """A 2-D max pool stages nothing (scratch: the one element every scratch rule gets): it
+    reads the input rows, skipping the kernel rows in the padding and masking the columns
+    outside the input in its rows' end strips, ceil mode's windows past the end (the
+    padding concatenations read around) included. Rows wide enough for unmasked strips
+    between the masked ones, NaN and signed zeros in places: the reference's bits, for 1-3
+    threads, on AVX-512, AVX2 and SSE."""
+    if cpu != "host":
+        runnable(cpu)
+    rng = np.random.default_rng(11)
+    x = rng.normal(size=(2, 5, 36, 74)).astype(np.float32)
+    x.reshape(-1)[rng.integers(0, x.size, 40)] = np.nan
+    x.reshape(-1)[rng.integers(0, x.size, 400)] = -0.0
+    x.reshape(-1)[rng.integers(0, x.size, 400)] = 0.0
+    padded = """tl.graph @p {
+  %0 = input : [2, 5, 36, 74]
+  %1 = max_pool(%0) {kernel = [3, 3], stride = [2, 2], padding = [1, 1]}
+  output %1
+}
+"""
+    ceil = """tl.graph @ceil {
+  %0 = input : [2, 5, 36, 74]
+  %1 = const {shape = [2, 5, 1, 74]} : [2, 5, 1, 74]
+  %2 = concat(%0, %1) {axis = 2} : [2, 5, 37, 74]
+  %3 = const {shape = [2, 5, 37, 1]} : [2, 5, 37, 1]
+  %4 = concat(%2, %3) {axis = 3} : [2, 5, 37, 75]
+  %5 = max_pool(%4) {kernel = [3, 3], stride = [2, 2]}
+  output %5
+}
+"""
+    fills = {1: {"value": np.full(740, -np.inf)}, 3: {"value": np.full(370, -np.inf)}}
+    target = Target(cpu=cpu)
+    for text, payload in ((padded, None), (ceil, Payload(fills))):
+        graph = checked_graph(tlc.parse(text))
+        pool = build_graph_module(graph, payload, np.float32, target=target).plan.nodes[-1]
+        assert pool.scratch == 1
+        expected = interpret(graph, payload, x, np.float32).output
+        assert np.isnan(expected).any() and (np.signbit(expected) & (expected == 0)).any()
+        for threads in (1, 2, 3):
+            got = compile_graph(graph, payload, np.float32, target=target, threads=threads)(x)
+            np.testing.assert_array_equal(np.isnan(got), np.isnan(expected))
+            real = ~np.isnan(expected)
+            assert got[real].tobytes() == expected[real].tobytes()
+
+
 @pytest.mark.parametrize(("c", "h"), [(64, 14), (128, 7), (32, 26)])
 def test_the_direct_kernel_fuses_the_residual_add(
     monkeypatch: pytest.MonkeyPatch, c: int, h: int

@@ -5,13 +5,16 @@ and their gradients (the cotangent scattered back over each window's taps).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from llvmlite import ir
 
-from tlc.codegen.builder import I1, Buf, KernelBuilder
+from tlc.codegen.builder import I1, I32, Buf, KernelBuilder
 from tlc.codegen.gemm import (
+    lane_mask,
     load_vector,
+    store_lanes,
 )
 from tlc.codegen.lower.convolution import ConvFrame, Fast, window_strips
 from tlc.codegen.lower.rules import Step, register
@@ -153,7 +156,154 @@ def numpy_maximum(k: KernelBuilder, a: ir.Value, x: ir.Value) -> ir.Value:
     return b.select(b.fcmp_unordered("uno", a, a), a, larger)
 
 
-@register(ops.MaxPoolOp, parts=_pool_parts, scratch=_pool_scratch)
+def _in_place(node: NodeOp, x: Shape) -> bool:
+    """Whether a max pool reads its input planes in place (`_max_pool_rows`): 2-D windows
+    but for a global one (a reduction, `_global_pool`)."""
+    kernel = tuple(node.meta("kernel"))
+    return len(kernel) == 2 and (any(node.meta("padding")) or kernel != tuple(x[-2:]))
+
+
+def _max_pool_scratch(node: NodeOp, parents: list[Shape], out: Shape) -> int:
+    return 0 if _in_place(node, parents[0]) else _pool_scratch(node, parents, out)
+
+
+def _max_pool_rows(k: KernelBuilder, s: Step, larger: Combine, exact: Combine) -> None:
+    """A 2-D max pool read in place, output row by output row in strips of one vector:
+    each kernel row inside the input folds its taps (strip lane l of tap column kw reads
+    input column (j + l) * stride + kw - padding: `stride` vectors of consecutive inputs,
+    one lane in `stride` picked by a shuffle), then the rows are combined in order.
+    Kernel rows in the padding are skipped, and in the strips at a row's ends the columns
+    outside the input are masked to -inf: -inf is the identity of numpy's maximum on both
+    sides, so this is the reference's fold over the padded window. Where a window's last
+    row is the next one's first (3x3 stride 2) that row's fold is kept, per strip, for the
+    window below (6 row taps per output strip instead of 9). Rows fold with `larger` (one
+    `vmaxps`), flagging the lanes whose inputs are NaN; a strip with a flagged lane, or
+    below one (whose kept row may hold the NaN), is folded again with `exact`
+    (`numpy_maximum`) from its inputs. No staged copy: staging squeezenet1_0's planes into
+    stride phases took half its max pools' time."""
+    x, out, b = s.args[0], s.out, k.b
+    f = PoolFrame.of(s.node, x.shape, out.shape)
+    (h, w), (oh_n, ow) = f.window.in_sp, f.window.out_sp
+    (sh, sw), (ph, pw), (kh_n, kw_n) = f.window.stride, f.window.padding, f.window.kernel
+    lanes = max(k.info.vector_bytes // k.dtype.itemsize, 1)
+    vec, wide = ir.VectorType(k.T, lanes), ir.VectorType(k.T, lanes * sw)
+    pick = ir.Constant(ir.VectorType(I32, lanes), [sw * j for j in range(lanes)])
+    floor, outside = (
+        ir.Constant(vec, [-math.inf] * lanes),
+        ir.Constant(wide, [-math.inf] * lanes * sw),
+    )
+    strips = -(-ow // lanes)
+    # Strip t needs no mask when every tap's `lanes * sw` inputs lie inside its row.
+    inside = [t for t in range(strips) if t * lanes * sw >= pw and (t + 1) * lanes <= ow
+              and t * lanes * sw - pw + kw_n - 1 + lanes * sw <= w]  # fmt: skip
+    t_lo, t_hi = (inside[0], inside[-1] + 1) if inside else (0, 0)
+
+    carry = kh_n - sh == 1  # a window's last row is the next one's first (3x3 stride 2)
+    no_nan = ir.Constant(ir.VectorType(I1, lanes), None)
+
+    def fold_row(at_row: ir.Value, col: ir.Value, masked: bool, step: Combine,
+                 flagged: ir.AllocaInstr | None) -> ir.Value:  # fmt: skip
+        """One kernel row's taps for one strip (at_row: the row's offset in x), folded by
+        `step`; the lanes of NaN inputs or'ed into `flagged`."""
+        acc = k.local(floor, "prow")
+        with k.loop(kw_n, "kw") as kw:
+            start = b.add(col, kw)
+            ptr = b.gep(x.ptr, [b.add(at_row, start)])  # may point before the row
+            if masked:
+                keep = lane_mask(k, wide, b.trunc(b.neg(start), I32),
+                                 b.trunc(b.sub(k.i64(w), start), I32))  # fmt: skip
+                inputs = load_vector(k, wide, ptr, lanes * sw, keep, outside)
+            else:
+                inputs = load_vector(k, wide, ptr, lanes * sw)
+            if sw > 1:
+                inputs = b.shuffle_vector(inputs, ir.Constant(wide, ir.Undefined), pick)
+            b.store(step(b.load(acc), inputs), acc)
+            if flagged is not None:
+                b.store(b.or_(b.load(flagged), b.fcmp_unordered("uno", inputs, inputs)), flagged)
+        return b.load(acc)
+
+    def any_lane(flags: ir.Value) -> ir.Value:
+        return b.icmp_unsigned("!=", b.bitcast(flags, ir.IntType(lanes)),
+                               ir.Constant(ir.IntType(lanes), 0))  # fmt: skip
+
+    with b.goto_block(k.alloca_block):  # per strip: the row kept, whether it follows a NaN
+        kept_rows = b.alloca(ir.ArrayType(vec, strips), name="kept")
+        agains = b.alloca(ir.ArrayType(I1, strips), name="again")
+
+    def slots(t: ir.Value) -> tuple[ir.Value, ir.Value]:
+        return b.gep(kept_rows, [k.i64(0), t]), b.gep(agains, [k.i64(0), t])
+
+    def strip_ranges(visit: Callable[[ir.Value, bool], None]) -> None:
+        """visit(t, masked) for every strip: masked ones only at the rows' ends."""
+        for first, end, masked in ((0, t_lo, True), (t_lo, t_hi, False), (t_hi, strips, True)):
+            if end > first:
+                with k.loop(end, "pstrip", start=first) as t:
+                    visit(t, masked)
+
+    def window(x_base: ir.Value, out_base: ir.Value, oh: ir.Value, t: ir.Value,
+               masked: bool) -> None:  # fmt: skip
+        """Strip t of output row oh; with `carry`, the window's last row (folded) is kept
+        for the next window's first, and whether the window had a NaN (its last row's then
+        may be among them: the next window is folded exactly too)."""
+        j = b.mul(t, k.i64(lanes))
+        col = b.sub(b.mul(j, k.i64(sw)), k.i64(pw))
+        kept, again = slots(t)
+        top = b.sub(b.mul(oh, k.i64(sh)), k.i64(ph))  # the window's first input row
+        kh_lo = b.select(b.icmp_signed("<", top, k.i64(0)), b.neg(top), k.i64(0))
+        room = b.sub(k.i64(h), top)
+        kh_hi = b.select(b.icmp_signed("<", room, k.i64(kh_n)), room, k.i64(kh_n))
+        row = b.add(x_base, b.mul(top, k.i64(w)))
+
+        def fold(step: Combine, flagged: ir.AllocaInstr | None, first: ir.Value,
+                 reuse: bool) -> ir.Value:  # fmt: skip
+            total = k.local(b.load(kept) if reuse else floor, "pool")
+            if reuse:
+                b.store(floor, kept)
+            with k.loop(kh_hi, "kh", start=first) as kh:
+                value = fold_row(b.add(row, b.mul(kh, k.i64(w))), col, masked, step, flagged)
+                b.store(step(b.load(total), value), total)
+                if reuse:
+                    last = b.icmp_signed("==", kh, k.i64(kh_n - 1))
+                    b.store(b.select(last, value, floor), kept)
+            return b.load(total)
+
+        flagged = k.local(no_nan, "nan")
+        if carry:
+            first = b.select(b.icmp_signed("<", kh_lo, k.i64(1)), k.i64(1), kh_lo)
+            value = fold(larger, flagged, first, True)
+        else:
+            value = fold(larger, flagged, kh_lo, False)
+        held = k.local(value, "strip")
+        nan = any_lane(b.load(flagged))
+        with b.if_then(b.or_(nan, b.load(again)), likely=False):
+            b.store(fold(exact, None, kh_lo, False), held)
+        b.store(nan, again)
+        mask = None
+        if masked:
+            mask = lane_mask(k, vec, ir.Constant(I32, 0), b.trunc(b.sub(k.i64(ow), j), I32))
+        store_lanes(k, b.load(held), out, [(b.add(b.add(out_base, b.mul(oh, k.i64(ow))), j), mask)])
+
+    lo, hi = s.part_range(k, f.lead)
+    with k.loop(hi, "lead", start=lo) as lead:
+        x_base, out_base = f.planes(k, lead)
+
+        def begin(t: ir.Value, masked: bool) -> None:
+            """Before output row 0: its first row kept when it is input row 0."""
+            kept, again = slots(t)
+            b.store(floor, kept)
+            b.store(ir.Constant(I1, 0), again)
+            if carry and ph == 0:
+                first_nan = k.local(no_nan, "first_nan")
+                col = b.sub(b.mul(t, k.i64(lanes * sw)), k.i64(pw))
+                b.store(fold_row(x_base, col, masked, larger, first_nan), kept)
+                b.store(any_lane(b.load(first_nan)), again)
+
+        strip_ranges(begin)
+        with k.loop(oh_n, "orow") as oh:
+            strip_ranges(lambda t, masked: window(x_base, out_base, oh, t, masked))
+
+
+@register(ops.MaxPoolOp, parts=_pool_parts, scratch=_max_pool_scratch)
 def _max_pool(k: KernelBuilder, s: Step) -> None:
     """The reference's max over each window (numpy's maximum folded over the taps in
     row-major order): `numpy_maximum` over consecutive blocks of taps, combined in order.
@@ -166,6 +316,9 @@ def _max_pool(k: KernelBuilder, s: Step) -> None:
     def larger(acc: ir.Value, x: ir.Value) -> ir.Value:  # one maxps: numpy's without NaN
         return b.select(b.fcmp_ordered(">", acc, x), acc, x)
 
+    if _in_place(s.node, s.args[0].shape):
+        _max_pool_rows(k, s, larger, lambda acc, v: numpy_maximum(k, acc, v))
+        return
     fast = (lambda acc, tap, x: larger(acc, x), larger, lambda x: b.fcmp_unordered("uno", x, x))
     _pool(k, s, -math.inf, lambda acc, v: numpy_maximum(k, acc, v), 1.0, ordered=True,
           fast=fast)  # fmt: skip
