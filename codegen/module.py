@@ -337,44 +337,6 @@ def channel_maps(
     return maps, fused
 
 
-def norm_stores(
-    graph: GraphOp,
-    out_node: NodeOp,
-    maps: dict[int, tuple[NodeOp, ...]],
-    fused: dict[int, Fused],
-) -> tuple[dict[int, tuple[NodeOp, ...]], dict[int, Fused]]:
-    """`maps` and `fused` with each batch norm whose operand is a convolution read by nothing
-    else applied in that convolution's stores: the convolution's maps are the batch norm and
-    its own maps (`Step.maps`, `reductions.norm_stage`), the batch norm's fused chain (a relu)
-    becomes the convolution's, and the batch norm is a view of the convolution's value. Not
-    when that chain reads another operand (a residual add's shortcut): the batch norm's pass
-    then keeps it, which measured faster than reading the shortcut in a 1x1 convolution's
-    stores (zoo resnet50's 64 -> 256 on 56 x 56 + add + relu: 1.63 ms unfused, 1.96 fused;
-    128 -> 512 on 28 x 28: 1.23 and 1.43). Depthwise convolutions keep theirs (their kernel
-    applies no maps). Each node computes as its own kernel would: the bits are the unfused
-    graph's. (ONNX zoo's resnet50 runs a batch norm after each of its 53 convolutions.)"""
-    nodes, users = graph.nodes, users_of(graph)
-    maps, fused = dict(maps), dict(fused)
-    for norm in nodes:
-        if not isinstance(norm, ops.BatchNormEvalOp):
-            continue
-        conv, chain = nodes[norm.parent_ids()[0]], fused.get(norm.id)
-        if (
-            not isinstance(conv, ops.ConvOp)
-            or conv is out_node
-            or len(users.get(conv.id, [])) != 1
-            or conv.id in fused
-            or conv.meta("channel_axis") != norm.meta("channel_axis")
-            or (conv.meta("groups") > 1 and conv.meta("in_channels") == conv.meta("groups"))
-            or (chain is not None and bool(chain.operands))
-        ):
-            continue
-        maps[conv.id] = (norm, *maps.pop(norm.id, ()))
-        if chain is not None:
-            fused[conv.id] = fused.pop(norm.id)
-    return maps, fused
-
-
 #: The value padding has in each pooling: it never wins (max) or adds nothing (average).
 POOL_PADDING = {ops.MaxPoolOp: -np.inf, ops.AvgPoolOp: 0.0}
 
@@ -541,10 +503,6 @@ def build_graph_module(
             continue
         params = fields(p)
         for i, mapped in enumerate(p.maps):  # the values of its broadcast constant
-            if isinstance(mapped, ops.BatchNormEvalOp):  # its fields (`norm_stores`)
-                norm = fields(plan.nodes[mapped.id])
-                params = {**params, **{f"map{i}.{name}": buf for name, buf in norm.items()}}
-                continue
             constant = nodes[mapped.parent_ids()[1]].parent_ids()[0]
             params = {**params, f"map{i}": fields(plan.nodes[constant])["value"]}
         dest = _destination(plan, p, out_ptr, arena)
@@ -621,9 +579,8 @@ def _graph_plan(graph: GraphOp, shapes: list[Shape], dtype: type, batch: int | N
         for q, chain in fusions(graph, out_node).items()
         if q not in chained and not any(e.id in claimed for e in chain.nodes)
     }
-    maps, fused = norm_stores(graph, out_node, maps, {**fused, **chained})
-    return plan_graph(graph, shapes, np.dtype(dtype).itemsize, batch, fused, runs=runs,
-                      bypass=bypass, maps=maps)  # fmt: skip
+    return plan_graph(graph, shapes, np.dtype(dtype).itemsize, batch, {**fused, **chained},
+                      runs=runs, bypass=bypass, maps=maps)  # fmt: skip
 
 
 def kernel_specs(p: NodePlan, shapes: list[Shape]) -> dict[str, ParamSpec]:
@@ -660,9 +617,8 @@ def _bound_layout(plan: GraphPlan, shapes: list[Shape], records: dict, dtype: ty
     step = ALIGN // itemsize
     at: BoundLayout = {}
     parts, offset = [], 0
-    applied = {m.id for p in plan.nodes for m in p.maps}  # batch norms read by their producer
     for p in plan.nodes:
-        if p.dead or (p.fused_into is not None and p.node.id not in applied):  # reads none
+        if p.dead or p.fused_into is not None:  # never computed: reads no fields
             continue
         fields = at.setdefault(p.node.id, {})
         for name, value in baked_fields(p, shapes, records, dtype, info).items():

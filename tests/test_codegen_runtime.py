@@ -110,9 +110,8 @@ def test_the_plan_reuses_memory_by_liveness(monkeypatch: pytest.MonkeyPatch) -> 
     plan = build_graph_module(graph_of(text), payload, np.float32).plan
     assert plan is not None and plan.arena < plan.unshared / 2
     nodes = plan.nodes
-    # the batch norm and the relu after it are applied in the convolution's stores (views of
-    # its value, `module.norm_stores`)...
-    assert nodes[4].fused_into == 3 and nodes[5].fused_into == 3 and nodes[5].offset is None
+    # the relu after the batch norm is applied in its pass (a view of its value)...
+    assert nodes[5].fused_into == 4 and nodes[5].offset is None
     # ...and the residual add overwrites one of its operands, both dying there; but no node
     # of the block takes the region of %2, the skip the add still reads.
     assert nodes[7].in_place and nodes[7].offset in (nodes[6].offset, nodes[2].offset)
@@ -254,9 +253,9 @@ def test_growing_concatenations_are_prefixes_of_the_last(monkeypatch: pytest.Mon
 
 def test_row_runs_take_each_chunk_through_a_chain(monkeypatch: pytest.MonkeyPatch) -> None:
     """Consecutive row regions over the same tasks (at batch 4, the convolutions from the
-    first block's first on: its batch norm and relu, and the residual adds, are fused into
-    them) are one region whose task runs each on its rows (where the run's values lie:
-    tests/test_codegen_task_blocks.py), and the bits are those of one region per node."""
+    first block's second on: the residual adds are fused into them) are one region whose
+    task runs each on its rows (where the run's values lie: tests/test_codegen_task_blocks.py),
+    and the bits are those of one region per node."""
     from tlc.codegen import plan as codegen_plan
 
     text, payload = residual_cnn(4, np.random.default_rng(0))
@@ -264,14 +263,14 @@ def test_row_runs_take_each_chunk_through_a_chain(monkeypatch: pytest.MonkeyPatc
     built = build_graph_module(graph, payload, np.float32)
     nodes = built.plan.nodes
     chained = [(p.node.id, p.run_end) for p in nodes if p.run is not None]
-    assert chained == [(3, False), (6, False), (9, False), (11, False), (14, True)]
-    assert '"tlc_res.r3"' in built.ir
+    assert chained == [(6, False), (9, False), (11, False), (14, True)]
+    assert '"tlc_res.r6"' in built.ir
     x = np.random.default_rng(3).normal(size=(4, 3, 16, 16)).astype(np.float32)
     runs = [compile_graph(graph, payload, np.float32, threads=t)(x) for t in (1, 2)]
     monkeypatch.setattr(codegen_plan, "row_runs", lambda plans: None)
     monkeypatch.setenv("TLC_OBJECT_CACHE", "0")
     monkeypatch.setattr("tlc.codegen.jit._graph_cache", {})
-    assert ".r3" not in build_graph_module(graph, payload, np.float32).ir
+    assert ".r6" not in build_graph_module(graph, payload, np.float32).ir
     alone = compile_graph(graph, payload, np.float32, threads=2)(x)
     assert bits(runs[0]) == bits(runs[1]) == bits(alone)
 

@@ -44,7 +44,6 @@ from tlc.codegen.lower.conv_direct import (
 )
 from tlc.codegen.lower.elementwise import epilogue
 from tlc.codegen.lower.layout import gather
-from tlc.codegen.lower.reductions import norm_stage
 from tlc.codegen.lower.rules import ParamSpec, Step, balanced_parts, register
 from tlc.codegen.lower.windows import NSW, Axis, Combine, Window, each_tap, scatter_taps, zero
 from tlc.codegen.target import TargetInfo
@@ -544,7 +543,6 @@ def _conv_direct(k: KernelBuilder, s: Step, f: ConvFrame, tile: DirectTile) -> N
     units = s.part_range(k, direct_units(tile, out_sp, f.cout))
     taps = k.global_constant("taps", f.tap_table(), I32)
     staging = Buf(s.scratch.ptr, (group * f.cin, f.staged_plane))
-    stage = norm_stage(k, s, f.cout, -(-f.cout // tile.nr) * tile.nr)
     rows = None
     if f.staged and s.parts > 1 and f.lead == 1:
         e_lo, e_hi, i_lo, i_hi = f.stage_rows(k, *unit_rows(k, tile, units, out_sp))
@@ -565,7 +563,7 @@ def _conv_direct(k: KernelBuilder, s: Step, f: ConvFrame, tile: DirectTile) -> N
         plane = DirectPlane(source, base, step, images, f.extents[-1], taps, f.depth,
                             b.mul(b0, k.i64(f.cout)), out_sp, f.cout)  # fmt: skip
         emit_direct(k, tile, plane, (s.params["weight"], s.params["bias"]), s.out, units,
-                    epilogue(k, s), stage)  # fmt: skip
+                    epilogue(k, s))  # fmt: skip
 
 
 def _direct_images(f: ConvFrame) -> int:
@@ -752,7 +750,6 @@ def _conv(k: KernelBuilder, s: Step) -> None:
     assert s.scratch is not None
     f = ConvFrame.of(s.node, x.shape, out.shape)
     if _depthwise(f):
-        assert not s.maps, "module.norm_stores leaves depthwise convolutions alone"
         _conv_depthwise(k, s, f)
         return
     direct = _direct_tile(k.info, k.dtype.itemsize, f) if s.packed else None
@@ -845,7 +842,6 @@ def _conv_product(k: KernelBuilder, s: Step, f: ConvFrame, parts: int) -> None:
     w, bias = s.params["weight"], s.params["bias"]
     tiles_m = -(-f.cout_g // mk.mr)
     fn = epilogue(k, s)
-    stage = norm_stage(k, s, f.cout)
     vec = ir.VectorType(k.T, mk.lanes)
     # Whole vectors of columns never straddle two output planes: plain stores.
     aligned = P % mk.lanes == 0
@@ -956,8 +952,6 @@ def _conv_product(k: KernelBuilder, s: Step, f: ConvFrame, parts: int) -> None:
             def finish(oc: ir.Value, jp: ir.Value, v: int, acc: ir.Value) -> None:
                 channel = b.add(b.mul(g, k.i64(f.cout_g)), oc)
                 value = b.fadd(acc, splat(k, vec, k.load(bias, channel)))
-                if stage is not None:
-                    value = stage(value, channel)
                 if wide:
                     _store_columns(k, f, out, value, b0, channel, column(jp, k.i64(v)), valid,
                                    fn, wide=True)  # fmt: skip
@@ -1009,9 +1003,7 @@ def _conv_transposed(k: KernelBuilder, s: Step, f: ConvFrame, mk: MicroKernel, p
     fn = epilogue(k, s)
     # A fused map reading operands is applied as the product is written out (where they
     # are), others in the tiles (vectors, where the copy out is scalar): the same bits.
-    # So are a batch norm and the maps after it (`Step.maps`), by output channel.
-    stage = norm_stage(k, s, f.cout)
-    late = (s.fused is not None and bool(s.fused.operands)) or stage is not None
+    late = s.fused is not None and bool(s.fused.operands)
     rows = f.lead * f.positions
     product = Buf(s.scratch.ptr, (rows * f.cout,))
     packed = Buf(k.at(s.scratch, product.size), (linear_scratch(rows, f.depth),))
@@ -1045,9 +1037,8 @@ def _conv_transposed(k: KernelBuilder, s: Step, f: ConvFrame, mk: MicroKernel, p
         first_row = b.mul(img, k.i64(f.positions))
         with k.loop(f.positions, "pos") as pos:
             at = b.add(b.mul(b.add(first_row, pos), k.i64(f.cout)), oc)
-            value = k.load(product, at)
-            store_lanes(k, stage(value, oc) if stage is not None else value, out,
-                        [(b.add(plane, pos), None)], fn if late else None)  # fmt: skip
+            store_lanes(k, k.load(product, at), out, [(b.add(plane, pos), None)],
+                        fn if late else None)  # fmt: skip
 
 
 def _column_bases(f: ConvFrame, images: int, nc: int, chunk: int, image: int) -> np.ndarray:
