@@ -384,6 +384,15 @@ def splat(k: KernelBuilder, vec: ir.VectorType, x: ir.Value) -> ir.Value:
     return b.shuffle_vector(one, ir.Constant(vec, ir.Undefined), mask)
 
 
+def stride_phase(k: KernelBuilder, inputs: ir.Value, stride: int, phase: int = 0) -> ir.Value:
+    """Lanes phase, phase + stride, phase + 2 * stride, ... of `inputs` (a vector of lanes *
+    stride consecutive elements): one stride phase of them, by one shuffle (LLVM leaves a
+    strided scalar loop scalar)."""
+    lanes = inputs.type.count // stride
+    pick = ir.Constant(ir.VectorType(I32, lanes), [phase + stride * j for j in range(lanes)])
+    return k.b.shuffle_vector(inputs, ir.Constant(inputs.type, ir.Undefined), pick)
+
+
 def _masked(k: KernelBuilder, vec: ir.VectorType, store: bool) -> ir.Function:
     mask = ir.VectorType(I1, vec.count)
     kind = "store" if store else "load"

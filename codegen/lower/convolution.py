@@ -32,6 +32,7 @@ from tlc.codegen.gemm import (
     splat,
     store_lanes,
     store_vector,
+    stride_phase,
 )
 from tlc.codegen.lower.conv_direct import (
     DIRECT_DEPTH,
@@ -187,9 +188,7 @@ class ConvFrame:
                     at = b.add(src, b.sub(b.mul(e, k.i64(st), flags=NSW), k.i64(pad)), flags=NSW)
                     inputs = load_vector(k, wide, k.at(x_block, at), count * st)
                     for r in range(st):
-                        mask = ir.Constant(ir.VectorType(I32, lanes),
-                                           [r + st * j for j in range(lanes)])  # fmt: skip
-                        phase = b.shuffle_vector(inputs, ir.Constant(wide, ir.Undefined), mask)
+                        phase = stride_phase(k, inputs, st, r)
                         to = b.add(b.add(dst, k.i64(r * phase_block[-1]), flags=NSW), e)
                         store_vector(k, phase, k.at(staged, to), count)
 
@@ -216,7 +215,6 @@ class ConvFrame:
         size, st, length = w.in_sp[-1], w.stride[-1], w.phases[-1]
         lanes = max(k.info.vector_bytes // k.dtype.itemsize, 1)
         wide = ir.VectorType(k.T, lanes * st)
-        pick = ir.Constant(ir.VectorType(I32, lanes), [st * j for j in range(lanes)])
         whole = min(length, size // st) // lanes * lanes
         first = None
         if rows is not None:
@@ -234,8 +232,8 @@ class ConvFrame:
                 """Elements e.. (`count`) from the `reach` inputs from e * stride on."""
                 at = b.add(src, b.mul(e, k.i64(st), flags=NSW), flags=NSW)
                 inputs = load_vector(k, wide, k.at(x_block, at), reach)
-                phase = b.shuffle_vector(inputs, ir.Constant(wide, ir.Undefined), pick)
-                store_vector(k, phase, k.at(staged, b.add(dst, e, flags=NSW)), count)
+                store_vector(k, stride_phase(k, inputs, st), k.at(staged, b.add(dst, e, flags=NSW)),
+                             count)  # fmt: skip
 
             with k.loop(whole, "e", step=lanes) as e:  # (e + lanes) * stride <= size
                 pick_lanes(e, lanes, lanes * st)

@@ -15,6 +15,7 @@ from tlc.codegen.gemm import (
     lane_mask,
     load_vector,
     store_lanes,
+    stride_phase,
 )
 from tlc.codegen.lower.convolution import ConvFrame, Fast, window_strips
 from tlc.codegen.lower.rules import Step, register
@@ -187,7 +188,6 @@ def _max_pool_rows(k: KernelBuilder, s: Step, larger: Combine, exact: Combine) -
     (sh, sw), (ph, pw), (kh_n, kw_n) = f.window.stride, f.window.padding, f.window.kernel
     lanes = max(k.info.vector_bytes // k.dtype.itemsize, 1)
     vec, wide = ir.VectorType(k.T, lanes), ir.VectorType(k.T, lanes * sw)
-    pick = ir.Constant(ir.VectorType(I32, lanes), [sw * j for j in range(lanes)])
     floor, outside = (
         ir.Constant(vec, [-math.inf] * lanes),
         ir.Constant(wide, [-math.inf] * lanes * sw),
@@ -216,7 +216,7 @@ def _max_pool_rows(k: KernelBuilder, s: Step, larger: Combine, exact: Combine) -
             else:
                 inputs = load_vector(k, wide, ptr, lanes * sw)
             if sw > 1:
-                inputs = b.shuffle_vector(inputs, ir.Constant(wide, ir.Undefined), pick)
+                inputs = stride_phase(k, inputs, sw)
             b.store(step(b.load(acc), inputs), acc)
             if flagged is not None:
                 b.store(b.or_(b.load(flagged), b.fcmp_unordered("uno", inputs, inputs)), flagged)
