@@ -35,6 +35,7 @@ from real_networks import workload  # noqa: E402
 from tlc.codegen import runtime  # noqa: E402
 from tlc.codegen.jit import jit_link  # noqa: E402
 from tlc.codegen.loader import EntryPoint  # noqa: E402
+from tlc.codegen.lower.rules import busiest  # noqa: E402
 from tlc.codegen.module import bakes_payload, build_graph_module  # noqa: E402
 
 #: What replaces `tlc_rt_parallel` in the runtime's source: the tasks in turn, each timed.
@@ -78,15 +79,6 @@ def serial_runtime(directory: str) -> str:
     path = os.path.join(directory, "runtime_serial.c")
     Path(path).write_text(source[:start] + SERIAL + source[end:])
     return path
-
-
-def busiest(tasks: list[float], threads: int) -> float:
-    """The busiest thread's time when `threads` take `tasks` in order, each the next as soon
-    as it is free."""
-    busy = [0.0] * threads
-    for spent in tasks:
-        busy[busy.index(min(busy))] += spent
-    return max(busy)
 
 
 def model(name: str, size: int, threads: int, calls: int, top: int) -> None:

@@ -8,7 +8,7 @@ look rules up.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -116,17 +116,18 @@ def balanced_parts(units: int, most: int) -> int:
     top = max(min(units, most), 1)
 
     def balance(parts: int) -> tuple[int, ...]:
-        return (*(_busiest(units, parts, threads) for threads in (2, 3, 4)), -parts)
+        shares = [(part + 1) * units // parts - part * units // parts for part in range(parts)]
+        return (*(busiest(shares, threads) for threads in (2, 3, 4)), -parts)
 
     return min(range(-(-top // 2), top + 1), key=balance)
 
 
-def _busiest(units: int, parts: int, threads: int) -> int:
-    """The units the busiest of `threads` threads computes when they take the `parts` equal
-    shares of `units` in order, each the next share as soon as it is free."""
-    busy = [0] * threads
-    for part in range(parts):
-        busy[busy.index(min(busy))] += (part + 1) * units // parts - part * units // parts
+def busiest(tasks: Sequence[float], threads: int) -> float:
+    """The work of the busiest of `threads` threads when they take `tasks` (each task's work)
+    in order, each the next task as soon as it is free (the pool's shared counter)."""
+    busy = [0.0] * threads
+    for work in tasks:
+        busy[busy.index(min(busy))] += work
     return max(busy)
 
 
