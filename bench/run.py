@@ -20,7 +20,9 @@ callable of the shared library (shape/dtype checks, output allocation); `tlc jit
 callable. `C ctypes` is a hand-written C function for the seed MLP called the same way, the floor
 for a Python -> native call. `--target-cpu` (an LLVM CPU name this machine can run, e.g.
 znver3 on an AVX-512 host) builds tlc's code for that CPU alone and measures the FMA peak with
-its vectors; the peers are unchanged.
+its vectors; the peers that can be told to run with the same vectors too (`pin_peers`: PyTorch's
+ATen, oneDNN and MKL kernels, IREE's code for the same CPU), ONNX Runtime and numpy's OpenBLAS
+on the host's.
 """
 
 from __future__ import annotations
@@ -318,12 +320,43 @@ def onnx_runner(model: bytes | None, w: Workload, threads: int) -> Callable[[], 
 
 #: Why the IREE columns are missing, once (None: they are there).
 IREE_SKIPPED: list[str] = []
+#: The CPU IREE compiles for (`pin_peers`).
+IREE_CPU = ["host"]
+
+#: What PyTorch reads when it loads, by vector width (bytes) of the target: ATen's kernels,
+#: oneDNN's (convolutions, linear) and MKL's (matrix products) highest instruction set.
+TORCH_ISA = {
+    32: {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2",
+         "MKL_ENABLE_INSTRUCTIONS": "AVX2"},
+    16: {"ATEN_CPU_CAPABILITY": "default", "ONEDNN_MAX_CPU_ISA": "SSE41",
+         "MKL_ENABLE_INSTRUCTIONS": "SSE4_2"},
+}  # fmt: skip
+
+
+def pin_peers(target: Target) -> str:
+    """Have the peers that allow it run with `target`'s vectors, so that `--target-cpu znver3`
+    on an AVX-512 host sets AVX2 against AVX2 where it can: PyTorch through the environment
+    it reads when it loads (so before its first import), IREE by compiling for the same CPU.
+    ONNX Runtime picks its kernels by CPUID with no switch, and numpy's OpenBLAS by its own
+    dispatch: they stay on the host's. Returns the report's line."""
+    if target.is_host:
+        return "peers: the host's kernels"
+    assert "torch" not in sys.modules, "PyTorch must load after pin_peers"
+    os.environ.update(TORCH_ISA.get(target_info(target).vector_bytes, {}))
+    IREE_CPU[0] = target.cpu
+    aten, onednn = (
+        os.environ.get(k, "host") for k in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA")
+    )
+    return (
+        f"peers: PyTorch {aten} kernels (oneDNN {onednn}), IREE for {target.cpu}; "
+        "ONNX Runtime and numpy on the host's (no switch)"
+    )
 
 
 def iree_module(model: bytes | None, tmp: str, name: str) -> bytes | None:
     """The ONNX model compiled by IREE for this CPU (llvm-cpu backend, `--iree-llvmcpu-target-
-    cpu=host`) as a .vmfb, imported from the same ONNX file; None (and the reason noted in
-    IREE_SKIPPED) when IREE is not installed or fails."""
+    cpu=host`, or the target's: `pin_peers`) as a .vmfb, imported from the same ONNX file;
+    None (and the reason noted in IREE_SKIPPED) when IREE is not installed or fails."""
     compile_tool, import_tool = shutil.which("iree-compile"), shutil.which("iree-import-onnx")
     if model is None or compile_tool is None or import_tool is None:
         IREE_SKIPPED[:] = ["IREE: not installed (pip install iree-base-compiler "
@@ -335,7 +368,7 @@ def iree_module(model: bytes | None, tmp: str, name: str) -> bytes | None:
     steps = [[import_tool, src, "-o", mlir],
              [compile_tool, mlir, "--iree-hal-target-device=local",
               "--iree-hal-local-target-device-backends=llvm-cpu",
-              "--iree-llvmcpu-target-cpu=host", "-o", vmfb]]  # fmt: skip
+              f"--iree-llvmcpu-target-cpu={IREE_CPU[0]}", "-o", vmfb]]  # fmt: skip
     for step in steps:
         done = subprocess.run(step, capture_output=True, text=True, check=False, timeout=600)
         if done.returncode != 0:
@@ -613,13 +646,14 @@ def main() -> int:
     if not target.is_host:
         vectors = target_info(target).vector_bytes * 8
         print(f"tlc built for --target-cpu {target.cpu} ({vectors}-bit vectors)")
+    print(pin_peers(target))
     print(f"one core's float32 FMA peak (measured): {peak_gflops(target=target):.1f} GFLOP/s")
     with tempfile.TemporaryDirectory(prefix="tlc-bench-") as tmp:
         for w in workloads:
             bench_workload(w, args.repeats, tmp, hand_c=w.name.startswith("seed"), target=target)
             sys.stdout.flush()
-    print("\n" + "\n".join(IREE_SKIPPED or ["IREE: iree-base-compiler/-runtime, llvm-cpu, "
-                                             "--iree-llvmcpu-target-cpu=host"]))  # fmt: skip
+    iree = f"IREE: iree-base-compiler/-runtime, llvm-cpu, --iree-llvmcpu-target-cpu={IREE_CPU[0]}"
+    print("\n" + "\n".join(IREE_SKIPPED or [iree]))
     if not args.quick and not args.only:
         bench_compile(rng)
     return 0
