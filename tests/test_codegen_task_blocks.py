@@ -120,3 +120,16 @@ def test_a_run_goes_through_fire_modules(monkeypatch: pytest.MonkeyPatch) -> Non
     assert all(got.tobytes() == want.tobytes() for got in runs)
     expected = interpret(graph, payload, x, np.float32).output
     np.testing.assert_allclose(want, expected, rtol=2e-5, atol=2e-6)  # contractions' order
+
+
+def test_runs_over_many_rows_keep_their_chunks() -> None:
+    """Over more than ROW_TASKS rows (24 images: chunks of 3) a run does not re-plan its
+    nodes at one image per task to meet the expansions' one-row tasks: the squeezes, the
+    pool and the classifier keep their chunks, and the runs stop at each chunk change."""
+    assert codegen_plan.ROW_TASKS < 24
+    text, payload = fire_net(24, np.random.default_rng(8))
+    nodes = build_graph_module(graph_of(text), payload, np.float32).plan.nodes
+    chunks = {p.node.id: p.rows.chunk for p in nodes if p.rows is not None}
+    assert chunks == {1: 3, 3: 1, 5: 1, 8: 3, 9: 3, 11: 1, 13: 1, 16: 3}
+    runs = {p.node.id: p.run for p in nodes if p.run is not None}
+    assert runs == {3: 3, 5: 3, 8: 8, 9: 8, 11: 11, 13: 11}
