@@ -29,9 +29,11 @@ Decided at compile time from the shapes alone, before any IR is emitted:
   write their slabs of (`_concat_slabs`): it copies nothing.
 - **Runs.** Consecutive row regions over the same tasks form one region whose task runs each
   node on its rows in turn (`row_runs`: depth first, a chunk of images through a chain of
-  layers while it is in cache); what a run computes or reads stays alive to its end, but
-  for the values only the run's own nodes read by rows: those lie task by task, each task's
-  block holding its rows of them, reused by liveness within the task (`_task_blocks`).
+  layers while it is in cache; through the concatenations its nodes write, re-planned at
+  one image per task where their producers are); what a run computes or reads stays alive
+  to its end, but for the values only the run's own nodes read by rows (concatenations
+  included): those lie task by task, each task's block holding its rows of them, reused by
+  liveness within the task (`_task_blocks`).
 """
 
 from __future__ import annotations
@@ -597,7 +599,9 @@ def _task_blocks(
     rows lie in one region would stay alive to the run's end (resnet50's run of 103 nodes at
     batch 16: a 1.3 GB arena); laid out task by task, each task's block holds its own rows of
     them, and two that one task never needs at once share memory (the same placement by
-    liveness, in the run's node order, which is each task's order). Each node's kernel and
+    liveness, in the run's node order, which is each task's order). A gathered concatenation
+    whose producers are all in the run is such a value too, alive from its first producer
+    on, which then writes its slab a block apart (`_assign_memory`). Each node's kernel and
     rows are unchanged, only where the rows lie: the same bits."""
     readers: dict[int, list[NodePlan]] = {}
     for p in plans:
