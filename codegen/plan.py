@@ -451,17 +451,19 @@ def row_runs(plans: list[NodePlan]) -> None:
 
 
 def _same_tasks(run: list[NodePlan], p: NodePlan) -> bool:
-    """Whether row region `p` can join `run`: the same rows in the same chunks, or, over at
-    most ROW_TASKS rows (as `one_row_runs`), in other chunks when every node of both can take
-    tasks of one row."""
+    """Whether row region `p` can join `run`: the same rows in the same chunks, or in other
+    chunks when every node of both can take tasks of one row and none is a matrix product
+    (whose rows are its M rows: MATRIX_ROWS)."""
     first, rows = run[0].rows, p.rows
     assert first is not None and rows is not None
     if rows.rows != first.rows:
         return False
     if all(q.rows is not None and q.rows.chunk == rows.chunk for q in run):
         return True
-    return rows.rows <= ROW_TASKS and all(
-        _one_row_tasks(q, rows.rows, check=True) for q in [*run, p]
+    return all(
+        _one_row_tasks(q, rows.rows, check=True)
+        and not isinstance(q.node, ops.LinearOp | ops.MatmulOp)
+        for q in [*run, p]
     )
 
 

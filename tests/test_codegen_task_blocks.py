@@ -61,10 +61,10 @@ def test_a_runs_values_lie_task_by_task(name: str, monkeypatch: pytest.MonkeyPat
     assert all(got.tobytes() == want.tobytes() for got in blocked)
 
 
-def fire_net(n: int, rng: np.random.Generator) -> tuple[str, Payload]:
+def fire_net(n: int, rng: np.random.Generator, linear: bool = False) -> tuple[str, Payload]:
     """Two squeezenet fire modules over n images of 16 channels, 24 x 24 (a 1x1 squeeze, 1x1
     and 3x3 expansions of it concatenated along the channels), a max pool between them, a
-    1x1 classifier and a global average pool."""
+    1x1 classifier and a global average pool (`linear`: a linear layer instead)."""
     lines, payload = [f"  %0 = input : [{n}, 16, 24, 24]"], Payload()
 
     def conv(i: int, source: int, cin: int, cout: int, k: int) -> None:
@@ -82,8 +82,13 @@ def fire_net(n: int, rng: np.random.Generator) -> tuple[str, Payload]:
         lines.append(f"  %{first + 6} = concat(%{first + 3}, %{first + 5}) {{axis = 1}}")
         if first == 1:
             lines.append("  %8 = max_pool(%7) {kernel = [2, 2]}")
-    conv(16, 15, 128, 10, 1)
-    lines += ["  %18 = avg_pool(%17) {kernel = [12, 12]}", "  output %18"]
+    if linear:
+        lines += [f"  %16 = reshape(%15) {{from = [{n}, 128, 12, 12], to = [{n}, 18432]}}",
+                  f"  %17 = linear(%16) : [{n}, 64]", "  output %17"]  # fmt: skip
+        payload.records[17] = {"weight": rng.normal(size=(64, 18432)) / 136}
+    else:
+        conv(16, 15, 128, 10, 1)
+        lines += ["  %18 = avg_pool(%17) {kernel = [12, 12]}", "  output %18"]
     return "tl.graph @fire {\n" + "\n".join(lines) + "\n}\n", payload
 
 
@@ -122,14 +127,12 @@ def test_a_run_goes_through_fire_modules(monkeypatch: pytest.MonkeyPatch) -> Non
     np.testing.assert_allclose(want, expected, rtol=2e-5, atol=2e-6)  # contractions' order
 
 
-def test_runs_over_many_rows_keep_their_chunks() -> None:
-    """Over more than ROW_TASKS rows (24 images: chunks of 3) a run does not re-plan its
-    nodes at one image per task to meet the expansions' one-row tasks: the squeezes, the
-    pool and the classifier keep their chunks, and the runs stop at each chunk change."""
-    assert codegen_plan.ROW_TASKS < 24
-    text, payload = fire_net(24, np.random.default_rng(8))
+def test_a_matrix_product_keeps_its_rows() -> None:
+    """At batch 32 (chunks of 4) the fire modules are one run of one image per task all the
+    same, but a linear layer after them (its rows the M rows of one matrix product, 16 per
+    task: `MATRIX_ROWS`) is not re-planned at one row to join it."""
+    text, payload = fire_net(32, np.random.default_rng(8), linear=True)
     nodes = build_graph_module(graph_of(text), payload, np.float32).plan.nodes
-    chunks = {p.node.id: p.rows.chunk for p in nodes if p.rows is not None}
-    assert chunks == {1: 3, 3: 1, 5: 1, 8: 3, 9: 3, 11: 1, 13: 1, 16: 3}
-    runs = {p.node.id: p.run for p in nodes if p.run is not None}
-    assert runs == {3: 3, 5: 3, 8: 8, 9: 8, 11: 11, 13: 11}
+    chunks = {p.node.id: (p.rows.chunk, p.run) for p in nodes if p.rows is not None}
+    assert chunks == {**{i: (1, 1) for i in (1, 3, 5, 8, 9, 11, 13)}, 17: (16, None)}
+    assert nodes[13].run_end
