@@ -1,19 +1,20 @@
 """How a network's split nodes would share two threads, measured without a second core.
 
     python bench/thread_model.py [--models resnet18,mobilenet_v2] [--size 224] [--threads 2]
-                                 [--calls 40] [--top 10]
+                                 [--batch 1] [--calls 40] [--top 10]
 
 On a loaded machine a two-thread wall time mostly says how often the other core was free.
 This builds the JIT against a runtime whose `tlc_rt_parallel` runs every region's tasks in
 turn on the calling thread and times each by thread CPU time, then deals each region's tasks,
 in order, to the first free of `--threads` threads (as the pool's atomic counter does): per
-model, at batch 1, the one-thread call, the tasks' CPU summed (what the parts cost, copies
-repeated between them included), the busiest thread summed over the regions against half the
-tasks (the balance), and the modelled call (the busiest threads plus the rest of the call,
-which runs on the calling thread: serial nodes, the clock reads). Each task's time, and the
-rest's, is its minimum over `--calls` calls. Then the `--top` regions whose
-busiest thread loses most against an even share. docs/codegen.md ("One range of parts per
-thread") gives figures. Needs torchvision (see tests/torchvision_models.py).
+model, at `--batch` images (default 1), the one-thread call, the tasks' CPU summed (what the
+parts cost, copies repeated between them included), the busiest thread summed over the
+regions against half the tasks (the balance), and the modelled call (the busiest threads
+plus the rest of the call, which runs on the calling thread: serial nodes, the clock reads).
+Each task's time, and the rest's, is its minimum over `--calls` calls. Then the `--top`
+regions whose busiest thread loses most against an even share (at batch 1). The model leaves
+out what two threads share: the L3 cache and the memory bandwidth. docs/codegen.md ("One
+range of parts per thread") gives figures. Needs torchvision (see tests/torchvision_models.py).
 """
 
 from __future__ import annotations
@@ -81,8 +82,8 @@ def serial_runtime(directory: str) -> str:
     return path
 
 
-def model(name: str, size: int, threads: int, calls: int, top: int) -> None:
-    work = workload(name, size, 1)
+def model(name: str, size: int, threads: int, calls: int, top: int, batch: int = 1) -> None:
+    work = workload(name, size, batch)
     graph, payload = work.traced.graph, work.traced.payload
     module = build_graph_module(graph, payload, np.float32,
                                 bound_payload=not bakes_payload(graph, np.float32))  # fmt: skip
@@ -119,7 +120,7 @@ def model(name: str, size: int, threads: int, calls: int, top: int) -> None:
     most = sum(busiest(times, threads) for times in regions.values())
     rest = min(rest_ns) / 1e6
     one = call_ns[1] / 1e6
-    print(f"{name}, batch 1 (load {os.getloadavg()[0]:.1f}): 1 thread {one:.2f} ms; "
+    print(f"{name}, batch {batch} (load {os.getloadavg()[0]:.1f}): 1 thread {one:.2f} ms; "
           f"{threads} threads: tasks {tasks:.2f} ms in {sum(map(len, regions.values()))} "
           f"over {len(regions)} regions, busiest threads {most:.2f} ms (an even share "
           f"{tasks / threads:.2f}), rest of the call {rest:.2f}; modelled call "
@@ -141,6 +142,7 @@ def main() -> None:
     parser.add_argument("--models", default="resnet18,mobilenet_v2,squeezenet1_0")
     parser.add_argument("--size", type=int, default=224)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--calls", type=int, default=40)
     parser.add_argument("--top", type=int, default=10)
     args = parser.parse_args()
@@ -148,7 +150,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as directory:
         runtime.SOURCE = serial_runtime(directory)
         for name in args.models.split(","):
-            model(name, args.size, args.threads, args.calls, args.top)
+            model(name, args.size, args.threads, args.calls, args.top, args.batch)
 
 
 if __name__ == "__main__":

@@ -29,9 +29,11 @@ Decided at compile time from the shapes alone, before any IR is emitted:
   write their slabs of (`_concat_slabs`): it copies nothing.
 - **Runs.** Consecutive row regions over the same tasks form one region whose task runs each
   node on its rows in turn (`row_runs`: depth first, a chunk of images through a chain of
-  layers while it is in cache); what a run computes or reads stays alive to its end, but
-  for the values only the run's own nodes read by rows: those lie task by task, each task's
-  block holding its rows of them, reused by liveness within the task (`_task_blocks`).
+  layers while it is in cache; through the concatenations its nodes write, re-planned at
+  one image per task where their producers are); what a run computes or reads stays alive
+  to its end, but for the values only the run's own nodes read by rows (concatenations
+  included): those lie task by task, each task's block holding its rows of them, reused by
+  liveness within the task (`_task_blocks`).
 """
 
 from __future__ import annotations
@@ -400,11 +402,23 @@ def row_runs(plans: list[NodePlan]) -> None:
     the run on its rows in turn (depth first), so a chunk of images flows through a chain of
     layers while it is in cache, instead of each layer passing over the whole batch
     (mobilenet_v2 at batch 16: 4% faster). Each node's kernel, rows and values are
-    unchanged: the same bits."""
+    unchanged: the same bits.
+
+    A gathered concatenation (`_concat_slabs`) computes nothing: it counts as a view, inside
+    the run when its parts are. Its producers run one row per task, so a run meeting them
+    with other chunks (squeezenet's squeezes and pools, in chunks of 2 rows) is re-planned
+    as tasks of one row when every node of it can be (`_one_row_tasks`): squeezenet1_0 at
+    batch 16 is then one run from the stem to the classifier instead of 18 runs of 1-3
+    nodes broken at each fire module (see docs/codegen.md, "Threads and memory")."""
     current: list[NodePlan] = []
 
     def close() -> None:
         if len(current) > 1:
+            rows = current[0].rows
+            assert rows is not None
+            if len({q.rows.chunk for q in current if q.rows is not None}) > 1:
+                for q in current:
+                    _one_row_tasks(q, rows.rows)
             for q in current:
                 q.run = current[0].node.id
             current[-1].run_end = True
@@ -412,7 +426,7 @@ def row_runs(plans: list[NodePlan]) -> None:
 
     inside: set[int] = set()  # computed in the current run, or views of such values
     for p in plans:
-        if p.view:
+        if p.view or p.gathered:
             if any(q in inside for q in p.reads):
                 inside.add(p.node.id)
             continue
@@ -421,7 +435,7 @@ def row_runs(plans: list[NodePlan]) -> None:
             rows is not None
             and rows.parallel
             and bool(current)
-            and (rows.rows, rows.chunk) == (current[0].rows.rows, current[0].rows.chunk)  # type: ignore[union-attr]
+            and _same_tasks(current, p)
             and all(
                 n > 0 for q, n in zip(p.reads, rows.arg_rows, strict=True)
                 if q in inside
@@ -434,6 +448,23 @@ def row_runs(plans: list[NodePlan]) -> None:
             current.append(p)
             inside.add(p.node.id)
     close()
+
+
+def _same_tasks(run: list[NodePlan], p: NodePlan) -> bool:
+    """Whether row region `p` can join `run`: the same rows in the same chunks, or in other
+    chunks when every node of both can take tasks of one row and none is a matrix product
+    (whose rows are its M rows: MATRIX_ROWS)."""
+    first, rows = run[0].rows, p.rows
+    assert first is not None and rows is not None
+    if rows.rows != first.rows:
+        return False
+    if all(q.rows is not None and q.rows.chunk == rows.chunk for q in run):
+        return True
+    return all(
+        _one_row_tasks(q, rows.rows, check=True)
+        and not isinstance(q.node, ops.LinearOp | ops.MatmulOp)
+        for q in [*run, p]
+    )
 
 
 def one_row_runs(plans: list[NodePlan]) -> None:
@@ -547,6 +578,10 @@ def _assign_memory(
         region, stride = blocks[run]
         plans[i].offset = region.offset + offset
         plans[i].out_stride = stride
+    for q in slabs:  # the producers of a concatenation in task blocks write theirs
+        top = _outermost(q, slabs)
+        if top in inner:
+            plans[q].out_stride = blocks[inner[top][0]][1]
     for p in plans:  # the run's nodes read those values task by task too
         if p.rows is not None and any(root[q] in inner for q in p.reads):
             arg_rows = tuple(blocks[inner[root[q]][0]][1] if root[q] in inner else n  # type: ignore[index]
@@ -566,7 +601,9 @@ def _task_blocks(
     rows lie in one region would stay alive to the run's end (resnet50's run of 103 nodes at
     batch 16: a 1.3 GB arena); laid out task by task, each task's block holds its own rows of
     them, and two that one task never needs at once share memory (the same placement by
-    liveness, in the run's node order, which is each task's order). Each node's kernel and
+    liveness, in the run's node order, which is each task's order). A gathered concatenation
+    whose producers are all in the run is such a value too, alive from its first producer
+    on, which then writes its slab a block apart (`_assign_memory`). Each node's kernel and
     rows are unchanged, only where the rows lie: the same bits."""
     readers: dict[int, list[NodePlan]] = {}
     for p in plans:
@@ -583,20 +620,26 @@ def _task_blocks(
         rows = plans[start].rows
         assert rows is not None
         values: list[tuple[int, _Region]] = []
+        span = (start, end[run])
         for p in plans[start : end[run] + 1]:
             i = p.node.id
-            if p.run != run or root[i] != i or i in slabs or p.gathered or p.into is not None:
+            if root[i] != i or i in slabs or p.into is not None or p.out_stride:
                 continue
-            assert p.rows is not None
-            span = (start, end[run])
-            if (
-                p.out_stride
-                or last[i] > end[run]
-                or not all(_reads_rows(q, p, span, root) for q in readers.get(i, []))
+            if p.gathered:  # in the run when its producers are, alive from the first of them
+                parts = [q for q in slabs if _outermost(q, slabs) == i]
+                if not all(plans[q].run == run for q in parts):
+                    continue
+                begin, row = min(parts), numel(p.shape[1:])
+            elif p.run == run:
+                assert p.rows is not None
+                begin, row = i, p.rows.out_row
+            else:
+                continue
+            if last[i] > end[run] or not all(
+                _reads_rows(q, i, row, run, span, root) for q in readers.get(i, [])
             ):
                 continue
-            size = aligned(rows.chunk * p.rows.out_row, itemsize)
-            values.append((i, _Region(i, last[i], size)))
+            values.append((i, _Region(begin, last[i], aligned(rows.chunk * row, itemsize))))
         if not values:
             continue
         block = _place([region for _, region in values])
@@ -677,16 +720,17 @@ def _concat_slabs(plans: list[NodePlan], root: list[int | None]) -> dict[int, tu
     return slabs
 
 
-def _reads_rows(q: NodePlan, p: NodePlan, span: tuple[int, int], root: list[int | None]) -> bool:
-    """Whether `q` reads `p`'s value (of a run over `span`) only inside the run and by rows:
-    a view in the run (whose readers count as `p`'s), or a node of `p`'s run reading each row
-    where `p` writes it."""
+def _reads_rows(q: NodePlan, value: int, row: int, run: int, span: tuple[int, int],
+                root: list[int | None]) -> bool:  # fmt: skip
+    """Whether `q` reads `value` (of `row` elements per row, computed in run `run` over
+    `span`) only inside the run and by rows: a view in the run (whose readers count as the
+    value's), or a node of the run reading each row where it is written."""
     if q.view:
         return span[0] <= q.node.id <= span[1]
-    if q.rows is None or q.run != p.run or p.rows is None:
+    if q.rows is None or q.run != run:
         return False
-    reads = [n for a, n in zip(q.reads, q.rows.arg_rows, strict=True) if root[a] == p.node.id]
-    return bool(reads) and all(n == p.rows.out_row for n in reads)
+    reads = [n for a, n in zip(q.reads, q.rows.arg_rows, strict=True) if root[a] == value]
+    return bool(reads) and all(n == row for n in reads)
 
 
 def _one_row_tasks(p: NodePlan, rows: int, check: bool = False) -> bool:
