@@ -6,7 +6,9 @@
 On a loaded machine a two-thread wall time mostly says how often the other core was free.
 This builds the JIT against a runtime whose `tlc_rt_parallel` runs every region's tasks in
 turn on the calling thread and times each by thread CPU time, then deals each region's tasks,
-in order, to the first free of `--threads` threads (as the pool's atomic counter does): per
+in order, to the first free of `--threads` threads (as the pool's atomic counter does); a
+split node's region (`tlc_rt_parallel_parts`) runs each thread's range in the calls its
+owner makes when no thread takes from another (halves of what is left), on that thread: per
 model, at batch 1, the one-thread call, the tasks' CPU summed (what the parts cost, copies
 repeated between them included), the busiest thread summed over the regions against half the
 tasks (the balance), and the modelled call (the busiest threads plus the rest of the call,
@@ -38,11 +40,13 @@ from tlc.codegen.loader import EntryPoint  # noqa: E402
 from tlc.codegen.lower.rules import busiest  # noqa: E402
 from tlc.codegen.module import bakes_payload, build_graph_module  # noqa: E402
 
-#: What replaces `tlc_rt_parallel` in the runtime's source: the tasks in turn, each timed.
+#: What replaces `tlc_rt_parallel` and `tlc_rt_parallel_parts` in the runtime's source: the
+#: tasks in turn, each timed; a parts region's ranges as the runtime starts them, each in the
+#: owner's halves (what it runs when no thread takes from another).
 SERIAL = r"""
 #include <time.h>
 #define LOG_ENTRIES (1 << 20)
-static int64_t task_log[LOG_ENTRIES]; /* (region, task, ns) triples */
+static int64_t task_log[LOG_ENTRIES]; /* (region, task, ns, thread or -1) records */
 static int64_t logged, regions;
 RT int64_t *tlc_model_log(void) { return task_log; }
 RT int64_t tlc_model_logged(void) { return logged; }
@@ -59,12 +63,35 @@ RT int32_t tlc_rt_parallel(tlc_task task, void *ctx, int64_t count, int32_t thre
         int64_t start = thread_ns();
         int32_t status = task(ctx, i, 0);
         int64_t spent = thread_ns() - start;
-        if (logged + 3 <= LOG_ENTRIES) {
+        if (logged + 4 <= LOG_ENTRIES) {
             task_log[logged++] = regions;
             task_log[logged++] = i;
             task_log[logged++] = spent;
+            task_log[logged++] = -1;
         }
         if (status != 0 && failed == 0) failed = status;
+    }
+    return failed;
+}
+RT int32_t tlc_rt_parallel_parts(tlc_parts_task task, void *ctx, int64_t parts,
+                                 int32_t threads) {
+    int32_t failed = 0;
+    int64_t n = threads < parts ? threads : parts, calls = 0;
+    regions++;
+    for (int64_t t = 0; t < n; t++) {
+        for (int64_t lo = t * parts / n, hi = (t + 1) * parts / n; lo < hi;) {
+            int64_t take = (hi - lo + 1) / 2, start = thread_ns();
+            int32_t status = task(ctx, lo, lo + take, 0);
+            int64_t spent = thread_ns() - start;
+            if (logged + 4 <= LOG_ENTRIES) {
+                task_log[logged++] = regions;
+                task_log[logged++] = calls++;
+                task_log[logged++] = spent;
+                task_log[logged++] = t;
+            }
+            if (status != 0 && failed == 0) failed = status;
+            lo += take;
+        }
     }
     return failed;
 }
@@ -72,7 +99,8 @@ RT int32_t tlc_rt_parallel(tlc_task task, void *ctx, int64_t count, int32_t thre
 
 
 def serial_runtime(directory: str) -> str:
-    """The runtime's source with `SERIAL` for its `tlc_rt_parallel`, written to `directory`."""
+    """The runtime's source with `SERIAL` for its `tlc_rt_parallel` and
+    `tlc_rt_parallel_parts`, written to `directory`."""
     source = Path(runtime.SOURCE).read_text()
     start = source.index("RT int32_t tlc_rt_parallel(")
     end = source.index("/* -- the arena cache")
@@ -92,6 +120,7 @@ def model(name: str, size: int, threads: int, calls: int, top: int) -> None:
     lib.tlc_model_logged.restype = ctypes.c_int64
     call_ns: dict[int, int] = {}
     task_ns: dict[tuple[int, int], int] = {}
+    thread_of: dict[tuple[int, int], int] = {}  # a parts region's call: its thread
     rest_ns: list[int] = []  # per call, the time outside its tasks
     for count in (1, threads) * 2:
         entry = EntryPoint(module.symbol, tracker[module.symbol], module.input_shape,
@@ -107,16 +136,31 @@ def model(name: str, size: int, threads: int, calls: int, top: int) -> None:
             if count == 1:
                 continue
             log = np.ctypeslib.as_array(lib.tlc_model_log(), (lib.tlc_model_logged(),))
-            log = log.reshape(-1, 3)
+            log = log.reshape(-1, 4)
             rest_ns.append(spent - int(log[:, 2].sum()))
-            for region, task, ns in log - [log[0, 0], 0, 0] if len(log) else ():
+            for region, task, ns, thread in log - [log[0, 0], 0, 0, 0] if len(log) else ():
                 key = (int(region), int(task))
                 task_ns[key] = min(task_ns.get(key, int(ns)), int(ns))
+                thread_of[key] = int(thread)
     regions: dict[int, list[float]] = {}
-    for (region, _), ns in sorted(task_ns.items()):
+    owners: dict[int, list[int]] = {}
+    for (region, task), ns in sorted(task_ns.items()):
         regions.setdefault(region, []).append(ns / 1e6)
+        owners.setdefault(region, []).append(thread_of[region, task])
+
+    def region_busiest(region: int) -> float:
+        """The busiest thread of a region: of its tasks dealt in order to the first free
+        thread, or of its parts' ranges, each on its thread."""
+        times = regions[region]
+        if owners[region][0] < 0:
+            return busiest(times, threads)
+        per = [0.0] * threads
+        for t, owner in zip(times, owners[region], strict=True):
+            per[owner] += t
+        return max(per)
+
     tasks = sum(sum(times) for times in regions.values())
-    most = sum(busiest(times, threads) for times in regions.values())
+    most = sum(region_busiest(region) for region in regions)
     rest = min(rest_ns) / 1e6
     one = call_ns[1] / 1e6
     print(f"{name}, batch 1 (load {os.getloadavg()[0]:.1f}): 1 thread {one:.2f} ms; "
@@ -127,8 +171,8 @@ def model(name: str, size: int, threads: int, calls: int, top: int) -> None:
     split = [p for p in module.plan.nodes if p.parts > 1 and p.rows is None]
     if len(split) != len(regions):  # row regions too (not at batch 1): no node names
         return
-    losses = sorted(((busiest(times, threads) - sum(times) / threads, p, times)
-                     for p, times in zip(split, regions.values(), strict=True)),
+    losses = sorted(((region_busiest(region) - sum(times) / threads, p, times)
+                     for p, (region, times) in zip(split, regions.items(), strict=True)),
                     key=lambda row: -row[0])  # fmt: skip
     for loss, p, times in losses[:top]:
         shares = " ".join(f"{t:.3f}" for t in times)
