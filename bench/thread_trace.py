@@ -33,7 +33,7 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -45,13 +45,13 @@ from real_networks import workload  # noqa: E402
 from tlc.codegen import runtime  # noqa: E402
 from tlc.codegen.jit import jit_link  # noqa: E402
 from tlc.codegen.loader import EntryPoint  # noqa: E402
-from tlc.codegen.module import bakes_payload, build_graph_module  # noqa: E402
+from tlc.codegen.module import GraphModule, bakes_payload, build_graph_module  # noqa: E402
 
 #: The trace's log and clock, put before the pool's `run_tasks`.
 TRACED = r"""
 #include <time.h>
 #define TRACE_WORDS (1 << 22)
-static int64_t trace_log[TRACE_WORDS]; /* (kind, region, a, b, start, end, cpu) records */
+static int64_t trace_log[TRACE_WORDS]; /* (kind, region, a, b, start, end, cpu, n) records */
 static int64_t traced;                 /* words written (atomic) */
 static int64_t trace_region;           /* the region running, counted from 1 */
 static int trace_serial;               /* run every region's tasks in turn on the caller */
@@ -66,57 +66,92 @@ static int64_t clock_ns(clockid_t clock) {
 }
 static int64_t trace_ns(void) { return clock_ns(CLOCK_MONOTONIC); }
 static int64_t cpu_ns(void) { return clock_ns(CLOCK_THREAD_CPUTIME_ID); }
-/* kind 0: a task (a = index, b = worker; cpu: its thread CPU time); 1: a region (a = tasks);
- * 2: its caller out of tasks; 3: a worker inside it (b = worker). */
+/* kind 0: a task or a range of parts (a = its first, n = how many, b = worker; cpu: its
+ * thread CPU time); 1: a region (a = its tasks or parts, b = 1 for parts); 2: its caller out
+ * of tasks; 3: a worker inside it (b = worker); 4: the caller woke sleeping workers. */
 static void trace_event(int64_t kind, int64_t a, int64_t b, int64_t start, int64_t end,
-                        int64_t cpu) {
-    int64_t at = __atomic_fetch_add(&traced, 7, __ATOMIC_ACQ_REL);
-    if (at + 7 > TRACE_WORDS) return;
+                        int64_t cpu, int64_t n) {
+    int64_t at = __atomic_fetch_add(&traced, 8, __ATOMIC_ACQ_REL);
+    if (at + 8 > TRACE_WORDS) return;
     int64_t *r = trace_log + at;
     r[0] = kind, r[1] = __atomic_load_n(&trace_region, __ATOMIC_ACQUIRE), r[2] = a, r[3] = b;
-    r[4] = start, r[5] = end, r[6] = cpu;
+    r[4] = start, r[5] = end, r[6] = cpu, r[7] = n;
 }
-/* Task `i` of the region, timed. */
 static int32_t traced_task(tlc_task task, void *ctx, int64_t i, int64_t worker) {
     int64_t t0 = trace_ns(), c0 = cpu_ns();
     int32_t status = task(ctx, i, worker);
     int64_t cpu = cpu_ns() - c0;
-    trace_event(0, i, worker, t0, trace_ns(), cpu);
+    trace_event(0, i, worker, t0, trace_ns(), cpu, 1);
+    return status;
+}
+static int32_t traced_parts(tlc_parts_task task, void *ctx, int64_t first, int64_t end,
+                            int64_t worker) {
+    int64_t t0 = trace_ns(), c0 = cpu_ns();
+    int32_t status = task(ctx, first, end, worker);
+    int64_t cpu = cpu_ns() - c0;
+    trace_event(0, first, worker, t0, trace_ns(), cpu, end - first);
     return status;
 }
 """
 
 #: (what the runtime says, what the traced runtime says instead); each must occur once.
 PATCHES = (
-    ("static void run_tasks(int64_t worker) {", TRACED + "static void run_tasks(int64_t worker) {"),
+    ("static int64_t take_parts(", TRACED + "static int64_t take_parts("),
     ("job_task(job_ctx, i, worker);", "traced_task(job_task, job_ctx, i, worker);"),
     (
+        "job_parts(job_ctx, first, first + n, worker);",
+        "traced_parts(job_parts, job_ctx, first, first + n, worker);",
+    ),
+    (
         "run_tasks(id);",
-        "int64_t joined = trace_ns(); run_tasks(id); trace_event(3, 0, id, joined, trace_ns(), 0);",
+        "int64_t joined = trace_ns(); run_tasks(id);"
+        " trace_event(3, 0, id, joined, trace_ns(), 0, 0);",
+    ),
+    (
+        "    job_task = task;\n    job_parts = parts;\n",
+        "    int64_t opened_at = trace_ns();\n"
+        "    __atomic_add_fetch(&trace_region, 1, __ATOMIC_ACQ_REL);\n"
+        "    job_task = task;\n    job_parts = parts;\n",
     ),
     (
         "    int64_t helpers = (threads < count ? threads : count) - 1;",
-        """    int64_t opened_at = trace_ns();
-    __atomic_add_fetch(&trace_region, 1, __ATOMIC_ACQ_REL);
-    if (trace_serial) {
+        """    if (trace_serial) {
+        int64_t opened_at = trace_ns();
+        __atomic_add_fetch(&trace_region, 1, __ATOMIC_ACQ_REL);
         for (int64_t i = 0; i < count; i++) traced_task(task, ctx, i, 0);
-        trace_event(1, count, 0, opened_at, trace_ns(), 0);
+        trace_event(1, count, 0, opened_at, trace_ns(), 0, 0);
         return 0;
     }
     int64_t helpers = (threads < count ? threads : count) - 1;""",
     ),
     (
+        "    int64_t helpers = (threads < parts ? threads : parts) - 1;",
+        """    if (trace_serial) { /* each thread's range in its owner's halves */
+        int64_t opened_at = trace_ns(), n = threads < parts ? threads : parts;
+        __atomic_add_fetch(&trace_region, 1, __ATOMIC_ACQ_REL);
+        for (int64_t t = 0; t < n; t++)
+            for (int64_t lo = t * parts / n, hi = (t + 1) * parts / n, take; lo < hi;
+                 lo += take) {
+                take = (hi - lo + 1) / 2;
+                traced_parts(task, ctx, lo, lo + take, t);
+            }
+        trace_event(1, parts, 1, opened_at, trace_ns(), 0, 0);
+        return 0;
+    }
+    int64_t helpers = (threads < parts ? threads : parts) - 1;""",
+    ),
+    (
         "    if (__atomic_load_n(&sleepers, __ATOMIC_SEQ_CST) > 0) {",
         "    if (__atomic_load_n(&sleepers, __ATOMIC_SEQ_CST) > 0) {\n"
-        "        trace_event(4, 0, 0, opened_at, trace_ns(), 0);",
+        "        trace_event(4, 0, 0, opened_at, trace_ns(), 0, 0);",
     ),
     (
         "    run_tasks(0);\n",
-        "    run_tasks(0);\n    trace_event(2, 0, 0, opened_at, trace_ns(), 0);\n",
+        "    run_tasks(0);\n    trace_event(2, 0, 0, opened_at, trace_ns(), 0, 0);\n",
     ),
     (
         "    int32_t status = job_status;\n    pthread_mutex_unlock(&region_lock);",
-        "    trace_event(1, count, 0, opened_at, trace_ns(), 0);\n"
+        "    trace_event(1, count, parts != NULL, opened_at, trace_ns(), 0, 0);\n"
         "    int32_t status = job_status;\n    pthread_mutex_unlock(&region_lock);",
     ),
 )
@@ -137,31 +172,57 @@ def traced_runtime(directory: str, spins: int | None = None) -> str:
 
 
 @dataclass
+class Chunk:
+    """A task, or a range of a parts region's parts, as one thread ran it."""
+
+    first: int
+    n: int
+    worker: int
+    wall: float  # ms
+    cpu: float  # ms of the thread's CPU time
+
+
+@dataclass
 class Region:
     """One region of a traced call (times in ms from its open)."""
 
-    tasks: list[float]  # each task's wall time, by index
-    cpu: list[float]  # and its thread CPU time
-    on_worker: list[bool]  # whether the worker ran it
+    count: int  # its tasks, or its parts
+    parts: bool  # a split node's (tlc_rt_parallel_parts)
     wall: float  # open to close
-    caller_done: float  # open to the caller's last task's end
-    joined: float | None  # open to the worker's join (None: it never joined)
+    chunks: list[Chunk] = field(default_factory=list)
+    caller_done: float = 0.0  # open to the caller's last task's end
+    joined: float | None = None  # open to the worker's join (None: it never joined)
     woke: bool = False  # the caller woke a sleeping worker
+
+    def busy(self, worker: bool) -> float:
+        return sum(c.wall for c in self.chunks if (c.worker != 0) == worker)
+
+    def taken(self, threads: int) -> int:
+        """Parts run by a thread other than their range's owner (thread t's range: the parts
+        from t count / n on, n = min(threads, count))."""
+        if not self.parts:
+            return 0
+        n = min(threads, self.count)
+
+        def owner(part: int) -> int:
+            return max(t for t in range(n) if t * self.count // n <= part)
+
+        return sum(c.worker != owner(part) for c in self.chunks
+                   for part in range(c.first, c.first + c.n))  # fmt: skip
 
 
 def regions_of(log: np.ndarray) -> list[Region]:
     """The regions of one call's log, in order."""
     found: dict[int, Region] = {}
     opened: dict[int, int] = {}
-    for kind, region, a, _b, start, end, _cpu in log:
+    for kind, region, a, b, start, end, _cpu, _n in log:
         if kind == 1:
             opened[region] = start
-            found[region] = Region([0.0] * int(a), [0.0] * int(a), [False] * int(a),
-                                   (end - start) / 1e6, 0.0, None)  # fmt: skip
-    for kind, region, a, b, start, end, cpu in log:
+            found[region] = Region(int(a), bool(b), (end - start) / 1e6)
+    for kind, region, a, b, start, end, cpu, n in log:
         r, t0 = found[region], opened[region]
         if kind == 0:
-            r.tasks[a], r.cpu[a], r.on_worker[a] = (end - start) / 1e6, cpu / 1e6, b != 0
+            r.chunks.append(Chunk(int(a), int(n), int(b), (end - start) / 1e6, cpu / 1e6))
         elif kind == 2:
             r.caller_done = (end - t0) / 1e6
         elif kind == 3:
@@ -181,14 +242,20 @@ def traced_calls(entry: EntryPoint, x: np.ndarray, lib: ctypes.CDLL, calls: int
         entry(x)
         wall = (time.perf_counter() - start) * 1e3
         log = np.ctypeslib.as_array(lib.tlc_trace_log(), (lib.tlc_trace_words(),))
-        done.append((wall, regions_of(log.reshape(-1, 7).copy())))
+        done.append((wall, regions_of(log.reshape(-1, 8).copy())))
     return done
 
 
-def entry_point(module, tracker, threads: int) -> EntryPoint:
+def entry_point(module: GraphModule, tracker: object, threads: int) -> EntryPoint:
     return EntryPoint(module.symbol, tracker[module.symbol], module.input_shape,
                       module.output_shape, module.dtype, None, owner=tracker,
                       bound=module.bound, threads=threads)  # fmt: skip
+
+
+def minima(calls: list[tuple[float, list[Region]]], of: str) -> np.ndarray:
+    """Per region, the minimum over `calls` of its chunks' summed `of` (wall or cpu)."""
+    return np.min([[sum(getattr(c, of) for c in r.chunks) for r in regions]
+                   for _, regions in calls], axis=0)  # fmt: skip
 
 
 def model(name: str, size: int, calls: int, top: int) -> None:
@@ -212,23 +279,10 @@ def model(name: str, size: int, calls: int, top: int) -> None:
         start = time.perf_counter()
         one(work.x)
         alone.append((time.perf_counter() - start) * 1e3)
-    # each task's one-thread wall and CPU time: its minimum over the serial calls
-    base = [np.min(np.array([c[1][i].tasks for c in serial]), axis=0)
-            for i in range(len(serial[0][1]))]  # fmt: skip
-    base_cpu = [np.min(np.array([c[1][i].cpu for c in serial]), axis=0)
-                for i in range(len(serial[0][1]))]  # fmt: skip
-    # each task's CPU time in the pool: its minimum over the pooled calls
-    pool_cpu = [np.min(np.array([c[1][i].cpu for c in pooled]), axis=0)
-                for i in range(len(pooled[0][1]))]  # fmt: skip
+    base = minima(serial, "wall")  # each region's tasks run in turn on one thread
     wall, regions = sorted(pooled, key=lambda c: c[0])[len(pooled) // 2]
     in_regions = sum(r.wall for r in regions)
-
-    def summed(times: list, worker: bool) -> float:
-        return sum(t for r, ts in zip(regions, times, strict=True)
-                   for t, w in zip(ts, r.on_worker, strict=True) if w == worker)  # fmt: skip
-
-    now = [r.tasks for r in regions]
-    half = sum(b.sum() for b in base) / 2
+    half = base.sum() / 2
     latency = sum(r.joined if r.joined is not None else r.wall for r in regions)
     waiting = sum(r.wall - r.caller_done for r in regions)
     alone_ms = statistics.median(alone)
@@ -237,26 +291,26 @@ def model(name: str, size: int, calls: int, top: int) -> None:
         f"2 threads {wall:.2f} ms ({alone_ms / wall:.2f}x; median of {calls}), "
         f"{len(regions)} regions {in_regions:.2f} ms, the rest {wall - in_regions:.2f} ms"
     )
-    print(f"  tasks' wall: caller {summed(now, False):.2f} ms (alone {summed(base, False):.2f}),"
-          f" worker {summed(now, True):.2f} (alone {summed(base, True):.2f}); half the alone"
-          f" times {half:.2f} ms; the regions lose {in_regions - half:+.2f} ms")  # fmt: skip
-    print(f"  tasks' CPU, minima: alone {sum(b.sum() for b in base_cpu):.2f} ms, in the pool "
-          f"{sum(c.sum() for c in pool_cpu):.2f} ms")  # fmt: skip
+    print(f"  tasks' wall: caller {sum(r.busy(False) for r in regions):.2f} ms, worker "
+          f"{sum(r.busy(True) for r in regions):.2f}; run in turn {base.sum():.2f}, half "
+          f"{half:.2f}; the regions lose {in_regions - half:+.2f} ms against half")  # fmt: skip
+    print(f"  tasks' CPU, minima: in turn {minima(serial, 'cpu').sum():.2f} ms, in the pool "
+          f"{minima(pooled, 'cpu').sum():.2f} ms")  # fmt: skip
     print(f"  worker join latency {latency:.2f} ms summed, never joined "
           f"{sum(r.joined is None for r in regions)} of {len(regions)}, woken from sleep "
           f"{sum(r.woke for r in regions)}; caller waiting after its last task "
-          f"{waiting:.2f} ms")  # fmt: skip
-    losses = sorted(((r.wall - b.sum() / 2, i, r, b)
-                     for i, (r, b) in enumerate(zip(regions, base, strict=True))),
-                    key=lambda t: -t[0])  # fmt: skip
-    for loss, i, r, b in losses[:top]:
+          f"{waiting:.2f} ms; parts run off their range's thread "
+          f"{sum(r.taken(2) for r in regions)}")  # fmt: skip
+    losses = sorted(((r.wall - b / 2, i, r) for i, (r, b) in enumerate(zip(regions, base,
+                     strict=True))), key=lambda t: -t[0])  # fmt: skip
+    for loss, i, r in losses[:top]:
         joined = f"{r.joined * 1e3:.0f} us" if r.joined is not None else "never"
-        tasks = " ".join(f"{'w' if w else 'c'}{t:.3f}/{t0:.3f}"
-                         for t, w, t0 in zip(r.tasks, r.on_worker, b, strict=True))  # fmt: skip
+        chunks = " ".join(f"{'w' if c.worker else 'c'}[{c.first},{c.first + c.n}){c.wall:.3f}"
+                          for c in r.chunks)  # fmt: skip
         print(
             f"  region {i}: {r.wall:.3f} ms, +{loss:.3f} over half its tasks; worker "
             f"{'woken, ' if r.woke else ''}joined {joined}, caller done at "
-            f"{r.caller_done:.3f}; tasks (now/alone) {tasks}"
+            f"{r.caller_done:.3f}; {chunks}"
         )
 
 
