@@ -157,12 +157,12 @@ PATCHES = (
 )
 
 
-def traced_runtime(directory: str, spins: int | None = None) -> str:
-    """The runtime's source with `PATCHES` applied (and `spins` for its SPINS), written to
-    `directory`."""
+def traced_runtime(directory: str, spin_us: int | None = None) -> str:
+    """The runtime's source with `PATCHES` applied (and its workers polling for `spin_us`
+    microseconds before they sleep), written to `directory`."""
     source = Path(runtime.SOURCE).read_text()
-    if spins is not None:
-        source = re.sub(r"#define SPINS \d+", f"#define SPINS {spins}", source)
+    if spin_us is not None:
+        source = re.sub(r"#define SPIN_NS \d+", f"#define SPIN_NS {spin_us * 1000}", source)
     for old, new in PATCHES:
         assert source.count(old) == 1, f"the runtime changed: {old!r}"
         source = source.replace(old, new)
@@ -320,11 +320,11 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=224)
     parser.add_argument("--calls", type=int, default=20)
     parser.add_argument("--top", type=int, default=8)
-    parser.add_argument("--spins", type=int, help="the pool's SPINS, replaced")
+    parser.add_argument("--spin-us", type=int, help="the pool's SPIN_NS / 1000, replaced")
     args = parser.parse_args()
     os.environ["TLC_OBJECT_CACHE"] = "0"  # the traced runtime is in no cache key
     with tempfile.TemporaryDirectory() as directory:
-        runtime.SOURCE = traced_runtime(directory, args.spins)
+        runtime.SOURCE = traced_runtime(directory, args.spin_us)
         for name in args.models.split(","):
             model(name, args.size, args.calls, args.top)
 
