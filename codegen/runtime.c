@@ -192,9 +192,15 @@ static int64_t now_ns(void) {
     return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
 }
 
-/* Whether a poll that started at `since` may go on at its `i`-th iteration. */
+/* Whether a poll that started at `since` may go on at its `i`-th iteration. After
+ * YIELD_NS the poller also yields its core at each clock read: on a loaded machine the
+ * thread it waits for may be queued behind it on the same core. */
+#define YIELD_NS 50000
 static int polling(int64_t since, int64_t i) {
-    return (i & 63) != 63 || now_ns() - since < SPIN_NS;
+    if ((i & 63) != 63) return 1;
+    int64_t spent = now_ns() - since;
+    if (spent >= YIELD_NS) sched_yield();
+    return spent < SPIN_NS;
 }
 
 static void pause_briefly(void) {
