@@ -1,7 +1,7 @@
 """Where the second thread's time goes in real two-thread calls: the pool's regions traced.
 
     python bench/thread_trace.py [--models resnet18,mobilenet_v2] [--size 224] [--calls 20]
-                                 [--top 8]
+                                 [--top 8] [--spin-us 500] [--ab ROUNDS]
 
 `bench/thread_model.py` says how a network's regions would share two threads if every task
 took its one-thread time; this runs the real pool and says what happened. The JIT is built
@@ -18,6 +18,10 @@ for the median call of `--calls` (by wall time):
   (open to join, or the whole region when it never joined), the caller waiting for the worker
   after its last task, and regions the worker never joined;
 - then the `--top` regions that lose most (wall time against half their tasks' time).
+
+`--ab ROUNDS` times the runtime instead (untraced) against its policies before ranges were
+shared out (`BEFORE`: each thread's range in one call, 4,000 polls without yielding), the
+same generated code, alternating `ROUNDS` times `--calls` calls.
 
 Wall time: run it on a quiet machine (print `uptime` beside it); on a loaded one the worker's
 join latency is mostly the other processes. Needs torchvision (tests/torchvision_models.py).
@@ -314,6 +318,52 @@ def model(name: str, size: int, calls: int, top: int) -> None:
         )
 
 
+#: The runtime's policies before ranges were shared out (`--ab`): a thread takes its whole
+#: range at once (so another takes it only untouched) and polls 4,000 times without yielding.
+BEFORE = (
+    ("int64_t n = (hi - lo + 1) / 2;", "int64_t n = hi - lo;"),
+    (
+        "static int polling(int64_t since, int64_t i) {\n",
+        "static int polling(int64_t since, int64_t i) {\n    (void)since;\n    return i < 4000;\n",
+    ),
+)
+
+
+def ab(name: str, size: int, calls: int, rounds: int, directory: str) -> None:
+    """Two-thread wall time of the runtime against `BEFORE`'s, the same code, alternating."""
+    work = workload(name, size, 1)
+    graph, payload = work.traced.graph, work.traced.payload
+    source = Path(runtime.SOURCE).read_text()
+    before = source
+    for old, new in BEFORE:
+        assert before.count(old) == 1, f"the runtime changed: {old!r}"
+        before = before.replace(old, new)
+    entries = {}
+    for label, text in (("before", before), ("now", source)):
+        path = os.path.join(directory, f"runtime_{label}.c")
+        Path(path).write_text(text)
+        runtime.SOURCE = path  # a helper of its own: its own pool
+        module = build_graph_module(graph, payload, np.float32,
+                                    bound_payload=not bakes_payload(graph, np.float32))  # fmt: skip
+        tracker = jit_link(module.ir, [module.symbol])
+        entries[label] = (entry_point(module, tracker, 2), tracker)
+    outputs = {label: entry(work.x).tobytes() for label, (entry, _) in entries.items()}
+    assert len(set(outputs.values())) == 1
+    times: dict[str, list[float]] = {label: [] for label in entries}
+    for _ in range(rounds):
+        for label, (entry, _) in entries.items():
+            for _ in range(3):
+                entry(work.x)
+            for _ in range(calls):
+                start = time.perf_counter()
+                entry(work.x)
+                times[label].append((time.perf_counter() - start) * 1e3)
+    median = {label: statistics.median(t) for label, t in times.items()}
+    print(f"{name}, batch 1, 2 threads (load {os.getloadavg()[0]:.1f}): before "
+          f"{median['before']:.2f} ms, now {median['now']:.2f} ms (medians of {rounds} x "
+          f"{calls} calls): {median['before'] / median['now']:.3f}x")  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default="resnet18,mobilenet_v2,squeezenet1_0")
@@ -321,11 +371,18 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=20)
     parser.add_argument("--top", type=int, default=8)
     parser.add_argument("--spin-us", type=int, help="the pool's SPIN_NS / 1000, replaced")
+    parser.add_argument("--ab", type=int, metavar="ROUNDS",
+                        help="time the runtime against BEFORE's instead, untraced")  # fmt: skip
     args = parser.parse_args()
     os.environ["TLC_OBJECT_CACHE"] = "0"  # the traced runtime is in no cache key
+    original = runtime.SOURCE
     with tempfile.TemporaryDirectory() as directory:
-        runtime.SOURCE = traced_runtime(directory, args.spin_us)
         for name in args.models.split(","):
+            runtime.SOURCE = original
+            if args.ab:
+                ab(name, args.size, args.calls, args.ab, directory)
+                continue
+            runtime.SOURCE = traced_runtime(directory, args.spin_us)
             model(name, args.size, args.calls, args.top)
 
 
