@@ -236,6 +236,7 @@ for _op, _fn in (
 EPILOGUES: dict[type[NodeOp], Scalar] = {
     ops.ReluOp: _relu,
     ops.ClipOp: _clip,
+    ops.HardSwishOp: _hardswish,
     ops.AddOp: MAPS[ops.AddOp],
 }
 
