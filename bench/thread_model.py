@@ -32,13 +32,14 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from real_networks import workload  # noqa: E402
+from llvmlite import binding as llvm  # noqa: E402
+from real_networks import Workload, workload  # noqa: E402
 
 from tlc.codegen import runtime  # noqa: E402
 from tlc.codegen.jit import jit_link  # noqa: E402
 from tlc.codegen.loader import EntryPoint  # noqa: E402
 from tlc.codegen.lower.rules import busiest  # noqa: E402
-from tlc.codegen.module import bakes_payload, build_graph_module  # noqa: E402
+from tlc.codegen.module import GraphModule, bakes_payload, build_graph_module  # noqa: E402
 
 #: What replaces `tlc_rt_parallel` and `tlc_rt_parallel_parts` in the runtime's source: the
 #: tasks in turn, each timed; a parts region's ranges as the runtime starts them, each in the
@@ -109,12 +110,25 @@ def serial_runtime(directory: str) -> str:
     return path
 
 
-def model(name: str, size: int, threads: int, calls: int, top: int) -> None:
-    work = workload(name, size, 1)
+def jitted(work: Workload) -> tuple[GraphModule, llvm.ResourceTracker]:
+    """`work`'s model (float32) through the JIT, linked against the runtime of
+    `runtime.SOURCE` (run with `TLC_OBJECT_CACHE=0`: the source is in no cache key)."""
     graph, payload = work.traced.graph, work.traced.payload
     module = build_graph_module(graph, payload, np.float32,
                                 bound_payload=not bakes_payload(graph, np.float32))  # fmt: skip
-    tracker = jit_link(module.ir, [module.symbol])
+    return module, jit_link(module.ir, [module.symbol])
+
+
+def entry_point(module: GraphModule, tracker: llvm.ResourceTracker, threads: int) -> EntryPoint:
+    """The jitted model's entry at `threads` threads."""
+    return EntryPoint(module.symbol, tracker[module.symbol], module.input_shape,
+                      module.output_shape, module.dtype, None, owner=tracker,
+                      bound=module.bound, threads=threads)  # fmt: skip
+
+
+def model(name: str, size: int, threads: int, calls: int, top: int) -> None:
+    work = workload(name, size, 1)
+    module, tracker = jitted(work)
     lib = runtime.helper()
     lib.tlc_model_log.restype = ctypes.POINTER(ctypes.c_int64)
     lib.tlc_model_logged.restype = ctypes.c_int64
@@ -123,9 +137,7 @@ def model(name: str, size: int, threads: int, calls: int, top: int) -> None:
     thread_of: dict[tuple[int, int], int] = {}  # a parts region's call: its thread
     rest_ns: list[int] = []  # per call, the time outside its tasks
     for count in (1, threads) * 2:
-        entry = EntryPoint(module.symbol, tracker[module.symbol], module.input_shape,
-                           module.output_shape, module.dtype, None, owner=tracker,
-                           bound=module.bound, threads=count)  # fmt: skip
+        entry = entry_point(module, tracker, count)
         entry(work.x)
         for _ in range(calls // 2):
             lib.tlc_model_reset()

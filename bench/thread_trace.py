@@ -45,11 +45,10 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from real_networks import workload  # noqa: E402
+from thread_model import entry_point, jitted  # noqa: E402
 
 from tlc.codegen import runtime  # noqa: E402
-from tlc.codegen.jit import jit_link  # noqa: E402
 from tlc.codegen.loader import EntryPoint  # noqa: E402
-from tlc.codegen.module import GraphModule, bakes_payload, build_graph_module  # noqa: E402
 
 #: The trace's log and clock, put before the pool's `run_tasks`.
 TRACED = r"""
@@ -250,12 +249,6 @@ def traced_calls(entry: EntryPoint, x: np.ndarray, lib: ctypes.CDLL, calls: int
     return done
 
 
-def entry_point(module: GraphModule, tracker: object, threads: int) -> EntryPoint:
-    return EntryPoint(module.symbol, tracker[module.symbol], module.input_shape,
-                      module.output_shape, module.dtype, None, owner=tracker,
-                      bound=module.bound, threads=threads)  # fmt: skip
-
-
 def minima(calls: list[tuple[float, list[Region]]], of: str) -> np.ndarray:
     """Per region, the minimum over `calls` of its chunks' summed `of` (wall or cpu)."""
     return np.min([[sum(getattr(c, of) for c in r.chunks) for r in regions]
@@ -264,10 +257,7 @@ def minima(calls: list[tuple[float, list[Region]]], of: str) -> np.ndarray:
 
 def model(name: str, size: int, calls: int, top: int) -> None:
     work = workload(name, size, 1)
-    graph, payload = work.traced.graph, work.traced.payload
-    module = build_graph_module(graph, payload, np.float32,
-                                bound_payload=not bakes_payload(graph, np.float32))  # fmt: skip
-    tracker = jit_link(module.ir, [module.symbol])
+    module, tracker = jitted(work)
     lib = runtime.helper()
     lib.tlc_trace_log.restype = ctypes.POINTER(ctypes.c_int64)
     lib.tlc_trace_words.restype = ctypes.c_int64
@@ -332,7 +322,6 @@ BEFORE = (
 def ab(name: str, size: int, calls: int, rounds: int, directory: str) -> None:
     """Two-thread wall time of the runtime against `BEFORE`'s, the same code, alternating."""
     work = workload(name, size, 1)
-    graph, payload = work.traced.graph, work.traced.payload
     source = Path(runtime.SOURCE).read_text()
     before = source
     for old, new in BEFORE:
@@ -343,9 +332,7 @@ def ab(name: str, size: int, calls: int, rounds: int, directory: str) -> None:
         path = os.path.join(directory, f"runtime_{label}.c")
         Path(path).write_text(text)
         runtime.SOURCE = path  # a helper of its own: its own pool
-        module = build_graph_module(graph, payload, np.float32,
-                                    bound_payload=not bakes_payload(graph, np.float32))  # fmt: skip
-        tracker = jit_link(module.ir, [module.symbol])
+        module, tracker = jitted(work)
         entries[label] = (entry_point(module, tracker, 2), tracker)
     outputs = {label: entry(work.x).tobytes() for label, (entry, _) in entries.items()}
     assert len(set(outputs.values())) == 1
