@@ -12,8 +12,9 @@ owner makes when no thread takes from another (halves of what is left), on that 
 model, at batch 1, the one-thread call, the tasks' CPU summed (what the parts cost, copies
 repeated between them included), the busiest thread summed over the regions against half the
 tasks (the balance), and the modelled call (the busiest threads plus the rest of the call,
-which runs on the calling thread: serial nodes, the clock reads). Each task's time, and the
-rest's, is its minimum over `--calls` calls. Then the `--top` regions whose
+which runs on the calling thread: serial nodes, the clock reads); then what the runtime's
+taking from each other's ranges changes, simulated on each part's time alone. Each task's
+time, and the rest's, is its minimum over `--calls` calls. Then the `--top` regions whose
 busiest thread loses most against an even share. docs/codegen.md ("One range of parts per
 thread") gives figures. Needs torchvision (see tests/torchvision_models.py).
 """
@@ -52,6 +53,8 @@ static int64_t logged, regions;
 RT int64_t *tlc_model_log(void) { return task_log; }
 RT int64_t tlc_model_logged(void) { return logged; }
 RT void tlc_model_reset(void) { logged = 0; }
+static int singles; /* time each part of a parts region alone too */
+RT void tlc_model_singles(int on) { singles = on; }
 static int64_t thread_ns(void) {
     struct timespec t;
     clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
@@ -94,6 +97,17 @@ RT int32_t tlc_rt_parallel_parts(tlc_parts_task task, void *ctx, int64_t parts,
             lo += take;
         }
     }
+    for (int64_t part = 0; singles && part < parts; part++) { /* each alone (thread -2) */
+        int64_t start = thread_ns();
+        task(ctx, part, part + 1, 0);
+        int64_t spent = thread_ns() - start;
+        if (logged + 4 <= LOG_ENTRIES) {
+            task_log[logged++] = regions;
+            task_log[logged++] = parts + part; /* after the region's calls */
+            task_log[logged++] = spent;
+            task_log[logged++] = -2;
+        }
+    }
     return failed;
 }
 """
@@ -126,6 +140,34 @@ def entry_point(module: GraphModule, tracker: llvm.ResourceTracker, threads: int
                       bound=module.bound, threads=threads)  # fmt: skip
 
 
+def shared_out(parts: list[float], threads: int, steal: bool = True) -> float:
+    """When the last of `threads` threads finishes a parts region whose parts take `parts`
+    (each's time alone; a range costs its parts' sum) under `tlc_rt_parallel_parts`' policy:
+    thread t starts on the parts [t P / n, (t + 1) P / n), takes half of what is left of its
+    range (rounded up) whenever it is free, and then (`steal`) the last half of what is left
+    of the range with the most left."""
+    n = min(threads, len(parts))
+    ranges = [[t * len(parts) // n, (t + 1) * len(parts) // n] for t in range(n)]
+    free, done = [0.0] * n, [False] * n  # done: nothing left for the thread to take
+    while not all(done):
+        t = min((f, t) for t, f in enumerate(free) if not done[t])[1]
+        lo, hi = ranges[t]
+        if lo < hi:
+            take = (hi - lo + 1) // 2
+            ranges[t][0] = lo + take
+            free[t] += sum(parts[lo : lo + take])
+            continue
+        victim = max(range(n), key=lambda v: ranges[v][1] - ranges[v][0])
+        lo, hi = ranges[victim]
+        if not steal or lo >= hi:
+            done[t] = True
+            continue
+        take = (hi - lo + 1) // 2
+        ranges[victim][1] = hi - take
+        free[t] += sum(parts[hi - take : hi])
+    return max(free)
+
+
 def model(name: str, size: int, threads: int, calls: int, top: int) -> None:
     work = workload(name, size, 1)
     module, tracker = jitted(work)
@@ -135,22 +177,29 @@ def model(name: str, size: int, threads: int, calls: int, top: int) -> None:
     call_ns: dict[int, int] = {}
     task_ns: dict[tuple[int, int], int] = {}
     thread_of: dict[tuple[int, int], int] = {}  # a parts region's call: its thread
+    part_ns: dict[tuple[int, int], int] = {}  # a parts region's part, alone
     rest_ns: list[int] = []  # per call, the time outside its tasks
-    for count in (1, threads) * 2:
-        entry = entry_point(module, tracker, count)
+    for count in (1, threads, 1, threads, -threads):  # -threads: time the parts alone
+        lib.tlc_model_singles(count < 0)
+        entry = entry_point(module, tracker, abs(count))
         entry(work.x)
         for _ in range(calls // 2):
             lib.tlc_model_reset()
             start = time.thread_time_ns()
             entry(work.x)
             spent = time.thread_time_ns() - start
+            log = np.ctypeslib.as_array(lib.tlc_model_log(), (lib.tlc_model_logged(),))
+            log = log.reshape(-1, 4) - [log[0], 0, 0, 0] if len(log) else log.reshape(-1, 4)
+            if count < 0:
+                for region, part, ns, _ in log[log[:, 3] == -2]:
+                    key = (int(region), int(part))
+                    part_ns[key] = min(part_ns.get(key, int(ns)), int(ns))
+                continue
             call_ns[count] = min(call_ns.get(count, spent), spent)
             if count == 1:
                 continue
-            log = np.ctypeslib.as_array(lib.tlc_model_log(), (lib.tlc_model_logged(),))
-            log = log.reshape(-1, 4)
             rest_ns.append(spent - int(log[:, 2].sum()))
-            for region, task, ns, thread in log - [log[0, 0], 0, 0, 0] if len(log) else ():
+            for region, task, ns, thread in log:
                 key = (int(region), int(task))
                 task_ns[key] = min(task_ns.get(key, int(ns)), int(ns))
                 thread_of[key] = int(thread)
@@ -159,6 +208,9 @@ def model(name: str, size: int, threads: int, calls: int, top: int) -> None:
     for (region, task), ns in sorted(task_ns.items()):
         regions.setdefault(region, []).append(ns / 1e6)
         owners.setdefault(region, []).append(thread_of[region, task])
+    alone: dict[int, list[float]] = {}  # a parts region's parts, each run alone
+    for (region, _), ns in sorted(part_ns.items()):
+        alone.setdefault(region, []).append(ns / 1e6)
 
     def region_busiest(region: int) -> float:
         """The busiest thread of a region: of its tasks dealt in order to the first free
@@ -173,6 +225,10 @@ def model(name: str, size: int, threads: int, calls: int, top: int) -> None:
 
     tasks = sum(sum(times) for times in regions.values())
     most = sum(region_busiest(region) for region in regions)
+    # the parts regions with the runtime's taking from each other, on the parts' times alone,
+    # against the same times without it
+    shared = sum(shared_out(alone[r], threads) - shared_out(alone[r], threads, steal=False)
+                 for r in alone)  # fmt: skip
     rest = min(rest_ns) / 1e6
     one = call_ns[1] / 1e6
     print(f"{name}, batch 1 (load {os.getloadavg()[0]:.1f}): 1 thread {one:.2f} ms; "
@@ -180,6 +236,8 @@ def model(name: str, size: int, threads: int, calls: int, top: int) -> None:
           f"over {len(regions)} regions, busiest threads {most:.2f} ms (an even share "
           f"{tasks / threads:.2f}), rest of the call {rest:.2f}; modelled call "
           f"{most + rest:.2f} ms ({one / (most + rest):.2f}x)")  # fmt: skip
+    print(f"  the split nodes' parts, each alone, shared out as the runtime does: the busiest "
+          f"threads {shared:+.3f} ms against each thread keeping its range")  # fmt: skip
     split = [p for p in module.plan.nodes if p.parts > 1 and p.rows is None]
     if len(split) != len(regions):  # row regions too (not at batch 1): no node names
         return
