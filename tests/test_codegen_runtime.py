@@ -703,7 +703,9 @@ def test_library_threads_and_concurrent_callers(tmp_path: Path) -> None:
 def test_the_pool_runs_every_task_once(tmp_path: Path) -> None:
     """tests/c/pool_stress.c against the runtime: thousands of regions of 1-64 tasks on 1-4
     threads, from one caller and then four at once: every task runs exactly once on a worker
-    id below the thread count, and a region returns its lowest failing task's status. (Workers
+    id below the thread count, and a region returns its lowest failing task's status; the
+    same for parts regions (`tlc_rt_parallel_parts`: every part in exactly one range, parts
+    of uneven cost so that threads take from each other's ranges). (Workers
     join a region only while it is open, so one waking late must not run a task twice or run
     the next region's with this one's context.)"""
     driver = Path(__file__).parent / "c" / "pool_stress.c"
