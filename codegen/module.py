@@ -786,6 +786,7 @@ _RUNTIME_TYPES = {
     "tlc_rt_acquire": ir.FunctionType(I8P, [I64]),
     "tlc_rt_release": ir.FunctionType(ir.VoidType(), [I8P]),
     "tlc_rt_parallel": ir.FunctionType(I32, [I8P, I8P, I64, I32]),
+    "tlc_rt_parallel_parts": ir.FunctionType(I32, [I8P, I8P, I64, I32]),
 }
 
 
@@ -845,6 +846,8 @@ def _runtime(module: ir.Module, name: str) -> ir.Function:
 
 #: A row task: `i32 task(i8* ctx, i64 index, i64 worker)`.
 TASK_TYPE = ir.FunctionType(I32, [I8P, I64, I64])
+#: `i32 parts_task(ctx, first, end, worker)`: a split node's parts [first, end).
+PARTS_TASK_TYPE = ir.FunctionType(I32, [I8P, I64, I64, I64])
 
 
 class _NodeEmitter:
@@ -937,8 +940,6 @@ class _NodeEmitter:
         task = self.task(p, rows, params) if rows is not None else self.part_task(p, params)
         pointers = [b.ptr for b in (*args, *params.values(), dest)]
         pointers.append(arena.worker_base() if p.scratch else ir.Constant(k.T.as_pointer(), None))
-        if rows is None:  # the parts each task computes: `part_task` reads them last
-            pointers.append(k.b.inttoptr(self.parts_per_task(p, threads), k.T.as_pointer()))
         with k.b.goto_block(k.alloca_block):
             ctx = k.b.alloca(ir.ArrayType(k.T.as_pointer(), len(pointers)), name=f"ctx{p.node.id}")
         for i, ptr in enumerate(pointers):
@@ -972,29 +973,16 @@ class _NodeEmitter:
         b = self.k.b
         kernel = self.kernel(p, p.kernel, params, p.scratch)
         every = [self.k.i64(0), self.k.i64(p.parts)]
-        buffers = pointers[:-1] if p.scratch else pointers[:-2]
-        tasks = b.udiv(self.k.i64(p.parts), b.ptrtoint(pointers[-1], I64))
+        buffers = pointers if p.scratch else pointers[:-1]
         return _status_of_either(
             b,
             b.icmp_signed("<=", threads, ir.Constant(I32, 1)),
             lambda: b.call(kernel, [*buffers, *every]),
             lambda: b.call(
-                _runtime(self.module, "tlc_rt_parallel"),
-                [b.bitcast(task, I8P), b.bitcast(ctx, I8P), tasks, threads],
+                _runtime(self.module, "tlc_rt_parallel_parts"),
+                [b.bitcast(task, I8P), b.bitcast(ctx, I8P), self.k.i64(p.parts), threads],
             ),
         )
-
-    def parts_per_task(self, p: NodePlan, threads: ir.Value) -> ir.Value:
-        """How many consecutive parts each task of split node `p`'s region computes (i64): its
-        parts / `threads` when the thread count divides them, so each thread runs one range of
-        parts in one call and stages the input rows and packs the blocks of columns its
-        neighbouring parts share once (an equal share of the units, as balanced as any split
-        by that many threads); else 1, a task per part, taken by whichever thread is free."""
-        b, parts = self.k.b, self.k.i64(p.parts)
-        count = b.zext(b.select(b.icmp_signed(">", threads, ir.Constant(I32, 1)), threads,
-                                ir.Constant(I32, 1)), I64)  # fmt: skip
-        divides = b.icmp_unsigned("==", b.urem(parts, count), self.k.i64(0))
-        return b.select(divides, b.udiv(parts, count), self.k.i64(1))
 
     def run_task(self, run: int) -> tuple[ir.Function, ir.Value]:
         """The task of a row run (`plan.row_runs`) and its context: task t calls every node's
@@ -1019,14 +1007,14 @@ class _NodeEmitter:
         return func, ctx
 
     def part_task(self, p: NodePlan, params: dict[str, Buf]) -> ir.Function:
-        """`i32 task(ctx, index, worker)`: the `index`-th range of the node's split kernel
-        call's parts (`parts_per_task` of them, the context's last slot), on the worker's
-        scratch."""
+        """`i32 parts_task(ctx, first, end, worker)`: the node's split kernel call over its
+        parts [first, end), on the worker's scratch (`tlc_rt_parallel_parts` chooses the
+        ranges)."""
         assert p.kernel is not None
         kernel = self.kernel(p, p.kernel, params, p.scratch)
-        func = ir.Function(self.module, TASK_TYPE, f"{self.symbol}.p{p.node.id}")
+        func = ir.Function(self.module, PARTS_TASK_TYPE, f"{self.symbol}.p{p.node.id}")
         func.linkage = "internal"
-        ctx, index, worker = func.args
+        ctx, first, end, worker = func.args
         b = ir.IRBuilder(func.append_basic_block("entry"))
         slots = b.bitcast(ctx, self.k.T.as_pointer().as_pointer())
         count = len(p.kernel.arg_shapes) + len(params) + 1
@@ -1035,9 +1023,7 @@ class _NodeEmitter:
             base = b.load(b.gep(slots, [ir.Constant(I64, count)]))
             mine = b.mul(worker, ir.Constant(I64, self.plan.worker_scratch))
             pointers.append(b.gep(base, [mine], inbounds=True))
-        each = b.ptrtoint(b.load(b.gep(slots, [ir.Constant(I64, count + 1)])), I64)
-        first = b.mul(index, each)
-        b.ret(b.call(kernel, [*pointers, first, b.add(first, each)]))
+        b.ret(b.call(kernel, [*pointers, first, end]))
         return func
 
     def task(self, p: NodePlan, rows: Rows, params: dict[str, Buf]) -> ir.Function:

@@ -54,9 +54,9 @@ ALIGN = 64
 #: Estimated work (about one unit per flop or element moved) below which a node stays one
 #: call: waking the pool costs microseconds, more than such a node takes on one core.
 PARALLEL_WORK = 1 << 20
-#: The same for a single call split into parts (batch 1): its region is one task per thread
-#: when the threads divide its parts (`module._NodeEmitter.parts_per_task`), about a
-#: microsecond with the workers awake between the regions of a call, so smaller nodes pay:
+#: The same for a single call split into parts (batch 1): its region is a range of parts per
+#: thread (`tlc_rt_parallel_parts`), about a microsecond with the workers awake between the
+#: regions of a call, so smaller nodes pay:
 #: mobilenet_v2's depthwise 960-channel 3x3 on 7 x 7 (0.85 Mflop, 45 us on one thread) and
 #: resnet18's classifier (1 Mflop, but 2 MB of weights read: 93 us) were left on one thread.
 PART_WORK = 1 << 19

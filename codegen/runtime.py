@@ -1,13 +1,14 @@
 """The C runtime of compiled code (`runtime.c`): the thread pool and the workspace cache.
 
-Generated code calls four functions of it (`RUNTIME_FUNCTIONS`): `tlc_rt_threads()`, the
+Generated code calls five functions of it (`RUNTIME_FUNCTIONS`): `tlc_rt_threads()`, the
 thread count a library call uses; `tlc_rt_parallel(task, ctx, count, threads)`, which runs the
-`count` tasks of a parallel region; `tlc_rt_acquire(bytes)` / `tlc_rt_release(p)`, a workspace
-block from the cache and back. A shared library compiles `runtime.c` with its dispatcher, the
-four functions hidden (each library has its own pool). The JIT links against a helper shared
-object built from the same source once per user and source version, kept in a private cache
-directory (`helper_path`: mode 0700, owned by this user, never a shared temporary directory) and
-passes the helper's addresses to LLJIT.
+`count` tasks of a parallel region; `tlc_rt_parallel_parts(task, ctx, parts, threads)`, which
+runs a split node's parts in ranges the threads share out as they go; `tlc_rt_acquire(bytes)` /
+`tlc_rt_release(p)`, a workspace block from the cache and back. A shared library compiles
+`runtime.c` with its dispatcher, the five functions hidden (each library has its own pool).
+The JIT links against a helper shared object built from the same source once per user and
+source version, kept in a private cache directory (`helper_path`: mode 0700, owned by this
+user, never a shared temporary directory) and passes the helper's addresses to LLJIT.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ from tlc.core.diagnostics import DiagnosticError
 
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "runtime.c")
 #: What generated code calls (declared in the IR, resolved by the linker or the JIT).
-RUNTIME_FUNCTIONS = ("tlc_rt_threads", "tlc_rt_parallel", "tlc_rt_acquire", "tlc_rt_release")
+RUNTIME_FUNCTIONS = ("tlc_rt_threads", "tlc_rt_parallel", "tlc_rt_parallel_parts", "tlc_rt_acquire",
+                     "tlc_rt_release")  # fmt: skip
 #: Flags every build of the runtime uses.
 CFLAGS = ("-O2", "-fPIC", "-pthread")
 

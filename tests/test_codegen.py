@@ -315,6 +315,42 @@ def test_leaky_relu_compiles_through_its_decomposition(
     assert build_graph_module(graph, payload, dtype, runtime_payload=True).params == ()
 
 
+HARD = """
+tl.graph @hard {{
+  %0 = input : [{n}]
+  %1 = hardswish(%0) : [{n}]
+  %2 = hardsigmoid(%1) {{alpha = 0.2, beta = 0.5}} : [{n}]
+  %3 = hardsigmoid(%0) {{alpha = {third}, beta = 0.5}} : [{n}]
+  %4 = add(%2, %3) : [{n}]
+  output %4
+}}
+"""
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f64", "f32"])
+def test_hard_sigmoid_and_swish_are_one_pass_maps(dtype: type) -> None:
+    """hardswish and hardsigmoid are maps of their own (mobilenet_v3_small's hardswishes ran
+    through their decomposition, beta, 0 and 1 materialised as full tensors and a pass over
+    memory per op: a third of its call), computing the reference's operations in its order:
+    bit for bit at the corners (-3, 3, the clamps), zeros, infinities and NaN."""
+    n = 600
+    graph, payload = graph_of(HARD.format(n=n, third=1 / 3))
+    plan = build_graph_module(graph, payload, dtype).plan
+    assert plan is not None and all(plan.nodes[i].scratch == 0 for i in (1, 2, 3))
+    assert not {ops.HardSwishOp, ops.HardSigmoidOp} & LOWERINGS.derived
+    corners = [-3.0, 3.0, -2.5, 2.5, -1.5, 1.5, 6.0, -6.0, 1 / 3, -1 / 3]
+    rng = np.random.default_rng(8)
+    x = np.concatenate([SPECIAL, corners, rng.normal(scale=4, size=n - len(SPECIAL) - 10)])
+    x = x.astype(dtype) if dtype == np.float64 else np.clip(x, -3e38, 3e38).astype(dtype)
+    expected = interpret(graph, payload, x, dtype)
+    got = compile_graph(graph, payload, dtype)(x)
+    np.testing.assert_array_equal(bits(got), bits(expected.output))
+    for i in (1, 2, 3):
+        kernel = node_kernel(graph.nodes[i], [(n,)], None, dtype)
+        np.testing.assert_array_equal(bits(kernel([expected[i - 1 if i < 3 else 0]])),
+                                      bits(expected[i]))  # fmt: skip
+
+
 def test_a_decomposition_into_an_unsupported_op_is_refused() -> None:
     """A decomposition is lowered op by op: one the table refuses is a located error naming the
     decomposed node."""

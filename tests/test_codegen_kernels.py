@@ -352,11 +352,13 @@ def test_micro_kernel_loops_are_fmas_on_full_registers(
     assert other not in loop
 
 
-@pytest.mark.parametrize("activation", ["relu(%1)", "clip(%1) {min = 0.0, max = 6.0}"])
+@pytest.mark.parametrize(
+    "activation", ["relu(%1)", "clip(%1) {min = 0.0, max = 6.0}", "hardswish(%1)"]
+)
 def test_relu_is_fused_into_the_stores(activation: str) -> None:
-    """A relu (or relu6, a clip) that is the only user of a linear or convolution is applied
-    as the tiles are stored: the graph has no function for the relu node, and the values
-    match."""
+    """A relu (or relu6, a clip, or a hardswish: mobilenet_v3_small's, 2.9 -> 2.4 ms of its
+    call) that is the only user of a linear or convolution is applied as the tiles are
+    stored: the graph has no function for the relu node, and the values match."""
     for name in ("linear", "conv_7x7", "depthwise", "conv_transposed", "conv_channels"):
         text, _, payload, x, _ = case(name, np.float32)
         graph = checked_graph(tlc.parse(text.replace("relu(%1)", activation)))

@@ -11,6 +11,7 @@ import stat
 import subprocess
 import threading
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -502,31 +503,55 @@ def one_conv(x: tuple[int, ...], cout: int, fields: str, rng: np.random.Generato
     return checked_graph(tlc.parse(text)), payload
 
 
-#: `tlc_rt_parallel`'s C type.
-PARALLEL = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
-                            ctypes.c_int32)  # fmt: skip
-TASK = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)
+#: `tlc_rt_parallel_parts`'s C type, and its task's.
+PARALLEL_PARTS = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p,
+                                  ctypes.c_int64, ctypes.c_int32)  # fmt: skip
+PARTS_TASK = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
+                              ctypes.c_int64)  # fmt: skip
+#: The calls a thread makes over its range [lo, hi) of a parts region.
+Schedule = Callable[[int, int], list[tuple[int, int]]]
+
+
+def halves(lo: int, hi: int) -> list[tuple[int, int]]:
+    """The runtime's schedule when no thread takes from another: the owner takes half of what
+    is left of its range (rounded up) at a time."""
+    taken = []
+    while lo < hi:
+        n = (hi - lo + 1) // 2
+        taken.append((lo, lo + n))
+        lo += n
+    return taken
+
+
+def singles_backwards(lo: int, hi: int) -> list[tuple[int, int]]:
+    """Each part alone, the last first: what other threads taking from a range's end give at
+    the most."""
+    return [(part, part + 1) for part in reversed(range(lo, hi))]
 
 
 def task_shares(monkeypatch: pytest.MonkeyPatch, graph: ops.GraphOp, payload: Payload,
-                x: np.ndarray, threads: int) -> tuple[list[int], np.ndarray]:  # fmt: skip
-    """Run the graph of `one_conv` at `threads` through a `tlc_rt_parallel` that runs each
-    region's tasks in order on the calling thread: the output elements each task of its
-    region wrote, and the output."""
+                x: np.ndarray, threads: int, schedule: Schedule = halves
+                ) -> tuple[list[int], np.ndarray]:  # fmt: skip
+    """Run the graph of `one_conv` at `threads` through a `tlc_rt_parallel_parts` that runs
+    each thread's range of a region's parts (thread t's: [t parts / n, (t + 1) parts / n) of
+    n = min(threads, parts)) in turn on the calling thread, in the calls of `schedule`: the
+    output elements each thread's range wrote, and the output."""
     out = np.empty(tuple(graph.nodes[1].infer([x.shape])), x.dtype)
     shares: list[int] = []
 
-    def parallel(task: int, ctx: int, count: int, wanted: int) -> int:
+    def parallel_parts(task: int, ctx: int, parts: int, wanted: int) -> int:
         assert wanted == threads
-        for index in range(count):
+        n = min(threads, parts)
+        for t in range(n):
             before = np.isnan(out).sum()
-            assert TASK(task)(ctx, index, 0) == 0
+            for first, end in schedule(t * parts // n, (t + 1) * parts // n):
+                assert PARTS_TASK(task)(ctx, first, end, 0) == 0
             shares.append(int(before - np.isnan(out).sum()))
         return 0
 
-    hook = PARALLEL(parallel)
+    hook = PARALLEL_PARTS(parallel_parts)
     symbols = dict(runtime.helper_symbols())
-    symbols["tlc_rt_parallel"] = ctypes.cast(hook, ctypes.c_void_p).value
+    symbols["tlc_rt_parallel_parts"] = ctypes.cast(hook, ctypes.c_void_p).value
     monkeypatch.setenv("TLC_OBJECT_CACHE", "0")
     monkeypatch.setattr(jit, "helper_symbols", lambda: symbols)
     compiled = compile_graph(graph, payload, x.dtype.type, threads=threads)
@@ -581,29 +606,31 @@ def test_nodes_from_part_work_on_are_split() -> None:
 def test_threads_take_balanced_ranges_of_parts(
     monkeypatch: pytest.MonkeyPatch, x: tuple[int, ...], cout: int, fields: str
 ) -> None:
-    """At a thread count that divides a split node's parts, its region has one task per
-    thread, each a range of consecutive parts (`_NodeEmitter.parts_per_task`: staged rows
-    and packed blocks shared by neighbouring parts are copied once), and each range holds
-    about an equal share of the output: C = W patches splits its units by work, not by count
-    (`_unit_starts`: squeezenet1_0's 512 -> 1000 on 13 x 13, a block of 128 columns and one
-    of 41, split by count gave one thread 3x the other's), and a path with fewer parts than
-    the call spreads them over the call's (`_own_parts`: 320 -> 1280 on 7 x 7 as C^T, 4
-    parts in 6, had been 3 in one thread's range and 1 in the other's). Otherwise a task per
-    part. The bits are the same at every count."""
+    """A split node's region is `tlc_rt_parallel_parts` over its parts: each thread starts on
+    a range of consecutive parts (staged rows and packed blocks shared by neighbouring parts
+    are copied once per call), and each range holds about an equal share of the output: C =
+    W patches splits its units by work, not by count (`_unit_starts`: squeezenet1_0's 512 ->
+    1000 on 13 x 13, a block of 128 columns and one of 41, split by count gave one thread 3x
+    the other's), and a path with fewer parts than the call spreads them over the call's
+    (`_own_parts`: 320 -> 1280 on 7 x 7 as C^T, 4 parts in 6, had been 3 in one thread's
+    range and 1 in the other's). The bits are the same at every count, whether each range
+    runs in the owner's halves or part by part from its end (as when other threads take
+    from it)."""
     graph, payload = one_conv(x, cout, fields, np.random.default_rng(3))
     parts = build_graph_module(graph, payload, np.float32).plan.nodes[1].parts
     assert parts in (6, 8), parts
     inputs = np.random.default_rng(4).normal(size=x).astype(np.float32)
     outputs = {}
-    for threads in (1, 2, 3, 4):
-        shares, outputs[threads] = task_shares(monkeypatch, graph, payload, inputs, threads)
+    for threads, schedule in [(t, halves) for t in (1, 2, 3, 4)] + [(2, singles_backwards)]:
+        shares, out = task_shares(monkeypatch, graph, payload, inputs, threads, schedule)
+        outputs[threads, schedule] = out
         if threads == 1:  # one call over every part, no region
             assert shares == []
             continue
-        assert sum(shares) == outputs[threads].size and not np.isnan(outputs[threads]).any()
-        assert len(shares) == (threads if parts % threads == 0 else parts), shares
+        assert sum(shares) == out.size and not np.isnan(out).any()
+        assert len(shares) == threads, shares
         if threads == 2:  # (3 and 4 threads: as balanced as the path's parts allow)
-            assert max(shares) <= 1.25 * outputs[threads].size / threads, shares
+            assert max(shares) <= 1.25 * out.size / threads, shares
     assert len({bits(v) for v in outputs.values()}) == 1
 
 
@@ -676,7 +703,9 @@ def test_library_threads_and_concurrent_callers(tmp_path: Path) -> None:
 def test_the_pool_runs_every_task_once(tmp_path: Path) -> None:
     """tests/c/pool_stress.c against the runtime: thousands of regions of 1-64 tasks on 1-4
     threads, from one caller and then four at once: every task runs exactly once on a worker
-    id below the thread count, and a region returns its lowest failing task's status. (Workers
+    id below the thread count, and a region returns its lowest failing task's status; the
+    same for parts regions (`tlc_rt_parallel_parts`: every part in exactly one range, parts
+    of uneven cost so that threads take from each other's ranges). (Workers
     join a region only while it is open, so one waking late must not run a task twice or run
     the next region's with this one's context.)"""
     driver = Path(__file__).parent / "c" / "pool_stress.c"

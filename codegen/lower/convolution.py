@@ -723,8 +723,8 @@ def _part_share(
 def _own_parts(k: KernelBuilder, s: Step, parts: int) -> tuple[ir.Value, ir.Value]:
     """The path's parts [lo, hi) (of its `parts`) in the call's parts [part, part_end) of
     `Step.parts`: call part p ends at the path's part p * parts // Step.parts. Spread, not the
-    first ones: a thread's range of consecutive parts (`module._NodeEmitter.parts_per_task`)
-    then computes its share (mobilenet_v2's 960 -> 320 on 7 x 7: 5 panels in 6 parts, 3 of
+    first ones: a thread's range of consecutive parts (`tlc_rt_parallel_parts`) then
+    computes its share (mobilenet_v2's 960 -> 320 on 7 x 7: 5 panels in 6 parts, 3 of
     them, not 5 of 5 against 0, in a thread's half)."""
     assert s.part is not None and s.part_end is not None
     b, total = k.b, k.i64(s.parts)
@@ -780,7 +780,7 @@ def _unit_starts(columns: int, nc: int, nr: int, rows: int, mr: int, parts: int)
     part about an equal share of the work, a unit's work being its panels of `nr` columns
     times its rows. Equal counts of units are not equal work when the last block or tile is
     partial: squeezenet1_0's 512 -> 1000 on 13 x 13 had parts of 0.47 and 0.18 ms, and a
-    thread running consecutive parts (`module._NodeEmitter.parts_per_task`) 3 of each."""
+    thread running consecutive parts (`tlc_rt_parallel_parts`) 3 of each."""
     blocks, tiles = -(-columns // nc), -(-rows // mr)
     work = [-(-min(nc, columns - cb * nc) // nr) * min(mr, rows - t * mr)
             for cb in range(blocks) for t in range(tiles)]  # fmt: skip

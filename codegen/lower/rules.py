@@ -77,9 +77,9 @@ class Step:
     fused: Fused | None = None
     #: The kernel computes parts [`part`, `part_end`) (i64 values) of `parts` of the output
     #: (`Lowering.parts`): the parts are disjoint, fixed at compile time, and together the
-    #: whole value; a task computes a range of them (one per thread when the threads divide
-    #: them, else one part: `module._NodeEmitter.parts_per_task`), a call on one thread all
-    #: of them (`module._NodeEmitter.split_call`: one function for both).
+    #: whole value; a task computes a range of them (the ranges the runtime's threads share
+    #: out, `tlc_rt_parallel_parts`), a call on one thread all of them
+    #: (`module._NodeEmitter.split_call`: one function for both).
     part: ir.Value | None = None
     parts: int = 1
     part_end: ir.Value | None = None
