@@ -1469,23 +1469,26 @@ def _row_blocks(
 def _depthwise_in_place(f: ConvFrame, info: TargetInfo, itemsize: int) -> bool:
     """Whether a depthwise convolution reads its input in place (`_depthwise_rows`) rather
     than from staged planes: 2-D planes run row by row (not one flat run, `_run_flat`), with
-    a stride of at most 2 along the rows (one shuffle per tap picks its lanes). At stride 1
-    without AVX-512's mask registers, only rows with more unmasked strips than masked ones
-    (`_inner_strips`): AVX2's masked loads and stores made 384 channels on 14 x 14 (two
-    masked strips a row) 2.3x slower than staging, 32 on 112 x 112 1.12x faster."""
+    a stride of at most 2 along the rows (one shuffle per tap picks its lanes). Always on
+    AVX-512 (mask registers: masked loads cost as plain ones) and at stride 2 on AVX2 (its
+    `vmaskmovps` loads beat staging's shuffles: 576 channels 14 x 14 -> 7 x 7 2.5x faster).
+    Otherwise (stride 1 on AVX2; SSE, which has no masked loads: LLVM loads lane by lane)
+    only rows with at least as many unmasked strips as masked ones (`_inner_strips`): 384
+    channels on 14 x 14 in place, two masked strips a row, were 1.3x slower than staged on
+    AVX2; SSE's 576 channels 14 x 14 -> 7 x 7 2.4x."""
     win = f.window
     lanes = max(info.vector_bytes // itemsize, 1)
     if len(win.out_sp) != 2 or win.stride[-1] > 2 or _run_flat(f, lanes):
         return False
-    if win.stride[-1] == 2 or info.vector_bytes >= 64:
+    if info.vector_bytes >= 64 or (win.stride[-1] == 2 and info.vector_bytes >= 32):
         return True
     inner = _inner_strips(f, lanes)
-    return len(inner) > -(-win.out_sp[-1] // lanes) - len(inner)
+    return len(inner) >= -(-win.out_sp[-1] // lanes) - len(inner)
 
 
 def _inner_strips(f: ConvFrame, lanes: int) -> range:
-    """The strips of an output row `_depthwise_rows` computes unmasked: every load of its
-    taps (lanes * stride inputs from the lowest offset of its column taps sharing a phase)
+    """The strips of an output row `_depthwise_rows` computes without masks: every load of
+    its taps (lanes * stride inputs from each even offset of its column taps at stride 2)
     inside the row, and all its outputs inside the output row."""
     win = f.window
     (_, width), (_, ow), (_, sw), (_, pw) = win.in_sp, win.out_sp, win.stride, win.padding
@@ -1498,15 +1501,17 @@ def _inner_strips(f: ConvFrame, lanes: int) -> range:
 def _depthwise_rows(k: KernelBuilder, s: Step, f: ConvFrame, fn: Epilogue | None) -> None:
     """A depthwise convolution read in place: no staged copy of the input plane. Per output
     channel, blocks of `depthwise_rows` output rows in strips of one vector, as
-    `_row_blocks`: each tap's inputs for a strip are one load of lanes * stride consecutive
-    inputs of the row (at stride 2 one shuffle picks every other lane, `stride_phase`; taps
-    kw and kw + 2 share a load's two phases... the one load at the even offset below), each
-    load shared by every row of the block and tap that reads it. The padding reads zeros:
-    kernel rows above or below the plane read a constant row of zeros instead, and the
-    strips at the rows' ends mask their loads to the columns inside the row (the others
-    zero) and their stores to the outputs inside it, so every output takes the staged
-    kernel's operations in its order: the same bits. Staging the 96 planes of 112 x 112 of
-    mobilenet_v2's first stride-2 layer into four phases took two thirds of its time."""
+    `_row_blocks`. A tap's inputs for a strip are one load of lanes * stride consecutive
+    inputs of its row; at stride 2 one shuffle picks every other lane (`stride_phase`), and
+    the column taps whose offsets differ by one read the two phases of the same load. Each
+    load is shared by every row of the block and tap that reads it. The padding reads zeros:
+    kernel rows above or below the plane read a constant row of zeros (a select of the row's
+    address), and the strips at the rows' ends (`_inner_strips`) mask their loads to the
+    columns inside the row (the others zero). A row's last strip is moved back to end at the
+    row's end (it recomputes a few positions), so stores are masked only in rows narrower
+    than a vector. Every output takes the staged kernel's operations in its order. Staging
+    the 96 planes of 112 x 112 of mobilenet_v2's first stride-2 layer into four phases took
+    about 40% of its time."""
     x, out, w, bias = s.args[0], s.out, s.params["weight"], s.params["bias"]
     b, win = k.b, f.window
     (h, width), (height, ow) = win.in_sp, win.out_sp
@@ -1535,6 +1540,8 @@ def _depthwise_rows(k: KernelBuilder, s: Step, f: ConvFrame, fn: Epilogue | None
 
         def strip(t: ir.Value, masked: bool) -> None:
             j = b.mul(t, k.i64(lanes))
+            if masked and ow >= lanes:  # the row's last strip ends at its end: unmasked stores
+                j = b.select(b.icmp_signed(">", j, k.i64(ow - lanes)), k.i64(ow - lanes), j)
             col = b.sub(b.mul(j, k.i64(sw)), k.i64(pw))
             loaded: dict[tuple[int, int], ir.Value] = {}
             picked: dict[tuple[int, int], ir.Value] = {}
@@ -1564,7 +1571,7 @@ def _depthwise_rows(k: KernelBuilder, s: Step, f: ConvFrame, fn: Epilogue | None
                     value = inputs(r * sh + kh * dh, kw * dw)
                     accs[r][c] = k.fadd_r(accs[r][c], k.fmul_r(weight, value))
             mask = None
-            if masked:
+            if masked and ow < lanes:
                 mask = lane_mask(k, vec, ir.Constant(I32, 0), b.trunc(b.sub(k.i64(ow), j), I32))
             for r in range(count):
                 value = accs[r][0]
