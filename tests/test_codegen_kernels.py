@@ -432,7 +432,8 @@ def test_depthwise_convolutions_read_their_input_in_place(
 @pytest.mark.parametrize(
     ("c", "h", "stride", "sse", "avx2", "avx512"),
     [(32, 112, 1, True, True, True), (144, 56, 1, True, True, True),
-     (384, 14, 1, True, False, True), (192, 28, 2, True, True, True),
+     (384, 14, 1, False, False, True), (192, 28, 1, True, True, True),
+     (192, 28, 2, False, True, True),
      (576, 14, 2, False, True, False), (960, 7, 1, False, False, False)],
 )  # fmt: skip
 def test_depthwise_in_place_without_avx512_needs_mostly_unmasked_strips(
@@ -441,8 +442,9 @@ def test_depthwise_in_place_without_avx512_needs_mostly_unmasked_strips(
     """mobilenet_v2's depthwise layers: in place on AVX-512 (mask registers: masked loads and
     stores cost as plain ones) unless the plane runs flat (7 x 7 outputs: staged), and at
     stride 2 on AVX2; otherwise only when a row has at least as many unmasked strips as
-    masked ones (`_inner_strips`: 384 on 14 x 14 has 2 of 4 on SSE, 0 of 2 on AVX2; 576
-    14 x 14 -> 7 x 7 none of 2 on SSE). The IR pins the AVX2 target."""
+    masked ones on AVX2, more on SSE (`_inner_strips`: 192 on 28 x 28 has 2 of 4 on AVX2,
+    5 of 7 on SSE; 384 on 14 x 14 0 of 2 on AVX2, 2 of 4 on SSE; 192 28 x 28 -> 14 x 14 2 of
+    4 on SSE). The IR pins the AVX2 target."""
     attrs = f"kernel = [3, 3], stride = [{stride}, {stride}], padding = [1, 1], groups = {c}"
     graph = checked_graph(tlc.parse(conv([1, c, h, h], attrs, c, c)))
     node = graph.nodes[1]

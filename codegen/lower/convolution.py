@@ -1472,18 +1472,20 @@ def _depthwise_in_place(f: ConvFrame, info: TargetInfo, itemsize: int) -> bool:
     a stride of at most 2 along the rows (one shuffle per tap picks its lanes). Always on
     AVX-512 (mask registers: masked loads cost as plain ones) and at stride 2 on AVX2 (its
     `vmaskmovps` loads beat staging's shuffles: 576 channels 14 x 14 -> 7 x 7 2.5x faster).
-    Otherwise (stride 1 on AVX2; SSE, which has no masked loads: LLVM loads lane by lane)
-    only rows with at least as many unmasked strips as masked ones (`_inner_strips`): 384
-    channels on 14 x 14 in place, two masked strips a row, were 1.3x slower than staged on
-    AVX2; SSE's 576 channels 14 x 14 -> 7 x 7 2.4x."""
+    Otherwise only rows with at least as many unmasked strips as masked ones
+    (`_inner_strips`) on AVX2 and more on SSE, which has no masked loads (LLVM loads lane by
+    lane): 384 channels on 14 x 14 in place, two masked strips a row, were 1.3x slower than
+    staged on AVX2; SSE's 576 channels 14 x 14 -> 7 x 7 2.4x, its 192 channels 28 x 28 ->
+    14 x 14 (two masked strips of four) 1.2x."""
     win = f.window
     lanes = max(info.vector_bytes // itemsize, 1)
     if len(win.out_sp) != 2 or win.stride[-1] > 2 or _run_flat(f, lanes):
         return False
     if info.vector_bytes >= 64 or (win.stride[-1] == 2 and info.vector_bytes >= 32):
         return True
-    inner = _inner_strips(f, lanes)
-    return len(inner) >= -(-win.out_sp[-1] // lanes) - len(inner)
+    inner = len(_inner_strips(f, lanes))
+    masked = -(-win.out_sp[-1] // lanes) - inner
+    return inner > masked or (inner == masked and info.vector_bytes >= 32)
 
 
 def _inner_strips(f: ConvFrame, lanes: int) -> range:
