@@ -383,6 +383,100 @@ def test_relu_with_a_second_user_is_not_fused() -> None:
     close(compile_graph(graph, payload, np.float32)(x), expected, np.float32)
 
 
+@pytest.mark.parametrize("cpu", ["host", "znver3", "x86-64-v2"])
+@pytest.mark.parametrize(
+    ("h", "w", "kernel", "stride", "padding", "dilation"),
+    [(112, 112, 3, 2, 1, 1), (17, 45, 3, 2, 1, 1), (13, 40, 3, 1, 1, 1), (16, 33, 5, 2, 2, 1),
+     (12, 70, 3, 1, 2, 2), (11, 37, 3, 2, 0, 1), (3, 17, 3, 1, 1, 1)],
+    ids=["mobilenet 112", "odd stride 2", "stride 1", "5x5 pad 2", "dilation 2", "no padding",
+         "3 rows"],
+)  # fmt: skip
+def test_depthwise_convolutions_read_their_input_in_place(
+    cpu: str, h: int, w: int, kernel: int, stride: int, padding: int, dilation: int
+) -> None:
+    """A depthwise convolution over 2-D planes run row by row reads its input in place
+    (`_depthwise_rows`: the kernel rows in the padding read a row of zeros, the rows' end
+    strips mask their loads and stores), at stride 1 or 2 (one shuffle picks every other
+    lane): the reference's values (rtol 2e-5 as `close`: 9-25 terms reassociated), NaN where
+    it has NaN (inputs and one weight NaN), the same bits for 1-3 threads, on AVX-512, AVX2
+    and SSE; relu6 fused into its stores. (Without AVX-512, rows of mostly masked strips
+    may stage instead: the same checks then cover the staged kernel.)"""
+    target = runnable(cpu) if cpu != "host" else Target()
+    c = 5
+    attrs = (f"kernel = [{kernel}, {kernel}], stride = [{stride}, {stride}], "
+             f"padding = [{padding}, {padding}], dilation = [{dilation}, {dilation}], "
+             f"groups = {c}")  # fmt: skip
+    text = conv([2, c, h, w], attrs, c, c, relu=False).replace(
+        "  output %1", "  %2 = clip(%1) {min = 0.0, max = 6.0}\n  output %2"
+    )
+    graph = checked_graph(tlc.parse(text))
+    rng = np.random.default_rng(h * w)
+    weight = rng.normal(size=(c, 1, kernel, kernel))
+    weight[3, 0, 0, 0] = np.nan
+    payload = Payload({1: {"weight": weight, "bias": rng.normal(size=c)}})
+    x = (3 * rng.normal(size=(2, c, h, w))).astype(np.float32)
+    x.reshape(-1)[rng.integers(0, x.size, 4)] = np.nan
+    frame = ConvFrame.of(graph.nodes[1], x.shape, graph.nodes[1].require_declared())
+    in_place = convolution._depthwise_in_place(frame, target_info(target), 4)
+    assert in_place or cpu != "host", "AVX-512: always"
+    ir = build_graph_module(graph, payload, np.float32, target=target).ir
+    assert ("zero_row" in ir) == in_place
+    expected = interpret(graph, payload, x, np.float32).output
+    runs = [compile_graph(graph, payload, np.float32, target=target, threads=n)(x)
+            for n in (1, 2, 3)]  # fmt: skip
+    np.testing.assert_array_equal(np.isnan(runs[0]), np.isnan(expected))
+    assert np.isnan(expected[:, 3]).all()
+    real = ~np.isnan(expected)
+    close(runs[0][real], expected[real], np.float32)
+    assert runs[1].tobytes() == runs[0].tobytes() == runs[2].tobytes()
+
+
+@pytest.mark.parametrize(
+    ("c", "h", "stride", "sse", "avx2", "avx512"),
+    [(32, 112, 1, True, True, True), (144, 56, 1, True, True, True),
+     (384, 14, 1, False, False, True), (192, 28, 1, True, True, True),
+     (192, 28, 2, False, True, True),
+     (576, 14, 2, False, True, False), (960, 7, 1, False, False, False)],
+)  # fmt: skip
+def test_depthwise_in_place_without_avx512_needs_mostly_unmasked_strips(
+    c: int, h: int, stride: int, sse: bool, avx2: bool, avx512: bool
+) -> None:
+    """mobilenet_v2's depthwise layers: in place on AVX-512 (mask registers: masked loads and
+    stores cost as plain ones) unless the plane runs flat (7 x 7 outputs: staged), and at
+    stride 2 on AVX2; otherwise only when a row has at least as many unmasked strips as
+    masked ones on AVX2, more on SSE (`_inner_strips`: 192 on 28 x 28 has 2 of 4 on AVX2,
+    5 of 7 on SSE; 384 on 14 x 14 0 of 2 on AVX2, 2 of 4 on SSE; 192 28 x 28 -> 14 x 14 2 of
+    4 on SSE). The IR pins the AVX2 target."""
+    attrs = f"kernel = [3, 3], stride = [{stride}, {stride}], padding = [1, 1], groups = {c}"
+    graph = checked_graph(tlc.parse(conv([1, c, h, h], attrs, c, c)))
+    node = graph.nodes[1]
+    frame = ConvFrame.of(node, graph.nodes[0].require_declared(), node.require_declared())
+    decided = [convolution._depthwise_in_place(frame, target_info(Target(cpu, triple=X86_64)), 4)
+               for cpu in CPUS]  # fmt: skip
+    assert decided == [sse, avx2, avx512]
+    rng = np.random.default_rng(c)
+    payload = Payload({1: {"weight": rng.normal(size=(c, 1, 3, 3)), "bias": rng.normal(size=c)}})
+    ir = build_graph_module(graph, payload, np.float32, target=Target("znver3", triple=X86_64)).ir
+    assert ("zero_row" in ir) == avx2
+
+
+def test_depthwise_planes_run_flat_are_staged() -> None:
+    """A 7 x 7 output plane on AVX-512 runs as one flat run of strips over the staged
+    plane's width (`_run_flat`: 4 strips of 16 lanes instead of 7): it stages its input, at
+    stride 1 and 2, and reads no zero row."""
+    target = runnable("znver4")
+    for h, stride in ((7, 1), (14, 2)):
+        attrs = f"kernel = [3, 3], stride = [{stride}, {stride}], padding = [1, 1], groups = 4"
+        graph = checked_graph(tlc.parse(conv([1, 4, h, h], attrs, 4, 4)))
+        rng = np.random.default_rng(h)
+        payload = Payload({1: {"weight": rng.normal(size=(4, 1, 3, 3)),
+                               "bias": rng.normal(size=4)}})  # fmt: skip
+        assert "zero_row" not in build_graph_module(graph, payload, np.float32, target=target).ir
+        x = rng.normal(size=(1, 4, h, h)).astype(np.float32)
+        close(compile_graph(graph, payload, np.float32, target=target)(x),
+              interpret(graph, payload, x, np.float32).output, np.float32)  # fmt: skip
+
+
 @pytest.mark.parametrize("n", [10, 300])
 def test_a_linear_without_input_features_is_its_bias(n: int) -> None:
     """k = 0 (dot tiles for any width): every row is the bias, exactly."""
@@ -405,7 +499,7 @@ def test_depthwise_strips_cover_blocks_of_rows(
     each input vector loaded once for the rows whose taps read it; AVX2 and SSE keep one row
     (the accumulators and weights would not fit 16 registers). The bits are those of one row
     per strip, relu6 (clip) fused: a last block of fewer rows, rows narrower than a vector
-    (one masked strip each), stride 2 (the staged phases)."""
+    (one masked strip each), stride 2 (read in place, `_depthwise_rows`)."""
     assert [convolution.depthwise_rows(target_info(Target(cpu, triple=X86_64)), 9)
             for cpu in CPUS] == [1, 1, 4]  # fmt: skip
     c, attrs = 5, "kernel = [3, 3], stride = [{0}, {0}], padding = [1, 1], groups = 5"
@@ -417,13 +511,11 @@ def test_depthwise_strips_cover_blocks_of_rows(
     payload = Payload({1: {"weight": rng.normal(size=(c, 1, 3, 3)), "bias": rng.normal(size=c)}})
     x = (3 * rng.normal(size=(2, c, h, w))).astype(np.float32)
     target = runnable("znver4")
-    assert "rows" in build_graph_module(graph, payload, np.float32, target=target).ir
     blocked = compile_graph(graph, payload, np.float32, target=target)(x)
     close(blocked, interpret(graph, payload, x, np.float32).output, np.float32)
     monkeypatch.setattr(convolution, "DEPTHWISE_ROWS", 1)
     monkeypatch.setenv("TLC_OBJECT_CACHE", "0")  # the constants are not in the caches' keys
     monkeypatch.setattr("tlc.codegen.jit._graph_cache", {})
-    assert "rows" not in build_graph_module(graph, payload, np.float32, target=target).ir
     assert (
         compile_graph(graph, payload, np.float32, target=target)(x).tobytes() == blocked.tobytes()
     )

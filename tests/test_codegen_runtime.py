@@ -938,3 +938,24 @@ def test_a_linear_of_few_rows_stays_one_call() -> None:
     plan = build_graph_module(graph_of(text), payload, np.float32).plan
     assert plan is not None and plan.nodes[1].rows is None
     assert plan.nodes[1].kernel.out_shape == (8, 400)
+
+
+def test_a_path_with_fewer_parts_than_the_call_shares_its_units_by_the_call_parts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """mobilenet_v2's 960 -> 160 on 7 x 7 splits into 4 parts, and its C^T path computes on
+    3 of them (`_transposed_parts`: 64-column units), spread over the call's. Path part q
+    starts at the units of the call's parts before the first one holding it
+    (`_part_share`), so at two threads each range holds half the panels, give or take one
+    (5 panels of 32 on AVX-512: 2 and 3; they were 1 and 4). The bits are the same at 1-3
+    threads."""
+    graph, payload = one_conv((1, 960, 7, 7), 160, "kernel = [1, 1]", np.random.default_rng(3))
+    assert build_graph_module(graph, payload, np.float32).plan.nodes[1].parts == 4
+    inputs = np.random.default_rng(4).normal(size=(1, 960, 7, 7)).astype(np.float32)
+    outputs = {}
+    for threads in (1, 2, 3):
+        shares, outputs[threads] = task_shares(monkeypatch, graph, payload, inputs, threads)
+        if threads == 2:
+            size = outputs[2].size
+            assert sum(shares) == size and max(shares) <= 0.6 * size, shares
+    assert len({bits(v) for v in outputs.values()}) == 1

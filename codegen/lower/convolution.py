@@ -710,14 +710,22 @@ def _part_share(
     k: KernelBuilder, s: Step, units: int | ir.Value, parts: int
 ) -> tuple[ir.Value, ir.Value]:
     """The units [lo, hi) of `units` of the call's parts when its kernel computes on only
-    `parts` of the call's `Step.parts` (`_conv_parts`): the same split as `Step.part_range`
-    over `parts`, those parts spread over the call's (`_own_parts`), so a range of the call's
-    parts holds about its share of them."""
+    `parts` of the call's `Step.parts` (`_conv_parts`): its parts spread over the call's
+    (`_own_parts`), path part q starting at the units of the call's parts before the first
+    one holding it (call part ceil(q * Step.parts / parts)), so a range of the call's parts
+    holds about its share of the units. (Split as `Step.part_range` over the path's parts,
+    mobilenet_v2's 960 -> 160 on 7 x 7, 5 panels in 3 C^T parts in 4, gave one thread's half
+    1 panel and the other's 4.)"""
     assert s.part is not None and s.part_end is not None
     b, count = k.b, units if isinstance(units, ir.Value) else k.i64(units)
+    total = k.i64(s.parts)
+
+    def start(q: ir.Value) -> ir.Value:
+        call = b.udiv(b.add(b.mul(q, total), k.i64(parts - 1)), k.i64(parts))
+        return b.udiv(b.mul(call, count), total)
+
     first, after = _own_parts(k, s, parts)
-    return (b.udiv(b.mul(first, count), k.i64(parts)),
-            b.udiv(b.mul(after, count), k.i64(parts)))  # fmt: skip
+    return start(first), start(after)
 
 
 def _own_parts(k: KernelBuilder, s: Step, parts: int) -> tuple[ir.Value, ir.Value]:
@@ -1200,6 +1208,9 @@ def _conv_depthwise(k: KernelBuilder, s: Step, f: ConvFrame) -> None:
     x, out, w, bias = s.args[0], s.out, s.params["weight"], s.params["bias"]
     b, taps = k.b, f.window.taps
     fn = epilogue(k, s)
+    if _depthwise_in_place(f, k.info, k.dtype.itemsize):
+        _depthwise_rows(k, s, f, fn)
+        return
     if f.staged:
         assert s.scratch is not None
         staged = Buf(s.scratch.ptr, (1, f.staged_plane))
@@ -1247,6 +1258,17 @@ def depthwise_rows(info: TargetInfo, taps: int) -> int:
     DEPTHWISE_ROWS (AVX-512: 4 for 3x3; AVX2 and SSE: 1)."""
     chains = min(CHAINS, taps)
     return max(1, min(DEPTHWISE_ROWS, (info.vector_registers - taps - 4) // chains))
+
+
+def _run_flat(f: ConvFrame, lanes: int) -> bool:
+    """Whether `window_strips` runs a 2-D plane as one flat run of strips: its rows are
+    narrower than a vector and that takes fewer strips than one run per row."""
+    win = f.window
+    if len(win.out_sp) != 2:
+        return False
+    rows, ow = win.out_sp
+    run_all = (rows - 1) * f.extents[-1] + ow
+    return ow < lanes and -(-run_all // lanes) < rows * -(-ow // lanes) <= FLAT_PLANE
 
 
 def window_strips(
@@ -1360,8 +1382,7 @@ def window_strips(
     width = f.extents[-1]
     rows = win.out_sp[0] if len(win.out_sp) == 2 else 0
     run_all = (rows - 1) * width + ow
-    fewer = -(-run_all // lanes) < rows * -(-ow // lanes) <= FLAT_PLANE
-    if rows and ow < lanes and fewer:
+    if _run_flat(f, lanes):
         with b.goto_block(k.alloca_block):
             slots = b.alloca(ir.ArrayType(k.T, run_all), name="flat")
         held = Buf(b.bitcast(slots, k.T.as_pointer()), (run_all,))
@@ -1451,6 +1472,143 @@ def _row_blocks(
         block(r0, rows)
     if whole < height:
         block(k.i64(whole), height - whole)
+
+
+def _depthwise_in_place(f: ConvFrame, info: TargetInfo, itemsize: int) -> bool:
+    """Whether a depthwise convolution reads its input in place (`_depthwise_rows`) rather
+    than from staged planes: 2-D planes run row by row (not one flat run, `_run_flat`), with
+    a stride of at most 2 along the rows (one shuffle per tap picks its lanes). Always on
+    AVX-512 (mask registers: masked loads cost as plain ones) and at stride 2 on AVX2 (its
+    `vmaskmovps` loads beat staging's shuffles: 576 channels 14 x 14 -> 7 x 7 2.5x faster).
+    Otherwise only rows with at least as many unmasked strips as masked ones
+    (`_inner_strips`) on AVX2 and more on SSE, which has no masked loads (LLVM loads lane by
+    lane): 384 channels on 14 x 14 in place, two masked strips a row, were 1.3x slower than
+    staged on AVX2; SSE's 576 channels 14 x 14 -> 7 x 7 2.4x, its 192 channels 28 x 28 ->
+    14 x 14 (two masked strips of four) 1.2x."""
+    win = f.window
+    lanes = max(info.vector_bytes // itemsize, 1)
+    if len(win.out_sp) != 2 or win.stride[-1] > 2 or _run_flat(f, lanes):
+        return False
+    if info.vector_bytes >= 64 or (win.stride[-1] == 2 and info.vector_bytes >= 32):
+        return True
+    inner = len(_inner_strips(f, lanes))
+    masked = -(-win.out_sp[-1] // lanes) - inner
+    return inner > masked or (inner == masked and info.vector_bytes >= 32)
+
+
+def _inner_strips(f: ConvFrame, lanes: int) -> range:
+    """The strips of an output row `_depthwise_rows` computes without masks: every load of
+    its taps (lanes * stride inputs from each even offset of its column taps at stride 2)
+    inside the row, and all its outputs inside the output row."""
+    win = f.window
+    (_, width), (_, ow), (_, sw), (_, pw) = win.in_sp, win.out_sp, win.stride, win.padding
+    reach = (win.kernel[-1] - 1) * win.dilation[-1] // sw * sw + lanes * sw
+    inside = [t for t in range(-(-ow // lanes)) if t * lanes * sw >= pw
+              and (t + 1) * lanes <= ow and t * lanes * sw - pw + reach <= width]  # fmt: skip
+    return range(inside[0], inside[-1] + 1) if inside else range(0)
+
+
+def _depthwise_rows(k: KernelBuilder, s: Step, f: ConvFrame, fn: Epilogue | None) -> None:
+    """A depthwise convolution read in place: no staged copy of the input plane. Per output
+    channel, blocks of `depthwise_rows` output rows in strips of one vector, as
+    `_row_blocks`. A tap's inputs for a strip are one load of lanes * stride consecutive
+    inputs of its row; at stride 2 one shuffle picks every other lane (`stride_phase`), and
+    the column taps whose offsets differ by one read the two phases of the same load. Each
+    load is shared by every row of the block and tap that reads it. The padding reads zeros:
+    kernel rows above or below the plane read a constant row of zeros (a select of the row's
+    address), and the strips at the rows' ends (`_inner_strips`) mask their loads to the
+    columns inside the row (the others zero). A row's last strip is moved back to end at the
+    row's end (it recomputes a few positions), so stores are masked only in rows narrower
+    than a vector. Every output takes the staged kernel's operations in its order. Staging
+    the 96 planes of 112 x 112 of mobilenet_v2's first stride-2 layer into four phases took
+    about 40% of its time."""
+    x, out, w, bias = s.args[0], s.out, s.params["weight"], s.params["bias"]
+    b, win = k.b, f.window
+    (h, width), (height, ow) = win.in_sp, win.out_sp
+    (sh, sw), (ph, pw), (kh_n, kw_n), (dh, dw) = win.stride, win.padding, win.kernel, win.dilation
+    lanes = max(k.info.vector_bytes // k.dtype.itemsize, 1)
+    vec, wide = ir.VectorType(k.T, lanes), ir.VectorType(k.T, lanes * sw)
+    zeros = k.global_constant("zero_row", np.zeros(width, k.dtype))
+    chains = min(CHAINS, win.taps)
+    rounds, extra = divmod(win.taps, chains)
+    order = [(r * chains + c, c) for r in range(rounds) for c in range(chains)]
+    order += [(rounds * chains + c, c) for c in range(extra)]
+    rows = min(depthwise_rows(k.info, win.taps), height)
+    strips, inner = -(-ow // lanes), _inner_strips(f, lanes)
+    t_lo, t_hi = (inner.start, inner.stop) if inner else (0, 0)
+
+    def block(plane: ir.Value, base: ir.Value, weights: list[ir.Value], start: ir.Value,
+              r0: ir.Value, count: int) -> None:  # fmt: skip
+        """Output rows r0 .. r0 + count of one channel: each input row they read (or the
+        zero row outside the plane), then the strips."""
+        top = b.sub(b.mul(r0, k.i64(sh)), k.i64(ph))
+        in_rows = []
+        for i in range((count - 1) * sh + (kh_n - 1) * dh + 1):
+            ih = b.add(top, k.i64(i))
+            valid = b.icmp_unsigned("<", ih, k.i64(h))  # 0 <= ih < h
+            in_rows.append(b.select(valid, b.gep(plane, [b.mul(ih, k.i64(width))]), zeros))
+
+        def strip(t: ir.Value, masked: bool) -> None:
+            j = b.mul(t, k.i64(lanes))
+            if masked and ow >= lanes:  # the row's last strip ends at its end: unmasked stores
+                j = b.select(b.icmp_signed(">", j, k.i64(ow - lanes)), k.i64(ow - lanes), j)
+            col = b.sub(b.mul(j, k.i64(sw)), k.i64(pw))
+            loaded: dict[tuple[int, int], ir.Value] = {}
+            picked: dict[tuple[int, int], ir.Value] = {}
+
+            def inputs(i: int, off: int) -> ir.Value:
+                """Lanes col + off, col + off + stride, ... of input row i."""
+                at = (i, off // sw * sw)
+                if at not in loaded:
+                    c0 = b.add(col, k.i64(at[1]))
+                    ptr = b.gep(in_rows[i], [c0])  # may point before the row: masked
+                    keep = None
+                    if masked:
+                        keep = lane_mask(k, wide, b.trunc(b.neg(c0), I32),
+                                         b.trunc(b.sub(k.i64(width), c0), I32))  # fmt: skip
+                    loaded[at] = load_vector(k, wide, ptr, lanes * sw, keep)
+                if (i, off) not in picked:
+                    whole = loaded[at]
+                    picked[i, off] = stride_phase(k, whole, sw, off % sw) if sw > 1 else whole
+                return picked[i, off]
+
+            accs = [[start if c == 0 else ir.Constant(vec, [0.0] * lanes)
+                     for c in range(chains)] for _ in range(count)]  # fmt: skip
+            for t_no, c in order:
+                kh, kw = divmod(t_no, kw_n)
+                weight = splat(k, vec, weights[t_no])
+                for r in range(count):
+                    value = inputs(r * sh + kh * dh, kw * dw)
+                    accs[r][c] = k.fadd_r(accs[r][c], k.fmul_r(weight, value))
+            mask = None
+            if masked and ow < lanes:
+                mask = lane_mask(k, vec, ir.Constant(I32, 0), b.trunc(b.sub(k.i64(ow), j), I32))
+            for r in range(count):
+                value = accs[r][0]
+                for acc in accs[r][1:]:
+                    value = k.fadd_r(value, acc)
+                to = b.add(base, b.add(b.mul(b.add(r0, k.i64(r)), k.i64(ow)), j))
+                store_lanes(k, value, out, [(to, mask)], fn)
+
+        for first, end, masked in ((0, t_lo, True), (t_lo, t_hi, False), (t_hi, strips, True)):
+            if end > first:
+                with k.loop(end, "dstrip", start=first) as t:
+                    strip(t, masked)
+
+    g_lo, g_hi = s.part_range(k, f.groups)
+    with k.loop(f.lead, "lead") as lead, k.loop(g_hi, "g", start=g_lo) as g:
+        plane = f.input_block(k, x, lead, g).ptr
+        with k.loop(f.cout_g, "o") as o:
+            channel = b.add(b.mul(g, k.i64(f.cout_g)), o)
+            base = b.mul(b.add(b.mul(lead, k.i64(f.cout)), channel), k.i64(f.positions))
+            weights = [k.load(w, b.add(b.mul(channel, k.i64(win.taps)), k.i64(t)))
+                       for t in range(win.taps)]  # fmt: skip
+            start = splat(k, vec, k.load(bias, channel))
+            whole = height // rows * rows
+            with k.loop(whole, "drows", step=rows) as r0:
+                block(plane, base, weights, start, r0, rows)
+            if whole < height:
+                block(plane, base, weights, start, k.i64(whole), height - whole)
 
 
 def _conv_input_grad_scratch(node: NodeOp, parents: list[Shape], out: Shape) -> int:
