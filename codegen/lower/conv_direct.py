@@ -32,6 +32,7 @@ from tlc.codegen.gemm import (
     step_cycles,
     store_lanes,
 )
+from tlc.codegen.lower.reductions import NormStage
 from tlc.codegen.target import TargetInfo
 
 #: The most output rows one tile spans.
@@ -145,11 +146,14 @@ def emit_direct(
     out: Buf,
     units: tuple[ir.Value, ir.Value],
     fn: Epilogue | None,
+    stage: NormStage | None = None,
 ) -> None:
-    """The units [lo, hi) (`direct_units`) of a group of images: out = fn(W patches + bias)
-    with `params` = (W^T packed as `pack_panels(W^T, tile.nr)`, bias padded to whole
-    blocks). Each unit runs over every image of the group, so a block's weights are read
-    from memory once per group, not once per image (512 -> 512 on 7 x 7: 9.4 MB)."""
+    """The units [lo, hi) (`direct_units`) of a group of images: out = fn(stage(W patches +
+    bias)) (`stage`: the per-channel maps `reductions.NormStage` applies, here to the
+    accumulators, vectors of channels, before they are transposed) with
+    `params` = (W^T packed as `pack_panels(W^T, tile.nr)`, bias padded to whole blocks).
+    Each unit runs over every image of the group, so a block's weights are read from memory
+    once per group, not once per image (512 -> 512 on 7 x 7: 9.4 MB)."""
     b, lanes, nr = k.b, tile.lanes, tile.nr
     (oh, ow), cout, extent, taps = plane.out_sp, plane.cout, plane.extent, plane.taps
     row_tiles = -(-oh // tile.rows)
@@ -182,6 +186,12 @@ def emit_direct(
         mk = MicroKernel(positions, tile.nv, lanes, 0)
         packed_tile(k, mk, positions, a_at, b_at, k.i64(plane.depth), lambda r, v: zero, finish)
         for v in range(tile.nv):
+            if stage is not None:  # the bias, then the maps, on vectors of channels
+                c0 = b.add(b.mul(block, k.i64(nr)), k.i64(v * lanes))
+                shift = b.load(b.bitcast(k.at(bias, c0), vec.as_pointer()), align=k.dtype.itemsize)
+                operands = stage.channels(c0, vec)  # once for the tile's positions
+                for r in range(positions):
+                    accs[r, v] = stage.apply(b.fadd(accs[r, v], shift), operands)
             for g in range(0, positions, lanes):
                 group = [accs.get((g + lane, v), zero) for lane in range(lanes)]
                 for c, value in enumerate(_transpose(k, group)):
@@ -193,7 +203,8 @@ def emit_direct(
                                    else ir.Constant(I1, 1)):  # fmt: skip
                         _store_positions(k, out, value, first, (oy, ox), (g, width,
                                          min(positions, g + lanes)), (oh, ow),
-                                         k.load(bias, oc), fn)  # fmt: skip
+                                         None if stage is not None else k.load(bias, oc),
+                                         fn)  # fmt: skip
 
     def row_of_tiles(block: ir.Value, oy: ir.Value, height: int) -> None:
         whole = ow // tile.cols
@@ -242,14 +253,15 @@ def _store_positions(
     corner: tuple[ir.Value, ir.Value],
     lanes_at: tuple[int, int, int],
     extents: tuple[int, int],
-    bias: ir.Value,
+    bias: ir.Value | None,
     fn: Epilogue | None,
 ) -> None:
     """Store the tile positions [first, end) (`lanes_at` = (first, width, end)) of one output
     channel: lane l of `value` is position first + l, row-major in a tile `width` wide whose
     corner is `corner` = (oy, ox) of output plane `plane` (of `extents`), stored after adding
-    `bias` and applying `fn` (the fused epilogue, its operands read at the same lanes:
-    `store_lanes`): one store per tile row the lanes reach, of that row's lanes."""
+    `bias` (None: added already) and applying `fn` (the fused epilogue, its operands read at
+    the same lanes: `store_lanes`): one store per tile row the lanes reach, of that row's
+    lanes."""
     b, lanes = k.b, value.type.count
     (oy, ox), (first, width, end), (oh, ow) = corner, lanes_at, extents
     row0 = b.add(b.mul(b.add(b.mul(plane, k.i64(oh)), oy), k.i64(ow)), ox)
@@ -260,4 +272,6 @@ def _store_positions(
         at = b.add(row0, k.i64(dy * ow + first - dy * width))
         within = [lo <= j < hi for j in range(lanes)]
         stores.append((at, None if all(within) else ir.Constant(ir.VectorType(I1, lanes), within)))
-    store_lanes(k, b.fadd(value, splat(k, value.type, bias)), out, stores, fn)
+    if bias is not None:
+        value = b.fadd(value, splat(k, value.type, bias))
+    store_lanes(k, value, out, stores, fn)
