@@ -978,14 +978,16 @@ def _conv_product(k: KernelBuilder, s: Step, f: ConvFrame, parts: int) -> None:
             def after(row: ir.Value, jp: ir.Value, rows: int) -> None:
                 """The tile's rows from the stack: a row's maps' operands read once for its
                 vectors, and one copy of the stores for all of them (the maps at every store
-                site made each function 280 lines longer)."""
+                site made each function 280 lines longer). Without maps, the IR of before."""
+
+                def channel(r: ir.Value) -> ir.Value:
+                    return b.add(b.mul(g, k.i64(f.cout_g)), b.add(row, r))
+
                 with k.loop(rows, "r") as r:
-                    channel = b.add(b.mul(g, k.i64(f.cout_g)), b.add(row, r))
-                    operands = stage.of(channel, vec) if stage is not None else []
+                    operands = stage.of(channel(r), vec) if stage is not None else []
                     with k.loop(mk.nv, "v") as v:
-                        slot = b.add(b.mul(r, k.i64(mk.nv)), v)
-                        value = b.load(b.gep(tile, [k.i64(0), slot]))
-                        put(channel, jp, v, stage.apply(value, operands) if stage else value)
+                        value = b.load(b.gep(tile, [k.i64(0), b.add(b.mul(r, k.i64(mk.nv)), v)]))
+                        put(channel(r), jp, v, stage.apply(value, operands) if stage else value)
 
             def partial(row: ir.Value, jp: ir.Value, v: int) -> ir.Value:
                 at = b.mul(b.add(b.mul(jp, k.i64(tiles_m * mk.mr)), row), k.i64(mk.nr))
