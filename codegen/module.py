@@ -361,19 +361,18 @@ def norm_stores(
     (torchvision's resnet18 through FX, where the second convolution of each block feeds a
     residual add: 17,038 -> 28,121 lines of IR, cold compile 3.1 -> 4.7-5.2 s)."""
     nodes, users = graph.nodes, users_of(graph)
-    taken: dict[int, tuple[NodeOp, tuple]] = {}  # conv id -> (batch norm, what its code is)
-    kinds: dict[tuple, set[tuple]] = {}  # a conv's kernel -> what each of them would take
+    taken: dict[int, tuple[NodeOp, tuple]] = {}  # conv id -> (its batch norm, its kernel)
+    kinds: dict[tuple, set[tuple | None]] = {}  # a kernel -> what each of its convs would take
     for conv in nodes:
         if not isinstance(conv, ops.ConvOp):
             continue
         kernel = (repr(conv.metadata()), tuple(shapes[p] for p in conv.parent_ids()))
-        norm, chain = _norm_after(conv, nodes, users, out_node, fused)
-        code = () if norm is None else (
-            tuple(type(m) for m in maps.get(norm.id, ())), chain.key() if chain else ()
-        )  # fmt: skip
-        kinds.setdefault(kernel, set()).add((norm is not None, code))
+        norm, chain = _norm_after(conv, users, out_node, fused)
+        code = None  # the maps and the epilogue its function would apply
         if norm is not None:
+            code = (tuple(type(m) for m in maps.get(norm.id, ())), chain.key() if chain else ())
             taken[conv.id] = (norm, kernel)
+        kinds.setdefault(kernel, set()).add(code)
     maps, fused = dict(maps), dict(fused)
     for conv_id, (norm, kernel) in taken.items():
         if len(kinds[kernel]) != 1:
@@ -386,7 +385,6 @@ def norm_stores(
 
 def _norm_after(
     conv: NodeOp,
-    nodes: list[NodeOp],
     users: dict[int, list[NodeOp]],
     out_node: NodeOp,
     fused: dict[int, Fused],
