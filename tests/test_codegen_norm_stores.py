@@ -99,6 +99,7 @@ SHAPES = {
     "product": (16, 16, 3, 2, 24),  # rows of whole vectors: the product kernel, read in place
     "product, wide": (8, 56, 3, 1, 16),  # 56 of 58 staged columns: whole staged rows
     "product, packed runs": (16, 13, 3, 2, 24),  # 13 of 15: patches packed, stored per plane
+    "product, a cut panel": (16, 4, 3, 2, 24),  # 16 positions an image: half a last panel
     "direct": (32, 14, 3, 1, 40),  # 3x3 over 32 channels of 14 x 14: the direct kernel
     "direct, a partial block": (40, 14, 3, 2, 48),  # 48 channels: a last block of 16 of 32
     "transposed": (64, 7, 1, 1, 128),  # 1x1 over 64 channels of 7 x 7, to 128: C^T
