@@ -2,12 +2,13 @@
 convolution's stores (`module.norm_stores`, `reductions.norm_stage`): ONNX zoo resnet50's
 conv -> batch norm -> relu and its projection shortcut conv -> batch norm read by the add;
 not its conv -> batch norm -> add(., shortcut) -> relu, whose batch norm keeps the add and
-relu in its pass. The batch norm is then a view of the convolution's value and no kernel of
-its own runs. Each element goes through the same
-operations in the same order as unfused (the sum and bias, then (x - mean) * scale + beta,
-then the epilogue), so the bits are the unfused build's, on every convolution kernel (the
-product kernel, the direct kernel, C^T, a runtime payload's row-major path, the JIT's held
-payload) and at any thread count; against the reference interpreter, the op records' f32
+relu in its pass; and only when every convolution of its attributes and shapes takes the same
+(they share one node function). The batch norm is then a view of the convolution's value and
+no kernel of its own runs. Each element goes through the same operations in the same order
+as unfused (the sum and bias, then (x - mean) * scale + beta, then the epilogue), so the bits
+are the unfused build's, on every convolution kernel (the product kernel's in-place, wide,
+packed and cut-panel stores, the direct kernel, C^T, a runtime payload's row-major path, the
+JIT's held payload) and at any thread count; against the reference interpreter, the op records' f32
 tolerance for convolutions and normalisations (rtol 2e-5, docs/codegen.md "Numerical
 policy").
 """
