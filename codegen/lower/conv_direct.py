@@ -46,6 +46,16 @@ TILE_ROWS = 4
 DIRECT_DEPTH = 256
 
 
+#: The most positions of a single-vector tile on AVX-512, where the FMA takes its broadcast
+#: from memory (`vfmadd231ps (mem){1to16}`): such a tile needs no broadcast register, and its
+#: loop is one load of weights and one FMA per position. Measured on Zen 4 at batch 16 (one
+#: thread, against the 2-vector tiles, 1 x 14 x 32 channels, in one process): 64 -> 64 on 56
+#: x 56 36.4 -> 35.6 ms (1 x 28), 256 -> 256 on 14 x 14 37.2 -> 35.0 (2 x 14), 512 -> 512 on
+#: 7 x 7 36.5 -> 34.3 (4 x 7), 256 -> 512 s2 on 14 x 14 20.3 -> 18.1; 28 accumulators and the
+#: weights' vector leave LLVM 3 registers (no spills in the loop).
+FOLDED_POSITIONS = 28
+
+
 @dataclass(frozen=True)
 class DirectTile:
     """The register tile of the direct kernel: `rows` x `cols` output positions (one
@@ -78,16 +88,19 @@ def tile_cycles(tile: DirectTile, oh: int, ow: int, cout: int) -> float:
 def direct_tile(info: TargetInfo, itemsize: int, oh: int, ow: int, cout: int) -> DirectTile:
     """The tile for an oh x ow plane of cout channels on the target: every rows x cols x nv
     whose accumulators and `reserved_registers` (as the GEMM tiles count them) fit the
-    target's vector registers is scored by `tile_cycles`; ties go to fewer tile shapes (each
+    target's vector registers (on AVX-512, every single-vector tile of at most
+    `FOLDED_POSITIONS` positions) is scored by `tile_cycles`; ties go to fewer tile shapes (each
     edge tile is code of its own: 2 x 7 tiles over a 7 x 7 plane compiled 0.4 s slower than
     1 x 7 and ran no faster), then more accumulators (fewer loads of the weights), then
     fewer rows."""
     lanes = max(info.vector_bytes // itemsize, 1)
     regs = info.vector_registers
+    folded = info.vector_bytes >= 64  # AVX-512: single-vector tiles (`FOLDED_POSITIONS`)
     shapes = [DirectTile(rows, cols, nv, lanes)
-              for nv in range(1, 5) for rows in range(1, min(oh, TILE_ROWS) + 1)
-              for cols in range(1, ow + 1)
-              if rows * cols * nv + reserved_registers(nv) <= regs]  # fmt: skip
+              for nv in ((1,) if folded else range(1, 5))
+              for rows in range(1, min(oh, TILE_ROWS) + 1) for cols in range(1, ow + 1)
+              if (rows * cols <= FOLDED_POSITIONS if folded
+                  else rows * cols * nv + reserved_registers(nv) <= regs)]  # fmt: skip
 
     def score(t: DirectTile) -> tuple[float, int, int, int]:
         edges = len(_tiles(oh, t.rows)) * len(_tiles(ow, t.cols))
