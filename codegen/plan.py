@@ -274,13 +274,13 @@ def plan_graph(
     the value it reads instead of its operand, a chain of concatenations that only pad it
     (then dead, `module.padding_bypass`); `maps` a node's id to the per-channel maps its
     kernel applies before its epilogue (then dead with their second operands,
-    `module.channel_maps`)."""
+    `module.channel_maps`; a batch norm among them is a view of the node's value,
+    `module.norm_stores`)."""
     output = graph.output
     assert output is not None
     out_id = output.value.owner.id  # type: ignore[union-attr]
     fused = fused or {}
     fused_into = {e.id: producer for producer, chain in fused.items() for e in chain.nodes}
-    writer = fused_into.get(out_id, out_id)
     bypass = bypass or {}
     nodes = graph.nodes  # a list built on each access: once
     dead = set()
@@ -290,8 +290,13 @@ def plan_graph(
             dead.add(q)
             q = nodes[q].parent_ids()[0]
     maps = maps or {}
-    for chain in maps.values():
-        dead.update(q for node in chain for q in (node.id, node.parent_ids()[1]))
+    for producer, chain in maps.items():
+        for node in chain:
+            if len(node.parent_ids()) == 1:  # a batch norm (`module.norm_stores`): a view
+                fused_into[node.id] = producer
+            else:
+                dead.update((node.id, node.parent_ids()[1]))
+    writer = fused_into.get(out_id, out_id)
     plans: list[NodePlan] = []
     for node in nodes:
         parents = [bypass[node.id]] if node.id in bypass else node.parent_ids()

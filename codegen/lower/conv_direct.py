@@ -32,6 +32,7 @@ from tlc.codegen.gemm import (
     step_cycles,
     store_lanes,
 )
+from tlc.codegen.lower.reductions import NormStage
 from tlc.codegen.target import TargetInfo
 
 #: The most output rows one tile spans.
@@ -43,6 +44,16 @@ TILE_ROWS = 4
 #: over a short row, a tile's transposed stores and the staging weigh as much as packing;
 #: from 288 (3x3 over 32 channels) on, direct was faster on every layer measured.
 DIRECT_DEPTH = 256
+
+
+#: The most positions of a single-vector tile on AVX-512, where the FMA takes its broadcast
+#: from memory (`vfmadd231ps (mem){1to16}`): such a tile needs no broadcast register, and its
+#: loop is one load of weights and one FMA per position. Measured on Zen 4 at batch 16 (one
+#: thread, against the 2-vector tiles, 1 x 14 x 32 channels, in one process): 64 -> 64 on 56
+#: x 56 36.4 -> 35.6 ms (1 x 28), 256 -> 256 on 14 x 14 37.2 -> 35.0 (2 x 14), 512 -> 512 on
+#: 7 x 7 36.5 -> 34.3 (4 x 7), 256 -> 512 s2 on 14 x 14 20.3 -> 18.1; 28 accumulators and the
+#: weights' vector leave LLVM 3 registers (no spills in the loop).
+FOLDED_POSITIONS = 28
 
 
 @dataclass(frozen=True)
@@ -77,16 +88,19 @@ def tile_cycles(tile: DirectTile, oh: int, ow: int, cout: int) -> float:
 def direct_tile(info: TargetInfo, itemsize: int, oh: int, ow: int, cout: int) -> DirectTile:
     """The tile for an oh x ow plane of cout channels on the target: every rows x cols x nv
     whose accumulators and `reserved_registers` (as the GEMM tiles count them) fit the
-    target's vector registers is scored by `tile_cycles`; ties go to fewer tile shapes (each
+    target's vector registers (on AVX-512, every single-vector tile of at most
+    `FOLDED_POSITIONS` positions) is scored by `tile_cycles`; ties go to fewer tile shapes (each
     edge tile is code of its own: 2 x 7 tiles over a 7 x 7 plane compiled 0.4 s slower than
     1 x 7 and ran no faster), then more accumulators (fewer loads of the weights), then
     fewer rows."""
     lanes = max(info.vector_bytes // itemsize, 1)
     regs = info.vector_registers
+    folded = info.vector_bytes >= 64  # AVX-512: single-vector tiles (`FOLDED_POSITIONS`)
     shapes = [DirectTile(rows, cols, nv, lanes)
-              for nv in range(1, 5) for rows in range(1, min(oh, TILE_ROWS) + 1)
-              for cols in range(1, ow + 1)
-              if rows * cols * nv + reserved_registers(nv) <= regs]  # fmt: skip
+              for nv in ((1,) if folded else range(1, 5))
+              for rows in range(1, min(oh, TILE_ROWS) + 1) for cols in range(1, ow + 1)
+              if (rows * cols <= FOLDED_POSITIONS if folded
+                  else rows * cols * nv + reserved_registers(nv) <= regs)]  # fmt: skip
 
     def score(t: DirectTile) -> tuple[float, int, int, int]:
         edges = len(_tiles(oh, t.rows)) * len(_tiles(ow, t.cols))
@@ -145,11 +159,14 @@ def emit_direct(
     out: Buf,
     units: tuple[ir.Value, ir.Value],
     fn: Epilogue | None,
+    stage: NormStage | None = None,
 ) -> None:
-    """The units [lo, hi) (`direct_units`) of a group of images: out = fn(W patches + bias)
-    with `params` = (W^T packed as `pack_panels(W^T, tile.nr)`, bias padded to whole
-    blocks). Each unit runs over every image of the group, so a block's weights are read
-    from memory once per group, not once per image (512 -> 512 on 7 x 7: 9.4 MB)."""
+    """The units [lo, hi) (`direct_units`) of a group of images: out = fn(stage(W patches +
+    bias)) (`stage`: the per-channel maps `reductions.NormStage` applies, here to the
+    accumulators, vectors of channels, before they are transposed) with
+    `params` = (W^T packed as `pack_panels(W^T, tile.nr)`, bias padded to whole blocks).
+    Each unit runs over every image of the group, so a block's weights are read from memory
+    once per group, not once per image (512 -> 512 on 7 x 7: 9.4 MB)."""
     b, lanes, nr = k.b, tile.lanes, tile.nr
     (oh, ow), cout, extent, taps = plane.out_sp, plane.cout, plane.extent, plane.taps
     row_tiles = -(-oh // tile.rows)
@@ -182,6 +199,12 @@ def emit_direct(
         mk = MicroKernel(positions, tile.nv, lanes, 0)
         packed_tile(k, mk, positions, a_at, b_at, k.i64(plane.depth), lambda r, v: zero, finish)
         for v in range(tile.nv):
+            if stage is not None:  # the bias, then the maps, on vectors of channels
+                c0 = b.add(b.mul(block, k.i64(nr)), k.i64(v * lanes))
+                shift = b.load(b.bitcast(k.at(bias, c0), vec.as_pointer()), align=k.dtype.itemsize)
+                operands = stage.channels(c0, vec)  # once for the tile's positions
+                for r in range(positions):
+                    accs[r, v] = stage.apply(b.fadd(accs[r, v], shift), operands)
             for g in range(0, positions, lanes):
                 group = [accs.get((g + lane, v), zero) for lane in range(lanes)]
                 for c, value in enumerate(_transpose(k, group)):
@@ -193,7 +216,8 @@ def emit_direct(
                                    else ir.Constant(I1, 1)):  # fmt: skip
                         _store_positions(k, out, value, first, (oy, ox), (g, width,
                                          min(positions, g + lanes)), (oh, ow),
-                                         k.load(bias, oc), fn)  # fmt: skip
+                                         None if stage is not None else k.load(bias, oc),
+                                         fn)  # fmt: skip
 
     def row_of_tiles(block: ir.Value, oy: ir.Value, height: int) -> None:
         whole = ow // tile.cols
@@ -242,14 +266,15 @@ def _store_positions(
     corner: tuple[ir.Value, ir.Value],
     lanes_at: tuple[int, int, int],
     extents: tuple[int, int],
-    bias: ir.Value,
+    bias: ir.Value | None,
     fn: Epilogue | None,
 ) -> None:
     """Store the tile positions [first, end) (`lanes_at` = (first, width, end)) of one output
     channel: lane l of `value` is position first + l, row-major in a tile `width` wide whose
     corner is `corner` = (oy, ox) of output plane `plane` (of `extents`), stored after adding
-    `bias` and applying `fn` (the fused epilogue, its operands read at the same lanes:
-    `store_lanes`): one store per tile row the lanes reach, of that row's lanes."""
+    `bias` (None: added already) and applying `fn` (the fused epilogue, its operands read at
+    the same lanes: `store_lanes`): one store per tile row the lanes reach, of that row's
+    lanes."""
     b, lanes = k.b, value.type.count
     (oy, ox), (first, width, end), (oh, ow) = corner, lanes_at, extents
     row0 = b.add(b.mul(b.add(b.mul(plane, k.i64(oh)), oy), k.i64(ow)), ox)
@@ -260,4 +285,6 @@ def _store_positions(
         at = b.add(row0, k.i64(dy * ow + first - dy * width))
         within = [lo <= j < hi for j in range(lanes)]
         stores.append((at, None if all(within) else ir.Constant(ir.VectorType(I1, lanes), within)))
-    store_lanes(k, b.fadd(value, splat(k, value.type, bias)), out, stores, fn)
+    if bias is not None:
+        value = b.fadd(value, splat(k, value.type, bias))
+    store_lanes(k, value, out, stores, fn)

@@ -45,6 +45,7 @@ from tlc.codegen.lower.conv_direct import (
 )
 from tlc.codegen.lower.elementwise import epilogue
 from tlc.codegen.lower.layout import gather
+from tlc.codegen.lower.reductions import norm_stage
 from tlc.codegen.lower.rules import ParamSpec, Step, balanced_parts, register
 from tlc.codegen.lower.windows import NSW, Axis, Combine, Window, each_tap, scatter_taps, zero
 from tlc.codegen.target import TargetInfo
@@ -541,6 +542,7 @@ def _conv_direct(k: KernelBuilder, s: Step, f: ConvFrame, tile: DirectTile) -> N
     units = s.part_range(k, direct_units(tile, out_sp, f.cout))
     taps = k.global_constant("taps", f.tap_table(), I32)
     staging = Buf(s.scratch.ptr, (group * f.cin, f.staged_plane))
+    stage = norm_stage(k, s, f.cout, -(-f.cout // tile.nr) * tile.nr)
     rows = None
     if f.staged and s.parts > 1 and f.lead == 1:
         e_lo, e_hi, i_lo, i_hi = f.stage_rows(k, *unit_rows(k, tile, units, out_sp))
@@ -561,7 +563,7 @@ def _conv_direct(k: KernelBuilder, s: Step, f: ConvFrame, tile: DirectTile) -> N
         plane = DirectPlane(source, base, step, images, f.extents[-1], taps, f.depth,
                             b.mul(b0, k.i64(f.cout)), out_sp, f.cout)  # fmt: skip
         emit_direct(k, tile, plane, (s.params["weight"], s.params["bias"]), s.out, units,
-                    epilogue(k, s))  # fmt: skip
+                    epilogue(k, s), stage)  # fmt: skip
 
 
 def _direct_images(f: ConvFrame) -> int:
@@ -756,6 +758,7 @@ def _conv(k: KernelBuilder, s: Step) -> None:
     assert s.scratch is not None
     f = ConvFrame.of(s.node, x.shape, out.shape)
     if _depthwise(f):
+        assert not s.maps, "module.norm_stores leaves depthwise convolutions alone"
         _conv_depthwise(k, s, f)
         return
     direct = _direct_tile(k.info, k.dtype.itemsize, f) if s.packed else None
@@ -848,6 +851,7 @@ def _conv_product(k: KernelBuilder, s: Step, f: ConvFrame, parts: int) -> None:
     w, bias = s.params["weight"], s.params["bias"]
     tiles_m = -(-f.cout_g // mk.mr)
     fn = epilogue(k, s)
+    stage = norm_stage(k, s, f.cout)
     vec = ir.VectorType(k.T, mk.lanes)
     # Whole vectors of columns never straddle two output planes: plain stores.
     aligned = P % mk.lanes == 0
@@ -955,28 +959,43 @@ def _conv_product(k: KernelBuilder, s: Step, f: ConvFrame, parts: int) -> None:
                 """Whether every column of panel jp lies before the image's last column."""
                 return b.icmp_signed("<=", column(jp, k.i64(mk.nv)), valid)
 
-            def finish(oc: ir.Value, jp: ir.Value, v: int, acc: ir.Value) -> None:
-                channel = b.add(b.mul(g, k.i64(f.cout_g)), oc)
-                value = b.fadd(acc, splat(k, vec, k.load(bias, channel)))
+            def put(channel: ir.Value, jp: ir.Value, v: ir.Value, value: ir.Value) -> None:
+                """Store vector v of panel jp's row of output channel `channel`."""
                 if wide:
-                    _store_columns(k, f, out, value, b0, channel, column(jp, k.i64(v)), valid,
-                                   fn, wide=True)  # fmt: skip
+                    _store_columns(k, f, out, value, b0, channel, column(jp, v), valid, fn,
+                                   wide=True)  # fmt: skip
                 elif aligned:
-                    lanes = [(_plane_offset(k, f, b0, channel, column(jp, k.i64(v))), None)]
+                    lanes = [(_plane_offset(k, f, b0, channel, column(jp, v)), None)]
                     if P % mk.nr == 0:  # every panel is whole: no column past `valid`
                         store_lanes(k, value, out, lanes, fn)
                     else:
-                        with b.if_then(b.icmp_signed("<", column(jp, k.i64(v)), valid)):
+                        with b.if_then(b.icmp_signed("<", column(jp, v), valid)):
                             store_lanes(k, value, out, lanes, fn)
-                else:  # stored (and the epilogue applied) by `after`, once per tile
+                else:
+                    _store_columns(k, f, out, value, b0, channel, column(jp, v), valid, fn)
+
+            def finish(oc: ir.Value, jp: ir.Value, v: int, acc: ir.Value) -> None:
+                channel = b.add(b.mul(g, k.i64(f.cout_g)), oc)
+                value = b.fadd(acc, splat(k, vec, k.load(bias, channel)))
+                if stage is None and (wide or aligned):
+                    put(channel, jp, k.i64(v), value)
+                else:  # stored (the maps and the epilogue applied) by `after`, once per tile
                     slot = b.add(b.mul(b.urem(oc, k.i64(mk.mr)), k.i64(mk.nv)), k.i64(v))
                     b.store(value, b.gep(tile, [k.i64(0), slot], inbounds=True))
 
             def after(row: ir.Value, jp: ir.Value, rows: int) -> None:
-                with k.loop(rows, "r") as r, k.loop(mk.nv, "v") as v:
-                    value = b.load(b.gep(tile, [k.i64(0), b.add(b.mul(r, k.i64(mk.nv)), v)]))
-                    channel = b.add(b.mul(g, k.i64(f.cout_g)), b.add(row, r))
-                    _store_columns(k, f, out, value, b0, channel, column(jp, v), valid, fn)
+                """The tile's rows from the stack: a row's maps' operands read once for its
+                vectors, and one copy of the stores for all of them (the maps at every store
+                site made each function 280 lines longer). Without maps, the IR of before."""
+
+                def channel(r: ir.Value) -> ir.Value:
+                    return b.add(b.mul(g, k.i64(f.cout_g)), b.add(row, r))
+
+                with k.loop(rows, "r") as r:
+                    operands = stage.of(channel(r), vec) if stage is not None else []
+                    with k.loop(mk.nv, "v") as v:
+                        value = b.load(b.gep(tile, [k.i64(0), b.add(b.mul(r, k.i64(mk.nv)), v)]))
+                        put(channel(r), jp, v, stage.apply(value, operands) if stage else value)
 
             def partial(row: ir.Value, jp: ir.Value, v: int) -> ir.Value:
                 at = b.mul(b.add(b.mul(jp, k.i64(tiles_m * mk.mr)), row), k.i64(mk.nr))
@@ -989,7 +1008,7 @@ def _conv_product(k: KernelBuilder, s: Step, f: ConvFrame, parts: int) -> None:
                     k, mk, m=f.cout_g,
                     klen=b.select(b.icmp_signed("<", left_k, k.i64(kc)), left_k, k.i64(kc)),
                     a_at=a_at, b_at=b_at, panels=panels, finish=finish,
-                    after=None if aligned or wide else after,
+                    after=None if stage is None and (aligned or wide) else after,
                     partial=partial if blocked else None,
                     first=b.icmp_signed("==", pc, k.i64(0)),
                     last=b.icmp_signed("<=", left_k, k.i64(kc)), tiles=share,
@@ -1009,7 +1028,9 @@ def _conv_transposed(k: KernelBuilder, s: Step, f: ConvFrame, mk: MicroKernel, p
     fn = epilogue(k, s)
     # A fused map reading operands is applied as the product is written out (where they
     # are), others in the tiles (vectors, where the copy out is scalar): the same bits.
-    late = s.fused is not None and bool(s.fused.operands)
+    # So are a batch norm and the maps after it (`Step.maps`), by output channel.
+    stage = norm_stage(k, s, f.cout)
+    late = (s.fused is not None and bool(s.fused.operands)) or stage is not None
     rows = f.lead * f.positions
     product = Buf(s.scratch.ptr, (rows * f.cout,))
     packed = Buf(k.at(s.scratch, product.size), (linear_scratch(rows, f.depth),))
@@ -1043,8 +1064,9 @@ def _conv_transposed(k: KernelBuilder, s: Step, f: ConvFrame, mk: MicroKernel, p
         first_row = b.mul(img, k.i64(f.positions))
         with k.loop(f.positions, "pos") as pos:
             at = b.add(b.mul(b.add(first_row, pos), k.i64(f.cout)), oc)
-            store_lanes(k, k.load(product, at), out, [(b.add(plane, pos), None)],
-                        fn if late else None)  # fmt: skip
+            value = k.load(product, at)
+            store_lanes(k, stage(value, oc) if stage is not None else value, out,
+                        [(b.add(plane, pos), None)], fn if late else None)  # fmt: skip
 
 
 def _column_bases(f: ConvFrame, images: int, nc: int, chunk: int, image: int) -> np.ndarray:

@@ -12,6 +12,7 @@ import numpy as np
 from llvmlite import ir
 
 from tlc.codegen.builder import I8, Buf, KernelBuilder
+from tlc.codegen.gemm import splat
 from tlc.codegen.lower.elementwise import MAPS, epilogue
 from tlc.codegen.lower.layout import split
 from tlc.codegen.lower.rules import ParamSpec, Step, register
@@ -215,24 +216,104 @@ def _batch_norm_params(node: NodeOp, parents: list[Shape], out: Shape) -> dict[s
     return {**per_channel, "eps": ParamSpec((), 1e-5)}
 
 
+def _norm_scale(k: KernelBuilder, p: dict[str, Buf], prefix: str, c: ir.Value) -> ir.Value:
+    """Channel c's gamma / sqrt(var + eps) of the batch norm whose fields are `prefix` + name."""
+    eps = k.load(p[f"{prefix}eps"], 0)
+    var = k.b.fadd(k.load(p[f"{prefix}var"], c), eps)
+    return k.b.fdiv(k.load(p[f"{prefix}gamma"], c), k.intrinsic("sqrt", var))
+
+
+def _normalise(k: KernelBuilder, x: ir.Value, mean: ir.Value, scale: ir.Value,
+               beta: ir.Value) -> ir.Value:  # fmt: skip
+    """(x - mean) * scale + beta: a batch norm's value (scalars or vectors alike)."""
+    return k.b.fadd(k.b.fmul(k.b.fsub(x, mean), scale), beta)
+
+
 @register(ops.BatchNormEvalOp, params=_batch_norm_params, fuses=True)
 def _batch_norm_eval(k: KernelBuilder, s: Step) -> None:
     """(x - mean) * (gamma / sqrt(var + eps)) + beta per channel, then the per-channel maps
     (`Step.maps`) and the fused epilogue, each as its own node computes it, in one pass."""
     x, out, p = s.args[0], s.out, s.params
     pre, channels, post = split(x.shape, s.node.meta("channel_axis"))
-    eps = k.load(p["eps"], 0)
     then = epilogue(k, s)
     with k.loop(pre, "p") as i, k.loop(channels, "c") as c:
-        scale = k.b.fdiv(
-            k.load(p["gamma"], c), k.intrinsic("sqrt", k.b.fadd(k.load(p["var"], c), eps))
-        )
+        scale = _norm_scale(k, p, "", c)
         mean, beta = k.load(p["mean"], c), k.load(p["beta"], c)
         operands = [k.load(p[f"map{j}"], c) for j in range(len(s.maps))]
         base = k.b.mul(k.b.add(k.b.mul(i, k.i64(channels)), c), k.i64(post))
         with k.loop(post, "q") as q:
             at = k.b.add(base, q)
-            y = k.b.fadd(k.b.fmul(k.b.fsub(k.load(x, at), mean), scale), beta)
+            y = _normalise(k, k.load(x, at), mean, scale, beta)
             for node, operand in zip(s.maps, operands, strict=True):
                 y = MAPS[type(node)](k, node, y, operand)
             k.store(then(y, lambda b: k.load(b, at)) if then is not None else y, out, at)
+
+
+class NormStage:
+    """The maps `Step.maps` of a producer that applies a batch norm and the per-channel maps
+    after it as it stores (`module.norm_stores`: a convolution's), each as its own kernel
+    computes it, so the bits are the unfused graph's: called as (value, channel) -> value on
+    a scalar or a vector of one channel, or `apply(value, operands)` with the operands read
+    once for many values: one channel's (`of`) or those of consecutive channels
+    (`channels`). The batch norm's fields are params `map0.<field>`,
+    map j's operand param `map{j}`; once per call, the batch norm's mean, scale gamma /
+    sqrt(var + eps) and beta and the maps' operands are copied into tables on the stack,
+    zero past the channels up to `padded` (whole vectors of channels read there)."""
+
+    def __init__(self, k: KernelBuilder, s: Step, channels: int, padded: int) -> None:
+        assert isinstance(s.maps[0], ops.BatchNormEvalOp)
+        p, b = s.params, k.b
+        self.k, self.maps = k, s.maps[1:]
+        sources = ["map0.mean", "map0.beta", *(f"map{j}" for j in range(1, len(s.maps)))]
+        tables = []
+        with b.goto_block(k.alloca_block):
+            for name in ["scale", *sources]:
+                slots = b.alloca(ir.ArrayType(k.T, padded), name=f"norm_{name}")
+                tables.append(Buf(b.bitcast(slots, k.T.as_pointer()), (padded,)))
+        self.scale, self.mean, self.beta, *self.operands = tables
+        with k.loop(channels, "c") as c:
+            k.store(_norm_scale(k, p, "map0.", c), self.scale, c)
+            for name, table in zip(sources, tables[1:], strict=True):
+                k.store(k.load(p[name], c), table, c)
+        if padded > channels:
+            with k.loop(padded, "c", start=channels) as c:
+                for table in tables:
+                    k.store(k.const(0), table, c)
+
+    @property
+    def tables(self) -> list[Buf]:
+        """mean, scale, beta and the maps' operands: what `apply` takes, in that order."""
+        return [self.mean, self.scale, self.beta, *self.operands]
+
+    def apply(self, value: ir.Value, operands: list[ir.Value]) -> ir.Value:
+        """`value` through the batch norm and the maps, with `operands` read from `tables`
+        (each of value's type: `of` reads one channel's once for all of its vectors)."""
+        mean, scale, beta, *rest = operands
+        y = _normalise(self.k, value, mean, scale, beta)
+        for node, operand in zip(self.maps, rest, strict=True):
+            y = MAPS[type(node)](self.k, node, y, operand)
+        return y
+
+    def of(self, channel: ir.Value, kind: ir.Type) -> list[ir.Value]:
+        """Channel `channel`'s operands for `apply` on values of type `kind` (a scalar or a
+        vector of one channel, splat)."""
+        values = [self.k.load(table, channel) for table in self.tables]
+        if isinstance(kind, ir.VectorType):
+            return [splat(self.k, kind, x) for x in values]
+        return values
+
+    def __call__(self, value: ir.Value, channel: ir.Value) -> ir.Value:
+        return self.apply(value, self.of(channel, value.type))
+
+    def channels(self, first: ir.Value, kind: ir.VectorType) -> list[ir.Value]:
+        """The operands for `apply` on vectors of type `kind` of the consecutive channels
+        from `first` (the tables are padded to whole vectors)."""
+        b, align = self.k.b, self.k.dtype.itemsize
+        return [b.load(b.bitcast(self.k.at(table, first), kind.as_pointer()), align=align)
+                for table in self.tables]  # fmt: skip
+
+
+def norm_stage(k: KernelBuilder, s: Step, channels: int, padded: int = 0) -> NormStage | None:
+    """The `NormStage` of `s.maps` over `channels` output channels (its tables `padded` long
+    when longer), its tables filled here; None: no maps."""
+    return NormStage(k, s, channels, max(channels, padded)) if s.maps else None
