@@ -15,9 +15,9 @@ tasks (the balance), and the modelled call (the busiest threads plus the rest of
 runs on the calling thread: serial nodes, the clock reads); then what the runtime's taking from
 each other's ranges changes, simulated on each part's time alone. Each task's time, and the
 rest's, is its minimum over `--calls` calls. Then the `--top` regions whose busiest thread loses
-most against an even share. The model leaves out what two threads share: the L3
-cache and the memory bandwidth. docs/codegen.md ("One range of parts per thread") gives figures.
-Needs torchvision (see tests/torchvision_models.py).
+most against an even share. The model leaves out what two threads share: the L3 cache and the
+memory bandwidth. docs/threads-memory.md ("One range of parts per thread") gives figures. Needs
+torchvision (see tests/torchvision_models.py).
 """
 
 from __future__ import annotations

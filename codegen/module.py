@@ -1045,7 +1045,7 @@ class _NodeEmitter:
         rows, re-packed blocks) and computes the same bytes (each output element's sums are
         the same products in the same order, whatever the part that computes it). One
         function serves both: a whole-kernel variant of its own doubled the LLVM work of
-        every split node (see docs/codegen.md, "Compile time")."""
+        every split node (see docs/performance.md, "Compile time")."""
         assert p.kernel is not None
         b = self.k.b
         kernel = self.kernel(p, p.kernel, params, p.scratch)

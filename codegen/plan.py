@@ -414,7 +414,7 @@ def row_runs(plans: list[NodePlan]) -> None:
     with other chunks (squeezenet's squeezes and pools, in chunks of 2 rows) is re-planned
     as tasks of one row when every node of it can be (`_one_row_tasks`): squeezenet1_0 at
     batch 16 is then one run from the stem to the classifier instead of 18 runs of 1-3
-    nodes broken at each fire module (see docs/codegen.md, "Threads and memory")."""
+    nodes broken at each fire module (see docs/threads-memory.md)."""
     current: list[NodePlan] = []
 
     def close() -> None:

@@ -1,8 +1,8 @@
 /* The runtime of tlc-compiled code: a thread pool, the thread-count setting and a cache of
  * workspace arenas. Compiled into every library tlc-compile writes (its internal functions
  * hidden, so two libraries in one process each keep their own pool), and built once as a
- * helper shared object for the JIT (TLC_RT_EXPORT: every function visible). docs/codegen.md
- * ("Threads and memory") describes how generated code uses it.
+ * helper shared object for the JIT (TLC_RT_EXPORT: every function visible).
+ * docs/threads-memory.md describes how generated code uses it.
  *
  * State, all of it here, each piece behind its own mutex (the pool's region word is atomic):
  *   - the thread count new calls use (tlc_set_num_threads; default: the CPUs this process may

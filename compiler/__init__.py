@@ -168,7 +168,7 @@ def compile(
     baked into the code. `batch=N` maps a single-example graph over a leading axis of N.
     `target_cpu`, `target_features` and `target_triple` choose the code (default: this CPU); a
     target this machine cannot run is refused. `threads` (default: every CPU this process may
-    use) runs the parallel regions; results are identical for any count. See docs/codegen.md.
+    use) runs the parallel regions; results are identical for any count. See docs/threads-memory.md.
     """
     from tlc.api.evaluate import choose, quoting, scalar_type
     from tlc.codegen.jit import compile_graph

@@ -167,10 +167,10 @@ def test_tlc_compile_with_an_embedded_payload(
 
 
 def test_the_docs_compile_time_commands_run() -> None:
-    """docs/codegen.md's resnet_2b command with the payload by pointer, as written (the
+    """docs/threads-memory.md's resnet_2b command with the payload by pointer, as written (the
     others differ only in the bake limit or the model, and vgg11's takes half a minute)."""
     root = Path(__file__).parent.parent
-    text = (root / "docs" / "codegen.md").read_text(encoding="utf-8")
+    text = (root / "docs" / "threads-memory.md").read_text(encoding="utf-8")
     commands = [line.split() for line in text.splitlines()
                 if line.startswith("python bench/compile_time.py")]  # fmt: skip
     assert len(commands) == 3

@@ -1,5 +1,5 @@
-"""Fusion into a producer's stores and max pooling's fold (docs/codegen.md, "Fusion and
-pooling").
+"""Fusion into a producer's stores and max pooling's fold (docs/kernel-design.md,
+"Fusion and pooling").
 
 A convolution or a linear layer followed by a residual add (of a value computed before it) and
 a relu writes relu(product + bias + shortcut) in one store (`module.fusions`, `Fused`): the
