@@ -155,6 +155,14 @@ def _fma(k: KernelBuilder, vec: ir.VectorType) -> ir.Function:
     return func or ir.Function(k.module, ir.FunctionType(vec, [vec, vec, vec]), name)
 
 
+def multiply_add(k: KernelBuilder, x: ir.Value, y: ir.Value, acc: ir.Value) -> ir.Value:
+    """acc + x * y (vectors) through `_fma`: one rounding wherever the target has FMA,
+    whatever code surrounds it. A `contract` fadd of an fmul leaves the choice to the
+    backend, which made it differently in two kernels around the same strip (a 1-ulp
+    difference between a fused and an unfused depthwise convolution's output)."""
+    return k.b.call(_fma(k, acc.type), [x, y, acc])
+
+
 def _reduce(k: KernelBuilder, vec: ir.VectorType) -> ir.Function:
     name = f"llvm.vector.reduce.fadd.v{vec.count}{'f32' if k.dtype.itemsize == 4 else 'f64'}"
     func = k.module.globals.get(name)

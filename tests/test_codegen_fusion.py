@@ -140,6 +140,20 @@ def test_every_store_path_fuses_the_residual_add(
     check_residual(monkeypatch, n, c, h, w, kernel, 1, depthwise, False, True, 5, target)
 
 
+@pytest.mark.parametrize(("c", "h", "seed"), [(6, 29, 0), (6, 29, 6), (13, 23, 0)])
+@pytest.mark.parametrize("cpu", ["host", "znver3", "x86-64-v2"])
+def test_a_fused_depthwise_flat_run_contracts_as_the_unfused_one(
+    monkeypatch: pytest.MonkeyPatch, c: int, h: int, seed: int, cpu: str
+) -> None:
+    """A depthwise 3x3 over an h x 1 plane runs flat (rows of 3 staged columns), its last
+    strip moved back over the one before: with the taps' multiply-adds left to the
+    backend's contraction, the unfused kernel (rows copied out of the stack buffer) got a
+    multiply and an add where the fused one got an FMA, 1 ulp apart at row 22 (found by
+    hypothesis); each multiply-add is now one `llvm.fmuladd`."""
+    target = HOST if cpu == "host" else runnable(cpu)
+    check_residual(monkeypatch, 1, c, h, 1, 3, 1, True, False, False, seed, target)
+
+
 def test_a_fused_block_has_the_same_bits_on_any_threads_and_batch() -> None:
     """The parts of a split convolution (batch 1, two threads) read the shortcut at the
     columns they store, and a batch of 3 runs the fused kernel over the batch (row tasks):

@@ -26,6 +26,7 @@ from tlc.codegen.gemm import (
     linear_scratch,
     load_vector,
     micro_kernel,
+    multiply_add,
     pack_panels,
     pad_to,
     product_cycles,
@@ -1249,7 +1250,7 @@ def _conv_depthwise(k: KernelBuilder, s: Step, f: ConvFrame) -> None:
 
             def fold(acc: ir.Value, tap: ir.Value, inputs: ir.Value) -> ir.Value:
                 weight = k.load(w, b.add(b.mul(channel, k.i64(taps)), tap))
-                return k.fadd_r(acc, k.fmul_r(splat(k, acc.type, weight), inputs))
+                return multiply_add(k, splat(k, acc.type, weight), inputs, acc)
 
             window_strips(k, f, plane, out, base, k.load(bias, channel), fold, None, 0.0,
                           k.fadd_r, epilogue=fn, block=depthwise_rows(k.info, taps))  # fmt: skip
@@ -1601,7 +1602,7 @@ def _depthwise_rows(k: KernelBuilder, s: Step, f: ConvFrame, fn: Epilogue | None
                 weight = splat(k, vec, weights[t_no])
                 for r in range(count):
                     value = inputs(r * sh + kh * dh, kw * dw)
-                    accs[r][c] = k.fadd_r(accs[r][c], k.fmul_r(weight, value))
+                    accs[r][c] = multiply_add(k, weight, value, accs[r][c])
             mask = None
             if masked and ow < lanes:
                 mask = lane_mask(k, vec, ir.Constant(I32, 0), b.trunc(b.sub(k.i64(ow), j), I32))
