@@ -292,7 +292,7 @@ def plan_graph(
     maps = maps or {}
     for producer, chain in maps.items():
         for node in chain:
-            if len(node.parent_ids()) == 1:  # a batch norm (`module.norm_stores`): a view
+            if isinstance(node, ops.BatchNormEvalOp):  # `module.norm_stores`: a view
                 fused_into[node.id] = producer
             else:
                 dead.update((node.id, node.parent_ids()[1]))

@@ -1421,7 +1421,7 @@ def window_strips(
         return
     if block > 1 and fast is None and rows > 1:
         _row_blocks(k, f, plane, out, base, (first, other), fold, finish, combine, epilogue,
-                    min(block, rows), first_tap, step, rounds, extra)  # fmt: skip
+                    min(block, rows), _unrolled_taps(first_tap, step, rounds, extra))  # fmt: skip
         return
     in_steps, out_steps = strides(f.extents), strides(win.out_sp)
     with k.nest(win.out_sp[:-1], "row") as index:
@@ -1441,26 +1441,21 @@ def _row_blocks(
     combine: Combine,
     epilogue: Epilogue | None,
     rows: int,
-    first_tap: list[int],
-    step: int,
-    rounds: int,
-    extra: int,
+    order: list[tuple[int, int]],
 ) -> None:
     """`window_strips` over blocks of `rows` output rows of a 2-D plane (the last block
     smaller), each strip one vector of positions of every row of the block (rows narrower
     than a vector: one masked strip each): the inputs that row r's tap t reads lie r * width
     + offset(t) after the block's first row's, so the taps of different rows reading the same
     vector share one load. The taps are folded into each row's chains in `window_strips`'
-    order."""
+    order (`order`, `_unrolled_taps`)."""
     b, win = k.b, f.window
     height, ow = win.out_sp
     width = f.extents[-1]
     lanes = max(k.info.vector_bytes // k.dtype.itemsize, 1)
     vec = ir.VectorType(k.T, lanes)
     offsets = [int(o) for o in f.tap_table()]
-    chains = len(first_tap)
-    order = [(r * step + first_tap[c], c) for r in range(rounds) for c in range(chains)]
-    order += [(rounds * step + first_tap[c], c) for c in range(extra)]
+    chains = len({c for _, c in order})
     n = min(ow, lanes)
     mask = None if n == lanes else lane_mask(k, vec, ir.Constant(I32, 0), ir.Constant(I32, n))
 
@@ -1490,8 +1485,27 @@ def _row_blocks(
                 store_lanes(k, finish(value) if finish is not None else value, out,
                             [(to, mask)], epilogue)  # fmt: skip
 
+    _each_row_block(k, height, rows, "rows", block)
+
+
+def _unrolled_taps(
+    first_tap: list[int], step: int, rounds: int, extra: int
+) -> list[tuple[int, int]]:
+    """The (tap, chain) pairs of `window_strips`' tap loop in its order, unrolled: round r
+    folds tap r * step + first_tap[c] into chain c, then each chain c < extra its one more
+    tap, rounds * step + first_tap[c]."""
+    chains = len(first_tap)
+    order = [(r * step + first_tap[c], c) for r in range(rounds) for c in range(chains)]
+    return order + [(rounds * step + first_tap[c], c) for c in range(extra)]
+
+
+def _each_row_block(
+    k: KernelBuilder, height: int, rows: int, name: str, block: Callable[[ir.Value, int], None]
+) -> None:
+    """block(first row, count) over a plane `height` rows tall in blocks of `rows` rows:
+    a loop over the whole blocks, then the last, shorter one (code of its own)."""
     whole = height // rows * rows
-    with k.loop(whole, "rows", step=rows) as r0:
+    with k.loop(whole, name, step=rows) as r0:
         block(r0, rows)
     if whole < height:
         block(k.i64(whole), height - whole)
@@ -1553,9 +1567,7 @@ def _depthwise_rows(k: KernelBuilder, s: Step, f: ConvFrame, fn: Epilogue | None
     vec, wide = ir.VectorType(k.T, lanes), ir.VectorType(k.T, lanes * sw)
     zeros = k.global_constant("zero_row", np.zeros(width, k.dtype))
     chains = min(CHAINS, win.taps)
-    rounds, extra = divmod(win.taps, chains)
-    order = [(r * chains + c, c) for r in range(rounds) for c in range(chains)]
-    order += [(rounds * chains + c, c) for c in range(extra)]
+    order = _unrolled_taps(list(range(chains)), chains, *divmod(win.taps, chains))
     rows = min(depthwise_rows(k.info, win.taps), height)
     strips, inner = -(-ow // lanes), _inner_strips(f, lanes)
     t_lo, t_hi = (inner.start, inner.stop) if inner else (0, 0)
@@ -1627,11 +1639,13 @@ def _depthwise_rows(k: KernelBuilder, s: Step, f: ConvFrame, fn: Epilogue | None
             weights = [k.load(w, b.add(b.mul(channel, k.i64(win.taps)), k.i64(t)))
                        for t in range(win.taps)]  # fmt: skip
             start = splat(k, vec, k.load(bias, channel))
-            whole = height // rows * rows
-            with k.loop(whole, "drows", step=rows) as r0:
-                block(plane, base, weights, start, r0, rows)
-            if whole < height:
-                block(plane, base, weights, start, k.i64(whole), height - whole)
+            _each_row_block(
+                k,
+                height,
+                rows,
+                "drows",
+                lambda r0, count: block(plane, base, weights, start, r0, count),
+            )
 
 
 def _conv_input_grad_scratch(node: NodeOp, parents: list[Shape], out: Shape) -> int:
