@@ -1545,6 +1545,38 @@ def _inner_strips(f: ConvFrame, lanes: int) -> range:
     return range(inside[0], inside[-1] + 1) if inside else range(0)
 
 
+def each_strip(
+    k: KernelBuilder, strips: int, inner: range, name: str, visit: Callable[[ir.Value, bool], None]
+) -> None:
+    """visit(strip, masked) for the `strips` strips of an output row read in place: the
+    `inner` ones (`_inner_strips`) unmasked, each group in a loop of its own, those at the
+    row's ends masked."""
+    t_lo, t_hi = (inner.start, inner.stop) if inner else (0, 0)
+    for first, end, masked in ((0, t_lo, True), (t_lo, t_hi, False), (t_hi, strips, True)):
+        if end > first:
+            with k.loop(end, name, start=first) as t:
+                visit(t, masked)
+
+
+def row_inputs(
+    k: KernelBuilder,
+    wide: ir.VectorType,
+    ptr: ir.Value,
+    start: ir.Value,
+    width: int,
+    masked: bool,
+    outside: ir.Value | None = None,
+) -> ir.Value:
+    """The `wide` consecutive inputs at `ptr`, column `start` (it may be negative) of an
+    input row `width` long; `masked`: only the columns inside the row are read, the others
+    zero (or `outside`'s lanes)."""
+    if not masked:
+        return load_vector(k, wide, ptr, wide.count)
+    b = k.b
+    keep = lane_mask(k, wide, b.trunc(b.neg(start), I32), b.trunc(b.sub(k.i64(width), start), I32))
+    return load_vector(k, wide, ptr, wide.count, keep, outside)
+
+
 def _depthwise_rows(k: KernelBuilder, s: Step, f: ConvFrame, fn: Epilogue | None) -> None:
     """A depthwise convolution read in place: no staged copy of the input plane. Per output
     channel, blocks of `depthwise_rows` output rows in strips of one vector, as
@@ -1570,7 +1602,6 @@ def _depthwise_rows(k: KernelBuilder, s: Step, f: ConvFrame, fn: Epilogue | None
     order = _unrolled_taps(list(range(chains)), chains, *divmod(win.taps, chains))
     rows = min(depthwise_rows(k.info, win.taps), height)
     strips, inner = -(-ow // lanes), _inner_strips(f, lanes)
-    t_lo, t_hi = (inner.start, inner.stop) if inner else (0, 0)
 
     def block(plane: ir.Value, base: ir.Value, weights: list[ir.Value], start: ir.Value,
               r0: ir.Value, count: int) -> None:  # fmt: skip
@@ -1597,11 +1628,7 @@ def _depthwise_rows(k: KernelBuilder, s: Step, f: ConvFrame, fn: Epilogue | None
                 if at not in loaded:
                     c0 = b.add(col, k.i64(at[1]))
                     ptr = b.gep(in_rows[i], [c0])  # may point before the row: masked
-                    keep = None
-                    if masked:
-                        keep = lane_mask(k, wide, b.trunc(b.neg(c0), I32),
-                                         b.trunc(b.sub(k.i64(width), c0), I32))  # fmt: skip
-                    loaded[at] = load_vector(k, wide, ptr, lanes * sw, keep)
+                    loaded[at] = row_inputs(k, wide, ptr, c0, width, masked)
                 if (i, off) not in picked:
                     whole = loaded[at]
                     picked[i, off] = stride_phase(k, whole, sw, off % sw) if sw > 1 else whole
@@ -1625,10 +1652,7 @@ def _depthwise_rows(k: KernelBuilder, s: Step, f: ConvFrame, fn: Epilogue | None
                 to = b.add(base, b.add(b.mul(b.add(r0, k.i64(r)), k.i64(ow)), j))
                 store_lanes(k, value, out, [(to, mask)], fn)
 
-        for first, end, masked in ((0, t_lo, True), (t_lo, t_hi, False), (t_hi, strips, True)):
-            if end > first:
-                with k.loop(end, "dstrip", start=first) as t:
-                    strip(t, masked)
+        each_strip(k, strips, inner, "dstrip", strip)
 
     g_lo, g_hi = s.part_range(k, f.groups)
     with k.loop(f.lead, "lead") as lead, k.loop(g_hi, "g", start=g_lo) as g:

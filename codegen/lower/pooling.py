@@ -5,7 +5,6 @@ and their gradients (the cotangent scattered back over each window's taps).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from llvmlite import ir
@@ -17,7 +16,7 @@ from tlc.codegen.gemm import (
     store_lanes,
     stride_phase,
 )
-from tlc.codegen.lower.convolution import ConvFrame, Fast, window_strips
+from tlc.codegen.lower.convolution import ConvFrame, Fast, each_strip, row_inputs, window_strips
 from tlc.codegen.lower.rules import Step, register
 from tlc.codegen.lower.windows import (
     Axis,
@@ -196,7 +195,7 @@ def _max_pool_rows(k: KernelBuilder, s: Step, larger: Combine, exact: Combine) -
     # Strip t needs no mask when every tap's `lanes * sw` inputs lie inside its row.
     inside = [t for t in range(strips) if t * lanes * sw >= pw and (t + 1) * lanes <= ow
               and t * lanes * sw - pw + kw_n - 1 + lanes * sw <= w]  # fmt: skip
-    t_lo, t_hi = (inside[0], inside[-1] + 1) if inside else (0, 0)
+    inner = range(inside[0], inside[-1] + 1) if inside else range(0)
 
     carry = kh_n - sh == 1  # a window's last row is the next one's first (3x3 stride 2)
     no_nan = ir.Constant(ir.VectorType(I1, lanes), None)
@@ -209,12 +208,7 @@ def _max_pool_rows(k: KernelBuilder, s: Step, larger: Combine, exact: Combine) -
         with k.loop(kw_n, "kw") as kw:
             start = b.add(col, kw)
             ptr = b.gep(x.ptr, [b.add(at_row, start)])  # may point before the row
-            if masked:
-                keep = lane_mask(k, wide, b.trunc(b.neg(start), I32),
-                                 b.trunc(b.sub(k.i64(w), start), I32))  # fmt: skip
-                inputs = load_vector(k, wide, ptr, lanes * sw, keep, outside)
-            else:
-                inputs = load_vector(k, wide, ptr, lanes * sw)
+            inputs = row_inputs(k, wide, ptr, start, w, masked, outside)
             if sw > 1:
                 inputs = stride_phase(k, inputs, sw)
             b.store(step(b.load(acc), inputs), acc)
@@ -232,13 +226,6 @@ def _max_pool_rows(k: KernelBuilder, s: Step, larger: Combine, exact: Combine) -
 
     def slots(t: ir.Value) -> tuple[ir.Value, ir.Value]:
         return b.gep(kept_rows, [k.i64(0), t]), b.gep(agains, [k.i64(0), t])
-
-    def strip_ranges(visit: Callable[[ir.Value, bool], None]) -> None:
-        """visit(t, masked) for every strip: masked ones only at the rows' ends."""
-        for first, end, masked in ((0, t_lo, True), (t_lo, t_hi, False), (t_hi, strips, True)):
-            if end > first:
-                with k.loop(end, "pstrip", start=first) as t:
-                    visit(t, masked)
 
     def window(x_base: ir.Value, out_base: ir.Value, oh: ir.Value, t: ir.Value,
                masked: bool) -> None:  # fmt: skip
@@ -298,9 +285,10 @@ def _max_pool_rows(k: KernelBuilder, s: Step, larger: Combine, exact: Combine) -
                 b.store(fold_row(x_base, col, masked, larger, first_nan), kept)
                 b.store(any_lane(b.load(first_nan)), again)
 
-        strip_ranges(begin)
+        each_strip(k, strips, inner, "pstrip", begin)
         with k.loop(oh_n, "orow") as oh:
-            strip_ranges(lambda t, masked: window(x_base, out_base, oh, t, masked))
+            each_strip(k, strips, inner, "pstrip",
+                       lambda t, masked: window(x_base, out_base, oh, t, masked))  # fmt: skip
 
 
 @register(ops.MaxPoolOp, parts=_pool_parts, scratch=_max_pool_scratch)
