@@ -464,24 +464,21 @@ def build_graph_module(
     target: Target = HOST,
     entry_name: str | None = None,
     queries: bool = True,
-    params_query: bool = True,
     profile: str | None = None,
 ) -> GraphModule:
-    """Check `graph` and its payload, and emit its module (see the module docstring) with
-    kernels shaped for `target`. `entry_name` renames the entry point and `queries=False` leaves
-    out the shape queries: a library holding one variant per CPU level calls its variants
-    through a dispatcher that owns the public names. `params_query=False` leaves out
-    `_params_size` of a runtime-payload module whose public entry takes no params (a library
-    embedding its payload): that query is how `tlc.load` tells which entries take params. A
-    graph with the batch extent `N` is compiled for `batch` rows (its `N` specialised,
-    tlc.dialect.batch). `profile` ("cpu" or "wall"): every node's computation adds the
-    nanoseconds it took, of the calling thread's CPU time or of wall time, to element `node
-    id` of the exported i64 array `<symbol>_profile` (`_Profile`; a measuring build,
+    """Check `graph` and its payload, and emit its module (see the module docstring) with kernels
+    shaped for `target`. `entry_name` renames the entry point and `queries=False` leaves out the
+    shape queries: a library calls its variants through a dispatcher that owns the public names,
+    the queries among them (`shared_lib.render_queries`: plain C, so they run on any CPU, not
+    only on the variant's). A graph with the batch extent `N` is compiled for `batch` rows (its
+    `N` specialised, tlc.dialect.batch). `profile` ("cpu" or "wall"): every node's computation
+    adds the nanoseconds it took, of the calling thread's CPU time or of wall time, to element
+    `node id` of the exported i64 array `<symbol>_profile` (`_Profile`; a measuring build,
     bench/real_networks.py --profile: its row regions are not merged into runs, so each node's
     time is its own). `bound_payload`: the fields are read from a params array as for
     `runtime_payload`, but laid out and packed as baked fields are (`bound_params`;
-    `GraphModule.bound` is that array), so the kernels take their packed paths: the JIT's
-    build for a payload over `BAKE_LIMIT`."""
+    `GraphModule.bound` is that array), so the kernels take their packed paths: the JIT's build
+    for a payload over `BAKE_LIMIT`."""
     if has_batch(graph):
         if batch is None:
             raise error(
@@ -611,7 +608,7 @@ def build_graph_module(
         _shape_query(module, f"{symbol}_output", full_out)
         scalar = ir.Function(module, ir.FunctionType(I32, []), f"{symbol}_scalar_size")
         ir.IRBuilder(scalar.append_basic_block()).ret(ir.Constant(I32, np.dtype(dtype).itemsize))
-    if slots is not None and queries and params_query:
+    if slots is not None and queries:
         size = ir.Function(module, ir.FunctionType(I64, []), f"{symbol}_params_size")
         ir.IRBuilder(size.append_basic_block()).ret(
             ir.Constant(I64, sum(numel(s.shape) for s in slots))

@@ -113,8 +113,7 @@ def build_library(
                     runtime_payload=runtime_payload or embed,
                     target=variant,
                     entry_name=variant_symbol(graph_symbol(g), variant),
-                    queries=i == len(variants) - 1,
-                    params_query=not embed,
+                    queries=False,
                 )  # fmt: skip
                 for i, variant in enumerate(variants)
             ]
@@ -140,6 +139,7 @@ def build_library(
         dispatch = os.path.join(tmp, "dispatch.c")
         with open(dispatch, "w", encoding="utf-8") as f:
             f.write(render_dispatcher(modules, variants, bound))
+            f.write(render_queries(public))
             f.write(render_metadata(public))
         modules = public
         command = [cc, "-shared", *RUNTIME_CFLAGS, "-o", output, dispatch, RUNTIME_SOURCE, *objects,
@@ -265,6 +265,30 @@ def render_dispatcher(
             lines.append(f"    case {i}: return {variant_symbol(s, v)}({names}, tlc_rt_threads());")
         lines += [f"    default: return {Status.UNSUPPORTED_CPU.value};", "    }", "}", ""]
     return "\n".join(lines)
+
+
+def render_queries(modules: Sequence[GraphModule]) -> str:
+    """C source of the public shape queries of `modules` (`_input_rank/_shape`,
+    `_output_rank/_shape`, `_scalar_size`, and `_params_size` of an entry taking params),
+    compiled with the dispatcher for this architecture's baseline. They are not taken from a
+    variant's object: that code is for the variant's CPU (a znver4 library's shape store is an
+    AVX move), and a caller asks the queries before, or whatever, the CPU check answers."""
+    lines = ["", "/* The shape queries: plain C, callable on any CPU of the architecture. */"]
+    for m in modules:
+        s = m.symbol
+        for which, shape in (("input", m.input_shape), ("output", m.output_shape)):
+            lines += [
+                f"int {s}_{which}_rank(void) {{ return {len(shape)}; }}",
+                f"int {s}_{which}_shape(int64_t *dims) {{",
+                f"    if (dims == NULL) return {Status.NULL_POINTER.value};",
+                *(f"    dims[{axis}] = {extent};" for axis, extent in enumerate(shape)),
+                "    return 0;",
+                "}",
+            ]
+        lines.append(f"int {s}_scalar_size(void) {{ return {m.dtype.itemsize}; }}")
+        if m.params is not None:
+            lines.append(f"int64_t {s}_params_size(void) {{ return {m.params_size}; }}")
+    return "\n".join(lines) + "\n"
 
 
 def library_metadata(modules: Sequence[GraphModule]) -> dict:

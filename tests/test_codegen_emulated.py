@@ -1,0 +1,127 @@
+"""Libraries on CPUs this machine is not: a C program (tests/c/run_library.c) runs them under
+qemu's user-mode emulator with another CPU model's CPUID (`qemu-x86_64 -cpu EPYC-Milan`: an
+AMD Zen 3, AVX2 without AVX-512; `Nehalem`: SSE4.2 only; `core2duo`: below x86-64-v2).
+
+What it shows that a test on the build machine cannot: the default library picks its variant by
+the CPU it runs on (on Zen 3 the x86-64-v3 code, on Nehalem the v2 code) and computes, bit for
+bit, what the library built for that level alone computes natively; a library built for one CPU
+(`--target-cpu znver4`) on a CPU without its features returns TLC_ERR_UNSUPPORTED_CPU, its check
+names the level it lacks, and it writes nothing. qemu's TCG emulates AVX2 and FMA (not
+AVX-512), so each variant runs its real instructions. Skipped where qemu-x86_64 is not
+installed (`.ci/run` installs Debian's qemu-user).
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_codegen_targets import needs_cc, needs_x86, runnable
+
+import tlc
+from tlc.codegen.shared_lib import build_library
+from tlc.codegen.target import Target
+
+torch = pytest.importorskip("torch")
+
+QEMU = shutil.which("qemu-x86_64")
+needs_qemu = pytest.mark.skipif(QEMU is None, reason="needs qemu-x86_64 (Debian's qemu-user)")
+pytestmark = [needs_x86, needs_cc, needs_qemu]
+DRIVER = Path(__file__).parent / "c" / "run_library.c"
+SYMBOL = "tlc_net"
+#: Each emulated CPU model, the variant the default library must pick on it (None: none).
+CPUS = {"EPYC-Milan": "x86-64-v3", "Nehalem": "x86-64-v2", "core2duo": None}
+
+
+def network() -> tuple[torch.nn.Module, torch.Tensor]:
+    """Kernels of every family at shapes with edges: a 3x3 convolution with padding and a batch
+    norm, a residual add, a max pool, a strided depthwise convolution, a 1x1 convolution, an
+    average pool and a linear layer, at batch 2."""
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.stem = torch.nn.Conv2d(3, 24, 3, padding=1)
+            self.norm = torch.nn.BatchNorm2d(24)
+            self.body = torch.nn.Conv2d(24, 24, 3, padding=1)
+            self.depthwise = torch.nn.Conv2d(24, 24, 3, stride=2, padding=1, groups=24)
+            self.pointwise = torch.nn.Conv2d(24, 40, 1)
+            self.head = torch.nn.Linear(40, 10)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = torch.relu(self.norm(self.stem(x)))
+            y = torch.relu(self.body(y) + y)
+            y = torch.nn.functional.max_pool2d(y, 2)
+            y = torch.relu(self.pointwise(self.depthwise(y)))
+            return self.head(torch.nn.functional.adaptive_avg_pool2d(y, 1).flatten(1))
+
+    torch.manual_seed(0)
+    net = Net().eval()
+    with torch.no_grad():  # batch statistics that are not the identity
+        net.norm.running_mean.uniform_(-0.5, 0.5)
+        net.norm.running_var.uniform_(0.5, 2.0)
+    return net, torch.randn(2, 3, 23, 29)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The driver, the input, and the network's libraries: `libdefault.so` (every level) and
+    one per single target."""
+    tmp = tmp_path_factory.mktemp("emulated")
+    subprocess.run(["cc", "-O1", "-Wall", "-Werror", "-o", tmp / "run_library", DRIVER, "-ldl"],
+                   check=True)  # fmt: skip
+    net, x = network()
+    traced = tlc.from_torch(net, x)
+    for name in ["default", "x86-64-v3", "x86-64-v2", "znver4"]:
+        target = None if name == "default" else Target(name)
+        path = str(tmp / f"lib{name}.so")
+        build_library([(traced.graph, traced.payload)], path, np.float32, target=target)
+    x.numpy().astype(np.float32).tofile(tmp / "x.bin")
+    with torch.no_grad():
+        np.save(tmp / "expected.npy", net(x).numpy())
+    return tmp
+
+
+def run(tmp: Path, library: str, cpu: str | None, threads: int = 2) -> tuple[str, np.ndarray]:
+    """The driver's line and the output of `library` run on `cpu` (None: this machine)."""
+    out = tmp / f"out-{library}-{cpu}-{threads}.bin"
+    command = [str(tmp / "run_library"), str(tmp / f"lib{library}.so"), SYMBOL, str(threads),
+               str(tmp / "x.bin"), str(out)]  # fmt: skip
+    if cpu is not None:
+        command = [str(QEMU), "-cpu", cpu, *command]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done
+    return done.stdout.strip(), np.fromfile(out, np.float32)
+
+
+@pytest.mark.parametrize("cpu", CPUS)
+def test_the_default_library_runs_the_variant_of_the_cpu_it_runs_on(built: Path, cpu: str) -> None:
+    line, got = run(built, "default", cpu)
+    variant = CPUS[cpu]
+    if variant is None:
+        assert line == "check 4 missing x86-64-v2 variant - status 4"
+        assert not got.any()  # nothing executed, nothing written
+        return
+    assert line == f"check 0 missing - variant {variant} status 0"
+    runnable(variant)
+    _, alone = run(built, variant, None)  # that level's library alone, on this machine
+    assert got.tobytes() == alone.tobytes()
+    expected = np.load(built / "expected.npy").ravel()
+    # float32 against PyTorch's float32: a few ulp of the largest output per layer
+    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-5 * np.abs(expected).max())
+
+
+def test_the_bits_are_the_same_on_one_and_two_emulated_threads(built: Path) -> None:
+    _, one = run(built, "default", "EPYC-Milan", threads=1)
+    _, two = run(built, "default", "EPYC-Milan", threads=2)
+    assert one.tobytes() == two.tobytes()
+
+
+@pytest.mark.parametrize("cpu", CPUS)
+def test_a_znver4_library_refuses_a_cpu_without_avx512(built: Path, cpu: str) -> None:
+    line, got = run(built, "znver4", cpu)
+    assert line == "check 4 missing x86-64-v4 variant - status 4"
+    assert not got.any()
