@@ -6,15 +6,17 @@ What it shows that a test on the build machine cannot: the default library picks
 the CPU it runs on (on Zen 3 the x86-64-v3 code, on Nehalem the v2 code) and computes, bit for
 bit, what the library built for that level alone computes natively; a library built for one CPU
 (`--target-cpu znver4`) on a CPU without its features returns TLC_ERR_UNSUPPORTED_CPU, its check
-names the level it lacks, and it writes nothing. qemu's TCG emulates AVX2 and FMA (not
-AVX-512), so each variant runs its real instructions. Skipped where qemu-x86_64 is not
-installed (`.ci/run` installs Debian's qemu-user).
+names the level it lacks, and it writes nothing; `tlc.load`, itself run under the emulated Zen 3,
+refuses that library with its message and runs the default one. qemu's TCG emulates AVX2 and
+FMA (not AVX-512), so each variant runs its real instructions. Skipped where qemu-x86_64 is
+not installed (`.ci/run` installs Debian's qemu-user).
 """
 
 from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -125,3 +127,37 @@ def test_a_znver4_library_refuses_a_cpu_without_avx512(built: Path, cpu: str) ->
     line, got = run(built, "znver4", cpu)
     assert line == "check 4 missing x86-64-v4 variant - status 4"
     assert not got.any()
+
+
+#: What the test below runs under the emulated Zen 3: tlc.load's answer for the znver4 library,
+#: then the default library's output through tlc.load (which first checks the metadata against
+#: the library's queries).
+LOAD_SCRIPT = """
+import sys
+import numpy as np
+import tlc
+from tlc.core.diagnostics import DiagnosticError
+tmp = sys.argv[1]
+try:
+    tlc.load(tmp + "/libznver4.so")
+except DiagnosticError as exc:
+    print(exc)
+x = np.fromfile(tmp + "/x.bin", np.float32).reshape(2, 3, 23, 29)
+tlc.load(tmp + "/libdefault.so")(x).tofile(tmp + "/out-load.bin")
+"""
+
+
+def test_tlc_load_refuses_a_znver4_library_on_zen3_and_runs_the_default_one(built: Path) -> None:
+    done = subprocess.run(
+        [str(QEMU), "-cpu", "EPYC-Milan", sys.executable, "-c", LOAD_SCRIPT, str(built)],
+        capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout == (
+        f"cannot load '{built}/libznver4.so': tlc_net was built for CPU features this machine "
+        "lacks (x86-64-v4); rebuild without --target-cpu/--target-features for a library that "
+        "runs on any x86-64 CPU\n"
+    )
+    runnable("x86-64-v3")
+    _, alone = run(built, "x86-64-v3", None)
+    assert np.fromfile(built / "out-load.bin", np.float32).tobytes() == alone.tobytes()
