@@ -16,6 +16,7 @@ import ctypes
 import json
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -167,10 +168,15 @@ class Library:
 
     def __init__(self, path: str, threads: int | None = None):
         self.path = os.path.abspath(path)
+        other = _foreign_machine(self.path)
+        if other is not None:
+            raise DiagnosticError.simple(f"cannot load '{path}': {other}")
         try:
             copy, directory = _private_copy(self.path)
             try:
                 self.lib = ctypes.CDLL(copy)
+            except OSError as exc:  # the loader's text names the copy: name the library
+                raise OSError(str(exc).replace(copy, self.path)) from None
             finally:
                 shutil.rmtree(directory, ignore_errors=True)  # the mapping outlives the file
         except OSError as exc:
@@ -364,6 +370,33 @@ def _malformed(path: str, what: str) -> DiagnosticError:
         f"cannot load '{path}': its {METADATA_SYMBOL} metadata is malformed ({what}); "
         "rebuild it with this tlc's tlc-compile"
     )
+
+
+#: ELF e_machine values of the architectures tlc builds for or might meet, by name.
+ELF_MACHINES = {3: "i386", 40: "arm", 62: "x86_64", 183: "aarch64", 243: "riscv64"}
+
+
+def _elf_machine(path: str) -> int | None:
+    """The e_machine field of the ELF file at `path`, or None for anything else."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(20)
+    except OSError:
+        return None
+    if len(head) < 20 or head[:4] != b"\x7fELF":
+        return None
+    return int.from_bytes(head[18:20], "little" if head[5] == 1 else "big")
+
+
+def _foreign_machine(path: str) -> str | None:
+    """Why the ELF file at `path` cannot load here when it is built for another architecture
+    than this Python (a library cross-compiled with --target-triple), else None: the dynamic
+    loader's own answer is "cannot open shared object file: No such file or directory"."""
+    found, here = _elf_machine(path), _elf_machine(sys.executable)
+    if found is None or here is None or found == here:
+        return None
+    name, host = (ELF_MACHINES.get(m, f"ELF machine {m}") for m in (found, here))
+    return f"it is a library for {name}, and this machine is {host}"
 
 
 def _private_copy(path: str) -> tuple[str, str]:

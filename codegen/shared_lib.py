@@ -9,6 +9,10 @@ an explicit target (`--target-cpu`, `--target-features`) there is exactly one va
 dispatcher returns TLC_ERR_UNSUPPORTED_CPU on a CPU lacking its features instead of executing
 illegal instructions; `tlc_g_cpu_check` says so up front and names the missing feature.
 
+Elsewhere (an AArch64 library, `--target-triple aarch64-linux-gnu`) there is one variant, for
+the `generic` CPU plus the features the kernel's HWCAP bits tell, which the dispatcher checks
+(`check_library_target`); such a library is linked by the cross compiler (`library_compiler`).
+
 Objects come from the same code path as the JIT (`tlc.codegen.target`) and are linked with the
 dispatcher by `cc -shared ... -lm` (the generated code calls libm's tanh, erf, log1p). The
 header declares, per graph, the entry point, its shape queries and CPU check, with the status
@@ -41,7 +45,7 @@ from tlc.codegen.module import (
 from tlc.codegen.objcache import object_codes
 from tlc.codegen.runtime import CFLAGS as RUNTIME_CFLAGS
 from tlc.codegen.runtime import SOURCE as RUNTIME_SOURCE
-from tlc.codegen.target import X86_LEVELS, Target, required_features
+from tlc.codegen.target import AARCH64_HWCAPS, X86_LEVELS, Target, required_features
 from tlc.core.diagnostics import DiagnosticError, error
 from tlc.core.payload import Payload
 from tlc.dialect.ops import GraphOp
@@ -88,14 +92,8 @@ def build_library(
                 graph,
             )
     variants = library_variants(target)
-    if variants[0].arch != Target().arch:
-        raise DiagnosticError.simple(
-            f"tlc-compile: cannot link a {variants[0].arch} library on this {Target().arch} "
-            "machine (no cross linker); tlc-opt --emit asm or --emit llvm emit code for it"
-        )
-    cc = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
-    if cc is None:
-        raise DiagnosticError.simple("tlc-compile: no C compiler (cc) found to link the library")
+    check_library_target(variants[0])
+    cc = library_compiler(variants[0])
     modules = []
     header = os.path.splitext(output)[0] + ".h"
     with tempfile.TemporaryDirectory(prefix="tlc-") as tmp:
@@ -130,7 +128,9 @@ def build_library(
             del built, jobs
             if embed:
                 objects.append(
-                    _weights_object(tmp, module.symbol, pack_params(g, p or Payload(), dtype))
+                    _weights_object(
+                        tmp, module.symbol, pack_params(g, p or Payload(), dtype), variants[0].arch
+                    )
                 )
                 bound.add(module.symbol)
             modules.append(module)
@@ -158,14 +158,38 @@ def build_library(
     return Built(output, header, tuple(modules))
 
 
-def _weights_object(tmp: str, symbol: str, params: np.ndarray) -> str:
+def library_compiler(target: Target) -> str:
+    """The C compiler that links a library for `target`: this machine's `cc` for its own
+    architecture, else a cross compiler named after the target's architecture, as GNU
+    toolchains are (`aarch64-linux-gnu-gcc`: Debian's gcc-aarch64-linux-gnu)."""
+    if target.arch == Target().arch:
+        found = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+        if found is None:
+            raise DiagnosticError.simple(
+                "tlc-compile: no C compiler (cc) found to link the library"
+            )
+        return found
+    names = [f"{target.triple}-gcc"] if target.triple else []
+    names += [f"{target.arch}-linux-gnu-gcc"]
+    for name in names:
+        found = shutil.which(name)
+        if found is not None:
+            return found
+    raise DiagnosticError.simple(
+        f"tlc-compile: cannot link a library for {target.arch} on this {Target().arch} machine: "
+        f"no cross compiler ({' or '.join(dict.fromkeys(names))}) on PATH; tlc-opt --emit asm "
+        "or --emit llvm emit code for it"
+    )
+
+
+def _weights_object(tmp: str, symbol: str, params: np.ndarray, arch: str) -> str:
     """An assembly file holding `params` as the symbol `<symbol>__weights`, in a large data
     section (x86-64's `.lrodata`, placed after everything else) that the dispatcher reaches
     through the GOT: no 32-bit offset spans the weights, however large."""
     data = os.path.join(tmp, f"{symbol}.weights")
     params.tofile(data)
-    large = ',"al"' if Target().arch == "x86_64" else ',"a"'
-    section = ".lrodata" if Target().arch == "x86_64" else ".rodata"
+    large = ',"al"' if arch == "x86_64" else ',"a"'
+    section = ".lrodata" if arch == "x86_64" else ".rodata"
     path = os.path.join(tmp, f"{symbol}.weights.s")
     with open(path, "w", encoding="utf-8") as f:
         f.write(
@@ -200,9 +224,11 @@ def render_dispatcher(
     `__builtin_cpu_supports`) and calls the best variant it can run. A graph of `bound` takes
     no params: its variants get the library's own copy (`<symbol>__weights`)."""
     needs = [required_features(v) for v in variants]
+    x86 = variants[0].arch == "x86_64"
     lines = [
         "#include <stddef.h>",
         "#include <stdint.h>",
+        *([] if x86 else ["#include <sys/auxv.h>"]),
         "",
         "/* runtime.c: the thread count calls use (tlc_set_num_threads). */",
         '__attribute__((visibility("hidden"))) int32_t tlc_rt_threads(void);',
@@ -229,12 +255,11 @@ def render_dispatcher(
             f"/* The first feature variant `i` of {s} needs that this CPU lacks, or NULL. */",
             f"static const char *{s}__lacks(int i) {{",
         ]
-        if any(needs):
+        if any(needs) and x86:
             lines.append("    __builtin_cpu_init();")
         for i, features in enumerate(needs):
             for feature in features:
-                lines.append(f'    if (i == {i} && !__builtin_cpu_supports("{feature}")) '
-                             f'return "{feature}";')  # fmt: skip
+                lines.append(f'    if (i == {i} && !{_supports(feature, x86)}) return "{feature}";')
         lines += [
             "    return NULL;",
             "}",
@@ -289,6 +314,40 @@ def render_queries(modules: Sequence[GraphModule]) -> str:
         if m.params is not None:
             lines.append(f"int64_t {s}_params_size(void) {{ return {m.params_size}; }}")
     return "\n".join(lines) + "\n"
+
+
+def _supports(feature: str, x86: bool) -> str:
+    """A C expression: this CPU has LLVM feature `feature` (`check_library_target` admits only
+    features it can check): CPUID through libgcc on x86-64, the kernel's HWCAP bits on
+    AArch64."""
+    if x86:
+        return f'__builtin_cpu_supports("{feature}")'
+    word, bits = AARCH64_HWCAPS[feature]
+    return f"((getauxval({word}) & {bits:#x}UL) == {bits:#x}UL)"
+
+
+def check_library_target(target: Target) -> None:
+    """Refuse a library target whose CPU requirements the library could not check when it
+    loads. On x86-64 CPUID tells every level and feature. Elsewhere a named CPU's extensions
+    are not known to tlc (LLVM implies them from the name), so a library is built for the
+    architecture's `generic` CPU, with the features AArch64's HWCAP bits tell
+    (`AARCH64_HWCAPS`)."""
+    if target.arch == "x86_64":
+        return
+    if target.cpu != "generic":
+        raise DiagnosticError.simple(
+            f"tlc-compile: a library for {target.arch} is built for --target-cpu generic: the "
+            f"extensions {target.cpu} implies cannot be checked when the library loads; name "
+            "them with --target-features (tlc-opt --emit asm shows code for any CPU)"
+        )
+    known = AARCH64_HWCAPS if target.arch == "aarch64" else {}
+    for flag in filter(None, target.features.split(",")):
+        if flag.startswith("+") and flag[1:] not in known:
+            listed = ", ".join(f"+{name}" for name in known) or "none"
+            raise DiagnosticError.simple(
+                f"tlc-compile: a library for {target.arch} cannot check {flag} when it loads "
+                f"(it can check: {listed})"
+            )
 
 
 def library_metadata(modules: Sequence[GraphModule]) -> dict:

@@ -37,6 +37,18 @@ LEVEL_FEATURES = {
     "x86-64-v3": ("avx", "avx2", "bmi", "bmi2", "f16c", "fma", "lzcnt", "movbe", "xsave"),
     "x86-64-v4": ("avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"),
 }
+#: How an AArch64 Linux library checks an LLVM feature when it loads: the `getauxval` word
+#: (AT_HWCAP is 16, AT_HWCAP2 26) and the bits in it the kernel sets when the CPU has the
+#: feature (arm64's asm/hwcap.h, a stable kernel ABI). AArch64 has no CPUID a program may read,
+#: and GCC 12 no `__builtin_cpu_supports` there.
+AARCH64_HWCAPS = {
+    "fp-armv8": (16, 1 << 0), "neon": (16, 1 << 1), "aes": (16, 1 << 3),
+    "sha2": (16, 1 << 6), "crc": (16, 1 << 7), "lse": (16, 1 << 8),
+    "fullfp16": (16, 1 << 9 | 1 << 10), "rdm": (16, 1 << 12), "rcpc": (16, 1 << 15),
+    "sha3": (16, 1 << 17), "dotprod": (16, 1 << 20), "sve": (16, 1 << 22),
+    "fp16fml": (16, 1 << 23), "sve2": (26, 1 << 1), "i8mm": (26, 1 << 13),
+    "bf16": (26, 1 << 14),
+}  # fmt: skip
 FEATURE_FLAG = re.compile(r"[+-][a-z0-9][a-z0-9.\-_]*\Z")
 
 

@@ -31,7 +31,7 @@ torch = pytest.importorskip("torch")
 
 QEMU = shutil.which("qemu-x86_64")
 needs_qemu = pytest.mark.skipif(QEMU is None, reason="needs qemu-x86_64 (Debian's qemu-user)")
-pytestmark = [needs_x86, needs_cc, needs_qemu]
+pytestmark = [needs_x86, needs_cc]
 DRIVER = Path(__file__).parent / "c" / "run_library.c"
 SYMBOL = "tlc_net"
 #: Each emulated CPU model, the variant the default library must pick on it (None: none).
@@ -87,18 +87,21 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp
 
 
-def run(tmp: Path, library: str, cpu: str | None, threads: int = 2) -> tuple[str, np.ndarray]:
-    """The driver's line and the output of `library` run on `cpu` (None: this machine)."""
+def run(tmp: Path, library: str, cpu: str | None, threads: int = 2,
+        emulator: tuple[str, ...] = ()) -> tuple[str, np.ndarray]:  # fmt: skip
+    """The driver's line and the output of `library` run on `cpu` (None: this machine) by
+    `emulator` (default: qemu-x86_64)."""
     out = tmp / f"out-{library}-{cpu}-{threads}.bin"
     command = [str(tmp / "run_library"), str(tmp / f"lib{library}.so"), SYMBOL, str(threads),
                str(tmp / "x.bin"), str(out)]  # fmt: skip
     if cpu is not None:
-        command = [str(QEMU), "-cpu", cpu, *command]
+        command = [*(emulator or (str(QEMU),)), "-cpu", cpu, *command]
     done = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done
     return done.stdout.strip(), np.fromfile(out, np.float32)
 
 
+@needs_qemu
 @pytest.mark.parametrize("cpu", CPUS)
 def test_the_default_library_runs_the_variant_of_the_cpu_it_runs_on(built: Path, cpu: str) -> None:
     line, got = run(built, "default", cpu)
@@ -111,17 +114,17 @@ def test_the_default_library_runs_the_variant_of_the_cpu_it_runs_on(built: Path,
     runnable(variant)
     _, alone = run(built, variant, None)  # that level's library alone, on this machine
     assert got.tobytes() == alone.tobytes()
-    expected = np.load(built / "expected.npy").ravel()
-    # float32 against PyTorch's float32: a few ulp of the largest output per layer
-    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-5 * np.abs(expected).max())
+    close_to_torch(built, got)
 
 
+@needs_qemu
 def test_the_bits_are_the_same_on_one_and_two_emulated_threads(built: Path) -> None:
     _, one = run(built, "default", "EPYC-Milan", threads=1)
     _, two = run(built, "default", "EPYC-Milan", threads=2)
     assert one.tobytes() == two.tobytes()
 
 
+@needs_qemu
 @pytest.mark.parametrize("cpu", CPUS)
 def test_a_znver4_library_refuses_a_cpu_without_avx512(built: Path, cpu: str) -> None:
     line, got = run(built, "znver4", cpu)
@@ -147,6 +150,7 @@ tlc.load(tmp + "/libdefault.so")(x).tofile(tmp + "/out-load.bin")
 """
 
 
+@needs_qemu
 def test_tlc_load_refuses_a_znver4_library_on_zen3_and_runs_the_default_one(built: Path) -> None:
     done = subprocess.run(
         [str(QEMU), "-cpu", "EPYC-Milan", sys.executable, "-c", LOAD_SCRIPT, str(built)],
@@ -161,3 +165,66 @@ def test_tlc_load_refuses_a_znver4_library_on_zen3_and_runs_the_default_one(buil
     runnable("x86-64-v3")
     _, alone = run(built, "x86-64-v3", None)
     assert np.fromfile(built / "out-load.bin", np.float32).tobytes() == alone.tobytes()
+
+
+# AArch64: libraries linked by the cross compiler, run by qemu-aarch64 on its libc.
+QEMU_ARM = shutil.which("qemu-aarch64")
+CROSS_CC = shutil.which("aarch64-linux-gnu-gcc")
+needs_arm = pytest.mark.skipif(
+    QEMU_ARM is None or CROSS_CC is None,
+    reason="needs qemu-aarch64 (Debian's qemu-user) and aarch64-linux-gnu-gcc "
+    "(gcc-aarch64-linux-gnu, libc6-dev-arm64-cross)",
+)
+ARM = Target("generic", "", "aarch64-linux-gnu")
+
+
+@pytest.fixture(scope="module")
+def built_arm(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The driver and the network's AArch64 libraries: `libgeneric.so` (any AArch64 CPU: NEON
+    is part of the architecture) and `libsve.so` (+sve, which the library checks)."""
+    tmp = tmp_path_factory.mktemp("emulated_arm")
+    subprocess.run([str(CROSS_CC), "-O1", "-Wall", "-Werror", "-o", tmp / "run_library", DRIVER,
+                    "-ldl"], check=True)  # fmt: skip
+    net, x = network()
+    traced = tlc.from_torch(net, x)
+    for name, features in [("generic", ""), ("sve", "+sve")]:
+        target = Target("generic", features, ARM.triple)
+        path = str(tmp / f"lib{name}.so")
+        build_library([(traced.graph, traced.payload)], path, np.float32, target=target)
+    x.numpy().astype(np.float32).tofile(tmp / "x.bin")
+    with torch.no_grad():
+        np.save(tmp / "expected.npy", net(x).numpy())
+    return tmp
+
+
+def run_arm(tmp: Path, library: str, cpu: str, threads: int = 2) -> tuple[str, np.ndarray]:
+    """`run` on the emulated AArch64 `cpu`, whose libc is the cross compiler's."""
+    libc = subprocess.run([str(CROSS_CC), "-print-file-name=libc.so.6"], capture_output=True,
+                          text=True, check=True).stdout.strip()  # fmt: skip
+    sysroot = str(Path(libc).resolve().parent.parent)
+    return run(tmp, library, cpu, threads, emulator=(str(QEMU_ARM), "-L", sysroot))
+
+
+def close_to_torch(tmp: Path, got: np.ndarray) -> None:
+    expected = np.load(tmp / "expected.npy").ravel()
+    # float32 against PyTorch's float32: a few ulp of the largest output per layer
+    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-5 * np.abs(expected).max())
+
+
+@needs_arm
+def test_an_aarch64_library_runs_on_an_emulated_cortex_a72(built_arm: Path) -> None:
+    line, got = run_arm(built_arm, "generic", "cortex-a72")
+    assert line == "check 0 missing - variant generic (aarch64-linux-gnu) status 0"
+    close_to_torch(built_arm, got)
+    _, one = run_arm(built_arm, "generic", "cortex-a72", threads=1)
+    assert one.tobytes() == got.tobytes()
+
+
+@needs_arm
+def test_an_aarch64_sve_library_checks_the_cpu_for_sve(built_arm: Path) -> None:
+    line, got = run_arm(built_arm, "sve", "cortex-a72")
+    assert line == "check 4 missing sve variant - status 4"
+    assert not got.any()
+    line, got = run_arm(built_arm, "sve", "max")  # qemu's every feature, SVE among them
+    assert line == "check 0 missing - variant generic +sve (aarch64-linux-gnu) status 0"
+    close_to_torch(built_arm, got)

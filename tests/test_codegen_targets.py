@@ -22,7 +22,7 @@ from test_codegen import MATRICES  # the tile-edge graphs, one definition
 
 import tlc
 from tlc.api.evaluate import checked_graph
-from tlc.codegen.shared_lib import library_variants
+from tlc.codegen.shared_lib import build_library, library_variants
 from tlc.codegen.target import X86_LEVELS, Target, host_lacks, resolve_target, target_info
 from tlc.core.diagnostics import DiagnosticError
 from tlc.dialect.payload_section import payload_from_module
@@ -201,17 +201,59 @@ def test_aarch64_assembly_and_ir() -> None:
     assert 'target triple = "aarch64' in ir.stdout
 
 
-def test_aarch64_library_is_refused_without_a_cross_linker(tmp_path: Path) -> None:
-    aarch64()
+def test_aarch64_library_is_refused_without_a_cross_compiler(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    target = aarch64()
     if not X86:
         pytest.skip("this machine is not x86-64")
-    done = tool("tlc-compile", str(MLP_PATH), "-o", str(tmp_path / "lib.so"),
-                "--target-triple", "aarch64-linux-gnu", "--target-cpu", "generic")  # fmt: skip
-    assert done.returncode == 1
-    assert "cannot link a aarch64 library on this x86_64 machine" in done.stderr
+    real_which = shutil.which
+    monkeypatch.setattr(
+        shutil, "which", lambda name: None if "aarch64" in name else real_which(name)
+    )
+    graph = checked_graph(tlc.parse(MLP_PATH.read_text()))
+    with pytest.raises(DiagnosticError) as raised:
+        build_library(
+            [(graph, None)], str(tmp_path / "lib.so"), runtime_payload=True, target=target
+        )
+    assert str(raised.value) == (
+        "tlc-compile: cannot link a library for aarch64 on this x86_64 machine: no cross "
+        "compiler (aarch64-linux-gnu-gcc) on PATH; tlc-opt --emit asm or --emit llvm emit code "
+        "for it"
+    )
 
 
 def test_target_options_need_a_native_emitter() -> None:
     done = tool("tlc-opt", str(MLP_PATH), "--target-cpu", "znver3")
     assert done.returncode == 2
     assert "--target-* options need --emit llvm or --emit asm" in done.stderr
+
+
+@pytest.mark.skipif(
+    shutil.which("aarch64-linux-gnu-gcc") is None,
+    reason="needs aarch64-linux-gnu-gcc (Debian's gcc-aarch64-linux-gnu)",
+)
+def test_a_cross_built_library_links_and_is_refused_here_by_name(tmp_path: Path) -> None:
+    """tlc-compile links an AArch64 library with the cross compiler (tests/test_codegen_emulated.py
+    runs one); tlc.load on this machine says what it is instead of the dynamic loader's "No
+    such file or directory"."""
+    aarch64()
+    if not X86:
+        pytest.skip("this machine is not x86-64")
+    path = build(tmp_path, "--target-triple", "aarch64-linux-gnu", "--target-cpu", "generic")
+    assert path.read_bytes()[18:20] == (183).to_bytes(2, "little")  # EM_AARCH64
+    assert "Built for: generic (aarch64-linux-gnu)." in (tmp_path / "libmlp.h").read_text()
+    with pytest.raises(DiagnosticError) as raised:
+        tlc.load(str(path))
+    assert str(raised.value) == (
+        f"cannot load '{path}': it is a library for aarch64, and this machine is x86_64"
+    )
+
+
+def test_a_file_that_is_not_a_library_is_named_in_the_message(tmp_path: Path) -> None:
+    """The dynamic loader's complaint names the file the user gave, not tlc.load's private copy."""
+    path = tmp_path / "libfake.so"
+    path.write_bytes(b"not a library")
+    with pytest.raises(DiagnosticError) as raised:
+        tlc.load(str(path))
+    assert str(raised.value) == f"cannot load '{path}': {path}: file too short"
