@@ -68,23 +68,27 @@ def network() -> tuple[torch.nn.Module, torch.Tensor]:
     return net, torch.randn(2, 3, 23, 29)
 
 
-@pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The driver, the input, and the network's libraries: `libdefault.so` (every level) and
-    one per single target."""
-    tmp = tmp_path_factory.mktemp("emulated")
-    subprocess.run(["cc", "-O1", "-Wall", "-Werror", "-o", tmp / "run_library", DRIVER, "-ldl"],
+def build(tmp: Path, cc: str, libraries: dict[str, Target | None]) -> Path:
+    """In `tmp`: the driver built by `cc`, the network's input and PyTorch's output, and
+    `lib<name>.so` for each of `libraries` (None: the default library)."""
+    subprocess.run([cc, "-O1", "-Wall", "-Werror", "-o", tmp / "run_library", DRIVER, "-ldl"],
                    check=True)  # fmt: skip
     net, x = network()
     traced = tlc.from_torch(net, x)
-    for name in ["default", "x86-64-v3", "x86-64-v2", "znver4"]:
-        target = None if name == "default" else Target(name)
+    for name, target in libraries.items():
         path = str(tmp / f"lib{name}.so")
         build_library([(traced.graph, traced.payload)], path, np.float32, target=target)
     x.numpy().astype(np.float32).tofile(tmp / "x.bin")
     with torch.no_grad():
         np.save(tmp / "expected.npy", net(x).numpy())
     return tmp
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`libdefault.so` (every level) and one library per single target."""
+    singles = {name: Target(name) for name in ["x86-64-v3", "x86-64-v2", "znver4"]}
+    return build(tmp_path_factory.mktemp("emulated"), "cc", {"default": None, **singles})
 
 
 def run(tmp: Path, library: str, cpu: str | None, threads: int = 2,
@@ -180,21 +184,10 @@ ARM = Target("generic", "", "aarch64-linux-gnu")
 
 @pytest.fixture(scope="module")
 def built_arm(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The driver and the network's AArch64 libraries: `libgeneric.so` (any AArch64 CPU: NEON
-    is part of the architecture) and `libsve.so` (+sve, which the library checks)."""
-    tmp = tmp_path_factory.mktemp("emulated_arm")
-    subprocess.run([str(CROSS_CC), "-O1", "-Wall", "-Werror", "-o", tmp / "run_library", DRIVER,
-                    "-ldl"], check=True)  # fmt: skip
-    net, x = network()
-    traced = tlc.from_torch(net, x)
-    for name, features in [("generic", ""), ("sve", "+sve")]:
-        target = Target("generic", features, ARM.triple)
-        path = str(tmp / f"lib{name}.so")
-        build_library([(traced.graph, traced.payload)], path, np.float32, target=target)
-    x.numpy().astype(np.float32).tofile(tmp / "x.bin")
-    with torch.no_grad():
-        np.save(tmp / "expected.npy", net(x).numpy())
-    return tmp
+    """The network's AArch64 libraries: `libgeneric.so` (any AArch64 CPU: NEON is part of the
+    architecture) and `libsve.so` (+sve, which the library checks)."""
+    libraries = {"generic": ARM, "sve": Target("generic", "+sve", ARM.triple)}
+    return build(tmp_path_factory.mktemp("emulated_arm"), str(CROSS_CC), libraries)
 
 
 def run_arm(tmp: Path, library: str, cpu: str, threads: int = 2) -> tuple[str, np.ndarray]:
