@@ -39,14 +39,16 @@ from tlc.codegen.lower.conv_direct import (
     DIRECT_DEPTH,
     DirectPlane,
     DirectTile,
+    EdgeReads,
     direct_tile,
     direct_units,
+    edge_flags,
     emit_direct,
     unit_rows,
 )
 from tlc.codegen.lower.elementwise import epilogue
 from tlc.codegen.lower.layout import gather
-from tlc.codegen.lower.reductions import norm_stage
+from tlc.codegen.lower.reductions import NormStage, norm_stage
 from tlc.codegen.lower.rules import ParamSpec, Step, balanced_parts, register
 from tlc.codegen.lower.windows import NSW, Axis, Combine, Window, each_tap, scatter_taps, zero
 from tlc.codegen.target import TargetInfo
@@ -541,9 +543,12 @@ def _conv_direct(k: KernelBuilder, s: Step, f: ConvFrame, tile: DirectTile) -> N
     assert s.scratch is not None and s.scratch.size >= group * f.cin * f.staged_plane
     out_sp = (f.window.out_sp[0], f.window.out_sp[1])
     units = s.part_range(k, direct_units(tile, out_sp, f.cout))
+    stage = norm_stage(k, s, f.cout, -(-f.cout // tile.nr) * tile.nr)
+    if _in_place_direct(f):
+        _direct_in_place(k, s, f, tile, units, stage)
+        return
     taps = k.global_constant("taps", f.tap_table(), I32)
     staging = Buf(s.scratch.ptr, (group * f.cin, f.staged_plane))
-    stage = norm_stage(k, s, f.cout, -(-f.cout // tile.nr) * tile.nr)
     rows = None
     if f.staged and s.parts > 1 and f.lead == 1:
         e_lo, e_hi, i_lo, i_hi = f.stage_rows(k, *unit_rows(k, tile, units, out_sp))
@@ -565,6 +570,38 @@ def _conv_direct(k: KernelBuilder, s: Step, f: ConvFrame, tile: DirectTile) -> N
                             b.mul(b0, k.i64(f.cout)), out_sp, f.cout)  # fmt: skip
         emit_direct(k, tile, plane, (s.params["weight"], s.params["bias"]), s.out, units,
                     epilogue(k, s), stage)  # fmt: skip
+
+
+def _in_place_direct(f: ConvFrame) -> bool:
+    """Whether the direct kernel reads the input planes in place (`conv_direct.EdgeReads`)
+    rather than a zero-padded staged copy: a 3x3 window, stride 1, dilation 1, padding 1
+    (resnet's 3x3 convolutions but the three downsampling ones)."""
+    w = f.window
+    return (w.kernel == (3, 3) and w.stride == (1, 1) and w.dilation == (1, 1)
+            and w.padding == (1, 1))  # fmt: skip
+
+
+def _direct_in_place(
+    k: KernelBuilder,
+    s: Step,
+    f: ConvFrame,
+    tile: DirectTile,
+    units: tuple[ir.Value, ir.Value],
+    stage: NormStage | None,
+) -> None:
+    """The direct kernel over every image at once reading the input planes in place: the
+    taps' offsets are those of the unpadded planes from one row above and one column left
+    of the output position, and a tap past the plane's edge reads zeros (`EdgeReads`)."""
+    oh, ow = f.window.out_sp
+    ky, kx = np.divmod(np.arange(9), 3)
+    taps = (np.arange(f.cin)[:, None] * f.in_plane + (ky * ow + kx)[None, :]).reshape(-1)
+    edges = EdgeReads(k.global_constant("edges", edge_flags(f.cin), ir.IntType(8)),
+                      k.global_constant("zeros", np.zeros(tile.cols, k.dtype)))  # fmt: skip
+    plane = DirectPlane(s.args[0], k.i64(-(ow + 1)), f.cin * f.in_plane, k.i64(max(f.lead, 1)),
+                        ow, k.global_constant("taps", taps.astype(np.int32), I32), f.depth,
+                        k.i64(0), (oh, ow), f.cout, edges)  # fmt: skip
+    emit_direct(k, tile, plane, (s.params["weight"], s.params["bias"]), s.out, units,
+                epilogue(k, s), stage)  # fmt: skip
 
 
 def _direct_images(f: ConvFrame) -> int:
