@@ -241,7 +241,7 @@ def staged_and_in_place(text: str, payload: Payload, x: np.ndarray, dtype: type,
 @pytest.mark.parametrize("cpu", ["x86-64-v2", "haswell", "znver4"])
 @pytest.mark.parametrize(
     ("batch", "cin", "cout", "size"),
-    [(1, 32, 40, (14, 14)), (3, 29, 37, (9, 13)), (1, 32, 16, (1, 5)), (2, 30, 20, (6, 1)),
+    [(1, 32, 40, (14, 14)), (3, 29, 37, (9, 13)), (1, 32, 16, (1, 5)), (2, 30, 20, (2, 1)),
      (1, 32, 24, (2, 2)), (1, 64, 64, (28, 28))],
 )  # fmt: skip
 def test_in_place_reads_give_the_staged_bits(
@@ -252,7 +252,15 @@ def test_in_place_reads_give_the_staged_bits(
     target, f32 and f64; and both are the reference's values."""
     text, payload, x = conv_case(batch, cin, cout, size, "padding = [1, 1]", (3, 3), seed=cout)
     runnable(cpu)
-    for dtype in (np.float32, np.float64):
+    f, info = frame(text), target_info(Target(cpu, triple=X86_64))
+    tiles = [
+        convolution._direct_tile(info, np.dtype(d).itemsize, f) for d in (np.float32, np.float64)
+    ]
+    dtypes = [d for d, tile in zip((np.float32, np.float64), tiles, strict=True)
+              if tile is not None and convolution._in_place_direct(f, tile)]  # fmt: skip
+    if not dtypes:
+        pytest.skip(f"{cpu}'s tiles for {size} stay staged (or run the product kernel)")
+    for dtype in dtypes:
         xs = x.astype(dtype)
         in_place, staged = staged_and_in_place(text, payload, xs, dtype, cpu)
         assert in_place == staged, (cpu, dtype)
