@@ -5,7 +5,8 @@ Per tile of `DirectTile.rows` x `cols` output positions of one image and `nv` ve
 output channels, for every patch row p = (input channel, tap): load the nv vectors of the
 packed weights' row p ([ceil(cout / NR), depth, NR] at compile time: `pack_panels(W^T, NR)`,
 as C^T packs them) and broadcast the input scalar each position of the tile reads, read in
-place in the (staged, for padding or a stride) input planes: position (dy, dx) of the tile
+place in the input planes (staged for padding or a stride, but for 3x3 padding 1 stride 1,
+where a tap past the plane's edge reads zeros instead: `EdgeReads`): position (dy, dx) of the tile
 reads `taps[p] + dy * E + dx` past the tile's first position, a compile-time offset, so the
 loop is loads and FMAs with nothing packed (no im2col, no patch panels) and no position
 computed past the plane's edge (the tiles at the right and bottom edges have their own,

@@ -535,7 +535,8 @@ def _direct(f: ConvFrame) -> bool:
 
 def _conv_direct(k: KernelBuilder, s: Step, f: ConvFrame, tile: DirectTile) -> None:
     """The direct kernel over groups of images (`_direct_images`), their input planes staged
-    together in scratch when padded or strided; a split call shares out the units of each
+    together in scratch when padded or strided (read in place by `_direct_in_place` when
+    `_in_place_direct`); a split call shares out the units of each
     group (`direct_units`), and a part over one image stages only the input rows its units
     read (`unit_rows`)."""
     x, b = s.args[0], k.b
