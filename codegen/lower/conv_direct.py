@@ -5,16 +5,17 @@ Per tile of `DirectTile.rows` x `cols` output positions of one image and `nv` ve
 output channels, for every patch row p = (input channel, tap): load the nv vectors of the
 packed weights' row p ([ceil(cout / NR), depth, NR] at compile time: `pack_panels(W^T, NR)`,
 as C^T packs them) and broadcast the input scalar each position of the tile reads, read in
-place in the input planes (staged for padding or a stride, but for 3x3 padding 1 stride 1,
-where a tap past the plane's edge reads zeros instead: `EdgeReads`): position (dy, dx) of the tile
-reads `taps[p] + dy * E + dx` past the tile's first position, a compile-time offset, so the
-loop is loads and FMAs with nothing packed (no im2col, no patch panels) and no position
-computed past the plane's edge (the tiles at the right and bottom edges have their own,
-smaller shape). The finished accumulators (vectors of channels) are transposed in registers
-(`_transpose`: two-vector shuffles) into one vector of positions per output channel, and
-stored one tile row at a time, with the bias and the fused epilogue applied to those vectors
-as every convolution store applies them. `convolution._conv` chooses this kernel by
-`_direct_tile`, a measured rule (`DIRECT_DEPTH`), and stages the input for it.
+place in the input planes (staged for padding or a stride, but for 3x3 padding 1 stride 1 on
+AVX-512, where a tap past the plane's edge reads zeros instead: `EdgeReads`): position
+(dy, dx) of the tile reads `taps[p] + dy * E + dx` past the tile's first position, a
+compile-time offset, so the loop is loads and FMAs with nothing packed (no im2col, no patch
+panels) and no position computed past the plane's edge (the tiles at the right and bottom
+edges have their own, smaller shape). The finished accumulators (vectors of channels) are
+transposed in registers (`_transpose`: two-vector shuffles) into one vector of positions per
+output channel, and stored one tile row at a time, with the bias and the fused epilogue
+applied to those vectors as every convolution store applies them. `convolution._conv`
+chooses this kernel by `_direct_tile`, a measured rule (`DIRECT_DEPTH`), and stages the
+input for it (or not: `_in_place_direct`).
 """
 
 from __future__ import annotations

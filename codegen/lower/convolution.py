@@ -545,7 +545,7 @@ def _conv_direct(k: KernelBuilder, s: Step, f: ConvFrame, tile: DirectTile) -> N
     out_sp = (f.window.out_sp[0], f.window.out_sp[1])
     units = s.part_range(k, direct_units(tile, out_sp, f.cout))
     stage = norm_stage(k, s, f.cout, -(-f.cout // tile.nr) * tile.nr)
-    if _in_place_direct(f, tile):
+    if _in_place_direct(f, tile, k.dtype.itemsize):
         _direct_in_place(k, s, f, tile, units, stage)
         return
     taps = k.global_constant("taps", f.tap_table(), I32)
@@ -583,14 +583,20 @@ def _conv_direct(k: KernelBuilder, s: Step, f: ConvFrame, tile: DirectTile) -> N
 IN_PLACE_ROWS = 2
 
 
-def _in_place_direct(f: ConvFrame, tile: DirectTile) -> bool:
+def _in_place_direct(f: ConvFrame, tile: DirectTile, itemsize: int) -> bool:
     """Whether the direct kernel reads the input planes in place (`conv_direct.EdgeReads`)
     rather than a zero-padded staged copy: a 3x3 window, stride 1, dilation 1, padding 1
     (resnet's 3x3 convolutions but the downsampling ones), tiles of at most IN_PLACE_ROWS
-    rows."""
+    rows, on AVX-512 (the tiles whose FMAs take their broadcasts from memory,
+    `conv_direct.FOLDED_POSITIONS`). In AVX2 code, where each position's broadcast is an
+    instruction of its own and 16 registers hold the tile, the selects cost more than the
+    copy: against the staged copy (znver3 code on Zen 4, one thread) 128 -> 128 on 28 x 28
+    (1 x 6 x 2 vectors) 1.04 at batch 1, 256 -> 256 on 14 x 14 1.07-1.15, 512 -> 512 on 7 x 7
+    (1 x 4 x 3) 1.22-1.49, squeezenet's 32 -> 128 on 27 x 27 1.18-1.21."""
     w = f.window
     return (w.kernel == (3, 3) and w.stride == (1, 1) and w.dilation == (1, 1)
-            and w.padding == (1, 1) and tile.rows <= IN_PLACE_ROWS)  # fmt: skip
+            and w.padding == (1, 1) and tile.rows <= IN_PLACE_ROWS
+            and tile.lanes * itemsize >= 64)  # fmt: skip
 
 
 def _direct_in_place(
