@@ -201,3 +201,80 @@ def test_a_payload_over_the_bake_limit_is_held_in_the_kernels_layout() -> None:
     nr = direct_tile(target_info(), 4, 10, 10, 40).nr
     assert f.bound is not None and f.bound.size >= -(-40 // nr) * nr * (32 * 9 + 1) > 40 * 289
     close(f(x.astype(np.float32)), reference(text, payload, x, np.float32), np.float32)
+
+
+@pytest.mark.parametrize(
+    ("cpu", "attrs", "size", "cout", "in_place"),
+    [("znver4", "padding = [1, 1]", (56, 56), 64, True),  # 1 x 28 tiles
+     ("znver4", "padding = [1, 1]", (14, 14), 256, True),  # 2 x 14
+     ("znver4", "padding = [1, 1]", (7, 7), 512, False),  # 4 x 7: over IN_PLACE_ROWS
+     ("znver4", "stride = [2, 2], padding = [1, 1]", (56, 56), 128, False),
+     ("znver4", "padding = [2, 2]", (13, 13), 64, False),
+     ("znver4", "padding = [2, 2], dilation = [2, 2]", (14, 14), 64, False),
+     ("znver4", "padding = [0, 0]", (16, 16), 64, False),
+     ("znver3", "padding = [1, 1]", (28, 28), 128, False),  # AVX2: 1 x 6 x 2 vectors
+     ("znver3", "padding = [1, 1]", (7, 7), 512, False)],  # 1 x 4 x 3
+)  # fmt: skip
+def test_which_direct_convolutions_read_in_place(
+    cpu: str, attrs: str, size: tuple[int, int], cout: int, in_place: bool
+) -> None:
+    """3x3, stride 1, dilation 1, padding 1, tiles of at most `IN_PLACE_ROWS` rows, on AVX-512
+    read the input planes in place; the others read the staged copy."""
+    text, _, _ = conv_case(1, 64, cout, size, attrs, (3, 3))
+    f, info = frame(text), target_info(Target(cpu, triple=X86_64))
+    tile = convolution._direct_tile(info, 4, f)
+    assert tile is not None
+    assert convolution._in_place_direct(f, tile, 4) == in_place
+
+
+def staged_and_in_place(text: str, payload: Payload, x: np.ndarray, dtype: type,
+                        cpu: str) -> tuple[bytes, bytes]:  # fmt: skip
+    """The outputs of the direct kernel with the in-place reads and with the staged copy."""
+    outputs = []
+    for rule in (convolution._in_place_direct, lambda f, tile, itemsize: False):
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setenv(objcache.ENV_SWITCH, "0")
+            patch.setattr(convolution, "_in_place_direct", rule)
+            name = "f32" if dtype == np.float32 else "f64"
+            outputs.append(tlc.compile(text, payload, name, target_cpu=cpu)(x).tobytes())
+    return outputs[0], outputs[1]
+
+
+@pytest.mark.parametrize(
+    ("batch", "cin", "cout", "size"),
+    [(1, 32, 40, (14, 14)), (3, 29, 37, (9, 13)), (1, 32, 16, (1, 5)), (2, 30, 20, (2, 1)),
+     (1, 32, 24, (2, 2)), (1, 64, 64, (28, 28))],
+)  # fmt: skip
+def test_in_place_reads_give_the_staged_bits(
+    batch: int, cin: int, cout: int, size: tuple[int, int]
+) -> None:
+    """A tap past the plane's edge reads a zero as the staged copy's padding gives it: the
+    same FMAs, the same bytes, for planes of one or two rows or columns, AVX-512 tiles of one
+    and two rows, f32 and f64; and both are the reference's values."""
+    text, payload, x = conv_case(batch, cin, cout, size, "padding = [1, 1]", (3, 3), seed=cout)
+    runnable("znver4")
+    f, info = frame(text), target_info(Target("znver4", triple=X86_64))
+    for dtype in (np.float32, np.float64):
+        itemsize = np.dtype(dtype).itemsize
+        tile = convolution._direct_tile(info, itemsize, f)
+        assert tile is not None and convolution._in_place_direct(f, tile, itemsize)
+        in_place, staged = staged_and_in_place(text, payload, x.astype(dtype), dtype, "znver4")
+        assert in_place == staged, dtype
+        got = np.frombuffer(in_place, dtype).reshape(batch, cout, *size)
+        close(got, reference(text, payload, x, dtype), dtype)
+
+
+def test_an_in_place_read_copies_nothing() -> None:
+    """The staged copy of a stride-1 plane is an `llvm.memcpy` per input row (the kernel's
+    staging loops, its whole and split calls); an in-place kernel has none of them, and reads
+    the edge flags and zeros tables instead."""
+    text, payload, _ = conv_case(1, 32, 40, (14, 14), "padding = [1, 1]", (3, 3))
+    graph = checked_graph(tlc.parse(text))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(objcache.ENV_SWITCH, "0")
+        ir_in_place = build_graph_module(graph, payload, np.float32).ir
+        patch.setattr(convolution, "_in_place_direct", lambda f, tile, itemsize: False)
+        ir_staged = build_graph_module(graph, payload, np.float32).ir
+    copies = [text.count('call void @"llvm.memcpy') for text in (ir_in_place, ir_staged)]
+    assert copies[0] == 0 < copies[1], copies
+    assert '@"edges"' not in ir_staged and '@"edges"' in ir_in_place

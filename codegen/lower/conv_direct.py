@@ -5,21 +5,25 @@ Per tile of `DirectTile.rows` x `cols` output positions of one image and `nv` ve
 output channels, for every patch row p = (input channel, tap): load the nv vectors of the
 packed weights' row p ([ceil(cout / NR), depth, NR] at compile time: `pack_panels(W^T, NR)`,
 as C^T packs them) and broadcast the input scalar each position of the tile reads, read in
-place in the (staged, for padding or a stride) input planes: position (dy, dx) of the tile
-reads `taps[p] + dy * E + dx` past the tile's first position, a compile-time offset, so the
-loop is loads and FMAs with nothing packed (no im2col, no patch panels) and no position
-computed past the plane's edge (the tiles at the right and bottom edges have their own,
-smaller shape). The finished accumulators (vectors of channels) are transposed in registers
-(`_transpose`: two-vector shuffles) into one vector of positions per output channel, and
-stored one tile row at a time, with the bias and the fused epilogue applied to those vectors
-as every convolution store applies them. `convolution._conv` chooses this kernel by
-`_direct_tile`, a measured rule (`DIRECT_DEPTH`), and stages the input for it.
+place in the input planes (staged for padding or a stride, but for 3x3 padding 1 stride 1 on
+AVX-512, where a tap past the plane's edge reads zeros instead: `EdgeReads`): position
+(dy, dx) of the tile reads `taps[p] + dy * E + dx` past the tile's first position, a
+compile-time offset, so the loop is loads and FMAs with nothing packed (no im2col, no patch
+panels) and no position computed past the plane's edge (the tiles at the right and bottom
+edges have their own, smaller shape). The finished accumulators (vectors of channels) are
+transposed in registers (`_transpose`: two-vector shuffles) into one vector of positions per
+output channel, and stored one tile row at a time, with the bias and the fused epilogue
+applied to those vectors as every convolution store applies them. `convolution._conv`
+chooses this kernel by `_direct_tile`, a measured rule (`DIRECT_DEPTH`), and stages the
+input for it (or not: `_in_place_direct`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 from llvmlite import ir
 
 from tlc.codegen.builder import I1, I32, I64, Buf, KernelBuilder
@@ -109,6 +113,31 @@ def direct_tile(info: TargetInfo, itemsize: int, oh: int, ow: int, cout: int) ->
     return min(shapes, key=score)
 
 
+#: A patch row's flags in an in-place read (`EdgeReads`): its tap reads the row above the
+#: output position, the row below, the column left of it, the column right of it.
+UP, DOWN, LEFT, RIGHT = 1, 2, 4, 8
+
+
+def edge_flags(cin: int) -> np.ndarray:
+    """UP | DOWN | LEFT | RIGHT of every patch row (input channel, tap) of a 3x3 window, as
+    i8."""
+    ky, kx = np.divmod(np.arange(9), 3)
+    per_tap = UP * (ky == 0) | DOWN * (ky == 2) | LEFT * (kx == 0) | RIGHT * (kx == 2)
+    return np.tile(per_tap, cin).astype(np.int8)
+
+
+@dataclass(frozen=True)
+class EdgeReads:
+    """How the direct kernel reads unpadded input planes in place (a 3x3 window, stride 1,
+    padding 1, `convolution._in_place_direct`): `flags`, an i8 table of every patch row's
+    `edge_flags`; `zeros`, a constant of at least a tile row of zeros, which a tile row or
+    position reads instead of the input when its tap falls past the plane's edge (the
+    zeros the staged copy's padding holds: the same FMAs, the same bits)."""
+
+    flags: ir.Value
+    zeros: ir.Value
+
+
 @dataclass(frozen=True)
 class DirectPlane:
     """Where a group of `images` images' direct convolution reads and writes: `source` (their
@@ -128,6 +157,7 @@ class DirectPlane:
     first: ir.Value
     out_sp: tuple[int, int]
     cout: int
+    edges: EdgeReads | None = None
 
 
 def direct_units(tile: DirectTile, out_sp: tuple[int, int], cout: int) -> int:
@@ -187,6 +217,9 @@ def emit_direct(
             tap = b.sext(b.load(b.gep(taps, [p], inbounds=True)), I64)
             return k.at(source, b.add(b.add(start, tap), k.i64(offsets[r])))
 
+        if plane.edges is not None:
+            a_at = _edge_reads(k, plane.edges, a_at, (oy, ox), (height, width), (oh, ow))
+
         def b_at(v: int, p: ir.Value) -> ir.Value:
             row = b.mul(b.add(b.mul(block, k.i64(plane.depth)), p), k.i64(nr))
             return k.at(w, b.add(row, k.i64(v * lanes)))
@@ -239,6 +272,54 @@ def emit_direct(
                     row_of_tiles(block, oy, tile.rows)
         else:
             row_of_tiles(block, oy, tile.rows)
+
+
+def _edge_reads(
+    k: KernelBuilder,
+    edges: EdgeReads,
+    a_at: Callable[[int, ir.Value], ir.Value],
+    corner: tuple[ir.Value, ir.Value],
+    shape: tuple[int, int],
+    extents: tuple[int, int],
+) -> Callable[[int, ir.Value], ir.Value]:
+    """`a_at` of a tile (`shape` = (height, width) positions from `corner` = (oy, ox)) reading
+    in place: per patch row, a tile row whose tap falls above or below the plane reads the
+    zeros instead (one select for the row), and so do its first and last positions when the
+    tap falls left or right of it (the tile's first column is the plane's first, its last
+    the plane's last). Which edges the tile lies on is known before the patch row loop; each
+    step loads the row's flags once."""
+    b, (oy, ox), (height, width), (oh, ow) = k.b, corner, shape, extents
+    i8 = ir.IntType(8)
+
+    def flag(hit: ir.Value, bit: int) -> ir.Value:
+        return b.select(hit, ir.Constant(i8, bit), ir.Constant(i8, 0))
+
+    rows = []
+    for dy in range(height):
+        y = b.add(oy, k.i64(dy))
+        rows.append(b.or_(flag(b.icmp_signed("==", y, k.i64(0)), UP),
+                          flag(b.icmp_signed("==", y, k.i64(oh - 1)), DOWN)))  # fmt: skip
+    left = flag(b.icmp_signed("==", ox, k.i64(0)), LEFT)
+    right = flag(b.icmp_signed("==", b.add(ox, k.i64(width)), k.i64(ow)), RIGHT)
+    step: dict[object, ir.Value] = {}  # of the current patch row: its flags, row pointers
+
+    def inside(mask: ir.Value) -> ir.Value:
+        return b.icmp_unsigned("==", b.and_(step["flags"], mask), ir.Constant(i8, 0))
+
+    def read(r: int, p: ir.Value) -> ir.Value:
+        if step.get("p") is not p:
+            step.clear()
+            step["p"], step["flags"] = p, b.load(b.gep(edges.flags, [p], inbounds=True))
+        dy, dx = divmod(r, width)
+        if dx in (0, width - 1):
+            mask = b.or_(rows[dy], left) if dx == 0 else rows[dy]
+            mask = b.or_(mask, right) if dx == width - 1 else mask
+            return b.select(inside(mask), a_at(r, p), edges.zeros)
+        if dy not in step:
+            step[dy] = b.select(inside(rows[dy]), a_at(dy * width, p), edges.zeros)
+        return b.gep(step[dy], [k.i64(dx)], inbounds=True)
+
+    return read
 
 
 def _transpose(k: KernelBuilder, rows: list[ir.Value]) -> list[ir.Value]:

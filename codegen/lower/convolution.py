@@ -39,14 +39,16 @@ from tlc.codegen.lower.conv_direct import (
     DIRECT_DEPTH,
     DirectPlane,
     DirectTile,
+    EdgeReads,
     direct_tile,
     direct_units,
+    edge_flags,
     emit_direct,
     unit_rows,
 )
 from tlc.codegen.lower.elementwise import epilogue
 from tlc.codegen.lower.layout import gather
-from tlc.codegen.lower.reductions import norm_stage
+from tlc.codegen.lower.reductions import NormStage, norm_stage
 from tlc.codegen.lower.rules import ParamSpec, Step, balanced_parts, register
 from tlc.codegen.lower.windows import NSW, Axis, Combine, Window, each_tap, scatter_taps, zero
 from tlc.codegen.target import TargetInfo
@@ -533,7 +535,8 @@ def _direct(f: ConvFrame) -> bool:
 
 def _conv_direct(k: KernelBuilder, s: Step, f: ConvFrame, tile: DirectTile) -> None:
     """The direct kernel over groups of images (`_direct_images`), their input planes staged
-    together in scratch when padded or strided; a split call shares out the units of each
+    together in scratch when padded or strided (read in place by `_direct_in_place` when
+    `_in_place_direct`); a split call shares out the units of each
     group (`direct_units`), and a part over one image stages only the input rows its units
     read (`unit_rows`)."""
     x, b = s.args[0], k.b
@@ -541,9 +544,12 @@ def _conv_direct(k: KernelBuilder, s: Step, f: ConvFrame, tile: DirectTile) -> N
     assert s.scratch is not None and s.scratch.size >= group * f.cin * f.staged_plane
     out_sp = (f.window.out_sp[0], f.window.out_sp[1])
     units = s.part_range(k, direct_units(tile, out_sp, f.cout))
+    stage = norm_stage(k, s, f.cout, -(-f.cout // tile.nr) * tile.nr)
+    if _in_place_direct(f, tile, k.dtype.itemsize):
+        _direct_in_place(k, s, f, tile, units, stage)
+        return
     taps = k.global_constant("taps", f.tap_table(), I32)
     staging = Buf(s.scratch.ptr, (group * f.cin, f.staged_plane))
-    stage = norm_stage(k, s, f.cout, -(-f.cout // tile.nr) * tile.nr)
     rows = None
     if f.staged and s.parts > 1 and f.lead == 1:
         e_lo, e_hi, i_lo, i_hi = f.stage_rows(k, *unit_rows(k, tile, units, out_sp))
@@ -563,6 +569,61 @@ def _conv_direct(k: KernelBuilder, s: Step, f: ConvFrame, tile: DirectTile) -> N
             source, base, step = staging, k.i64(0), f.cin * f.staged_plane
         plane = DirectPlane(source, base, step, images, f.extents[-1], taps, f.depth,
                             b.mul(b0, k.i64(f.cout)), out_sp, f.cout)  # fmt: skip
+        emit_direct(k, tile, plane, (s.params["weight"], s.params["bias"]), s.out, units,
+                    epilogue(k, s), stage)  # fmt: skip
+
+
+#: The most rows of a direct tile that reads its input in place (`_in_place_direct`): each
+#: patch row step of an in-place tile takes a select per tile row and per edge position (3
+#: per row), against one FMA per position. Measured on Zen 4 (one thread, against the
+#: staged copy in the same process, resnet18's layers, 3x3 padding 1): 64 -> 64 on 56 x 56
+#: (1 x 28 tiles) 0.96-0.98 of the staged time at batch 16 and 0.97-0.98 at batch 1;
+#: 128 -> 128 on 28 x 28 (1 x 28) 0.99; 256 -> 256 on 14 x 14 (2 x 14) 0.98-1.00; 512 ->
+#: 512 on 7 x 7 (4 x 7, 12 selects a step, 162 KB staged) 1.00-1.01, so it stays staged.
+IN_PLACE_ROWS = 2
+
+
+def _in_place_direct(f: ConvFrame, tile: DirectTile, itemsize: int) -> bool:
+    """Whether the direct kernel reads the input planes in place (`conv_direct.EdgeReads`)
+    rather than a zero-padded staged copy: a 3x3 window, stride 1, dilation 1, padding 1
+    (resnet's 3x3 convolutions but the downsampling ones), tiles of at most IN_PLACE_ROWS
+    rows, on AVX-512 (the tiles whose FMAs take their broadcasts from memory,
+    `conv_direct.FOLDED_POSITIONS`). In AVX2 code, where each position's broadcast is an
+    instruction of its own and 16 registers hold the tile, the selects cost more than the
+    copy: against the staged copy (znver3 code on Zen 4, one thread) 128 -> 128 on 28 x 28
+    (1 x 6 x 2 vectors) 1.04 at batch 1, 256 -> 256 on 14 x 14 1.07-1.15, 512 -> 512 on 7 x 7
+    (1 x 4 x 3) 1.22-1.49, squeezenet's 32 -> 128 on 27 x 27 1.18-1.21."""
+    w = f.window
+    return (w.kernel == (3, 3) and w.stride == (1, 1) and w.dilation == (1, 1)
+            and w.padding == (1, 1) and tile.rows <= IN_PLACE_ROWS
+            and tile.lanes * itemsize >= 64)  # fmt: skip
+
+
+def _direct_in_place(
+    k: KernelBuilder,
+    s: Step,
+    f: ConvFrame,
+    tile: DirectTile,
+    units: tuple[ir.Value, ir.Value],
+    stage: NormStage | None,
+) -> None:
+    """The direct kernel over groups of images (as many as `_direct_images` stages together)
+    reading their input planes in place: the taps' offsets are those of the unpadded planes
+    from one row above and one column left of the output position, and a tap past the
+    plane's edge reads zeros (`EdgeReads`)."""
+    (oh, ow), b = f.window.out_sp, k.b
+    ky, kx = np.divmod(np.arange(9), 3)
+    taps = (np.arange(f.cin)[:, None] * f.in_plane + (ky * ow + kx)[None, :]).reshape(-1)
+    table = k.global_constant("taps", taps.astype(np.int32), I32)
+    edges = EdgeReads(k.global_constant("edges", edge_flags(f.cin), ir.IntType(8)),
+                      k.global_constant("zeros", np.zeros(tile.cols, k.dtype)))  # fmt: skip
+    group, step = _direct_images(f), f.cin * f.in_plane
+    with k.loop(f.lead, "b0", step=group) as b0:
+        left = b.sub(k.i64(f.lead), b0)
+        images = b.select(b.icmp_signed("<", left, k.i64(group)), left, k.i64(group))
+        base = b.sub(b.mul(b0, k.i64(step)), k.i64(ow + 1))
+        plane = DirectPlane(s.args[0], base, step, images, ow, table, f.depth,
+                            b.mul(b0, k.i64(f.cout)), (oh, ow), f.cout, edges)  # fmt: skip
         emit_direct(k, tile, plane, (s.params["weight"], s.params["bias"]), s.out, units,
                     epilogue(k, s), stage)  # fmt: skip
 
