@@ -140,26 +140,29 @@ def _tile(
             total = b.call(reduce, [k.const(0), b.load(acc[r][c])], fastmath=REASSOC)
             for p in range(tail, kk):
                 x = k.load(a, b.add(rows_a[r], k.i64(p)))
-                total = k.fadd_r(total, k.fmul_r(x, k.load(w, b.add(rows_w[c], k.i64(p)))))
+                total = multiply_add(k, x, k.load(w, b.add(rows_w[c], k.i64(p))), total)
             j = b.add(j0, k.i64(c))
             if bias is not None:
                 total = b.fadd(total, k.load(bias, j))
             k.store(total, out, b.add(b.mul(b.add(i0, k.i64(r)), k.i64(n)), j))
 
 
-def _fma(k: KernelBuilder, vec: ir.VectorType) -> ir.Function:
-    """Multiply-add that fuses where the target has FMA (AVX2, AVX-512, NEON) and is a multiply
-    and an add elsewhere: `llvm.fma` would become a libm call per element on x86-64-v2."""
-    name = f"llvm.fmuladd.v{vec.count}{'f32' if k.dtype.itemsize == 4 else 'f64'}"
+def _fma(k: KernelBuilder, vec: ir.Type) -> ir.Function:
+    """Multiply-add (of vectors, or of scalars) that fuses where the target has FMA (AVX2,
+    AVX-512, NEON) and is a multiply and an add elsewhere: `llvm.fma` would become a libm call
+    per element on x86-64-v2."""
+    lanes = f"v{vec.count}" if isinstance(vec, ir.VectorType) else ""
+    name = f"llvm.fmuladd.{lanes}{'f32' if k.dtype.itemsize == 4 else 'f64'}"
     func = k.module.globals.get(name)
     return func or ir.Function(k.module, ir.FunctionType(vec, [vec, vec, vec]), name)
 
 
 def multiply_add(k: KernelBuilder, x: ir.Value, y: ir.Value, acc: ir.Value) -> ir.Value:
-    """acc + x * y (vectors) through `_fma`: one rounding wherever the target has FMA,
-    whatever code surrounds it. A `contract` fadd of an fmul leaves the choice to the
+    """acc + x * y (vectors or scalars) through `_fma`: one rounding wherever the target has
+    FMA, whatever code surrounds it. A `contract` fadd of an fmul leaves the choice to the
     backend, which made it differently in two kernels around the same strip (a 1-ulp
-    difference between a fused and an unfused depthwise convolution's output)."""
+    difference between a fused and an unfused depthwise convolution's output), and so it did
+    in the dot tiles' scalar tails around a linear layer's store (a fused residual add)."""
     return k.b.call(_fma(k, acc.type), [x, y, acc])
 
 
