@@ -68,7 +68,7 @@ def emit_dot_tiles(
     """out[i, j] = sum_p a[i, p] * w[j, p] (+ bias[j]) for i < m, j < n (with `share`: only
     its tiles of NR columns, of ceil(n / NR)). Returns the columns [lo, hi) computed."""
     tiles, vec = tiles_for(k)
-    MR, NR = tiles.mr, tiles.nr
+    MR, NR = tiles.mr, dot_columns(k.info, tiles, n)
     n_main, m_main = n - n % NR, m - m % MR
     units = n_main // NR + (n > n_main)
     cols = share(units) if share is not None else None
@@ -101,6 +101,16 @@ def emit_dot_tiles(
             with k.loop(j_hi, "j", start=j_lo, step=nr) as j0:
                 _tile(k, vec, a, w, out, k.i64(m_main), j0, m - m_main, nr, kk, n, bias)
     return done
+
+
+def dot_columns(info: TargetInfo, tiles: Tiles, n: int) -> int:
+    """The dot tiles' rows of W: NR, or NR + 1 where its accumulators and loaded vectors fit
+    the registers (AVX-512's 32: 4 x 5, 20 and 9) and it covers n in fewer passes over A's
+    rows (n = 10: two tiles of 5 against two of 4 and one of 2). Each output is one
+    accumulator whatever the tile, so the bits do not depend on it."""
+    wider = tiles.nr + 1
+    fits = tiles.mr * wider + tiles.mr + wider <= info.vector_registers
+    return wider if fits and -(-n // wider) < -(-n // tiles.nr) else tiles.nr
 
 
 def _tile(
