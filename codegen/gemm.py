@@ -106,11 +106,13 @@ def emit_dot_tiles(
 def dot_columns(info: TargetInfo, tiles: Tiles, n: int) -> int:
     """The dot tiles' rows of W: NR, or NR + 1 where its accumulators and loaded vectors fit
     the registers (AVX-512's 32: 4 x 5, 20 and 9) and it covers n in fewer passes over A's
-    rows (n = 10: two tiles of 5 against two of 4 and one of 2). Each output is one
+    rows with no partial tile NR leaves out (n = 10: two tiles of 5 against two of 4 and one
+    of 2; n = 32 keeps 8 of 4, not a tile of 2 more to compile). Each output is one
     accumulator whatever the tile, so the bits do not depend on it."""
     wider = tiles.nr + 1
     fits = tiles.mr * wider + tiles.mr + wider <= info.vector_registers
-    return wider if fits and -(-n // wider) < -(-n // tiles.nr) else tiles.nr
+    fewer = -(-n // wider) < -(-n // tiles.nr) and (n % wider > 0) <= (n % tiles.nr > 0)
+    return wider if fits and fewer else tiles.nr
 
 
 def _tile(
