@@ -63,6 +63,8 @@ LAYERS = {
         (512, 64, 1, 1, 0, 13): 1, (64, 256, 1, 1, 0, 13): 1, (64, 256, 3, 1, 1, 13): 1,
         (512, 1000, 1, 1, 0, 13): 1,
     },
+    # bench/run.py's CNN on 3x32x32 images (run it at --batch 64).
+    "cnn": {(3, 16, 3, 1, 1, 32): 1, (16, 32, 3, 2, 1, 32): 1},
     # ONNX zoo resnet50 (bench/zoo.py; the stride in the 3x3 layers, as torchvision's).
     "resnet50": {
         (3, 64, 7, 2, 3, 224): 1, (64, 64, 1, 1, 0, 56): 1, (64, 64, 3, 1, 1, 56): 3,

@@ -68,7 +68,7 @@ def emit_dot_tiles(
     """out[i, j] = sum_p a[i, p] * w[j, p] (+ bias[j]) for i < m, j < n (with `share`: only
     its tiles of NR columns, of ceil(n / NR)). Returns the columns [lo, hi) computed."""
     tiles, vec = tiles_for(k)
-    MR, NR = tiles.mr, tiles.nr
+    MR, NR = tiles.mr, dot_columns(k.info, tiles, n)
     n_main, m_main = n - n % NR, m - m % MR
     units = n_main // NR + (n > n_main)
     cols = share(units) if share is not None else None
@@ -101,6 +101,18 @@ def emit_dot_tiles(
             with k.loop(j_hi, "j", start=j_lo, step=nr) as j0:
                 _tile(k, vec, a, w, out, k.i64(m_main), j0, m - m_main, nr, kk, n, bias)
     return done
+
+
+def dot_columns(info: TargetInfo, tiles: Tiles, n: int) -> int:
+    """The dot tiles' rows of W: NR, or NR + 1 where its accumulators and loaded vectors fit
+    the registers (AVX-512's 32: 4 x 5, 20 and 9) and it covers n in fewer passes over A's
+    rows with no partial tile NR leaves out (n = 10: two tiles of 5 against two of 4 and one
+    of 2; n = 32 keeps 8 of 4, not a tile of 2 more to compile). Each output is one
+    accumulator whatever the tile, so the bits do not depend on it."""
+    wider = tiles.nr + 1
+    fits = tiles.mr * wider + tiles.mr + wider <= info.vector_registers
+    fewer = -(-n // wider) < -(-n // tiles.nr) and (n % wider > 0) <= (n % tiles.nr > 0)
+    return wider if fits and fewer else tiles.nr
 
 
 def _tile(
@@ -140,26 +152,29 @@ def _tile(
             total = b.call(reduce, [k.const(0), b.load(acc[r][c])], fastmath=REASSOC)
             for p in range(tail, kk):
                 x = k.load(a, b.add(rows_a[r], k.i64(p)))
-                total = k.fadd_r(total, k.fmul_r(x, k.load(w, b.add(rows_w[c], k.i64(p)))))
+                total = multiply_add(k, x, k.load(w, b.add(rows_w[c], k.i64(p))), total)
             j = b.add(j0, k.i64(c))
             if bias is not None:
                 total = b.fadd(total, k.load(bias, j))
             k.store(total, out, b.add(b.mul(b.add(i0, k.i64(r)), k.i64(n)), j))
 
 
-def _fma(k: KernelBuilder, vec: ir.VectorType) -> ir.Function:
-    """Multiply-add that fuses where the target has FMA (AVX2, AVX-512, NEON) and is a multiply
-    and an add elsewhere: `llvm.fma` would become a libm call per element on x86-64-v2."""
-    name = f"llvm.fmuladd.v{vec.count}{'f32' if k.dtype.itemsize == 4 else 'f64'}"
+def _fma(k: KernelBuilder, vec: ir.Type) -> ir.Function:
+    """Multiply-add (of vectors, or of scalars) that fuses where the target has FMA (AVX2,
+    AVX-512, NEON) and is a multiply and an add elsewhere: `llvm.fma` would become a libm call
+    per element on x86-64-v2."""
+    lanes = f"v{vec.count}" if isinstance(vec, ir.VectorType) else ""
+    name = f"llvm.fmuladd.{lanes}{'f32' if k.dtype.itemsize == 4 else 'f64'}"
     func = k.module.globals.get(name)
     return func or ir.Function(k.module, ir.FunctionType(vec, [vec, vec, vec]), name)
 
 
 def multiply_add(k: KernelBuilder, x: ir.Value, y: ir.Value, acc: ir.Value) -> ir.Value:
-    """acc + x * y (vectors) through `_fma`: one rounding wherever the target has FMA,
-    whatever code surrounds it. A `contract` fadd of an fmul leaves the choice to the
+    """acc + x * y (vectors or scalars) through `_fma`: one rounding wherever the target has
+    FMA, whatever code surrounds it. A `contract` fadd of an fmul leaves the choice to the
     backend, which made it differently in two kernels around the same strip (a 1-ulp
-    difference between a fused and an unfused depthwise convolution's output)."""
+    difference between a fused and an unfused depthwise convolution's output), and so it did
+    in the dot tiles' scalar tails around a linear layer's store (a fused residual add)."""
     return k.b.call(_fma(k, acc.type), [x, y, acc])
 
 

@@ -514,8 +514,8 @@ def test_window_code_does_not_grow_with_the_kernel(op: str) -> None:
 )
 def test_convolution_staging_paths(dtype: type, attrs: str) -> None:
     """im2col's staging (zero padding, stride phases split by whole vectors of lanes * stride
-    inputs, a scalar remainder and the edge elements) and the direct path agree with the
-    reference on widths that leave every remainder."""
+    inputs and a masked last step) and the direct path agree with the reference on widths
+    that leave every remainder."""
     text = f"""tl.graph @c {{
   %0 = input : [2, 4, 23, 37]
   %1 = conv(%0) {{{attrs}, channel_axis = 1, in_channels = 4, out_channels = 6}}
