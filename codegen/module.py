@@ -945,6 +945,9 @@ class _NodeEmitter:
         self.functions: dict[tuple, ir.Function] = {}
         #: The (task, ctx) of each node of the row run being emitted (`NodePlan.run`).
         self.pending: list[tuple[ir.Function, ir.Value]] = []
+        #: The node, part task, context and one-thread call of each node of the joint parts
+        #: region being emitted (`NodePlan.joint`).
+        self.joint: list[tuple[NodePlan, ir.Function, ir.Value, Callable[[], ir.Value]]] = []
 
     def map_length(self, p: NodePlan, kernel: Kernel, params: dict[str, Buf], scratch: int
                    ) -> int | None:  # fmt: skip
@@ -1051,15 +1054,68 @@ class _NodeEmitter:
         kernel = self.kernel(p, p.kernel, params, p.scratch)
         every = [self.k.i64(0), self.k.i64(p.parts)]
         buffers = pointers if p.scratch else pointers[:-1]
+
+        def whole() -> ir.Value:
+            return b.call(kernel, [*buffers, *every])
+
+        if p.joint is not None:
+            self.joint.append((p, task, ctx, whole))
+            if not p.joint_end:  # computed by the group's region, at its last node
+                return ir.Constant(I32, 0)
+            task, ctx, parts, whole = self.joint_task(p.joint)
+        else:
+            parts = p.parts
         return _status_of_either(
             b,
             b.icmp_signed("<=", threads, ir.Constant(I32, 1)),
-            lambda: b.call(kernel, [*buffers, *every]),
+            whole,
             lambda: b.call(
                 _runtime(self.module, "tlc_rt_parallel_parts"),
-                [b.bitcast(task, I8P), b.bitcast(ctx, I8P), self.k.i64(p.parts), threads],
+                [b.bitcast(task, I8P), b.bitcast(ctx, I8P), self.k.i64(parts), threads],
             ),
         )
+
+    def joint_task(self, first: int
+                   ) -> tuple[ir.Function, ir.Value, int, Callable[[], ir.Value]]:  # fmt: skip
+        """The parts task of a joint parts region (`plan.joint_parts`), its context, its
+        parts and its one-thread call: the group's parts in turn, node after node, each
+        node's range [first, end) of them cut to its own parts and given to its part task
+        (which stops at the first failure); on one thread each node's whole call in turn."""
+        k, joint = self.k, self.joint
+        with k.b.goto_block(k.alloca_block):
+            ctx = k.b.alloca(ir.ArrayType(I8P, len(joint)), name=f"joint{first}")
+        for i, (_, _, node_ctx, _) in enumerate(joint):
+            k.b.store(k.b.bitcast(node_ctx, I8P),
+                      k.b.gep(ctx, [ir.Constant(I32, 0), ir.Constant(I32, i)]))  # fmt: skip
+        func = ir.Function(self.module, PARTS_TASK_TYPE, f"{self.symbol}.j{first}")
+        func.linkage = "internal"
+        contexts, lo, hi, worker = func.args
+        b = ir.IRBuilder(func.append_basic_block("entry"))
+        slots = b.bitcast(contexts, I8P.as_pointer())
+        offset = 0
+        for i, (p, task, _, _) in enumerate(joint):
+            start = b.sub(lo, ir.Constant(I64, offset))
+            end = b.sub(hi, ir.Constant(I64, offset))
+            zero, parts = ir.Constant(I64, 0), ir.Constant(I64, p.parts)
+            start = b.select(b.icmp_signed("<", start, zero), zero, start)
+            end = b.select(b.icmp_signed(">", end, parts), parts, end)
+            with b.if_then(b.icmp_signed("<", start, end)):
+                node_ctx = b.load(b.gep(slots, [ir.Constant(I64, i)]))
+                status = b.call(task, [node_ctx, start, end, worker])
+                with b.if_then(b.icmp_signed("!=", status, ir.Constant(I32, 0)), likely=False):
+                    b.ret(status)
+            offset += p.parts
+        b.ret(ir.Constant(I32, 0))
+        calls = [whole for _, _, _, whole in joint]
+        self.joint = []
+
+        def in_turn() -> ir.Value:
+            for call in calls[:-1]:
+                status = call()
+                k.fail_if(k.b.icmp_signed("!=", status, ir.Constant(I32, 0)), status)
+            return calls[-1]()
+
+        return func, ctx, offset, in_turn
 
     def run_task(self, run: int) -> tuple[ir.Function, ir.Value]:
         """The task of a row run (`plan.row_runs`) and its context: task t calls every node's
