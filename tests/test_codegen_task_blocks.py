@@ -13,7 +13,7 @@ from test_codegen_runtime import conv_fields, graph_of, residual_cnn
 from tlc.codegen import jit
 from tlc.codegen import plan as codegen_plan
 from tlc.codegen.jit import compile_graph
-from tlc.codegen.module import build_graph_module
+from tlc.codegen.module import build_graph_module, joint_order
 from tlc.core.payload import Payload
 from tlc.dialect.shapes import numel
 from tlc.semantics.interpret import interpret
@@ -193,3 +193,20 @@ def test_independent_split_nodes_share_one_region(net: str, monkeypatch: pytest.
     assert all(got.tobytes() == want.tobytes() for got in joint_runs)
     expected = interpret(graph, payload, x, np.float32).output
     np.testing.assert_allclose(want, expected, rtol=2e-5, atol=2e-6)  # contractions' order
+
+
+def test_a_joint_regions_ranges_hold_each_nodes_share() -> None:
+    """A joint parts region's parts are its nodes' merged by where each starts in its node
+    (`module.joint_order`): any range of them is a range of each node's parts, and the first
+    half (two threads' starting ranges) holds the first half of each node's, the parts its
+    thread ran when each node was a region of its own (so it reads what it wrote)."""
+    for parts in ([8, 6], [8, 8], [2, 5, 3]):
+        counts = joint_order(parts)
+        total = sum(parts)
+        for row, n in zip(counts, parts, strict=True):
+            assert row[0] == 0 and row[-1] == n
+            assert all(b - a in (0, 1) for a, b in zip(row, row[1:], strict=False))
+        assert [sum(row[x + 1] - row[x] for row in counts) for x in range(total)] == [1] * total
+        half = total // 2
+        assert all(abs(row[half] - n / 2) <= 1 for row, n in zip(counts, parts, strict=True))
+    assert [row[7] for row in joint_order([8, 6])] == [4, 3]
