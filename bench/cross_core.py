@@ -40,7 +40,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from real_networks import workload  # noqa: E402
-from thread_model import entry_point, jitted  # noqa: E402
+from thread_model import entry_point, jitted, parts_regions  # noqa: E402
 from thread_trace import traced_calls, traced_runtime  # noqa: E402
 
 from tlc.codegen import runtime  # noqa: E402
@@ -163,13 +163,13 @@ def model(name: str, size: int, calls: int, rounds: int) -> None:
             f"; ORT {statistics.median(theirs[condition]):.2f} ms" if condition in theirs else ""
         )
         print(f"  {condition:9s} {per.sum():6.2f} ms ({per.sum() / base.sum():.2f}x){ort_ms}")
-    split = [p for p in module.plan.nodes if p.parts > 1 and p.rows is None]
-    if len(split) != len(base):
+    names = parts_regions(module.plan)
+    if len(names) != len(base):
         return
     print("  per region, ms (x in turn): " + ", ".join(CONDITIONS))
-    for p, *per in zip(split, *median.values(), strict=True):
+    for name, *per in zip(names, *median.values(), strict=True):
         shares = " ".join(f"{v:6.3f} ({v / per[0]:.2f})" for v in per)
-        print(f"    {p.node.TAG} %{p.node.id} -> {list(p.shape)}, {p.parts} parts: {shares}")
+        print(f"    {name}: {shares}")
 
 
 def main() -> None:
