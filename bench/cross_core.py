@@ -26,7 +26,6 @@ and torchvision (tests/torchvision_models.py).
 from __future__ import annotations
 
 import argparse
-import ctypes
 import os
 import statistics
 import subprocess
@@ -41,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from real_networks import workload  # noqa: E402
 from thread_model import entry_point, jitted, parts_regions  # noqa: E402
-from thread_trace import traced_calls, traced_runtime  # noqa: E402
+from thread_trace import traced_calls, traced_helper, traced_runtime  # noqa: E402
 
 from tlc.codegen import runtime  # noqa: E402
 
@@ -126,9 +125,7 @@ def model(name: str, size: int, calls: int, rounds: int) -> None:
 
     work = workload(name, size, 1)
     module, tracker = jitted(work)
-    lib = runtime.helper()
-    lib.tlc_trace_log.restype = ctypes.POINTER(ctypes.c_int64)
-    lib.tlc_trace_words.restype = ctypes.c_int64
+    lib = traced_helper()
     entry = entry_point(module, tracker, 2)
     options = ort.SessionOptions()
     options.intra_op_num_threads, options.inter_op_num_threads = 1, 1

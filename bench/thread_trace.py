@@ -258,12 +258,18 @@ def minima(calls: list[tuple[float, list[Region]]], of: str) -> np.ndarray:
                    for _, regions in calls], axis=0)  # fmt: skip
 
 
-def model(name: str, size: int, calls: int, top: int) -> None:
-    work = workload(name, size, 1)
-    module, tracker = jitted(work)
+def traced_helper() -> ctypes.CDLL:
+    """The runtime helper of `runtime.SOURCE` (a traced runtime), its trace log readable."""
     lib = runtime.helper()
     lib.tlc_trace_log.restype = ctypes.POINTER(ctypes.c_int64)
     lib.tlc_trace_words.restype = ctypes.c_int64
+    return lib
+
+
+def model(name: str, size: int, calls: int, top: int) -> None:
+    work = workload(name, size, 1)
+    module, tracker = jitted(work)
+    lib = traced_helper()
     entry, one = entry_point(module, tracker, 2), entry_point(module, tracker, 1)
     for _ in range(3):
         entry(work.x)
