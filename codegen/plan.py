@@ -503,9 +503,10 @@ def one_row_runs(plans: list[NodePlan]) -> None:
 def joint_parts(plans: list[NodePlan]) -> None:
     """Mark groups of consecutive split nodes (`NodePlan.parts`; nodes that compute nothing
     between them do not count) of which none reads a value computed from the group's first
-    node on: the group is one parts region over its nodes' parts in turn, so its threads
-    share one end instead of meeting at each node's (squeezenet's fire modules: the 1x1 and
-    3x3 expansions, each writing its slab of the concatenation, from the same squeeze). Each
+    node on: the group is one parts region over its nodes' parts (merged so that a range
+    holds a share of each: `module.joint_order`), so its threads share one end instead of
+    meeting at each node's (squeezenet's fire modules: the 1x1 and 3x3 expansions, each
+    writing its slab of the concatenation, from the same squeeze). Each
     node's kernel and parts are unchanged: the same bits. What a group's nodes read lives to
     its end (`_assign_memory`)."""
     group: list[NodePlan] = []
