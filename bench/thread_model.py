@@ -42,6 +42,7 @@ from tlc.codegen.jit import jit_link  # noqa: E402
 from tlc.codegen.loader import EntryPoint  # noqa: E402
 from tlc.codegen.lower.rules import busiest  # noqa: E402
 from tlc.codegen.module import GraphModule, bakes_payload, build_graph_module  # noqa: E402
+from tlc.codegen.plan import GraphPlan  # noqa: E402
 
 #: What replaces `tlc_rt_parallel` and `tlc_rt_parallel_parts` in the runtime's source: the
 #: tasks in turn, each timed; a parts region's ranges as the runtime starts them, each in the
@@ -239,16 +240,29 @@ def model(name: str, size: int, threads: int, calls: int, top: int, batch: int =
           f"{most + rest:.2f} ms ({one / (most + rest):.2f}x)")  # fmt: skip
     print(f"  the split nodes' parts, each alone, shared out as the runtime does: the busiest "
           f"threads {shared:+.3f} ms against each thread keeping its range")  # fmt: skip
-    split = [p for p in module.plan.nodes if p.parts > 1 and p.rows is None]
-    if len(split) != len(regions):  # row regions too (not at batch 1): no node names
+    names = parts_regions(module.plan)
+    if len(names) != len(regions):  # row regions too (not at batch 1): no node names
         return
-    losses = sorted(((region_busiest(region) - sum(times) / threads, p, times)
-                     for p, (region, times) in zip(split, regions.items(), strict=True)),
+    losses = sorted(((region_busiest(region) - sum(times) / threads, name, times)
+                     for name, (region, times) in zip(names, regions.items(), strict=True)),
                     key=lambda row: -row[0])  # fmt: skip
-    for loss, p, times in losses[:top]:
+    for loss, name, times in losses[:top]:
         shares = " ".join(f"{t:.3f}" for t in times)
-        print(f"  +{loss:.3f} ms  {p.node.TAG} %{p.node.id} -> {list(p.shape)}, "
-              f"{p.parts} parts; tasks {shares}")  # fmt: skip
+        print(f"  +{loss:.3f} ms  {name}; tasks {shares}")
+
+
+def parts_regions(plan: GraphPlan) -> list[str]:
+    """The names of a call's parts regions, in order: a split node's (`conv %1 -> [1, 96,
+    109, 109], 6 parts`), or a joint group's (`plan.joint_parts`), its nodes' joined by `+`."""
+    names: list[list[str]] = []
+    for p in plan.nodes:
+        if p.parts > 1 and p.rows is None:
+            name = f"{p.node.TAG} %{p.node.id} -> {list(p.shape)}, {p.parts} parts"
+            if p.joint is not None and p.joint != p.node.id:
+                names[-1].append(name)
+            else:
+                names.append([name])
+    return [" + ".join(group) for group in names]
 
 
 def main() -> None:

@@ -11,6 +11,9 @@ and leave (`TRACED`, patched into the runtime's source). Per model, at batch 1, 
 for the median call of `--calls` (by wall time):
 
 - the call's wall time, the share in regions and the rest (serial nodes, entry, exit);
+- the two threads' time in regions (twice their wall) as the tasks' thread CPU time, the tasks'
+  time without a core (wall less CPU: preempted) and the time a thread ran no task (joining,
+  waiting for the other, or idle at a range's end);
 - in regions: the tasks' wall time on the caller and on the worker against the same tasks run
   in turn on one thread (the traced runtime with `tlc_trace_serial(1)`: every region's tasks
   on the caller), i.e. how much slower a task runs while the other core works;
@@ -255,12 +258,18 @@ def minima(calls: list[tuple[float, list[Region]]], of: str) -> np.ndarray:
                    for _, regions in calls], axis=0)  # fmt: skip
 
 
-def model(name: str, size: int, calls: int, top: int) -> None:
-    work = workload(name, size, 1)
-    module, tracker = jitted(work)
+def traced_helper() -> ctypes.CDLL:
+    """The runtime helper of `runtime.SOURCE` (a traced runtime), its trace log readable."""
     lib = runtime.helper()
     lib.tlc_trace_log.restype = ctypes.POINTER(ctypes.c_int64)
     lib.tlc_trace_words.restype = ctypes.c_int64
+    return lib
+
+
+def model(name: str, size: int, calls: int, top: int) -> None:
+    work = workload(name, size, 1)
+    module, tracker = jitted(work)
+    lib = traced_helper()
     entry, one = entry_point(module, tracker, 2), entry_point(module, tracker, 1)
     for _ in range(3):
         entry(work.x)
@@ -290,6 +299,10 @@ def model(name: str, size: int, calls: int, top: int) -> None:
           f"{half:.2f}; the regions lose {in_regions - half:+.2f} ms against half")  # fmt: skip
     print(f"  tasks' CPU, minima: in turn {minima(serial, 'cpu').sum():.2f} ms, in the pool "
           f"{minima(pooled, 'cpu').sum():.2f} ms")  # fmt: skip
+    cpu = sum(c.cpu for r in regions for c in r.chunks)
+    busy = sum(r.busy(False) + r.busy(True) for r in regions)
+    print(f"  the two threads' {2 * in_regions:.2f} ms in regions: tasks' CPU {cpu:.2f}, tasks "
+          f"without a core {busy - cpu:.2f}, no task {2 * in_regions - busy:.2f}")  # fmt: skip
     print(f"  worker join latency {latency:.2f} ms summed, never joined "
           f"{sum(r.joined is None for r in regions)} of {len(regions)}, woken from sleep "
           f"{sum(r.woke for r in regions)}; caller waiting after its last task "
