@@ -252,17 +252,10 @@ def model(name: str, size: int, threads: int, calls: int, top: int, batch: int =
 
 
 def parts_regions(plan: GraphPlan) -> list[str]:
-    """The names of a call's parts regions, in order: a split node's (`conv %1 -> [1, 96,
-    109, 109], 6 parts`), or a joint group's (`plan.joint_parts`), its nodes' joined by `+`."""
-    names: list[list[str]] = []
-    for p in plan.nodes:
-        if p.parts > 1 and p.rows is None:
-            name = f"{p.node.TAG} %{p.node.id} -> {list(p.shape)}, {p.parts} parts"
-            if p.joint is not None and p.joint != p.node.id:
-                names[-1].append(name)
-            else:
-                names.append([name])
-    return [" + ".join(group) for group in names]
+    """The names of a call's parts regions, in order: each split node's (`conv %1 -> [1, 96,
+    109, 109], 6 parts`)."""
+    return [f"{p.node.TAG} %{p.node.id} -> {list(p.shape)}, {p.parts} parts"
+            for p in plan.nodes if p.parts > 1 and p.rows is None]  # fmt: skip
 
 
 def main() -> None:

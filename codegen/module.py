@@ -25,7 +25,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from fractions import Fraction
 
 import numpy as np
 from llvmlite import ir
@@ -925,20 +924,6 @@ TASK_TYPE = ir.FunctionType(I32, [I8P, I64, I64])
 PARTS_TASK_TYPE = ir.FunctionType(I32, [I8P, I64, I64, I64])
 
 
-def joint_order(parts: Sequence[int]) -> list[list[int]]:
-    """For nodes of `parts` parts each run as one region (`plan.joint_parts`), their parts
-    merged in the order of where each starts in its node (part q of P at q / P, ties in the
-    nodes' order): per node, how many of its parts are among the region's first x parts,
-    for x = 0 .. sum(parts). Each node's parts keep their order, so any range of the region's
-    parts is a range of each node's."""
-    merged = sorted((Fraction(q, n), i) for i, n in enumerate(parts) for q in range(n))
-    counts = [[0] * (len(merged) + 1) for _ in parts]
-    for x, (_, node) in enumerate(merged):
-        for i, row in enumerate(counts):
-            row[x + 1] = row[x] + (i == node)
-    return counts
-
-
 class _NodeEmitter:
     """Calls of node kernels from the body: one call, or a parallel region of row tasks.
 
@@ -957,9 +942,6 @@ class _NodeEmitter:
         self.functions: dict[tuple, ir.Function] = {}
         #: The (task, ctx) of each node of the row run being emitted (`NodePlan.run`).
         self.pending: list[tuple[ir.Function, ir.Value]] = []
-        #: The node, part task, context and one-thread call of each node of the joint parts
-        #: region being emitted (`NodePlan.joint`).
-        self.joint: list[tuple[NodePlan, ir.Function, ir.Value, Callable[[], ir.Value]]] = []
 
     def map_length(self, p: NodePlan, kernel: Kernel, params: dict[str, Buf], scratch: int
                    ) -> int | None:  # fmt: skip
@@ -1066,80 +1048,15 @@ class _NodeEmitter:
         kernel = self.kernel(p, p.kernel, params, p.scratch)
         every = [self.k.i64(0), self.k.i64(p.parts)]
         buffers = pointers if p.scratch else pointers[:-1]
-
-        def whole() -> ir.Value:
-            return b.call(kernel, [*buffers, *every])
-
-        if p.joint is not None:
-            self.joint.append((p, task, ctx, whole))
-            if not p.joint_end:  # computed by the group's region, at its last node
-                return ir.Constant(I32, 0)
-            task, ctx, parts, whole = self.joint_task(p.joint)
-        else:
-            parts = p.parts
         return _status_of_either(
             b,
             b.icmp_signed("<=", threads, ir.Constant(I32, 1)),
-            whole,
+            lambda: b.call(kernel, [*buffers, *every]),
             lambda: b.call(
                 _runtime(self.module, "tlc_rt_parallel_parts"),
-                [b.bitcast(task, I8P), b.bitcast(ctx, I8P), self.k.i64(parts), threads],
+                [b.bitcast(task, I8P), b.bitcast(ctx, I8P), self.k.i64(p.parts), threads],
             ),
         )
-
-    def joint_task(self, first: int
-                   ) -> tuple[ir.Function, ir.Value, int, Callable[[], ir.Value]]:  # fmt: skip
-        """The parts task of a joint parts region (`plan.joint_parts`), its context, its
-        parts and its one-thread call (each node's whole call, in turn). The region's parts
-        are its nodes' parts merged by where each starts in its node (part q of P at q / P;
-        `joint_order`), so a range of them holds about the same share of every node, the
-        share each thread ran of each node in regions of their own: thread t's starting range
-        is then node by node the parts it ran before, and reads what it wrote (see
-        docs/threads-memory.md, "What the second core costs"). A range [first, end) is, for
-        each node, its parts among the region's first `end` less those among the first
-        `first` (a constant table), given to its part task, which stops at the first
-        failure."""
-        k, joint = self.k, self.joint
-        with k.b.goto_block(k.alloca_block):
-            ctx = k.b.alloca(ir.ArrayType(I8P, len(joint)), name=f"joint{first}")
-        for i, (_, _, node_ctx, _) in enumerate(joint):
-            k.b.store(k.b.bitcast(node_ctx, I8P),
-                      k.b.gep(ctx, [ir.Constant(I32, 0), ir.Constant(I32, i)]))  # fmt: skip
-        counts = joint_order([p.parts for p, _, _, _ in joint])
-        table = ir.GlobalVariable(self.module, ir.ArrayType(I64, len(counts) * len(counts[0])),
-                                  f"{self.symbol}.j{first}.counts")  # fmt: skip
-        table.initializer = ir.Constant(table.type.pointee, [c for row in counts for c in row])
-        table.global_constant, table.linkage = True, "internal"
-        func = ir.Function(self.module, PARTS_TASK_TYPE, f"{self.symbol}.j{first}")
-        func.linkage = "internal"
-        contexts, lo, hi, worker = func.args
-        b = ir.IRBuilder(func.append_basic_block("entry"))
-        slots = b.bitcast(contexts, I8P.as_pointer())
-        row = len(counts[0])
-
-        def count(i: int, at: ir.Value) -> ir.Value:
-            index = b.add(at, ir.Constant(I64, i * row))
-            return b.load(b.gep(table, [ir.Constant(I64, 0), index], inbounds=True))
-
-        for i, (_, task, _, _) in enumerate(joint):
-            start, end = count(i, lo), count(i, hi)
-            with b.if_then(b.icmp_signed("<", start, end)):
-                node_ctx = b.load(b.gep(slots, [ir.Constant(I64, i)]))
-                status = b.call(task, [node_ctx, start, end, worker])
-                with b.if_then(b.icmp_signed("!=", status, ir.Constant(I32, 0)), likely=False):
-                    b.ret(status)
-        b.ret(ir.Constant(I32, 0))
-        parts = row - 1
-        calls = [whole for _, _, _, whole in joint]
-        self.joint = []
-
-        def in_turn() -> ir.Value:
-            for call in calls[:-1]:
-                status = call()
-                k.fail_if(k.b.icmp_signed("!=", status, ir.Constant(I32, 0)), status)
-            return calls[-1]()
-
-        return func, ctx, parts, in_turn
 
     def run_task(self, run: int) -> tuple[ir.Function, ir.Value]:
         """The task of a row run (`plan.row_runs`) and its context: task t calls every node's

@@ -34,8 +34,6 @@ Decided at compile time from the shapes alone, before any IR is emitted:
   to its end, but for the values only the run's own nodes read by rows (concatenations
   included): those lie task by task, each task's block holding its rows of them, reused by
   liveness within the task (`_task_blocks`).
-- **Joint parts.** Consecutive split nodes (batch 1) that read none of each other's values
-  are one parts region (`joint_parts`); what they read lives to the group's end.
 """
 
 from __future__ import annotations
@@ -141,11 +139,6 @@ class NodePlan:
     #: the id of the run's first node, on every node of it, and on its last, `run_end`.
     run: int | None = None
     run_end: bool = False
-    #: Consecutive split nodes that read none of each other's values run as one parts region
-    #: (`joint_parts`): the id of its first node, on every node of it, and on its last,
-    #: `joint_end`.
-    joint: int | None = None
-    joint_end: bool = False
     #: The values the node's kernel reads: its parents, but for a pool that reads around
     #: the padding concatenations before it (`plan_graph`'s `bypass`), which are `dead`:
     #: read by nothing, computed never.
@@ -277,8 +270,7 @@ def plan_graph(
     """The plan of `graph` (see the module docstring); `shapes` are the single-example shapes,
     `fused` maps a producer's id to the elementwise nodes fused into its kernel's stores
     (their other operands are read by the producer: its last operands);
-    `runs=False` keeps every row region apart (`row_runs`) and every split node's parts
-    region (`joint_parts`); `bypass` maps a pooling's id to
+    `runs=False` keeps every row region apart (`row_runs`); `bypass` maps a pooling's id to
     the value it reads instead of its operand, a chain of concatenations that only pad it
     (then dead, `module.padding_bypass`); `maps` a node's id to the per-channel maps its
     kernel applies before its epilogue (then dead with their second operands,
@@ -327,7 +319,6 @@ def plan_graph(
     if runs:
         row_runs(plans)
         one_row_runs(plans)
-        joint_parts(plans)
     arena, unshared = _assign_memory(plans, writer, itemsize, slabs)
     worker = max((p.scratch for p in plans if p.rows is not None or p.parts > 1), default=0)
     workers = max((p.tasks for p in plans), default=1)
@@ -500,35 +491,6 @@ def one_row_runs(plans: list[NodePlan]) -> None:
                 _one_row_tasks(p, rows.rows)
 
 
-def joint_parts(plans: list[NodePlan]) -> None:
-    """Mark groups of consecutive split nodes (`NodePlan.parts`; nodes that compute nothing
-    between them do not count) of which none reads a value computed from the group's first
-    node on: the group is one parts region over its nodes' parts (merged so that a range
-    holds a share of each: `module.joint_order`), so its threads share one end instead of
-    meeting at each node's (squeezenet's fire modules: the 1x1 and 3x3 expansions, each
-    writing its slab of the concatenation, from the same squeeze). Each
-    node's kernel and parts are unchanged: the same bits. What a group's nodes read lives to
-    its end (`_assign_memory`)."""
-    group: list[NodePlan] = []
-
-    def close() -> None:
-        if len(group) > 1:
-            for q in group:
-                q.joint = group[0].node.id
-            group[-1].joint_end = True
-        group.clear()
-
-    for p in plans:
-        if p.view or p.gathered:
-            continue
-        split = p.rows is None and p.parts > 1 and type(p.node) not in IN_PLACE
-        if not (split and group and all(q < group[0].node.id for q in p.reads)):
-            close()
-        if split:
-            group.append(p)
-    close()
-
-
 @dataclass
 class _Region:
     start: int
@@ -581,12 +543,6 @@ def _assign_memory(
             for r in [root[q] for q in p.reads] + [root[p.node.id]]:
                 if r is not None:
                     ends[r] = max(ends[r], run_end[p.run])
-    joint_end = {p.joint: p.node.id for p in plans if p.joint_end}
-    for p in plans:  # its nodes' parts run at once: what they read lives to its end
-        if p.joint is not None:
-            for r in [root[q] for q in p.reads]:
-                if r is not None:
-                    ends[r] = max(ends[r], joint_end[p.joint])
     blocks, inner = _task_blocks(plans, root, last, slabs, itemsize)
     regions: dict[int, _Region] = {}
     scratch: list[tuple[NodePlan, _Region]] = []

@@ -13,7 +13,7 @@ from test_codegen_runtime import conv_fields, graph_of, residual_cnn
 from tlc.codegen import jit
 from tlc.codegen import plan as codegen_plan
 from tlc.codegen.jit import compile_graph
-from tlc.codegen.module import build_graph_module, joint_order
+from tlc.codegen.module import build_graph_module
 from tlc.core.payload import Payload
 from tlc.dialect.shapes import numel
 from tlc.semantics.interpret import interpret
@@ -136,77 +136,3 @@ def test_a_matrix_product_keeps_its_rows() -> None:
     chunks = {p.node.id: (p.rows.chunk, p.run) for p in nodes if p.rows is not None}
     assert chunks == {**{i: (1, 1) for i in (1, 3, 5, 8, 9, 11, 13)}, 17: (16, None)}
     assert nodes[13].run_end
-
-
-def _overlap(a, b) -> bool:
-    """Whether the arena regions of plan nodes `a` and `b` overlap."""
-    return a.offset < b.offset + numel(b.shape) and b.offset < a.offset + numel(a.shape)
-
-
-def branches(rng: np.random.Generator) -> tuple[str, Payload]:
-    """Two branches of two 3x3 convolutions from one image (16 -> 32 channels, 24 x 24), each
-    max pooled, added: at batch 1 the branches' first convolutions are one joint parts
-    region, and their second ones another."""
-    lines, payload = ["  %0 = input : [1, 16, 24, 24]"], Payload()
-    for i, (source, cin) in {1: (0, 16), 2: (0, 16), 3: (1, 32), 4: (2, 32)}.items():
-        lines.append(f"  %{i} = conv(%{source}) {conv_fields(cin, 32)}")
-        payload.records[i] = {"weight": rng.normal(size=(32, cin, 3, 3)) / 12,
-                              "bias": rng.normal(size=32)}  # fmt: skip
-    lines += ["  %5 = max_pool(%3) {kernel = [2, 2]}", "  %6 = max_pool(%4) {kernel = [2, 2]}",
-              "  %7 = add(%5, %6)", "  output %7"]  # fmt: skip
-    return "tl.graph @branches {\n" + "\n".join(lines) + "\n}\n", payload
-
-
-@pytest.mark.parametrize("net", ["fire", "branches"])
-def test_independent_split_nodes_share_one_region(net: str, monkeypatch: pytest.MonkeyPatch
-                                                  ) -> None:  # fmt: skip
-    """At batch 1 consecutive split nodes that read none of each other's values are one
-    parts region (`plan.joint_parts`): a fire module's 1x1 and 3x3 expansions, each writing
-    its slab; two branches' convolutions. A node that reads one of them (the branches'
-    second convolutions, a 3x3 chain) starts a region of its own. What a group reads lives
-    to its end: the second convolution of one branch never takes the region of the first
-    convolution of the other, which the group still reads. The bits are those of one region
-    per node at 1, 2 and 3 threads, and near the reference."""
-    rng = np.random.default_rng(8)
-    text, payload = fire_net(1, rng) if net == "fire" else branches(rng)
-    graph = graph_of(text)
-    nodes = build_graph_module(graph, payload, np.float32).plan.nodes
-    groups = [[3, 5]] if net == "fire" else [[1, 2], [3, 4]]
-    joint = [p.node.id for p in nodes if p.joint is not None]
-    assert joint == [q for group in groups for q in group]
-    for group in groups:
-        assert all(nodes[q].parts > 1 and nodes[q].joint == group[0] for q in group)
-        assert [nodes[q].joint_end for q in group] == [False] * (len(group) - 1) + [True]
-    if net == "branches":
-        assert not _overlap(nodes[1], nodes[4]) and not _overlap(nodes[2], nodes[3])
-    chain_text, chain_payload = conv_chain(1, 3, rng)
-    chain = build_graph_module(graph_of(chain_text), chain_payload, np.float32).plan.nodes
-    assert [p.parts > 1 for p in chain if p.node.TAG == "conv"] == [True] * 3
-    assert all(p.joint is None for p in chain)
-    x = rng.normal(size=(1, 16, 24, 24)).astype(np.float32)
-    monkeypatch.setattr(jit, "_graph_cache", {})
-    monkeypatch.setenv("TLC_OBJECT_CACHE", "0")  # the patch below is not in the caches' keys
-    joint_runs = [compile_graph(graph, payload, np.float32, threads=t)(x) for t in (1, 2, 3)]
-    monkeypatch.setattr(codegen_plan, "joint_parts", lambda plans: None)
-    assert all(p.joint is None for p in build_graph_module(graph, payload, np.float32).plan.nodes)
-    want = compile_graph(graph, payload, np.float32, threads=2)(x)
-    assert all(got.tobytes() == want.tobytes() for got in joint_runs)
-    expected = interpret(graph, payload, x, np.float32).output
-    np.testing.assert_allclose(want, expected, rtol=2e-5, atol=2e-6)  # contractions' order
-
-
-def test_a_joint_regions_ranges_hold_each_nodes_share() -> None:
-    """A joint parts region's parts are its nodes' merged by where each starts in its node
-    (`module.joint_order`): any range of them is a range of each node's parts, and the first
-    half (two threads' starting ranges) holds the first half of each node's, the parts its
-    thread ran when each node was a region of its own (so it reads what it wrote)."""
-    for parts in ([8, 6], [8, 8], [2, 5, 3]):
-        counts = joint_order(parts)
-        total = sum(parts)
-        for row, n in zip(counts, parts, strict=True):
-            assert row[0] == 0 and row[-1] == n
-            assert all(b - a in (0, 1) for a, b in zip(row, row[1:], strict=False))
-        assert [sum(row[x + 1] - row[x] for row in counts) for x in range(total)] == [1] * total
-        half = total // 2
-        assert all(abs(row[half] - n / 2) <= 1 for row, n in zip(counts, parts, strict=True))
-    assert [row[7] for row in joint_order([8, 6])] == [4, 3]
