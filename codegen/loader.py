@@ -20,6 +20,7 @@ import sys
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cache
 from typing import Any
 
 import numpy as np
@@ -388,11 +389,17 @@ def _elf_machine(path: str) -> int | None:
     return int.from_bytes(head[18:20], "little" if head[5] == 1 else "big")
 
 
+@cache
+def _host_machine() -> int | None:
+    """This Python's ELF machine, read once."""
+    return _elf_machine(sys.executable)
+
+
 def _foreign_machine(path: str) -> str | None:
     """Why the ELF file at `path` cannot load here when it is built for another architecture
     than this Python (a library cross-compiled with --target-triple), else None: the dynamic
     loader's own answer is "cannot open shared object file: No such file or directory"."""
-    found, here = _elf_machine(path), _elf_machine(sys.executable)
+    found, here = _elf_machine(path), _host_machine()
     if found is None or here is None or found == here:
         return None
     name, host = (ELF_MACHINES.get(m, f"ELF machine {m}") for m in (found, here))

@@ -113,7 +113,7 @@ def build_library(
                     entry_name=variant_symbol(graph_symbol(g), variant),
                     queries=False,
                 )  # fmt: skip
-                for i, variant in enumerate(variants)
+                for variant in variants
             ]
             # The levels are compiled at once (worker processes: tlc.codegen.objcache).
             jobs = [(m.ir, v) for m, v in zip(built, variants, strict=True)]

@@ -17,6 +17,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+from functools import cache
 from pathlib import Path
 
 import numpy as np
@@ -190,12 +191,17 @@ def built_arm(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build(tmp_path_factory.mktemp("emulated_arm"), str(CROSS_CC), libraries)
 
 
-def run_arm(tmp: Path, library: str, cpu: str, threads: int = 2) -> tuple[str, np.ndarray]:
-    """`run` on the emulated AArch64 `cpu`, whose libc is the cross compiler's."""
+@cache
+def arm_sysroot() -> str:
+    """Where the cross compiler's AArch64 libc lies (qemu-aarch64's -L), asked once."""
     libc = subprocess.run([str(CROSS_CC), "-print-file-name=libc.so.6"], capture_output=True,
                           text=True, check=True).stdout.strip()  # fmt: skip
-    sysroot = str(Path(libc).resolve().parent.parent)
-    return run(tmp, library, cpu, threads, emulator=(str(QEMU_ARM), "-L", sysroot))
+    return str(Path(libc).resolve().parent.parent)
+
+
+def run_arm(tmp: Path, library: str, cpu: str, threads: int = 2) -> tuple[str, np.ndarray]:
+    """`run` on the emulated AArch64 `cpu`, whose libc is the cross compiler's."""
+    return run(tmp, library, cpu, threads, emulator=(str(QEMU_ARM), "-L", arm_sysroot()))
 
 
 def close_to_torch(tmp: Path, got: np.ndarray) -> None:
