@@ -45,7 +45,13 @@ from tlc.codegen.module import (
 from tlc.codegen.objcache import object_codes
 from tlc.codegen.runtime import CFLAGS as RUNTIME_CFLAGS
 from tlc.codegen.runtime import SOURCE as RUNTIME_SOURCE
-from tlc.codegen.target import AARCH64_HWCAPS, X86_LEVELS, Target, required_features
+from tlc.codegen.target import (
+    AARCH64_HWCAPS,
+    X86_BASELINE,
+    X86_LEVELS,
+    Target,
+    required_features,
+)
 from tlc.core.diagnostics import DiagnosticError, error
 from tlc.core.payload import Payload
 from tlc.dialect.ops import GraphOp
@@ -202,12 +208,12 @@ def _weights_object(tmp: str, symbol: str, params: np.ndarray, arch: str) -> str
 
 
 def library_variants(target: Target | None) -> list[Target]:
-    """The targets a library holds, best first: `target` alone, or every x86-64 level (the
-    baseline `generic` CPU elsewhere)."""
+    """The targets a library holds, best first: `target` alone, or every x86-64 level down to
+    the baseline, so that any x86-64 CPU runs it (the `generic` CPU elsewhere)."""
     if target is not None:
         return [target]
     if Target().arch == "x86_64":
-        return [Target(level) for level in X86_LEVELS]
+        return [Target(level) for level in (*X86_LEVELS, X86_BASELINE)]
     return [Target("generic")]
 
 

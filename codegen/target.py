@@ -29,8 +29,11 @@ import llvmlite.binding as llvm
 
 from tlc.core.diagnostics import DiagnosticError
 
-#: The x86-64 psABI micro-architecture levels a default shared library carries, best first.
+#: The x86-64 psABI micro-architecture levels above the baseline, best first.
 X86_LEVELS = ("x86-64-v4", "x86-64-v3", "x86-64-v2")
+#: The baseline every x86-64 CPU runs (SSE2; LLVM's `x86-64` CPU): the last variant of a
+#: default library, for CPUs below v2 (Core 2, AMD K8/K10, QEMU's default `qemu64` model).
+X86_BASELINE = "x86-64"
 #: LLVM features each level requires on top of the one below (x86-64 psABI, stable by design).
 LEVEL_FEATURES = {
     "x86-64-v2": ("cx16", "sahf", "popcnt", "sse3", "sse4.1", "sse4.2", "ssse3"),
@@ -144,7 +147,8 @@ def target_from_options(args: argparse.Namespace) -> Target | None:
 def _trusted(target: Target) -> bool:
     """Targets LLVM is known to accept (no child-process probe needed)."""
     return not target.features and (
-        target.cpu in ("host", "generic") or (target.arch == "x86_64" and target.cpu in X86_LEVELS)
+        target.cpu in ("host", "generic")
+        or (target.arch == "x86_64" and target.cpu in (*X86_LEVELS, X86_BASELINE))
     )
 
 
@@ -248,7 +252,7 @@ def target_info(target: Target = HOST) -> TargetInfo:
         and "vfmadd" in bodies.get("fma", ""),
         "x86-64-v2": "popcnt" in bodies.get("popcnt", ""),
     }
-    level = next((name for name in X86_LEVELS if has[name]), "x86-64")
+    level = next((name for name in X86_LEVELS if has[name]), X86_BASELINE)
     return TargetInfo(vector_bytes, 32 if has["x86-64-v4"] else 16, level)
 
 
@@ -256,7 +260,7 @@ def required_features(target: Target) -> tuple[str, ...]:
     """Feature names (LLVM's, which are also GCC's `__builtin_cpu_supports` names) a CPU needs
     to run code for `target`: its x86-64 level, then each feature it enables explicitly."""
     info = target_info(target)
-    needed = [info.level] if info.level not in (None, "x86-64") else []
+    needed = [info.level] if info.level not in (None, X86_BASELINE) else []
     needed += [f[1:] for f in target.features.split(",") if f.startswith("+")]
     return tuple(needed)
 

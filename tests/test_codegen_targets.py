@@ -23,7 +23,14 @@ from test_codegen import MATRICES  # the tile-edge graphs, one definition
 import tlc
 from tlc.api.evaluate import checked_graph
 from tlc.codegen.shared_lib import build_library, library_variants
-from tlc.codegen.target import X86_LEVELS, Target, host_lacks, resolve_target, target_info
+from tlc.codegen.target import (
+    X86_BASELINE,
+    X86_LEVELS,
+    Target,
+    host_lacks,
+    resolve_target,
+    target_info,
+)
 from tlc.core.diagnostics import DiagnosticError
 from tlc.dialect.payload_section import payload_from_module
 from tlc.semantics.interpret import interpret
@@ -125,7 +132,7 @@ def raw_library(path: Path) -> ctypes.CDLL:
 def test_default_library_holds_every_level_and_picks_the_best(tmp_path: Path) -> None:
     path = build(tmp_path)
     header = (tmp_path / "libmlp.h").read_text()
-    assert "Built for: x86-64-v4, x86-64-v3, x86-64-v2." in header
+    assert "Built for: x86-64-v4, x86-64-v3, x86-64-v2, x86-64." in header
     assert "int tlc_mlp_cpu_check(const char **missing);" in header
     assert "#define TLC_ERR_UNSUPPORTED_CPU 4" in header
     best = next(v for v in library_variants(None) if not host_lacks(v))
@@ -138,7 +145,7 @@ def test_default_library_holds_every_level_and_picks_the_best(tmp_path: Path) ->
 
 @needs_x86
 @needs_cc
-@pytest.mark.parametrize("cpu", X86_LEVELS)
+@pytest.mark.parametrize("cpu", [*X86_LEVELS, X86_BASELINE])
 def test_single_target_libraries_agree(tmp_path: Path, cpu: str) -> None:
     """Each level built alone (--target-cpu) computes the same values, where this CPU runs it."""
     runnable(cpu)
