@@ -27,10 +27,14 @@ Figures drift on a loaded machine: compare rows of one run.
 `--speed` times instead: each model exported to ONNX (dynamo=False) at each batch size, the
 same file run by tlc (`tlc.from_onnx` + `tlc.compile`, float32, optionally for another
 `--target-cpu` this machine can run) and ONNX Runtime, and the model by PyTorch eager, at each
-thread count (tlc's `threads=`, ORT's intra_op_num_threads, torch.set_num_threads). Runners
-take turns (`--repeats` rounds of a timed loop each), so load drifting on a shared machine hits
-them alike; a row per model, batch and thread count gives the medians in ms and
-`ORT/tlc` (above 1: tlc is faster). Outputs are checked against PyTorch first.
+thread count (tlc's `threads=`, ORT's intra_op_num_threads, torch.set_num_threads). Each runner
+runs in a process of its own (`bench/isolated.py`: in one process ORT's and libgomp's pool
+threads spin on after their runs and take the next runner's second core), and the runners take
+turns (`--repeats` turns of about 0.3 s of calls each, after a 0.1 s pause), so load drifting
+on a shared machine hits them alike. A row per model, batch and thread count gives the median
+time per call in ms over every turn's calls, `ORT/tlc` of those medians (above 1: tlc is
+faster), the same ratio of the mean times per call (`by means`: a shared VM's stolen bursts
+weigh in it), and tlc's import + compile seconds. Outputs are checked against PyTorch first.
 
 `--profile` says where the time goes: tlc's code built with per-node clocks
 (`build_graph_module(profile=...)`: each node's computation, in the whole network's run,
@@ -108,17 +112,10 @@ def row(name: str, route: str, size: int, compile_too: bool) -> str:
     return "| " + " | ".join(cells) + " |"
 
 
-#: The clock of the speed rows: wall time, or (--cpu-time) the calling thread's CPU time for
-#: the 1-thread rows, which leaves out the time other processes hold the core on a loaded
-#: machine (every 1-thread runner computes on the calling thread).
-CLOCK = [time.perf_counter]
-
-
-def timed_loop(fn: Callable[[], object], n: int, clock: Callable[[], float]) -> float:
-    start = clock()
-    for _ in range(n):
-        fn()
-    return (clock() - start) / n
+#: The clock of the 1-thread speed rows (`Isolated.time`'s names): "wall", or (--cpu-time)
+#: "cpu", the calling thread's CPU time, which leaves out the time other processes hold the
+#: core on a loaded machine (every 1-thread runner computes on the calling thread).
+CLOCK = ["wall"]
 
 
 #: The torchvision model of a zoo model's architecture, run by PyTorch beside it (its own
@@ -177,49 +174,76 @@ def workload(name: str, size: int, batch: int) -> Workload:
     return Workload(model, traced, x.numpy(), expected, net, x, True)
 
 
-def speed_rows(name: str, size: int, batch: int, threads: list[int], target_cpu: str,
-               repeats: int) -> list[str]:  # fmt: skip
-    """One row per thread count: tlc, ONNX Runtime and PyTorch on model `name` at `batch`."""
+def tlc_runner(model: bytes, xs: np.ndarray, threads: int, target_cpu: str) -> Callable[[], object]:
+    """tlc on the ONNX file (`Isolated`'s build, in the runner's process)."""
+    import onnx
+
+    compiled = tlc.compile(tlc.from_onnx(onnx.load_from_string(model)), dtype="f32",
+                           threads=threads, target_cpu=target_cpu)  # fmt: skip
+    return lambda: compiled(xs)
+
+
+def ort_runner(model: bytes, xs: np.ndarray, threads: int) -> Callable[[], object]:
+    """ONNX Runtime on the ONNX file, `threads` intra-op threads (its default spinning)."""
     import onnxruntime as ort
 
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
+    session = ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
+    feed = {session.get_inputs()[0].name: xs}
+    return lambda: session.run(None, feed)[0]
+
+
+def torch_runner(saved: bytes, xs: np.ndarray, threads: int) -> Callable[[], object]:
+    """PyTorch eager on `threads` threads, in inference mode: the model as `torch.save` wrote
+    it (a module or tensor sent as itself would go by torch's shared-memory reduction, which
+    moves its storage and leaves numpy views of the old one dangling in the parent)."""
+    torch.set_num_threads(threads)
+    net = torch.load(io.BytesIO(saved), weights_only=False)
+    x = torch.from_numpy(xs)
+
+    def eager() -> object:
+        with torch.inference_mode():
+            return net(x).numpy()
+
+    return eager
+
+
+def speed_rows(name: str, size: int, batch: int, threads: list[int], target_cpu: str,
+               repeats: int) -> list[str]:  # fmt: skip
+    """One row per thread count: tlc, ONNX Runtime and PyTorch on model `name` at `batch`,
+    each in a process of its own (`Isolated`), taking turns."""
+    from isolated import Isolated
+
     work = workload(name, size, batch)
-    model, traced, xs, expected = work.model, work.traced, work.x, work.expected
-    net, x = work.net, work.torch_x
     rows = []
     for t in threads:
-        start = time.perf_counter()
-        compiled = tlc.compile(traced, dtype="f32", threads=t, target_cpu=target_cpu)
-        built = time.perf_counter() - start
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads, opts.inter_op_num_threads = t, 1
-        session = ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
-        feed = {session.get_inputs()[0].name: xs}
-
-        def eager(t: int = t) -> object:
-            if torch.get_num_threads() != t:
-                torch.set_num_threads(t)
-            with torch.inference_mode():
-                return net(x)
-
-        runners = {"tlc": lambda f=compiled: f(xs),
-                   "ort": lambda s=session, feed=feed: s.run(None, feed)[0]}  # fmt: skip
-        if net is not None:
-            runners["torch"] = eager
-        for label, run in runners.items():
-            got = np.asarray(run())  # also the first, untimed call
-            if label != "torch" or work.same_weights:
-                error = relative(got, expected)
-                assert error < 1e-3, (name, label, error)
-        clock = CLOCK[0] if t == 1 else time.perf_counter
-        n = max(1, int(0.3 / max(timed_loop(runners["tlc"], 1, clock), 1e-6)))
-        samples: dict[str, list[float]] = {label: [] for label in runners}
-        for _ in range(repeats):
-            for label, run in runners.items():
-                samples[label].append(timed_loop(run, n, clock))
-        ms = {label: statistics.median(v) * 1e3 for label, v in samples.items()}
+        with contextlib.ExitStack() as stack:
+            runners = {"tlc": Isolated(tlc_runner, work.model, work.x, t, target_cpu)}
+            built = runners["tlc"].built_s
+            runners["ort"] = Isolated(ort_runner, work.model, work.x, t)
+            if work.net is not None:
+                saved = io.BytesIO()
+                torch.save(work.net, saved)
+                runners["torch"] = Isolated(torch_runner, saved.getvalue(), work.torch_x.numpy(), t)
+            for label, runner in runners.items():
+                stack.callback(runner.close)
+                got = np.asarray(runner.call())  # also the first, untimed call
+                if label != "torch" or work.same_weights:
+                    error = relative(got, work.expected)
+                    assert error < 1e-3, (name, label, error)
+            clock = CLOCK[0] if t == 1 else "wall"
+            n = max(1, int(0.3 / max(min(runners["tlc"].time(3, clock)), 1e-6)))
+            calls: dict[str, list[float]] = {label: [] for label in runners}
+            for _ in range(repeats):
+                for label, runner in runners.items():
+                    calls[label] += runner.time(n, clock)
+        ms = {label: statistics.median(v) * 1e3 for label, v in calls.items()}
+        means = {label: statistics.fmean(v) for label, v in calls.items()}
         eager_ms = f"{ms['torch']:.2f}" if "torch" in ms else "-"
         rows.append(f"| {name} | {batch} | {t} | {ms['tlc']:.2f} | {ms['ort']:.2f} | "
-                    f"{eager_ms} | {ms['ort'] / ms['tlc']:.2f} | {built:.1f} |")  # fmt: skip
+                    f"{eager_ms} | {ms['ort'] / ms['tlc']:.2f} | "
+                    f"{means['ort'] / means['tlc']:.2f} | {built:.1f} |")  # fmt: skip
     return rows
 
 
@@ -383,14 +407,16 @@ def speed(args: argparse.Namespace) -> None:
     from run import cpu_model
 
     if args.cpu_time:
-        CLOCK[0] = time.thread_time
+        CLOCK[0] = "cpu"
     clock = "1 thread: thread CPU time, 2+: wall time" if args.cpu_time else "wall time"
     print(
         f"CPU: {cpu_model()}; float32; tlc --target-cpu {args.target_cpu}; "
-        f"{args.size}x{args.size} images; medians of {args.repeats} alternating rounds; {clock}"
+        f"{args.size}x{args.size} images; each runner in a process of its own, {args.repeats} "
+        f"turns each; medians per call; {clock}"
     )
-    print("| model | batch | threads | tlc ms | ORT ms | PyTorch ms | ORT/tlc | compile s |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("| model | batch | threads | tlc ms | ORT ms | PyTorch ms | ORT/tlc | by means | "
+          "compile s |")  # fmt: skip
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     threads = [int(t) for t in (args.threads or "1,2").split(",")]
     for name in args.models.split(","):
         for batch in (int(b) for b in args.batches.split(",")):

@@ -1,0 +1,108 @@
+"""Benchmark runners each in a process of its own, timed in turns from one parent.
+
+Why: runners in one process are each other's neighbours. ONNX Runtime's pool threads spin for
+about 50 ms after each run (a two-thread squeezenet1_0 session's process took 42 ms of CPU in
+the 50 ms after its last call, then nothing), libgomp's (PyTorch's) spin too, and the runner
+timed next starts with its second core taken: tlc's timed loop right after ORT's took
+1.12-1.26x as long as after a pause. In a process of its own, a runner keeps its own
+allocator, caches and pool, and the parent waits `SETTLE_S` before each turn, so the threads
+of the runner before it have stopped spinning.
+
+A runner is built in its process by a `build` function of a module the child can import (the
+main script, under the `spawn` start method), which returns the callable to time. Each turn
+reads the clock around every call: the parent gets each call's time, not only a turn's mean,
+so it can take medians per call (a shared VM steals time in bursts, which a mean of a turn
+takes in whole).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import time
+import traceback
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+from typing import Any
+
+#: Seconds the parent waits before each turn: longer than ONNX Runtime's 50 ms of spinning.
+SETTLE_S = 0.1
+
+
+def _serve(conn: Connection) -> None:
+    """The child: build the runner from the first message, then answer `call` (the output)
+    and `time` (each of n calls' seconds on the named clock) until `stop`."""
+    try:
+        build, args = conn.recv()
+        start = time.perf_counter()
+        run = build(*args)
+        conn.send(("ok", time.perf_counter() - start))
+    except BaseException:
+        conn.send(("error", traceback.format_exc()))
+        return
+    clocks = {"cpu": time.thread_time, "wall": time.perf_counter}
+    while True:
+        request = conn.recv()
+        try:
+            if request[0] == "stop":
+                return
+            if request[0] == "call":
+                conn.send(("ok", run()))
+                continue
+            _, n, clock_name = request
+            clock = clocks[clock_name]
+            times = []
+            for _ in range(n):
+                start = clock()
+                run()
+                times.append(clock() - start)
+            conn.send(("ok", times))
+        except BaseException:
+            conn.send(("error", traceback.format_exc()))
+
+
+class Isolated:
+    """A runner in a child process: `built_s` is the seconds its build took there, `call()`
+    runs it once and returns what it returned, `time(n, clock)` runs it n times after
+    `SETTLE_S` and returns each call's seconds on `clock` ("cpu": the child's calling
+    thread's CPU time, or "wall")."""
+
+    def __init__(self, build: Callable[..., Callable[[], Any]], *args: Any) -> None:
+        context = multiprocessing.get_context("spawn")
+        self._conn, child = context.Pipe()
+        self._process = context.Process(target=_serve, args=(child,), daemon=True)
+        self._process.start()
+        child.close()
+        self._conn.send((build, args))
+        self.built_s: float = self._answer()
+
+    def _answer(self) -> Any:
+        status, value = self._conn.recv()
+        if status == "error":
+            self.close()
+            raise RuntimeError(f"the runner's process failed:\n{value}")
+        return value
+
+    def call(self) -> Any:
+        self._conn.send(("call",))
+        return self._answer()
+
+    def time(self, n: int, clock: str) -> list[float]:
+        time.sleep(SETTLE_S)
+        self._conn.send(("time", n, clock))
+        return self._answer()
+
+    def close(self) -> None:
+        if self._process.is_alive():
+            with contextlib.suppress(BrokenPipeError, OSError):
+                self._conn.send(("stop",))
+            self._process.join(timeout=10)
+        if self._process.is_alive():
+            self._process.kill()
+        self._conn.close()
+
+    def __enter__(self) -> Isolated:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,58 @@
+"""bench/isolated.py, the benchmarks' runner processes: what a runner returns comes back, each
+call is timed on the clock asked for, and a runner that fails says why in the parent."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+
+from isolated import Isolated  # noqa: E402
+
+
+def doubling(xs: np.ndarray) -> Callable[[], object]:
+    """A runner: its process id and twice its input (built in the child)."""
+    return lambda: (os.getpid(), 2 * xs)
+
+
+def busy(seconds: float) -> Callable[[], object]:
+    """A runner that computes for `seconds` of CPU time on its calling thread."""
+
+    def spin() -> None:
+        end = time.thread_time() + seconds
+        while time.thread_time() < end:
+            pass
+
+    return spin
+
+
+def failing() -> Callable[[], object]:
+    raise ValueError("no such model")
+
+
+def test_a_runner_runs_in_a_process_of_its_own_and_returns_its_result() -> None:
+    xs = np.arange(6, dtype=np.float32).reshape(2, 3)
+    with Isolated(doubling, xs) as runner:
+        pid, got = runner.call()
+    assert pid != os.getpid()
+    assert np.array_equal(got, 2 * xs)
+
+
+@pytest.mark.parametrize("clock", ["cpu", "wall"])
+def test_each_call_is_timed(clock: str) -> None:
+    with Isolated(busy, 0.01) as runner:
+        times = runner.time(4, clock)
+    assert len(times) == 4
+    assert all(0.009 < t < 1.0 for t in times), times
+
+
+def test_a_failing_build_raises_with_the_childs_traceback() -> None:
+    with pytest.raises(RuntimeError, match="(?s)the runner's process failed.*no such model"):
+        Isolated(failing)
