@@ -4,7 +4,7 @@
                                   [--no-compile]
     python bench/real_networks.py --speed [--models resnet18,...] [--size 224]
                                   [--batches 1,16] [--threads 1,2] [--target-cpu znver3]
-                                  [--cpu-time]
+                                  [--cpu-time] [--fold-batch-norm]
     python bench/real_networks.py --profile [--models squeezenet1_0] [--batches 1] [--top 12]
                                   [--threads 1]
 
@@ -112,6 +112,8 @@ def row(name: str, route: str, size: int, compile_too: bool) -> str:
 #: the 1-thread rows, which leaves out the time other processes hold the core on a loaded
 #: machine (every 1-thread runner computes on the calling thread).
 CLOCK = [time.perf_counter]
+#: Extra keywords of `--speed`'s tlc.compile (`--fold-batch-norm`).
+COMPILE_OPTIONS: dict[str, object] = {}
 
 
 def timed_loop(fn: Callable[[], object], n: int, clock: Callable[[], float]) -> float:
@@ -188,7 +190,8 @@ def speed_rows(name: str, size: int, batch: int, threads: list[int], target_cpu:
     rows = []
     for t in threads:
         start = time.perf_counter()
-        compiled = tlc.compile(traced, dtype="f32", threads=t, target_cpu=target_cpu)
+        compiled = tlc.compile(traced, dtype="f32", threads=t, target_cpu=target_cpu,
+                               **COMPILE_OPTIONS)  # fmt: skip
         built = time.perf_counter() - start
         opts = ort.SessionOptions()
         opts.intra_op_num_threads, opts.inter_op_num_threads = t, 1
@@ -384,6 +387,8 @@ def speed(args: argparse.Namespace) -> None:
 
     if args.cpu_time:
         CLOCK[0] = time.thread_time
+    if args.fold_batch_norm:
+        COMPILE_OPTIONS["fold_batch_norm"] = True
     clock = "1 thread: thread CPU time, 2+: wall time" if args.cpu_time else "wall time"
     print(
         f"CPU: {cpu_model()}; float32; tlc --target-cpu {args.target_cpu}; "
@@ -416,6 +421,11 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--cpu-time", action="store_true", help="1-thread rows by CPU time")
     parser.add_argument("--profile", action="store_true", help="per-node time, tlc and ORT")
+    parser.add_argument(
+        "--fold-batch-norm",
+        action="store_true",
+        help="--speed: tlc folds batch norms into the weights (tlc.compile(fold_batch_norm=True))",
+    )
     parser.add_argument("--top", type=int, default=12, help="--profile: gaps to list")
     args = parser.parse_args()
     if args.profile:
