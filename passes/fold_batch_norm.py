@@ -16,8 +16,9 @@ which is why the pass is opt-in: compiled code keeps the unfused graph's bits ot
 A batch norm is left as it is when its parent's output has another user (or is the output),
 when the parent or the batch norm has no payload record (parameters given at run time are not
 constants), when it normalises another axis than the producer's channels (a `linear`'s last
-axis, a `conv`'s `channel_axis`), or when some var + eps is not positive or a folded value is
-not finite.
+axis, a `conv`'s `channel_axis`), when a record lacks a field folding reads or holds one of
+another shape (the payload checks report it later), or when some var + eps is not positive or
+a folded value is not finite.
 
 The folded fields are computed from the source parameters, so a `tl.params` binding loses them
 (and the batch norm's): the folded graph no longer takes those parameters by name.
@@ -38,7 +39,16 @@ from xdsl.passes import ModulePass
 
 from tlc.core.diagnostics import DiagnosticError, did_you_mean
 from tlc.core.payload import Payload, Record
-from tlc.dialect.ops import BatchNormEvalOp, ConvOp, GraphOp, LinearOp, NodeOp, OutputOp, PayloadOp
+from tlc.dialect.ops import (
+    BATCH_NORM_STATS,
+    BatchNormEvalOp,
+    ConvOp,
+    GraphOp,
+    LinearOp,
+    NodeOp,
+    OutputOp,
+    PayloadOp,
+)
 from tlc.dialect.payload_section import payload_from_module, payload_op
 from tlc.dialect.program_ops import BindOp, ParamsOp
 from tlc.dialect.verify import infer_graph_shapes
@@ -87,6 +97,21 @@ def folded_record(producer: Record, norm: Record, eps: float) -> Record | None:
     return folded
 
 
+def _well_formed(producer: Record, norm: Record, channels: int) -> bool:
+    """Whether the records hold the fields folding reads, one value per channel."""
+    weight = producer.get("weight")
+    vectors = [norm.get(f) for f in BATCH_NORM_STATS]
+    if "bias" in producer:
+        vectors.append(producer["bias"])
+    return (
+        weight is not None
+        and weight.ndim >= 1
+        and weight.shape[0] == channels
+        and all(v is not None and v.shape == (channels,) for v in vectors)
+        and np.size(norm.get("eps", 0.0)) == 1
+    )
+
+
 def _eps(norm: Record) -> float:
     if "eps" in norm:
         return float(norm["eps"])
@@ -108,8 +133,8 @@ def foldable(
     if not value.has_one_use() or _channel_axis(producer) != node.meta("channel_axis"):
         return None
     norm, record = payload[node.id], payload[producer.id]
-    if record["weight"].shape[0] != node.meta("channels"):
-        return None
+    if not _well_formed(record, norm, node.meta("channels")):
+        return None  # left for the payload checks to report
     folded = folded_record(record, norm, _eps(norm))
     return None if folded is None else (producer, folded)
 
