@@ -145,3 +145,23 @@ def test_zoo_resnet50_through_onnx_folded_matches_onnxruntime() -> None:
     assert done is not None and len(done.folded) == 53  # all of them
     got = tlc.compile(traced, fold_batch_norm=True)(x)
     np.testing.assert_allclose(got, expected, rtol=RTOL, atol=ATOL)
+
+
+def test_a_refused_batch_norm_compiles_to_the_unfolded_bits() -> None:
+    """The conv's output also feeds the add, so nothing folds: the same graph, the same bits."""
+    text = """tl.graph @g {
+  %0 = input : [1, 2, 3, 3]
+  %1 = conv(%0) {kernel = [1, 1], channel_axis = 1, in_channels = 2, out_channels = 2}
+  %2 = batch_norm_eval(%1) {channel_axis = 1, channels = 2}
+  %3 = add(%1, %2)
+  output %3
+}
+"""
+    rng = np.random.default_rng(0)
+    payload = {"1.weight": rng.normal(0, 1, (2, 2, 1, 1))}
+    payload.update({f"2.{f}": v for f, v in batch_norm_record(rng, 2).items()})
+    (graph,) = tlc.parse(text).ops
+    assert fold_graph(graph, Payload.from_flat(payload)) is None
+    x = rng.normal(0, 1, (1, 2, 3, 3))
+    plain = tlc.compile(text, payload)(x)
+    assert np.array_equal(tlc.compile(text, payload, fold_batch_norm=True)(x), plain)
