@@ -210,9 +210,9 @@ def rebind(params: ParamsOp, done: Folded) -> ParamsOp | None:
     (None when no bind is left)."""
     changed = {done.ids[b] for b in done.folded}
     binds = [
-        BindOp(done.ids[b.node_id], b.kind.data, b.field_params())
-        for b in params.binds
-        if b.node_id not in done.folded and done.ids[b.node_id] not in changed
+        BindOp(done.ids.get(b.node_id, b.node_id), b.kind.data, b.field_params())
+        for b in params.binds  # a bind of no node stays, for the binding's checks to report
+        if b.node_id not in done.folded and done.ids.get(b.node_id) not in changed
     ]
     bound = {name for b in binds for name in b.field_params().values()}
     declared = [(n, s) for n, s in params.declared.items() if n in bound]
@@ -241,8 +241,9 @@ class FoldBatchNormPass(ModulePass):
                 continue
             block.insert_op_before(done.graph, graph)
             block.erase_op(graph)
-            for section in [p for p in op.ops if isinstance(p, PayloadOp) and p.graph_name == name]:
-                block.insert_op_before(payload_op(name, done.payload), section)
+            sections = [p for p in op.ops if isinstance(p, PayloadOp) and p.graph_name == name]
+            block.insert_op_before(payload_op(name, done.payload), sections[0])
+            for section in sections:
                 block.erase_op(section)
             for params in [p for p in op.ops if isinstance(p, ParamsOp) and p.graph_name == name]:
                 binding = rebind(params, done)
