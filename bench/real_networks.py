@@ -4,7 +4,7 @@
                                   [--no-compile]
     python bench/real_networks.py --speed [--models resnet18,...] [--size 224]
                                   [--batches 1,16] [--threads 1,2] [--target-cpu znver3]
-                                  [--cpu-time]
+                                  [--cpu-time] [--fold-batch-norm]
     python bench/real_networks.py --profile [--models squeezenet1_0] [--batches 1] [--top 12]
                                   [--threads 1]
 
@@ -116,6 +116,8 @@ def row(name: str, route: str, size: int, compile_too: bool) -> str:
 #: "cpu", the calling thread's CPU time, which leaves out the time other processes hold the
 #: core on a loaded machine (every 1-thread runner computes on the calling thread).
 CLOCK = ["wall"]
+#: Extra keywords of `--speed`'s tlc.compile (`--fold-batch-norm`).
+COMPILE_OPTIONS: dict[str, object] = {}
 
 
 #: The torchvision model of a zoo model's architecture, run by PyTorch beside it (its own
@@ -174,12 +176,14 @@ def workload(name: str, size: int, batch: int) -> Workload:
     return Workload(model, traced, x.numpy(), expected, net, x, True)
 
 
-def tlc_runner(model: bytes, xs: np.ndarray, threads: int, target_cpu: str) -> Callable[[], object]:
-    """tlc on the ONNX file (`Isolated`'s build, in the runner's process)."""
+def tlc_runner(model: bytes, xs: np.ndarray, threads: int, target_cpu: str,
+               options: dict[str, object]) -> Callable[[], object]:  # fmt: skip
+    """tlc on the ONNX file (`Isolated`'s build, in the runner's process), `options` passed
+    on to tlc.compile (`COMPILE_OPTIONS`)."""
     import onnx
 
     compiled = tlc.compile(tlc.from_onnx(onnx.load_from_string(model)), dtype="f32",
-                           threads=threads, target_cpu=target_cpu)  # fmt: skip
+                           threads=threads, target_cpu=target_cpu, **options)  # fmt: skip
     return lambda: compiled(xs)
 
 
@@ -219,7 +223,8 @@ def speed_rows(name: str, size: int, batch: int, threads: list[int], target_cpu:
     rows = []
     for t in threads:
         with contextlib.ExitStack() as stack:
-            runners = {"tlc": Isolated(tlc_runner, work.model, work.x, t, target_cpu)}
+            runners = {"tlc": Isolated(tlc_runner, work.model, work.x, t, target_cpu,
+                                        COMPILE_OPTIONS)}  # fmt: skip
             built = runners["tlc"].built_s
             runners["ort"] = Isolated(ort_runner, work.model, work.x, t)
             if work.net is not None:
@@ -408,9 +413,12 @@ def speed(args: argparse.Namespace) -> None:
 
     if args.cpu_time:
         CLOCK[0] = "cpu"
+    if args.fold_batch_norm:
+        COMPILE_OPTIONS["fold_batch_norm"] = True
     clock = "1 thread: thread CPU time, 2+: wall time" if args.cpu_time else "wall time"
     print(
-        f"CPU: {cpu_model()}; float32; tlc --target-cpu {args.target_cpu}; "
+        f"CPU: {cpu_model()}; float32; tlc --target-cpu {args.target_cpu}"
+        f"{', batch norms folded' if args.fold_batch_norm else ''}; "
         f"{args.size}x{args.size} images; each runner in a process of its own, {args.repeats} "
         f"turns each; medians per call; {clock}"
     )
@@ -442,6 +450,11 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--cpu-time", action="store_true", help="1-thread rows by CPU time")
     parser.add_argument("--profile", action="store_true", help="per-node time, tlc and ORT")
+    parser.add_argument(
+        "--fold-batch-norm",
+        action="store_true",
+        help="--speed: tlc folds batch norms into the weights (tlc.compile(fold_batch_norm=True))",
+    )
     parser.add_argument("--top", type=int, default=12, help="--profile: gaps to list")
     args = parser.parse_args()
     if args.profile:

@@ -1,7 +1,7 @@
 """The ONNX model zoo's "light" models (inside the onnx wheel) against ONNX Runtime in float32,
 through tlc's reference interpreter and its compiled code, with the time each step takes.
 
-    python bench/zoo.py [--model NAME ...] [--no-compile]
+    python bench/zoo.py [--model NAME ...] [--no-compile] [--fold-batch-norm]
 
 Each model's stored weight shapes are filled with random values (`tlc.tools.onnx_models.
 fill_weights`), ONNX Runtime runs the filled model on a random input (float32), and tlc imports
@@ -60,7 +60,7 @@ def zoo_model(name: str, batch: int = 1) -> onnx.ModelProto:
     return model
 
 
-def measure(path: str, compile_it: bool) -> str:
+def measure(path: str, compile_it: bool, fold_batch_norm: bool = False) -> str:
     model = fill_weights(onnx.load(path))
     (x,), (expected,) = _light_data(model)
     params = sum(int(np.prod(t.dims)) for t in model.graph.initializer)
@@ -78,7 +78,7 @@ def measure(path: str, compile_it: bool) -> str:
     if not compile_it:
         return row + " - | - | - |"
     start = time.perf_counter()
-    fn = tlc.compile(traced.module, traced.payload, dtype="f32")
+    fn = tlc.compile(traced.module, traced.payload, dtype="f32", fold_batch_norm=fold_batch_norm)
     compiled = time.perf_counter() - start
     start = time.perf_counter()
     got = fn(x)
@@ -90,6 +90,11 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", nargs="*", help="names (default: all nine)")
     parser.add_argument("--no-compile", action="store_true")
+    parser.add_argument(
+        "--fold-batch-norm",
+        action="store_true",
+        help="compile with batch norms folded (tlc-opt.md)",
+    )
     args = parser.parse_args()
     print("| model | params | import s | reference f32 error | compile s | compiled f32 error "
           "| run ms |")  # fmt: skip
@@ -97,7 +102,7 @@ def main() -> None:
     for path in model_paths("light"):
         if args.model and model_name(path) not in args.model:
             continue
-        print(measure(path, not args.no_compile), flush=True)
+        print(measure(path, not args.no_compile, args.fold_batch_norm), flush=True)
 
 
 if __name__ == "__main__":

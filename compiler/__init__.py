@@ -161,6 +161,7 @@ def compile(
     target_features: str = "",
     target_triple: str = "",
     threads: int | None = None,
+    fold_batch_norm: bool = False,
 ) -> Any:
     """JIT-compile a graph to native code: a callable `f(x) -> output` computing in `dtype`
     ("f32", the default as in PyTorch and ONNX Runtime, or "f64"; or a numpy float type). Inputs
@@ -169,6 +170,8 @@ def compile(
     `target_cpu`, `target_features` and `target_triple` choose the code (default: this CPU); a
     target this machine cannot run is refused. `threads` (default: every CPU this process may
     use) runs the parallel regions; results are identical for any count. See docs/threads-memory.md.
+    `fold_batch_norm=True` first folds each batch norm after a conv or linear layer into its
+    weights (the `fold-batch-norm` pass, docs/tlc-opt.md: faster, other bits).
     """
     from tlc.api.evaluate import choose, quoting, scalar_type
     from tlc.codegen.jit import compile_graph
@@ -178,6 +181,10 @@ def compile(
     target = resolve_target(target_cpu, target_features, target_triple)
     chosen, records = choose(source_or_module, graph, payload)
     with quoting(chosen):
+        if fold_batch_norm:
+            from tlc.passes.fold_batch_norm import folded_for_compile
+
+            chosen, records = folded_for_compile(chosen, records)
         return compile_graph(chosen, records, scalar, batch, target=target, threads=threads)
 
 

@@ -47,6 +47,12 @@ def _decompose() -> type[ModulePass]:
     return DecomposePass
 
 
+def _fold_batch_norm() -> type[ModulePass]:
+    from tlc.passes.fold_batch_norm import FoldBatchNormPass
+
+    return FoldBatchNormPass
+
+
 def _grad() -> type[ModulePass]:
     from tlc.passes.grad import GradPass
 
@@ -55,6 +61,7 @@ def _grad() -> type[ModulePass]:
 
 PASSES: dict[str, Callable[[], type[ModulePass]]] = {
     "decompose": _decompose,
+    "fold-batch-norm": _fold_batch_norm,
     "grad": _grad,
     "verify-structure": _verify_structure,
     "infer-shapes": _infer_shapes,
