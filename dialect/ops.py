@@ -405,8 +405,9 @@ class LeakyReluOp(UnaryOp):
 
     def decompose(self, em: Any, x: Any) -> Any:
         """max(x, s x) for s <= 1, min(x, s x) above: the selection `numpy` makes, bit for bit
-        for s > 0. For s <= 0 a zero result may carry the other sign (max(+0, -0) is +0 where
-        s * +0 is -0), and for s = 0 the value at x = +inf is NaN (0 * inf) instead of +inf."""
+        for every s but 0 (max and min give the second of equal values, so a zero result is
+        s x's zero, and a NaN x itself); for s = 0 the value at x = +inf is NaN (0 * inf)
+        instead of +inf."""
         slope = self.meta("negative_slope")
         return em.bind(MaxElemOp if slope <= 1 else MinElemOp, [x, em.scale(x, slope)])
 

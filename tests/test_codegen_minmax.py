@@ -4,7 +4,7 @@ and NaN payloads included (docs/semantics.md, "Signed zeros and NaN").
 The reference's rules are explicit selects (`tlc.dialect.ordering`): max(a, b) is a where a is
 NaN or a > b, else b (so of two equal values, -0.0 and +0.0 included, the second; of two NaNs
 the first), min likewise with a < b; relu, clip, hardsigmoid and hardswish are made of them, a
-max pool folds max over its taps in row-major order, leaky_relu (a slope above 0) and prelu
+max pool folds max over its taps in row-major order, leaky_relu (any slope but 0) and prelu
 give x unless x <= 0, sign gives +0.0 at either zero. Each op, on ±0.0, ±inf, NaNs of both signs (and one
 with a payload), subnormals and values at the bounds, in both operand orders, on AVX-512,
 AVX2 and SSE code, f32 and f64, one and two threads: every bit of the output equal.
@@ -52,8 +52,9 @@ UNARY: dict[str, Callable[[int], str]] = {
     "hardswish": lambda n: "hardswish(%0)",
     "leaky_relu": lambda n: "leaky_relu(%0) {negative_slope = 0.01}",
     "leaky_relu_steep": lambda n: "leaky_relu(%0) {negative_slope = 2.0}",
-    # leaky_relu with a slope <= 0 compiles through its decomposition max(x, s x), whose
-    # zeros may carry the other sign (and 0 x inf is NaN): docs/semantics.md says so.
+    "leaky_relu_negative": lambda n: "leaky_relu(%0) {negative_slope = -0.5}",
+    # leaky_relu {negative_slope = 0} compiles through its decomposition max(x, 0 x), NaN at
+    # x = +inf (0 inf) where the reference gives +inf: docs/semantics.md says so.
     "sign": lambda n: "sign(%0)",
     "clip_zeros": lambda n: "clip(%0) {min = -0.0, max = 0.0}",
 }
