@@ -1,13 +1,14 @@
 """Min, max and compare-select ops: the compiled code gives the reference's bits, signed zeros
 and NaN payloads included (docs/semantics.md, "Signed zeros and NaN").
 
-The reference's rules are explicit selects (`tlc.dialect.ordering`): max(a, b) is a where a is
+The reference's rules are explicit selects (`tlc.dialect.minmax`): max(a, b) is a where a is
 NaN or a > b, else b (so of two equal values, -0.0 and +0.0 included, the second; of two NaNs
 the first), min likewise with a < b; relu, clip, hardsigmoid and hardswish are made of them, a
 max pool folds max over its taps in row-major order, leaky_relu (any slope but 0) and prelu
-give x unless x <= 0, sign gives +0.0 at either zero. Each op, on ±0.0, ±inf, NaNs of both signs (and one
-with a payload), subnormals and values at the bounds, in both operand orders, on AVX-512,
-AVX2 and SSE code, f32 and f64, one and two threads: every bit of the output equal.
+give x unless x <= 0, sign gives +0.0 at either zero. Each op, on ±0.0, ±inf, NaNs of both
+signs (and one with a payload), subnormals and values at the bounds, in both operand orders,
+on AVX-512, AVX2 and SSE code, f32 and f64, one and two threads: every bit of the output
+equal.
 """
 
 from __future__ import annotations
