@@ -180,25 +180,29 @@ def test_the_references_max_and_min_are_its_selects(n: int, dtype: type) -> None
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_the_references_max_pool_folds_its_taps_in_order(dtype: type) -> None:
+def test_max_pools_fold_their_taps_in_order(dtype: type) -> None:
     """A max pool's value is max folded over its window's taps in row-major order from -inf:
     a window of zeros gives its last zero's sign, a window holding NaNs its first NaN, for a
-    global 56 x 56 window as for a 3 x 3 one (numpy's np.max over the window axes, before,
-    took lanes in its own order there)."""
+    global 56 x 56 or 7 x 7 window as for a 3 x 3 one, in the reference (numpy's np.max over
+    the window axes, before, took lanes in its own order) and in compiled code (whose global
+    pool folds in lanes, then again in order where the plane's maximum is zero or NaN)."""
     rng = np.random.default_rng(5)
     values = specials(dtype)
     pool = np.concatenate([values[:2], values[-3:]])
     u = UINT[dtype]
-    for h, kernel, count in ((56, 56, 1), (9, 3, 3)):
+    name = "f32" if dtype is np.float32 else "f64"
+    for h, kernel, count, nans in ((56, 56, 1, 5), (7, 7, 1, 0), (9, 3, 3, 5)):
         x = pool[rng.integers(0, 2, size=(2, 3, h, h))]
-        x.reshape(-1)[rng.integers(0, x.size, 5)] = pool[rng.integers(2, 5, 5)]
+        x.reshape(-1)[rng.integers(0, x.size, nans)] = pool[rng.integers(2, 5, nans)]
         text = (f"tl.graph @p {{\n  %0 = input : [2, 3, {h}, {h}]\n"
                 f"  %1 = max_pool(%0) {{kernel = [{kernel}, {kernel}], stride = [{kernel}, "
                 f"{kernel}]}}\n  output %1\n}}\n")  # fmt: skip
-        got = tlc.run(text, x, dtype="f32" if dtype is np.float32 else "f64").output
         want = np.full((2, 3, count, count), -np.inf, dtype)
         for i in range(kernel):
             for j in range(kernel):
                 tap = x[:, :, i::kernel, j::kernel]
                 want = np.where(np.isnan(want) | (want > tap), want, tap)
-        assert np.array_equal(got.view(u), want.view(u))
+        assert np.array_equal(tlc.run(text, x, dtype=name).output.view(u), want.view(u))
+        for threads in (1, 2):
+            got = tlc.compile(text, dtype=name, threads=threads)(x)
+            assert np.array_equal(np.asarray(got).view(u), want.view(u))

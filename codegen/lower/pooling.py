@@ -117,9 +117,10 @@ def _global_pool(k: KernelBuilder, f: PoolFrame, x: Buf, out: Buf,
     elements j, j + lanes, ...; the last vector masked, its other lanes `init`), then the
     lanes in order, divided by `scale`. With `exact` (the max pool's `maximum`, whose ties
     and NaNs depend on the order) `combine` is `vmaxps` alone, right where the plane's
-    maximum is not zero and no input is NaN (a nonzero value has one bit pattern); a plane
-    whose fold is zero or held a NaN (an unordered compare per vector flags it) is folded
-    again element by element in row-major order with `exact`."""
+    maximum is not zero and no input is NaN (a nonzero value has one bit pattern). A plane
+    that held a NaN (an unordered compare per vector flags it) is folded again element by
+    element in row-major order with `exact`; one whose fold is zero takes its last zero (the
+    later of equal values wins), a select per element with no chain through a compare."""
     b = k.b
     lanes = max(k.info.vector_bytes // k.dtype.itemsize, 1)
     vec = ir.VectorType(k.T, lanes)
@@ -151,12 +152,16 @@ def _global_pool(k: KernelBuilder, f: PoolFrame, x: Buf, out: Buf,
         if exact is not None:
             held = k.local(value, "gtop")
             seen = b.bitcast(b.load(nan), ir.IntType(lanes))
-            again = b.or_(b.icmp_unsigned("!=", seen, ir.Constant(ir.IntType(lanes), 0)),
-                          b.fcmp_ordered("==", value, k.const(0)))  # fmt: skip
-            with b.if_then(again, likely=False):
-                b.store(k.const(init), held)
-                with k.loop(n, "e") as e:
-                    b.store(exact(b.load(held), k.load(x, b.add(x_base, e))), held)
+            any_nan = b.icmp_unsigned("!=", seen, ir.Constant(ir.IntType(lanes), 0))
+            redo = b.or_(any_nan, b.fcmp_ordered("==", value, k.const(0)))
+            with b.if_then(redo, likely=False), b.if_else(any_nan) as (with_nan, zero):
+                with with_nan:
+                    b.store(k.const(init), held)
+                    with k.loop(n, "e") as e:
+                        b.store(exact(b.load(held), k.load(x, b.add(x_base, e))), held)
+                with zero, k.loop(n, "e") as e:  # the fold's zero is the plane's last zero
+                    v = k.load(x, b.add(x_base, e))
+                    b.store(b.select(b.fcmp_ordered("==", v, k.const(0)), v, b.load(held)), held)
             value = b.load(held)
         if scale != 1:
             value = b.fdiv(value, k.const(scale))
