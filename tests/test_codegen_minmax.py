@@ -58,6 +58,7 @@ UNARY: dict[str, Callable[[int], str]] = {
     # x = +inf (0 inf) where the reference gives +inf: docs/semantics.md says so.
     "sign": lambda n: "sign(%0)",
     "clip_zeros": lambda n: "clip(%0) {min = -0.0, max = 0.0}",
+    "clip_nan_bound": lambda n: "clip(%0) {min = nan, max = 1.0}",  # NaN, x's where x is NaN
 }
 #: Pools over the input viewed as [1, 1, 1, n] (a max pool's NaN is its window's first).
 POOLS: dict[str, Callable[[int], str]] = {

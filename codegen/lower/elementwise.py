@@ -136,7 +136,8 @@ def at_least(k: KernelBuilder, x: ir.Value, bound: float) -> ir.Value:
 
 
 def at_most(k: KernelBuilder, x: ir.Value, bound: float) -> ir.Value:
-    """`minimum(x, bound)` for a constant bound (x ult bound: `vcmpnleps` the other way)."""
+    """`minimum(x, bound)` for a constant bound: x where x is NaN or below it (x ult bound),
+    else the bound; a NaN bound needs the general form."""
     c = k.like(bound, x)
     if math.isnan(bound):
         return minimum(k, x, c)
