@@ -405,10 +405,13 @@ class LeakyReluOp(UnaryOp):
 
     def decompose(self, em: Any, x: Any) -> Any:
         """max(x, s x) for s <= 1, min(x, s x) above: the selection `numpy` makes, bit for bit
-        for every s but 0 (max and min give the second of equal values, so a zero result is
-        s x's zero, and a NaN x itself); for s = 0 the value at x = +inf is NaN (0 * inf)
-        instead of +inf."""
+        (max and min give the second of equal values, so a zero result is s x's zero, and a
+        NaN x itself). For s = 0 the product is 0 min(x, 1), so that x = +inf gives +inf, not
+        max(inf, 0 inf) = NaN."""
         slope = self.meta("negative_slope")
+        if slope == 0:
+            below = em.scale(em.bind(MinElemOp, [x, em.full_like(x, 1.0)]), 0.0)
+            return em.bind(MaxElemOp, [x, below])
         return em.bind(MaxElemOp if slope <= 1 else MinElemOp, [x, em.scale(x, slope)])
 
 

@@ -4,7 +4,7 @@ and NaN payloads included (docs/semantics.md, "Signed zeros and NaN").
 The reference's rules are explicit selects (`tlc.dialect.minmax`): max(a, b) is a where a is
 NaN or a > b, else b (so of two equal values, -0.0 and +0.0 included, the second; of two NaNs
 the first), min likewise with a < b; relu, clip, hardsigmoid and hardswish are made of them, a
-max pool folds max over its taps in row-major order, leaky_relu (any slope but 0) and prelu
+max pool folds max over its taps in row-major order, leaky_relu and prelu
 give x unless x <= 0, sign gives +0.0 at either zero. Each op, on ±0.0, ±inf, NaNs of both
 signs (and one with a payload), subnormals and values at the bounds, in both operand orders,
 on AVX-512, AVX2 and SSE code, f32 and f64, one and two threads: every bit of the output
@@ -54,8 +54,7 @@ UNARY: dict[str, Callable[[int], str]] = {
     "leaky_relu": lambda n: "leaky_relu(%0) {negative_slope = 0.01}",
     "leaky_relu_steep": lambda n: "leaky_relu(%0) {negative_slope = 2.0}",
     "leaky_relu_negative": lambda n: "leaky_relu(%0) {negative_slope = -0.5}",
-    # leaky_relu {negative_slope = 0} compiles through its decomposition max(x, 0 x), NaN at
-    # x = +inf (0 inf) where the reference gives +inf: docs/semantics.md says so.
+    "leaky_relu_flat": lambda n: "leaky_relu(%0) {negative_slope = 0.0}",
     "sign": lambda n: "sign(%0)",
     "clip_zeros": lambda n: "clip(%0) {min = -0.0, max = 0.0}",
     "clip_nan_bound": lambda n: "clip(%0) {min = nan, max = 1.0}",  # NaN, x's where x is NaN
@@ -84,8 +83,8 @@ def graph_text(op: str, n: int, swap: bool) -> str:
 #: Ops whose NaN may come out of arithmetic (slope x, alpha x + beta, x hardsigmoid(x)): NaN
 #: where the reference has NaN, its sign and payload not compared. LLVM gives a NaN product
 #: no fixed bits (it folds -1 * s into -s, flipping a NaN slope's sign); selects keep theirs.
-ARITHMETIC = {"prelu", "leaky_relu", "leaky_relu_negative", "leaky_relu_steep", "hardsigmoid",
-              "hardsigmoid_zero", "hardswish"}  # fmt: skip
+ARITHMETIC = {"prelu", "leaky_relu", "leaky_relu_negative", "leaky_relu_steep", "leaky_relu_flat",
+              "hardsigmoid", "hardsigmoid_zero", "hardswish"}  # fmt: skip
 
 
 def assert_same_bits(got: np.ndarray, expected: np.ndarray, dtype: type,
