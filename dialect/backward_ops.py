@@ -20,9 +20,9 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-import numpy as np
 from xdsl.irdl import irdl_op_definition
 
+from tlc.dialect import minmax
 from tlc.dialect.families import Monotone, NodeOp, OnnxSpelling, PoolOp, TorchSpelling, UnaryOp
 from tlc.dialect.metadata import Field, Kind
 from tlc.dialect.ops import ConvOp
@@ -37,7 +37,7 @@ class SignOp(UnaryOp):
     ONNX = OnnxSpelling("Sign")
     TORCH = TorchSpelling(functions=("torch.sign",), methods=("sign",))
     MONOTONE = Monotone.INCREASING
-    numpy = staticmethod(np.sign)
+    numpy = staticmethod(minmax.sign)
 
 
 @irdl_op_definition

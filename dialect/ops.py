@@ -33,6 +33,7 @@ from xdsl.irdl import (
 from xdsl.traits import IsolatedFromAbove, NoTerminator, SymbolOpInterface
 
 from tlc.core.attrs import block_of
+from tlc.dialect import minmax
 from tlc.dialect.families import (
     AxisOp,
     BinaryOp,
@@ -213,7 +214,7 @@ class MaxElemOp(BinaryOp):
     name = "tl.max_elem"
     ONNX = OnnxSpelling("Max")
     TORCH = TorchSpelling(functions=("torch.maximum", "torch.max"), methods=("maximum",))
-    numpy = staticmethod(np.maximum)
+    numpy = staticmethod(minmax.maximum)
     EXACT_MONOTONE = True
 
 
@@ -224,7 +225,7 @@ class MinElemOp(BinaryOp):
     name = "tl.min_elem"
     ONNX = OnnxSpelling("Min")
     TORCH = TorchSpelling(functions=("torch.minimum", "torch.min"), methods=("minimum",))
-    numpy = staticmethod(np.minimum)
+    numpy = staticmethod(minmax.minimum)
     EXACT_MONOTONE = True
 
 
@@ -289,7 +290,7 @@ class PreluOp(BinaryOp):
     ONNX = OnnxSpelling("PRelu")
 
     def numpy(self, x: np.ndarray, slope: np.ndarray) -> np.ndarray:
-        return np.where(x > 0, x, x * slope)
+        return np.where(x <= 0, x * slope, x)  # a NaN x itself, as leaky_relu
 
     def decompose(self, em: Any, x: Any, slope: Any) -> Any:
         """relu(x) + slope · min(x, 0): the value `numpy` selects (x + 0 above 0, 0 + slope x
@@ -367,7 +368,7 @@ class ReluOp(UnaryOp):
     MONOTONE = Monotone.INCREASING
 
     def numpy(self, x: np.ndarray) -> np.ndarray:
-        return np.maximum(x, 0)
+        return minmax.maximum(x, x.dtype.type(0))
 
     def derivative(self, em: Any, x: Any, y: Any) -> Any:
         return em.unary(ReluOp, em.sign(x))
@@ -392,7 +393,9 @@ class LeakyReluOp(UnaryOp):
         return Monotone.INCREASING if self.meta("negative_slope") >= 0 else Monotone.NONE
 
     def numpy(self, x: np.ndarray) -> np.ndarray:
-        return np.where(x > 0, x, x * x.dtype.type(self.meta("negative_slope")))
+        # x unless x <= 0: a NaN x is itself (not NaN times the slope, whose bits would be
+        # the multiplier's choice when the slope is NaN too)
+        return np.where(x <= 0, x * x.dtype.type(self.meta("negative_slope")), x)
 
     def derivative(self, em: Any, x: Any, y: Any) -> Any:
         """1 where x > 0, else the slope (PyTorch's value at 0): s + (1 - s) relu(sign(x))."""
@@ -402,9 +405,13 @@ class LeakyReluOp(UnaryOp):
 
     def decompose(self, em: Any, x: Any) -> Any:
         """max(x, s x) for s <= 1, min(x, s x) above: the selection `numpy` makes, bit for bit
-        for s > 0. For s <= 0 a zero result may carry the other sign (max(+0, -0) is +0 where
-        s * +0 is -0), and for s = 0 the value at x = +inf is NaN (0 * inf) instead of +inf."""
+        (max and min give the second of equal values, so a zero result is s x's zero, and a
+        NaN x itself). For s = 0 the product is 0 min(x, 1), so that x = +inf gives +inf, not
+        max(inf, 0 inf) = NaN."""
         slope = self.meta("negative_slope")
+        if slope == 0:
+            below = em.scale(em.bind(MinElemOp, [x, em.full_like(x, 1.0)]), 0.0)
+            return em.bind(MaxElemOp, [x, below])
         return em.bind(MaxElemOp if slope <= 1 else MinElemOp, [x, em.scale(x, slope)])
 
 
@@ -455,7 +462,7 @@ class SigmoidOp(UnaryOp):
 
 def softplus(x: np.ndarray) -> np.ndarray:
     """log(1 + e^x) without overflow: max(x, 0) + log1p(e^-|x|)."""
-    return np.maximum(x, 0) + np.log1p(np.exp(-np.abs(x)))
+    return minmax.maximum(x, x.dtype.type(0)) + np.log1p(np.exp(-np.abs(x)))
 
 
 @irdl_op_definition
@@ -674,8 +681,8 @@ def _elu(x: np.ndarray, alpha: float) -> np.ndarray:
     rather than PyTorch's expm1 (an absolute difference of about an ULP of 1, relatively more
     for x near 0), so that the decomposition is this function bit for bit."""
     dtype = x.dtype.type
-    below = np.exp(np.minimum(x, 0)) - dtype(1)
-    return np.maximum(x, 0) + below * dtype(alpha)
+    below = np.exp(minmax.minimum(x, dtype(0))) - dtype(1)
+    return minmax.maximum(x, dtype(0)) + below * dtype(alpha)
 
 
 def _elu_derivative(em: Any, x: Any, alpha: float) -> Any:
@@ -752,7 +759,7 @@ class SeluOp(UnaryOp):
 def hardsigmoid(x: np.ndarray, alpha: float, beta: float) -> np.ndarray:
     """min(max(alpha x + beta, 0), 1) in x's dtype."""
     dtype = x.dtype.type
-    return np.minimum(np.maximum(x * dtype(alpha) + dtype(beta), 0), 1)
+    return minmax.minimum(minmax.maximum(x * dtype(alpha) + dtype(beta), dtype(0)), dtype(1))
 
 
 @irdl_op_definition
@@ -850,7 +857,8 @@ class ClipOp(UnaryOp):
 
     def numpy(self, x: np.ndarray) -> np.ndarray:
         dtype = x.dtype.type
-        return np.minimum(np.maximum(x, dtype(self.meta("min"))), dtype(self.meta("max")))
+        low = minmax.maximum(x, dtype(self.meta("min")))
+        return minmax.minimum(low, dtype(self.meta("max")))
 
     def derivative(self, em: Any, x: Any, y: Any) -> Any:
         """1 on [min, max] (bounds included, as PyTorch's clamp), else 0:

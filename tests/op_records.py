@@ -317,7 +317,8 @@ HAND_RECORDS: tuple[OpRecord, ...] = (
              lambda t, xs, r, m: t.clamp(xs[0], min=m["min"]),
              fields={"min": 0.25, "max": math.inf}),
     # div, prelu, pow, lrn: by their facts (div's interval, pow's interval and lowering
-    # explicit; prelu and lrn through their decompositions)
+    # explicit, prelu's lowering explicit (its select's signed zeros); prelu's intervals and
+    # lrn through their decompositions)
     OpRecord("div", ops.DivOp, ((2, 3), (2, 3)), (2, 3), _binary("div"),
              samplers=(normal, away_from_zero)),
     OpRecord("prelu", ops.PreluOp, ((2, 3), (2, 3)), (2, 3),

@@ -191,7 +191,8 @@ def test_hot_loops_use_the_targets_vectors(dtype: type, cpu: str) -> None:
     asm = emit_assembly(compile_ir(built.ir, target), target)
     reg = VECTOR_REGISTERS[cpu]
     assert re.search(rf"vfmadd\w+\s+.*%{reg}", asm), f"the GEMM should use {reg} FMAs"
-    assert re.search(rf"vmax\w+\s+.*%{reg}", asm), f"relu should be a {reg} max"
+    # relu: a compare with 0 (x ugt 0) and a select, the reference's max(x, 0)
+    assert re.search(rf"vcmp\w+\s+.*%{reg}", asm), f"relu should be a {reg} compare"
     if reg == "ymm":
         assert "zmm" not in asm, "AVX2 code must not touch AVX-512 registers"
 

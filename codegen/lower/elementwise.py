@@ -111,24 +111,65 @@ def _element_range(k: KernelBuilder, s: Step) -> tuple[ir.Value | int, ir.Value 
     return b.mul(lo, block), b.select(last, k.i64(s.out.size), top)
 
 
+def maximum(k: KernelBuilder, a: ir.Value, b: ir.Value) -> ir.Value:
+    """The reference's max(a, b) (`tlc.dialect.minmax.maximum`), bit for bit, on scalars or
+    vectors: a where a is NaN or a > b, else b (of equal values, -0.0 and +0.0 too, the
+    second; of NaNs the first). `vmaxps` (a > b ? a : b) and a select of a where a is NaN.
+    (`llvm.maximum` orders -0.0 below +0.0 and picks a NaN of its own.)"""
+    bld = k.b
+    return bld.select(bld.or_(bld.fcmp_unordered("uno", a, a), bld.fcmp_ordered(">", a, b)), a, b)
+
+
+def minimum(k: KernelBuilder, a: ir.Value, b: ir.Value) -> ir.Value:
+    """The reference's min(a, b): a where a is NaN or a < b, else b (`maximum`'s rule)."""
+    bld = k.b
+    return bld.select(bld.or_(bld.fcmp_unordered("uno", a, a), bld.fcmp_ordered("<", a, b)), a, b)
+
+
+def at_least(k: KernelBuilder, x: ir.Value, bound: float) -> ir.Value:
+    """`maximum(x, bound)` for a constant bound: x where x is NaN or above it (x ugt bound:
+    one compare, `vcmpnleps`), else the bound; a NaN bound needs the general form."""
+    c = k.like(bound, x)
+    if math.isnan(bound):
+        return maximum(k, x, c)
+    return k.b.select(k.b.fcmp_unordered(">", x, c), x, c)
+
+
+def at_most(k: KernelBuilder, x: ir.Value, bound: float) -> ir.Value:
+    """`minimum(x, bound)` for a constant bound: x where x is NaN or below it (x ult bound),
+    else the bound; a NaN bound needs the general form."""
+    c = k.like(bound, x)
+    if math.isnan(bound):
+        return minimum(k, x, c)
+    return k.b.select(k.b.fcmp_unordered("<", x, c), x, c)
+
+
 def _relu(k: KernelBuilder, node: NodeOp, x: ir.Value) -> ir.Value:
-    """max(x, 0), NaN propagating like numpy's maximum (on scalars or vectors)."""
-    return k.intrinsic("maximum", x, k.like(0, x))
+    """max(x, 0): x where x is NaN or above 0, else +0.0 (so relu(-0.0) is +0.0): a compare
+    and a masked move (llvm.maximum took three instructions)."""
+    return at_least(k, x, 0.0)
 
 
 def _clip(k: KernelBuilder, node: NodeOp, x: ir.Value) -> ir.Value:
-    """min(max(x, min), max) in one pass, as numpy's minimum/maximum (NaN propagating; an
+    """min(max(x, min), max) in one pass, the reference's `maximum` and `minimum` (NaN
+    stays; a result equal to a bound is the bound, so clip {max = 0} of -0.0 is +0.0; an
     absent bound is infinite). Its decomposition materialised both bounds as full tensors:
     relu6 was a quarter of mobilenet_v2's time."""
-    low = k.intrinsic("maximum", x, k.like(node.meta("min"), x))
-    return k.intrinsic("minimum", low, k.like(node.meta("max"), x))
+    return at_most(k, at_least(k, x, node.meta("min")), node.meta("max"))
 
 
 def _hard_sigmoid(k: KernelBuilder, x: ir.Value, alpha: float, beta: float) -> ir.Value:
     """min(max(alpha x + beta, 0), 1): the reference's operations in its order (alpha and
-    beta rounded to the dtype; NaN propagating like numpy's minimum/maximum)."""
+    beta rounded to the dtype; `maximum` and `minimum`)."""
     t = k.b.fadd(k.b.fmul(x, k.like(alpha, x)), k.like(beta, x))
-    return k.intrinsic("minimum", k.intrinsic("maximum", t, k.like(0, x)), k.like(1, x))
+    return at_most(k, at_least(k, t, 0.0), 1.0)
+
+
+def _prelu(k: KernelBuilder, node: NodeOp, x: ir.Value, slope: ir.Value) -> ir.Value:
+    """The reference's select, slope x where x <= 0, else x (a NaN x itself): one compare (x
+    ugt 0) and a select. Its decomposition, relu(x) + slope min(x, 0), which the intervals
+    keep for its tighter boxes, gives +0.0 where slope x is -0.0."""
+    return k.b.select(k.b.fcmp_unordered(">", x, k.like(0, x)), x, k.b.fmul(x, slope))
 
 
 def _hardsigmoid(k: KernelBuilder, node: NodeOp, x: ir.Value) -> ir.Value:
@@ -154,7 +195,7 @@ def _sigmoid(k: KernelBuilder, node: NodeOp, x: ir.Value) -> ir.Value:
 def _softplus(k: KernelBuilder, node: NodeOp, x: ir.Value) -> ir.Value:
     """max(x, 0) + log1p(exp(-|x|)): no overflow for large |x|."""
     tail = k.libm("log1p", k.intrinsic("exp", k.b.fneg(k.intrinsic("fabs", x))))
-    return k.b.fadd(k.intrinsic("maximum", x, k.const(0)), tail)
+    return k.b.fadd(at_least(k, x, 0.0), tail)
 
 
 def _gelu(k: KernelBuilder, node: NodeOp, x: ir.Value) -> ir.Value:
@@ -170,9 +211,11 @@ def _gelu(k: KernelBuilder, node: NodeOp, x: ir.Value) -> ir.Value:
 
 
 def _sign(k: KernelBuilder, node: NodeOp, x: ir.Value) -> ir.Value:
-    """-1, 0 or 1 (NaN stays NaN, like numpy's sign)."""
-    negative = k.b.select(k.b.fcmp_ordered("<", x, k.const(0)), k.const(-1), x)
-    return k.b.select(k.b.fcmp_ordered(">", x, k.const(0)), k.const(1), negative)
+    """-1, +0.0 or 1; a NaN x stays (`tlc.dialect.minmax.sign`: -0.0 gives +0.0)."""
+    b = k.b
+    zero = b.select(b.fcmp_unordered("uno", x, x), x, k.const(0))
+    negative = b.select(b.fcmp_ordered("<", x, k.const(0)), k.const(-1), zero)
+    return b.select(b.fcmp_ordered(">", x, k.const(0)), k.const(1), negative)
 
 
 def _gelu_grad(k: KernelBuilder, node: NodeOp, x: ir.Value) -> ir.Value:
@@ -197,12 +240,13 @@ for _op, _fn in (
     (ops.AddOp, lambda k, n, a, b: k.b.fadd(a, b)),
     (ops.SubOp, lambda k, n, a, b: k.b.fsub(a, b)),
     (ops.MulElemOp, lambda k, n, a, b: k.b.fmul(a, b)),
-    (ops.MaxElemOp, lambda k, n, a, b: k.intrinsic("maximum", a, b)),
-    (ops.MinElemOp, lambda k, n, a, b: k.intrinsic("minimum", a, b)),
+    (ops.MaxElemOp, lambda k, n, a, b: maximum(k, a, b)),
+    (ops.MinElemOp, lambda k, n, a, b: minimum(k, a, b)),
     (ops.ClipOp, _clip),
     (ops.AbsOp, lambda k, n, x: k.intrinsic("fabs", x)),
     (ops.SqrtOp, lambda k, n, x: k.intrinsic("sqrt", x)),
     (ops.ReluOp, _relu),
+    (ops.PreluOp, _prelu),
     (ops.TanhOp, lambda k, n, x: k.libm("tanh", x)),
     (ops.SigmoidOp, _sigmoid),
     (ops.HardSigmoidOp, _hardsigmoid),

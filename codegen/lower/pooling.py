@@ -17,6 +17,7 @@ from tlc.codegen.gemm import (
     stride_phase,
 )
 from tlc.codegen.lower.convolution import ConvFrame, Fast, each_strip, row_inputs, window_strips
+from tlc.codegen.lower.elementwise import maximum
 from tlc.codegen.lower.rules import Step, register
 from tlc.codegen.lower.windows import (
     Axis,
@@ -84,7 +85,10 @@ def _pool(k: KernelBuilder, s: Step, init: float, combine: Combine, scale: float
     frame, b = f.conv_frame(), k.b
     lo, hi = s.part_range(k, f.lead)
     if not any(f.window.padding) and f.window.kernel == f.window.in_sp:
-        _global_pool(k, f, x, out, (lo, hi), init, combine, scale)
+        if fast is None:
+            _global_pool(k, f, x, out, (lo, hi), init, combine, scale)
+        else:  # ordered: vmaxps, then `combine` in order where its ties or NaNs matter
+            _global_pool(k, f, x, out, (lo, hi), init, fast[1], scale, exact=combine)
         return
     if frame.staged:
         assert s.scratch is not None
@@ -108,31 +112,57 @@ def _pool(k: KernelBuilder, s: Step, init: float, combine: Combine, scale: float
 
 def _global_pool(k: KernelBuilder, f: PoolFrame, x: Buf, out: Buf,
                  planes: tuple[ir.Value, ir.Value], init: float, combine: Combine,
-                 scale: float) -> None:  # fmt: skip
+                 scale: float, exact: Combine | None = None) -> None:  # fmt: skip
     """One window over each whole plane: combine its elements in vectors (lane j takes
     elements j, j + lanes, ...; the last vector masked, its other lanes `init`), then the
-    lanes in order, divided by `scale`."""
+    lanes in order, divided by `scale`. With `exact` (the max pool's `maximum`, whose ties
+    and NaNs depend on the order) `combine` is `vmaxps` alone, right where the plane's
+    maximum is not zero and no input is NaN (a nonzero value has one bit pattern). A plane
+    that held a NaN (an unordered compare per vector flags it) is folded again element by
+    element in row-major order with `exact`; one whose fold is zero takes its last zero (the
+    later of equal values wins), a select per element with no chain through a compare."""
     b = k.b
     lanes = max(k.info.vector_bytes // k.dtype.itemsize, 1)
     vec = ir.VectorType(k.T, lanes)
     n = f.in_plane
     whole = n - n % lanes
     fill = ir.Constant(vec, [init] * lanes)
+    flags = ir.VectorType(I1, lanes)
     with k.loop(planes[1], "lead", start=planes[0]) as lead:
         x_base, out_base = f.planes(k, lead)
         acc = k.local(fill, "gacc")
+        nan = k.local(ir.Constant(flags, None), "gnan")
+
+        def fold(inputs: ir.Value) -> None:
+            b.store(combine(b.load(acc), inputs), acc)
+            if exact is not None:
+                b.store(b.or_(b.load(nan), b.fcmp_unordered("uno", inputs, inputs)), nan)
+
         if whole:
             with k.loop(whole, "e", step=lanes) as e:
-                inputs = load_vector(k, vec, k.at(x, b.add(x_base, e)), lanes)
-                b.store(combine(b.load(acc), inputs), acc)
+                fold(load_vector(k, vec, k.at(x, b.add(x_base, e)), lanes))
         if n > whole:
             tail = load_vector(k, vec, k.at(x, b.add(x_base, k.i64(whole))), n - whole)
-            keep = ir.Constant(ir.VectorType(I1, lanes), [j < n - whole for j in range(lanes)])
-            b.store(combine(b.load(acc), b.select(keep, tail, fill)), acc)
+            keep = ir.Constant(flags, [j < n - whole for j in range(lanes)])
+            fold(b.select(keep, tail, fill))
         total = b.load(acc)
         value = b.extract_element(total, k.i64(0))
         for j in range(1, lanes):
             value = combine(value, b.extract_element(total, k.i64(j)))
+        if exact is not None:
+            held = k.local(value, "gtop")
+            seen = b.bitcast(b.load(nan), ir.IntType(lanes))
+            any_nan = b.icmp_unsigned("!=", seen, ir.Constant(ir.IntType(lanes), 0))
+            redo = b.or_(any_nan, b.fcmp_ordered("==", value, k.const(0)))
+            with b.if_then(redo, likely=False), b.if_else(any_nan) as (with_nan, zero):
+                with with_nan:
+                    b.store(k.const(init), held)
+                    with k.loop(n, "e") as e:
+                        b.store(exact(b.load(held), k.load(x, b.add(x_base, e))), held)
+                with zero, k.loop(n, "e") as e:  # the fold's zero is the plane's last zero
+                    v = k.load(x, b.add(x_base, e))
+                    b.store(b.select(b.fcmp_ordered("==", v, k.const(0)), v, b.load(held)), held)
+            value = b.load(held)
         if scale != 1:
             value = b.fdiv(value, k.const(scale))
         k.store(value, out, out_base)
@@ -141,19 +171,6 @@ def _global_pool(k: KernelBuilder, f: PoolFrame, x: Buf, out: Buf,
 def _pool_parts(node: NodeOp, parents: list[Shape], out: Shape) -> int:
     """Pooling splits into its planes (leading indices: the channels at batch 1)."""
     return PoolFrame.of(node, parents[0], out).lead
-
-
-def numpy_maximum(k: KernelBuilder, a: ir.Value, x: ir.Value) -> ir.Value:
-    """numpy's maximum(a, x), the reference max pool's step, bit for bit (numpy on x86): a
-    NaN `a` stays, else a if a > x, else x (so a NaN `x` comes in, and of two equal values,
-    -0.0 and +0.0 included, the later one wins). It is associative, with -inf as its
-    identity, so consecutive blocks of taps may be folded apart and combined in order.
-    Four instructions on AVX-512 (compares of a < x and of a with itself, their union, a
-    masked move), where `llvm.maximum` (-0.0 below +0.0, NaN from either side) takes six;
-    the max pool runs it only on strips holding a NaN (`_max_pool`)."""
-    b = k.b
-    larger = b.select(b.fcmp_ordered(">", a, x), a, x)
-    return b.select(b.fcmp_unordered("uno", a, a), a, larger)
 
 
 def _in_place(node: NodeOp, x: Shape) -> bool:
@@ -173,13 +190,13 @@ def _max_pool_rows(k: KernelBuilder, s: Step, larger: Combine, exact: Combine) -
     input column (j + l) * stride + kw - padding: `stride` vectors of consecutive inputs,
     one lane in `stride` picked by a shuffle), then the rows are combined in order.
     Kernel rows in the padding are skipped, and in the strips at a row's ends the columns
-    outside the input are masked to -inf: -inf is the identity of numpy's maximum on both
+    outside the input are masked to -inf: -inf is the identity of the reference's maximum on both
     sides, so this is the reference's fold over the padded window. Where a window's last
     row is the next one's first (3x3 stride 2) that row's fold is kept, per strip, for the
     window below (6 row taps per output strip instead of 9). Rows fold with `larger` (one
     `vmaxps`), flagging the lanes whose inputs are NaN; a strip with a flagged lane, or
     below one (whose kept row may hold the NaN), is folded again with `exact`
-    (`numpy_maximum`) from its inputs. No staged copy: staging squeezenet1_0's planes into
+    (`maximum`) from its inputs. No staged copy: staging squeezenet1_0's planes into
     stride phases took half its max pools' time."""
     x, out, b = s.args[0], s.out, k.b
     f = PoolFrame.of(s.node, x.shape, out.shape)
@@ -293,22 +310,22 @@ def _max_pool_rows(k: KernelBuilder, s: Step, larger: Combine, exact: Combine) -
 
 @register(ops.MaxPoolOp, parts=_pool_parts, scratch=_max_pool_scratch)
 def _max_pool(k: KernelBuilder, s: Step) -> None:
-    """The reference's max over each window (numpy's maximum folded over the taps in
-    row-major order): `numpy_maximum` over consecutive blocks of taps, combined in order.
-    Where no input of a strip is NaN that is one `vmaxps` a tap (a > x ? a : x: the later of
-    equal values, as numpy), so each strip folds with it first, flagging the lanes whose
+    """The reference's max over each window (its `maximum` folded over the taps in row-major
+    order): `maximum` over consecutive blocks of taps, combined in order. Where no input of
+    a strip is NaN that is one `vmaxps` a tap (a > x ? a : x: the later of equal values, as
+    the reference), so each strip folds with it first, flagging the lanes whose
     inputs are NaN (one unordered compare per pair of inputs), and a strip with a flagged
     lane is folded again exactly (`window_strips`' `fast`)."""
     b = k.b
 
-    def larger(acc: ir.Value, x: ir.Value) -> ir.Value:  # one maxps: numpy's without NaN
+    def larger(acc: ir.Value, x: ir.Value) -> ir.Value:  # one maxps: `maximum` without NaN
         return b.select(b.fcmp_ordered(">", acc, x), acc, x)
 
     if _in_place(s.node, s.args[0].shape):
-        _max_pool_rows(k, s, larger, lambda acc, v: numpy_maximum(k, acc, v))
+        _max_pool_rows(k, s, larger, lambda acc, v: maximum(k, acc, v))
         return
     fast = (lambda acc, tap, x: larger(acc, x), larger, lambda x: b.fcmp_unordered("uno", x, x))
-    _pool(k, s, -math.inf, lambda acc, v: numpy_maximum(k, acc, v), 1.0, ordered=True,
+    _pool(k, s, -math.inf, lambda acc, v: maximum(k, acc, v), 1.0, ordered=True,
           fast=fast)  # fmt: skip
 
 

@@ -31,7 +31,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from tlc.core.diagnostics import DiagnosticError, error
 from tlc.core.rule_table import RuleTable
-from tlc.dialect import ops
+from tlc.dialect import minmax, ops
 from tlc.dialect.ops import NodeOp
 from tlc.dialect.registry import NODE_OPS
 from tlc.semantics.emitter import NumpyEmitter
@@ -327,9 +327,16 @@ def _window_axes(node: NodeOp, windows: np.ndarray) -> tuple[int, ...]:
 
 @register(ops.MaxPoolOp)
 def _max_pool(node: NodeOp, args: list[np.ndarray], record: Any, dtype: Any) -> np.ndarray:
-    """Max over each window; padding is -inf, so it never wins."""
+    """Max over each window: `minmax.maximum` folded over the taps in row-major order from
+    -inf (padding is -inf, so it never wins), so a window's NaN is its first one and a window
+    of zeros takes its last zero's sign (np.max over the window axes takes lanes in an order
+    of its own)."""
     windows = _pool_windows(node, args[0], -np.inf)
-    return np.max(windows, axis=_window_axes(node, windows), initial=-np.inf).astype(dtype)
+    rank = len(node.meta("kernel"))
+    top = np.full(windows.shape[:-rank], -np.inf, dtype)
+    for tap in np.ndindex(windows.shape[-rank:]):
+        top = minmax.maximum(top, windows[(Ellipsis, *tap)])
+    return top.astype(dtype)
 
 
 @register(ops.AvgPoolOp)
