@@ -343,10 +343,11 @@ def reserved_registers(nv: int) -> int:
     return nv + 1 if nv > 1 else 7
 
 
-def single_vector_slow(info: TargetInfo) -> bool:
-    """Whether the target's single-vector product tiles (MR x 1 vector) run far below the
-    issue model, so a product wider than one vector takes tiles of at least two: AVX2 (16
-    ymm registers, each broadcast an instruction of its own). There LLVM keeps the unrolled
+def avx2_tiles(info: TargetInfo) -> bool:
+    """Whether the AVX2 code's tile rules apply (32-byte vectors in 16 registers, each
+    broadcast an instruction of its own): convolution's `NARROW_DEPTH`, and here a product
+    wider than one vector takes tiles of at least two vectors, as the single-vector tiles
+    (MR x 1) run far below the issue model. There LLVM keeps the unrolled
     loop's broadcasts live, spills an accumulator and moves the others between the FMAs
     (`vfmadd213ps`). Measured on Zen 4 (znver3 code, one thread, against the 5 x 2 and 6 x 2
     tiles in the same process): resnet18's 256 -> 512 1x1 stride 2 on 14 x 14 (49 columns)
@@ -363,7 +364,7 @@ def micro_kernel(info: TargetInfo, itemsize: int, m: int, n: int) -> MicroKernel
     scored by the cycles its tiles take per step along k to cover m x n (rows and columns past
     the edge included): max(FMAs / FMA_PER_CYCLE, loads / LOADS_PER_CYCLE, MIN_STEP) per tile; ties
     go to fewer rows past the edge, more accumulators, then more rows (on AVX2, a product
-    wider than one vector takes no single-vector tile: `single_vector_slow`). For the wide layers
+    wider than one vector takes no single-vector tile: `avx2_tiles`). For the wide layers
     that is 6 x 2 vectors (6x16 f32) or 4 x 3 on AVX2 and 8 x 2 vectors (8x32) on AVX-512;
     a single row (batch 1) gets 4 vectors."""
     lanes = max(info.vector_bytes // itemsize, 1)
@@ -372,10 +373,16 @@ def micro_kernel(info: TargetInfo, itemsize: int, m: int, n: int) -> MicroKernel
     def cycles(mr: int, nv: int) -> float:
         return _cycles(mr, nv, lanes, m, n)
 
-    least = 2 if single_vector_slow(info) and n > lanes else 1
+    least = 2 if avx2_tiles(info) and n > lanes else 1
     shapes = [(mr, nv) for nv in range(least, 5) for mr in range(1, regs)
               if mr * nv + reserved_registers(nv) <= regs]  # fmt: skip
     mr, nv = min(shapes, key=lambda s: (cycles(*s), -(-m // s[0]) * s[0], -s[0] * s[1], -s[0]))
+    return tile_kernel(info, itemsize, mr, nv)
+
+
+def tile_kernel(info: TargetInfo, itemsize: int, mr: int, nv: int) -> MicroKernel:
+    """The MR x NV tile on the target, its K block from `PANEL_BYTES`."""
+    lanes = max(info.vector_bytes // itemsize, 1)
     return MicroKernel(mr, nv, lanes, min(max(PANEL_BYTES // (nv * lanes * itemsize), 8), 1024))
 
 
@@ -393,7 +400,11 @@ def _cycles(mr: int, nv: int, lanes: int, m: int, n: int) -> float:
 def product_cycles(info: TargetInfo, itemsize: int, m: int, n: int) -> float:
     """The cycles per step along k of an m x n product by its micro-kernel (`micro_kernel`):
     what choosing between C and C^T compares."""
-    mk = micro_kernel(info, itemsize, m, n)
+    return kernel_cycles(micro_kernel(info, itemsize, m, n), m, n)
+
+
+def kernel_cycles(mk: MicroKernel, m: int, n: int) -> float:
+    """The issue model's cycles per step along k of `mk`'s tiles covering m x n."""
     return _cycles(mk.mr, mk.nv, mk.lanes, m, n)
 
 
