@@ -1,5 +1,5 @@
 """The AVX2 code's own rules (`--target-cpu znver3`: 16 ymm registers, no mask registers): the
-product tiles of more than one vector of columns (`gemm.avx2_tiles`), convolutions' 6 x 2
+product tiles of more than one vector of columns (`gemm.avx2_tiles`), 1x1 convolutions' 6 x 2
 tiles (`convolution.AVX2_CONV_TILE`), and stores of one run of lanes as plain stores of
 pieces instead of `vmaskmovps` (`gemm.PIECE_STORES`). The rules
 change no AVX-512 or SSE choice. Execution checks run the AVX2 code when this CPU has AVX2, and
@@ -68,21 +68,24 @@ def test_few_positions_run_c_transposed_on_avx2(
 
 
 @pytest.mark.parametrize(
-    ("cpu", "cin", "cout", "size", "kind"),
+    ("cpu", "cin", "cout", "size", "kernel", "kind"),
     [
-        ("znver3", 384, 64, 27, "C 6x16"),  # the model's 4 x 3 before: 61.4 -> 69.7 GFLOP/s
-        ("znver3", 96, 16, 54, "C 6x16"),
-        ("znver3", 16, 64, 54, "C 4x24"),  # a patch row of 16: the model's tile
-        ("znver4", 384, 64, 27, "C 8x32"),
-        ("x86-64-v2", 384, 64, 27, "C 4x12"),
+        ("znver3", 384, 64, 27, 1, "C 6x16"),  # the model's 4 x 3 before: 61.4 -> 69.7 GFLOP/s
+        ("znver3", 96, 16, 54, 1, "C 6x16"),
+        ("znver3", 16, 64, 54, 1, "C 4x24"),  # a patch row of 16: the model's tile
+        ("znver3", 64, 64, 56, 3, "C 4x24"),  # 3x3: the model's tile
+        ("znver4", 384, 64, 27, 1, "C 8x32"),
+        ("x86-64-v2", 384, 64, 27, 1, "C 4x12"),
     ],
 )
-def test_avx2_convolutions_take_six_by_two_tiles(
-    cpu: str, cin: int, cout: int, size: int, kind: str
+def test_avx2_1x1_convolutions_take_six_by_two_tiles(
+    cpu: str, cin: int, cout: int, size: int, kernel: int, kind: str
 ) -> None:
-    """In AVX2 code a convolution's C = W patches over patch rows of NARROW_DEPTH or more
+    """In AVX2 code a 1x1 convolution's C = W patches over NARROW_DEPTH input channels or more
     runs 6 x 2 vectors (AVX2_CONV_TILE), which loads the fewest vectors of B per FMA."""
-    text, _, _ = conv_case(1, cin, cout, (size, size), "stride = [1, 1]", (1, 1))
+    pad = kernel // 2
+    text, _, _ = conv_case(1, cin, cout, (size, size), f"padding = [{pad}, {pad}]",
+                           (kernel, kernel))  # fmt: skip
     assert kernel_name(target_info(Target(cpu, triple=X86_64)), 4, frame(text)) == kind
 
 
