@@ -347,13 +347,12 @@ def avx2_tiles(info: TargetInfo) -> bool:
     """Whether the AVX2 code's tile rules apply (32-byte vectors in 16 registers, each
     broadcast an instruction of its own): convolution's `NARROW_DEPTH`, and here a product
     wider than one vector takes tiles of at least two vectors, as the single-vector tiles
-    (MR x 1) run far below the issue model. There LLVM keeps the unrolled
-    loop's broadcasts live, spills an accumulator and moves the others between the FMAs
-    (`vfmadd213ps`). Measured on Zen 4 (znver3 code, one thread, against the 5 x 2 and 6 x 2
-    tiles in the same process): resnet18's 256 -> 512 1x1 stride 2 on 14 x 14 (49 columns)
-    9 x 1 38.6 GFLOP/s, 8 x 1 35.3, 7 x 1 45.6, 6 x 2 54.5, 5 x 2 59.7, C^T 61.0;
-    mobilenet_v2's 160 -> 960 on 7 x 7 9 x 1 40.2, 5 x 2 46.4, C^T 71.4 (the 9 x 1 tile's
-    low model cycles had kept C there)."""
+    (MR x 1) run far below the issue model: LLVM keeps the unrolled loop's broadcasts live,
+    spills an accumulator and moves the others between the FMAs (`vfmadd213ps`). Measured on
+    Zen 4 (znver3 code, one thread, against the 5 x 2 and 6 x 2 tiles in the same process):
+    resnet18's 256 -> 512 1x1 stride 2 on 14 x 14 (49 columns) 9 x 1 38.6 GFLOP/s, 8 x 1
+    35.3, 7 x 1 45.6, 6 x 2 54.5, 5 x 2 59.7, C^T 61.0; mobilenet_v2's 160 -> 960 on 7 x 7
+    9 x 1 40.2, 5 x 2 46.4, C^T 71.4 (the 9 x 1 tile's low model cycles had kept C there)."""
     return info.vector_bytes == 32 and info.vector_registers < 32
 
 
