@@ -266,21 +266,24 @@ NodeTimes = dict[tuple[str, tuple], tuple[float, float]]
 
 
 def tlc_profile(
-    traced: object, x: np.ndarray, calls: int, counts: list[int]
+    traced: object, x: np.ndarray, calls: int, counts: list[int], target_cpu: str = "host"
 ) -> dict[int, NodeTimes]:
     """Thread count -> (kind, output shape) -> (tlc's ms per call, of it in nodes that run
-    on the calling thread alone), from one profiling build: its clock is the calling thread's
-    CPU time when every count is 1, else wall time."""
+    on the calling thread alone), from one profiling build for `target_cpu`: its clock is the
+    calling thread's CPU time when every count is 1, else wall time."""
     from tlc.codegen.jit import jit_link
     from tlc.codegen.loader import EntryPoint
     from tlc.codegen.module import bakes_payload, build_graph_module
+    from tlc.codegen.target import resolve_target
 
     graph, payload = traced.graph, traced.payload
     bound = not bakes_payload(graph, np.float32)  # held packed, as the JIT does
     clock = "cpu" if max(counts) == 1 else "wall"
-    module = build_graph_module(graph, payload, np.float32, bound_payload=bound, profile=clock)
+    target = resolve_target(target_cpu)
+    module = build_graph_module(graph, payload, np.float32, bound_payload=bound, profile=clock,
+                                target=target)  # fmt: skip
     counters = f"{module.symbol}_profile"
-    tracker = jit_link(module.ir, [module.symbol, counters])
+    tracker = jit_link(module.ir, [module.symbol, counters], target)
     nanos = np.ctypeslib.as_array((ctypes.c_int64 * len(module.plan.nodes)).from_address(
         tracker[counters]))  # fmt: skip
     by_count = {}
@@ -363,7 +366,7 @@ def profile(args: argparse.Namespace) -> None:
         for batch in (int(b) for b in args.batches.split(",")):
             work = workload(name, args.size, batch)
             counts = sorted({1, threads})
-            tlc_times = tlc_profile(work.traced, work.x, args.repeats, counts)
+            tlc_times = tlc_profile(work.traced, work.x, args.repeats, counts, args.target_cpu)
             ours = {key: ms for key, (ms, _) in tlc_times[threads].items()}
             theirs = ort_profile(work.model, work.x, args.repeats, threads)
             by_kind: dict[str, list[float]] = {}

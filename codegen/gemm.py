@@ -343,13 +343,27 @@ def reserved_registers(nv: int) -> int:
     return nv + 1 if nv > 1 else 7
 
 
+def avx2_tiles(info: TargetInfo) -> bool:
+    """Whether the AVX2 code's tile rules apply (32-byte vectors in 16 registers, each
+    broadcast an instruction of its own): convolution's `NARROW_DEPTH`, and here a product
+    wider than one vector takes tiles of at least two vectors, as the single-vector tiles
+    (MR x 1) run far below the issue model: LLVM keeps the unrolled loop's broadcasts live,
+    spills an accumulator and moves the others between the FMAs (`vfmadd213ps`). Measured on
+    Zen 4 (znver3 code, one thread, against the 5 x 2 and 6 x 2 tiles in the same process):
+    resnet18's 256 -> 512 1x1 stride 2 on 14 x 14 (49 columns) 9 x 1 38.6 GFLOP/s, 8 x 1
+    35.3, 7 x 1 45.6, 6 x 2 54.5, 5 x 2 59.7, C^T 61.0; mobilenet_v2's 160 -> 960 on 7 x 7
+    9 x 1 40.2, 5 x 2 46.4, C^T 71.4 (the 9 x 1 tile's low model cycles had kept C there)."""
+    return info.vector_bytes == 32 and info.vector_registers < 32
+
+
 @cache
 def micro_kernel(info: TargetInfo, itemsize: int, m: int, n: int) -> MicroKernel:
     """The tile for an m x n product on the target. Every MR x NV whose MR*NV accumulators
     and `reserved_registers` fit the target's registers (16 on AVX2/SSE, 32 on AVX-512) is
     scored by the cycles its tiles take per step along k to cover m x n (rows and columns past
     the edge included): max(FMAs / FMA_PER_CYCLE, loads / LOADS_PER_CYCLE, MIN_STEP) per tile; ties
-    go to fewer rows past the edge, more accumulators, then more rows. For the wide layers
+    go to fewer rows past the edge, more accumulators, then more rows (on AVX2, a product
+    wider than one vector takes no single-vector tile: `avx2_tiles`). For the wide layers
     that is 6 x 2 vectors (6x16 f32) or 4 x 3 on AVX2 and 8 x 2 vectors (8x32) on AVX-512;
     a single row (batch 1) gets 4 vectors."""
     lanes = max(info.vector_bytes // itemsize, 1)
@@ -358,9 +372,16 @@ def micro_kernel(info: TargetInfo, itemsize: int, m: int, n: int) -> MicroKernel
     def cycles(mr: int, nv: int) -> float:
         return _cycles(mr, nv, lanes, m, n)
 
-    shapes = [(mr, nv) for nv in range(1, 5) for mr in range(1, regs)
+    least = 2 if avx2_tiles(info) and n > lanes else 1
+    shapes = [(mr, nv) for nv in range(least, 5) for mr in range(1, regs)
               if mr * nv + reserved_registers(nv) <= regs]  # fmt: skip
     mr, nv = min(shapes, key=lambda s: (cycles(*s), -(-m // s[0]) * s[0], -s[0] * s[1], -s[0]))
+    return tile_kernel(info, itemsize, mr, nv)
+
+
+def tile_kernel(info: TargetInfo, itemsize: int, mr: int, nv: int) -> MicroKernel:
+    """The MR x NV tile on the target, its K block from `PANEL_BYTES`."""
+    lanes = max(info.vector_bytes // itemsize, 1)
     return MicroKernel(mr, nv, lanes, min(max(PANEL_BYTES // (nv * lanes * itemsize), 8), 1024))
 
 
@@ -378,7 +399,11 @@ def _cycles(mr: int, nv: int, lanes: int, m: int, n: int) -> float:
 def product_cycles(info: TargetInfo, itemsize: int, m: int, n: int) -> float:
     """The cycles per step along k of an m x n product by its micro-kernel (`micro_kernel`):
     what choosing between C and C^T compares."""
-    mk = micro_kernel(info, itemsize, m, n)
+    return kernel_cycles(micro_kernel(info, itemsize, m, n), m, n)
+
+
+def kernel_cycles(mk: MicroKernel, m: int, n: int) -> float:
+    """The issue model's cycles per step along k of `mk`'s tiles covering m x n."""
     return _cycles(mk.mr, mk.nv, mk.lanes, m, n)
 
 
@@ -440,18 +465,62 @@ def lane_mask(k: KernelBuilder, vec: ir.VectorType, lo: ir.Value, hi: ir.Value) 
                   b.icmp_signed("<", iota, splat(k, ivec, hi)))  # fmt: skip
 
 
+#: The vector bytes whose masked stores are done as plain stores of pieces when their lanes
+#: are one run known at compile time (`_store_pieces`): AVX2, whose masked store
+#: (`vmaskmovps`) costs many times a plain one on AMD's cores (AVX-512 masks its stores with
+#: mask registers at a plain store's cost; SSE has no masked store). Measured on Zen 4 (znver3
+#: code, one thread, A/B in one process): squeezenet1_0's 32 -> 128 3x3 on 54 x 54, direct
+#: tiles of 1 x 6 positions stored as 8 lanes under a mask, 62.3 -> 68.8 GFLOP/s.
+PIECE_STORES = 32
+
+
 def store_vector(
     k: KernelBuilder, value: ir.Value, ptr: ir.Value, count: int, mask: ir.Value | None = None
 ) -> None:
     """Store the first `count` lanes of `value` at `ptr` (a masked store when not all; or
-    under `mask` when given)."""
+    under `mask` when given; on AVX2 a run of lanes known at compile time as plain stores:
+    `PIECE_STORES`)."""
     vec = value.type
     vptr = k.b.bitcast(ptr, vec.as_pointer())
     align = ir.Constant(I32, k.dtype.itemsize)
     if mask is None and count >= vec.count:
         k.b.store(value, vptr, align=k.dtype.itemsize)
         return
+    run = _lane_run(mask, count, vec.count)
+    if run is not None and k.info.vector_bytes == PIECE_STORES:
+        _store_pieces(k, value, ptr, run)
+        return
     k.b.call(_masked(k, vec, True), [value, vptr, align, mask or _prefix(vec, count)])
+
+
+def _lane_run(mask: ir.Value | None, count: int, lanes: int) -> tuple[int, int] | None:
+    """The lanes [lo, hi) a store writes when they are one run known at compile time (the
+    first `count`, or a constant `mask` of one run), else None."""
+    if mask is None:
+        return 0, count
+    if not isinstance(mask, ir.Constant) or not isinstance(mask.constant, list):
+        return None
+    bits = [bool(c.constant) for c in mask.constant]
+    lo = bits.index(True) if any(bits) else 0
+    hi = lo + bits[lo:].index(False) if False in bits[lo:] else lanes
+    return (lo, hi) if not any(bits[hi:]) else None
+
+
+def _store_pieces(k: KernelBuilder, value: ir.Value, ptr: ir.Value, run: tuple[int, int]) -> None:
+    """Store lanes [lo, hi) of `value` at `ptr` (lane l at ptr + l) as plain stores of the
+    largest power-of-two pieces that fit, lowest lanes first: the bytes a masked store
+    writes, with no mask."""
+    b, (at, hi) = k.b, run
+    while at < hi:
+        size = 1 << ((hi - at).bit_length() - 1)
+        dest = b.gep(ptr, [k.i64(at)], inbounds=True)
+        if size == 1:
+            b.store(b.extract_element(value, ir.Constant(I32, at)), dest, align=k.dtype.itemsize)
+        else:
+            pick = ir.Constant(ir.VectorType(I32, size), list(range(at, at + size)))
+            piece = b.shuffle_vector(value, ir.Constant(value.type, ir.Undefined), pick)
+            b.store(piece, b.bitcast(dest, piece.type.as_pointer()), align=k.dtype.itemsize)
+        at += size
 
 
 def load_vector(

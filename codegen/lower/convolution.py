@@ -18,10 +18,12 @@ from tlc.codegen.gemm import (
     MAX_PANEL,
     Epilogue,
     MicroKernel,
+    avx2_tiles,
     emit_broadcast_tiles,
     emit_dot_tiles,
     emit_packed_block,
     emit_packed_linear,
+    kernel_cycles,
     lane_mask,
     linear_scratch,
     load_vector,
@@ -34,6 +36,7 @@ from tlc.codegen.gemm import (
     store_lanes,
     store_vector,
     stride_phase,
+    tile_kernel,
 )
 from tlc.codegen.lower.conv_direct import (
     DIRECT_DEPTH,
@@ -509,7 +512,7 @@ def _transposed_mk(info: TargetInfo, itemsize: int, f: ConvFrame) -> MicroKernel
     rows = f.lead * f.positions
     if not _wide_weights(f) and product_cycles(
         info, itemsize, rows, f.cout
-    ) >= TRANSPOSE_GAIN * product_cycles(info, itemsize, f.cout, rows):
+    ) >= TRANSPOSE_GAIN * kernel_cycles(_conv_mk(info, itemsize, f), f.cout, rows):
         return None
     return micro_kernel(info, itemsize, rows, f.cout)
 
@@ -517,7 +520,23 @@ def _transposed_mk(info: TargetInfo, itemsize: int, f: ConvFrame) -> MicroKernel
 def _conv_mk(info: TargetInfo, itemsize: int, f: ConvFrame) -> MicroKernel:
     """The micro-kernel of a convolution's product: rows are output channels (of a group),
     columns every output position of every leading index."""
+    if avx2_tiles(info) and f.window.taps == 1 and f.depth >= NARROW_DEPTH:
+        return tile_kernel(info, itemsize, *AVX2_CONV_TILE)
     return micro_kernel(info, itemsize, f.cout_g, max(f.lead * f.positions, 1))
+
+
+#: The shortest patch row (input channels) from which a 1x1 convolution's C = W patches runs
+#: AVX2_CONV_TILE (MR x NV) in AVX2 code, whatever the issue model scores: each step's vectors
+#: of B are a new input plane, streaming through L1, so the model's near-ties between 4 x 3,
+#: 5 x 2 and 6 x 2 tiles go to the one loading the fewest of them per FMA. Measured on Zen 4
+#: (znver3 code, one thread, in one process, GFLOP/s; 4 x 3 the model's choice):
+#: squeezenet1_0's 384 -> 64 on 27 x 27 4 x 3 61.4, 5 x 2 59.3, 6 x 2 69.7 (78.4 against
+#: 81.5 in 21 quieter rounds); 256 -> 32 62.3, 57.9, 69.1; 32 -> 128 on 54 x 54 4 x 3 81.7,
+#: 6 x 2 88.1; 96 -> 16 73.9, 79.2; resnet18's 64 -> 128 stride 2 77.0, 76.6; but 16 -> 64
+#: (a patch row of 16, where the stores weigh most) 61.0, 54.2. Wider windows keep the
+#: model's tile: their B vectors are packed panels or staged rows read again by the next
+#: taps (resnet18's 64 -> 64 3x3 on 56 x 56: 4 x 3 103.4-104.8, 6 x 2 101.2-102.0).
+NARROW_DEPTH, AVX2_CONV_TILE = 32, (6, 2)
 
 
 def _direct_tile(info: TargetInfo, itemsize: int, f: ConvFrame) -> DirectTile | None:

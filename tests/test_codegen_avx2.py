@@ -1,0 +1,149 @@
+"""The AVX2 code's own rules (`--target-cpu znver3`: 16 ymm registers, no mask registers): the
+product tiles of more than one vector of columns (`gemm.avx2_tiles`), 1x1 convolutions' 6 x 2
+tiles (`convolution.AVX2_CONV_TILE`), and stores of one run of lanes as plain stores of
+pieces instead of `vmaskmovps` (`gemm.PIECE_STORES`). The rules
+change no AVX-512 or SSE choice. Execution checks run the AVX2 code when this CPU has AVX2, and
+compare bits exactly where the rule changes only how the same values are stored; against the
+reference the tolerance is tests/test_conv_direct.py's (f32 rtol 2e-5 of the output's scale:
+the kernels sum each patch row in their own order).
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+from llvmlite import ir
+from test_codegen_targets import runnable
+from test_conv_direct import close, conv_case, frame, reference
+
+import tlc
+from tlc.api.evaluate import checked_graph
+from tlc.codegen import gemm, objcache
+from tlc.codegen.builder import I1
+from tlc.codegen.gemm import _lane_run, micro_kernel
+from tlc.codegen.lower.convolution import kernel_name
+from tlc.codegen.module import build_graph_module
+from tlc.codegen.target import Target, compile_ir, emit_assembly, target_info
+
+X86_64 = "x86_64-unknown-linux-gnu"
+
+
+@pytest.mark.parametrize(
+    ("cpu", "m", "n", "tile"),
+    [
+        ("znver3", 512, 49, (5, 2, 8)),  # 9 x 1 before: 38.6 GFLOP/s against 59.7
+        ("haswell", 960, 49, (6, 2, 8)),
+        ("znver3", 64, 8, (8, 1, 8)),  # one vector covers n: the single-vector tile stays
+        ("znver4", 512, 49, (8, 2, 16)),  # AVX-512 and SSE choose as before
+        ("znver4", 64, 16, (16, 1, 16)),
+        ("x86-64-v2", 512, 49, (5, 2, 4)),
+    ],
+)
+def test_avx2_products_wider_than_a_vector_take_two_vectors(
+    cpu: str, m: int, n: int, tile: tuple[int, int, int]
+) -> None:
+    info = target_info(Target(cpu, triple=X86_64))
+    mk = micro_kernel(info, 4, m, n)
+    assert (mk.mr, mk.nv, mk.lanes) == tile
+    assert gemm.avx2_tiles(info) == (cpu in ("znver3", "haswell"))
+
+
+@pytest.mark.parametrize(
+    ("cpu", "cin", "cout", "size", "attrs", "kind"),
+    [
+        # resnet18's 256 -> 512 1x1 stride 2 on 14 x 14 and mobilenet_v2's 160 -> 960 on 7 x 7:
+        # C with 9 x 1 tiles before (its low model cycles kept C^T out), now C^T
+        ("znver3", 256, 512, (14, 14), "stride = [2, 2]", "C^T 5x16"),
+        ("znver3", 160, 960, (7, 7), "stride = [1, 1]", "C^T 5x16"),
+        ("znver4", 256, 512, (14, 14), "stride = [2, 2]", "C^T 7x32"),
+    ],
+)
+def test_few_positions_run_c_transposed_on_avx2(
+    cpu: str, cin: int, cout: int, size: tuple[int, int], attrs: str, kind: str
+) -> None:
+    text, _, _ = conv_case(1, cin, cout, size, attrs, (1, 1))
+    assert kernel_name(target_info(Target(cpu, triple=X86_64)), 4, frame(text)) == kind
+
+
+@pytest.mark.parametrize(
+    ("cpu", "cin", "cout", "size", "kernel", "kind"),
+    [
+        ("znver3", 384, 64, 27, 1, "C 6x16"),  # the model's 4 x 3 before: 61.4 -> 69.7 GFLOP/s
+        ("znver3", 96, 16, 54, 1, "C 6x16"),
+        ("znver3", 16, 64, 54, 1, "C 4x24"),  # a patch row of 16: the model's tile
+        ("znver3", 64, 64, 56, 3, "C 4x24"),  # 3x3: the model's tile
+        ("znver4", 384, 64, 27, 1, "C 8x32"),
+        ("x86-64-v2", 384, 64, 27, 1, "C 4x12"),
+    ],
+)
+def test_avx2_1x1_convolutions_take_six_by_two_tiles(
+    cpu: str, cin: int, cout: int, size: int, kernel: int, kind: str
+) -> None:
+    """In AVX2 code a 1x1 convolution's C = W patches over NARROW_DEPTH input channels or more
+    runs 6 x 2 vectors (AVX2_CONV_TILE), which loads the fewest vectors of B per FMA."""
+    pad = kernel // 2
+    text, _, _ = conv_case(1, cin, cout, (size, size), f"padding = [{pad}, {pad}]",
+                           (kernel, kernel))  # fmt: skip
+    assert kernel_name(target_info(Target(cpu, triple=X86_64)), 4, frame(text)) == kind
+
+
+def test_lane_runs_known_at_compile_time() -> None:
+    def mask(*bits: bool) -> ir.Constant:
+        return ir.Constant(ir.VectorType(I1, len(bits)), list(bits))
+
+    assert _lane_run(None, 6, 8) == (0, 6)
+    assert _lane_run(mask(False, True, True, False), 0, 4) == (1, 3)
+    assert _lane_run(mask(False, False, True, True), 0, 4) == (2, 4)
+    assert _lane_run(mask(False, False, False, False), 0, 4) == (0, 0)
+    assert _lane_run(mask(True, False, True, True), 0, 4) is None  # two runs: masked
+    variable = ir.Function(ir.Module(), ir.FunctionType(ir.VoidType(), [mask(True).type]), "f")
+    assert _lane_run(variable.args[0], 0, 1) is None
+
+
+def _masked_stores(asm: str) -> list[str]:
+    """`vmaskmovps`/`vmaskmovpd` stores (a register, the mask, then memory)."""
+    return re.findall(r"vmaskmovp[sd]\s+%ymm\d+, %ymm\d+, [^\n]*\(", asm)
+
+
+def test_avx2_direct_tiles_store_their_partial_rows_without_masks() -> None:
+    """resnet18's 128 -> 128 3x3 on 28 x 28 (scaled down to 32 -> 16 channels, patch rows of
+    288: the direct kernel, 1 x 6 tiles): its tile rows of 6 and 4 positions are stored as 8
+    lanes; on AVX2 as plain stores of 4 and 2 lanes, no `vmaskmovps` store; the same bits as
+    the masked stores, and the reference's values."""
+    text, payload, x = conv_case(1, 32, 16, (28, 28), "padding = [1, 1]", (3, 3))
+    target = Target("znver3", triple=X86_64)
+    assert kernel_name(target_info(target), 4, frame(text)).startswith("direct 1x6")
+    graph = tlc.parse(text)
+    built = build_graph_module(checked_graph(graph), payload, np.float32, target=target)
+    assert not _masked_stores(emit_assembly(compile_ir(built.ir, target), target))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(gemm, "PIECE_STORES", 0)
+        masked = build_graph_module(checked_graph(graph), payload, np.float32, target=target)
+    assert _masked_stores(emit_assembly(compile_ir(masked.ir, target), target))
+    runnable("znver3")
+    got = tlc.compile(text, payload, "f32", target_cpu="znver3")(x)
+    close(got, reference(text, payload, x, np.float32), np.float32)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(objcache.ENV_SWITCH, "0")
+        patch.setattr(gemm, "PIECE_STORES", 0)
+        before = tlc.compile(text, payload, "f32", target_cpu="znver3")(x)
+    np.testing.assert_array_equal(got, before)
+
+
+@pytest.mark.parametrize(
+    ("cin", "cout", "size", "attrs", "kernel"),
+    [(32, 40, (13, 13), "padding = [1, 1]", (3, 3)),  # direct, a partial channel block
+     (48, 96, (7, 7), "stride = [1, 1]", (1, 1)),  # C^T
+     (24, 20, (11, 9), "stride = [2, 2], padding = [1, 1]", (3, 3))],
+)  # fmt: skip
+def test_avx2_code_gives_the_same_bits_on_one_and_two_threads(
+    cin: int, cout: int, size: tuple[int, int], attrs: str, kernel: tuple[int, int]
+) -> None:
+    text, payload, x = conv_case(2, cin, cout, size, attrs, kernel, seed=cin)
+    runnable("znver3")
+    one = tlc.compile(text, payload, "f32", target_cpu="znver3", threads=1)(x)
+    two = tlc.compile(text, payload, "f32", target_cpu="znver3", threads=2)(x)
+    np.testing.assert_array_equal(one, two)
+    close(one, reference(text, payload, x, np.float32), np.float32)
