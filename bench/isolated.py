@@ -12,7 +12,12 @@ A runner is built in its process by a `build` function of a module the child can
 main script, under the `spawn` start method), which returns the callable to time. Each turn
 reads the clock around every call: the parent gets each call's time, not only a turn's mean,
 so it can take medians per call (a shared VM steals time in bursts, which a mean of a turn
-takes in whole).
+takes in whole). Each runner also keeps the share of the machine's CPU time the hypervisor
+reported stolen during its turns (`steal` of /proc/stat), so that a cell whose runners' turns
+were stolen from unequally shows it. (This VM also has phases in which two-thread calls take
+nearly twice as long with no steal reported, mobilenet_v2 at batch 1 8.5 ms a call in one
+process and 4.9 in the next with the same code: many short turns in alternation are what
+spreads those over the runners.)
 """
 
 from __future__ import annotations
@@ -27,6 +32,17 @@ from typing import Any
 
 #: Seconds the parent waits before each turn: longer than ONNX Runtime's 50 ms of spinning.
 SETTLE_S = 0.1
+
+
+def stolen_ticks() -> tuple[int, int]:
+    """(steal, all) clock ticks of every CPU so far, from /proc/stat's `cpu` line; (0, 0)
+    where there is none (not Linux)."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(v) for v in f.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return 0, 0
+    return fields[7], sum(fields)
 
 
 def _serve(conn: Connection) -> None:
@@ -65,7 +81,8 @@ class Isolated:
     """A runner in a child process: `built_s` is the seconds its build took there, `call()`
     runs it once and returns what it returned, `time(n, clock)` runs it n times after
     `SETTLE_S` and returns each call's seconds on `clock` ("cpu": the child's calling
-    thread's CPU time, or "wall")."""
+    thread's CPU time, or "wall"); `stolen()` is the share of the machine's CPU time stolen
+    by the hypervisor during its turns so far."""
 
     def __init__(self, build: Callable[..., Callable[[], Any]], *args: Any) -> None:
         context = multiprocessing.get_context("spawn")
@@ -75,6 +92,7 @@ class Isolated:
         child.close()
         self._conn.send((build, args))
         self.built_s: float = self._answer()
+        self._ticks = [0, 0]  # steal, all, over the turns
 
     def _answer(self) -> Any:
         status, value = self._conn.recv()
@@ -89,8 +107,16 @@ class Isolated:
 
     def time(self, n: int, clock: str) -> list[float]:
         time.sleep(SETTLE_S)
+        steal, ticks = stolen_ticks()
         self._conn.send(("time", n, clock))
-        return self._answer()
+        times = self._answer()
+        steal_after, ticks_after = stolen_ticks()
+        self._ticks[0] += steal_after - steal
+        self._ticks[1] += ticks_after - ticks
+        return times
+
+    def stolen(self) -> float:
+        return self._ticks[0] / max(self._ticks[1], 1)
 
     def close(self) -> None:
         if self._process.is_alive():

@@ -14,7 +14,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 
-from isolated import Isolated  # noqa: E402
+from isolated import Isolated, stolen_ticks  # noqa: E402
 
 
 def doubling(xs: np.ndarray) -> Callable[[], object]:
@@ -56,3 +56,12 @@ def test_each_call_is_timed(clock: str) -> None:
 def test_a_failing_build_raises_with_the_childs_traceback() -> None:
     with pytest.raises(RuntimeError, match="(?s)the runner's process failed.*no such model"):
         Isolated(failing)
+
+
+def test_the_stolen_share_is_a_share_of_the_turns_ticks() -> None:
+    steal, ticks = stolen_ticks()
+    assert 0 <= steal <= ticks
+    with Isolated(busy, 0.05) as runner:
+        runner.time(2, "wall")
+        assert 0.0 <= runner.stolen() <= 1.0
+        assert runner._ticks[1] > 0  # the turn's ticks were counted
