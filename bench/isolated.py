@@ -15,9 +15,9 @@ so it can take medians per call (a shared VM steals time in bursts, which a mean
 takes in whole). Each runner also keeps the share of the machine's CPU time the hypervisor
 reported stolen during its turns (`steal` of /proc/stat), so that a cell whose runners' turns
 were stolen from unequally shows it. (This VM also has phases in which two-thread calls take
-nearly twice as long with no steal reported, mobilenet_v2 at batch 1 8.5 ms a call in one
-process and 4.9 in the next with the same code: many short turns in alternation are what
-spreads those over the runners.)
+nearly twice as long, both threads on their own vCPU and busy: mobilenet_v2 at batch 1 8.5 ms
+a call in one process and 4.9 in the next, the same code. Whether the steal counter sees them
+is not known yet; many short turns in alternation spread them over the runners.)
 """
 
 from __future__ import annotations
