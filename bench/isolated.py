@@ -46,13 +46,14 @@ def stolen_ticks() -> tuple[int, int]:
 
 
 def _serve(conn: Connection) -> None:
-    """The child: build the runner from the first message, then answer `call` (the output)
-    and `time` (each of n calls' seconds on the named clock) until `stop`."""
+    """The child: build the runner from the first message (a build may return None: no
+    runner here, e.g. a package missing), then answer `call` (the output), `time` (each of n
+    calls' seconds on the named clock) and `loop` (the n calls' seconds) until `stop`."""
     try:
         build, args = conn.recv()
         start = time.perf_counter()
         run = build(*args)
-        conn.send(("ok", time.perf_counter() - start))
+        conn.send(("ok", (time.perf_counter() - start, run is not None)))
     except BaseException:
         conn.send(("error", traceback.format_exc()))
         return
@@ -65,8 +66,14 @@ def _serve(conn: Connection) -> None:
             if request[0] == "call":
                 conn.send(("ok", run()))
                 continue
-            _, n, clock_name = request
+            what, n, clock_name = request
             clock = clocks[clock_name]
+            if what == "loop":  # one clock read around the n calls (calls of microseconds)
+                start = clock()
+                for _ in range(n):
+                    run()
+                conn.send(("ok", clock() - start))
+                continue
             times = []
             for _ in range(n):
                 start = clock()
@@ -78,7 +85,8 @@ def _serve(conn: Connection) -> None:
 
 
 class Isolated:
-    """A runner in a child process: `built_s` is the seconds its build took there, `call()`
+    """A runner in a child process: `built_s` is the seconds its build took there and
+    `available` whether it built a runner at all (a build may return None), `call()`
     runs it once and returns what it returned, `time(n, clock)` runs it n times after
     `SETTLE_S` and returns each call's seconds on `clock` ("cpu": the child's calling
     thread's CPU time, or "wall"); `stolen()` is the share of the machine's CPU time stolen
@@ -91,7 +99,7 @@ class Isolated:
         self._process.start()
         child.close()
         self._conn.send((build, args))
-        self.built_s: float = self._answer()
+        self.built_s, self.available = self._answer()
         self._ticks = [0, 0]  # steal, all, over the turns
 
     def _answer(self) -> Any:
@@ -114,6 +122,13 @@ class Isolated:
         self._ticks[0] += steal_after - steal
         self._ticks[1] += ticks_after - ticks
         return times
+
+    def loop(self, n: int, clock: str) -> float:
+        """Seconds of n calls in one loop on `clock` (after `SETTLE_S`): one clock read around
+        them, for calls too short for a read around each."""
+        time.sleep(SETTLE_S)
+        self._conn.send(("loop", n, clock))
+        return self._answer()
 
     def stolen(self) -> float:
         return self._ticks[0] / max(self._ticks[1], 1)

@@ -10,8 +10,10 @@ same function with the same weights (checked against numpy before timing); ONNX 
 IREE run the same ONNX model (IREE: imported with iree-import-onnx, compiled by iree-compile
 for the llvm-cpu backend and this CPU; its columns are skipped, with the reason, when IREE is
 not installed). Peers run with 1 and 2 threads (torch.set_num_threads, ORT's
-intra_op_num_threads, IREE's local-sync / local-task). Times are medians over repeats of a
-timed loop; `ORT/runner` is ONNX Runtime's time at the runner's thread count over the
+intra_op_num_threads, IREE's local-sync / local-task). Each runner runs in a process of its
+own, alone (`bench/isolated.py`: in one process the peers' threads spin on after their calls
+and took a two-thread runner's second core). Times are medians over repeats of a timed loop,
+each after a 0.1 s pause; `ORT/runner` is ONNX Runtime's time at the runner's thread count over the
 runner's (above 1: faster than ORT), the other ratios tlc / peer (below 1: tlc is faster).
 
 tlc runners: `tlc ctypes` calls the compiled entry point through ctypes with preallocated
@@ -42,6 +44,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+from isolated import Isolated
 
 import tlc
 from tlc.api.evaluate import checked_graph
@@ -67,31 +70,23 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 #: The clock of `timeit`: wall time, or (--cpu-time) the calling thread's CPU time, which
 #: on a shared, loaded machine leaves out the time other processes hold the core (only
 #: meaningful for runners on the calling thread: the 2-thread peers and numpy, whose
-#: OpenBLAS runs threads of its own, are then left out).
-CLOCK = [time.perf_counter]
+#: OpenBLAS runs threads of its own, are then left out). `Isolated`'s clock names.
+CLOCK = ["wall"]
 
 
-def timeit(fn: Callable[[], object], repeats: int, budget: float = 0.05) -> tuple[float, float]:
-    """(median, best) seconds per call: calibrate a loop to ~`budget` s, time it `repeats`
-    times. The best is the figure least disturbed by other load on a shared machine."""
+def timeit(runner: Isolated, repeats: int, budget: float = 0.05) -> tuple[float, float]:
+    """(median, best) seconds per call of the runner in its process: calibrate a loop to
+    ~`budget` s, time it `repeats` times. The best is the figure least disturbed by other load
+    on a shared machine."""
     clock = CLOCK[0]
-    fn()
     n, t = 1, 0.0
     while True:
-        start = clock()
-        for _ in range(n):
-            fn()
-        t = clock() - start
+        t = runner.loop(n, clock)
         if t > budget / 4 or n > 1_000_000:
             break
         n *= 4
     n = max(1, int(n * budget / max(t, 1e-9)))
-    samples = []
-    for _ in range(repeats):
-        start = clock()
-        for _ in range(n):
-            fn()
-        samples.append((clock() - start) / n)
+    samples = [runner.loop(n, clock) / n for _ in range(repeats)]
     return statistics.median(samples), min(samples)
 
 
@@ -239,7 +234,7 @@ def torch_runner(w: Workload, threads: int) -> Callable[[], np.ndarray] | None:
         if torch.get_num_threads() != threads:
             torch.set_num_threads(threads)
         with torch.inference_mode():
-            return model(x)
+            return model(x).numpy()
 
     return run
 
@@ -400,32 +395,48 @@ def iree_runner(vmfb: bytes | None, w: Workload, threads: int) -> Callable[[], n
     return run
 
 
-def tlc_runners(w: Workload, tmp: str, target: Target) -> dict[str, Callable[[], np.ndarray]]:
-    """The library through raw ctypes (one thread), `tlc.load` and the JIT at 1 and 2 threads,
-    all for `target` (the library: every CPU level for the host)."""
-    graph = checked_graph(tlc.parse(w.text))
-    name = graph.graph_name
-    path = os.path.join(tmp, f"lib{name}{w.x.size}.so")
-    chosen = None if target.is_host else target
-    built = build_library([(graph, w.payload)], path, F32, target=chosen)
-    x = w.x.astype(F32)
-    library = ctypes.CDLL(built.library)
-    library.tlc_set_num_threads(1)
-    raw = library[f"tlc_{name}"]
+def tlc_ctypes_runner(library: str, name: str, x: np.ndarray) -> Callable[[], np.ndarray]:
+    """The library's entry point through raw ctypes (one thread), preallocated buffers."""
+    lib = ctypes.CDLL(library)
+    lib.tlc_set_num_threads(1)
+    raw = lib[f"tlc_{name}"]
     raw.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
-    out = np.empty(load(built.library)[name].output_shape, F32)
+    out = np.empty(load(library)[name].output_shape, F32)
     xa, oa = x.ctypes.data, out.ctypes.data
 
     def raw_call() -> np.ndarray:
         raw(xa, oa)
         return out
 
-    runners: dict[str, Callable[[], np.ndarray]] = {"tlc ctypes": raw_call}
-    for threads in (1,) if CLOCK[0] is time.thread_time else (1, 2):
-        lib = load(built.library, threads=threads)
-        jit = compile_graph(graph, w.payload, F32, threads=threads, target=target)
-        runners[f"tlc.load {threads}t"] = lambda lib=lib: lib(x)
-        runners[f"tlc jit {threads}t"] = lambda jit=jit: jit(x)
+    return raw_call
+
+
+def tlc_load_runner(library: str, threads: int, x: np.ndarray) -> Callable[[], np.ndarray]:
+    lib = load(library, threads=threads)
+    return lambda: lib(x)
+
+
+def tlc_jit_runner(text: str, payload: Payload, threads: int, target: Target,
+                   x: np.ndarray) -> Callable[[], np.ndarray]:  # fmt: skip
+    jit = compile_graph(checked_graph(tlc.parse(text)), payload, F32, threads=threads,
+                        target=target)  # fmt: skip
+    return lambda: jit(x)
+
+
+def tlc_runners(w: Workload, tmp: str, target: Target) -> dict[str, tuple]:
+    """The library through raw ctypes (one thread), `tlc.load` and the JIT at 1 and 2 threads,
+    all for `target` (the library: every CPU level for the host), as (build, *args) for
+    `Isolated`: the library is built here, once."""
+    graph = checked_graph(tlc.parse(w.text))
+    name = graph.graph_name
+    path = os.path.join(tmp, f"lib{name}{w.x.size}.so")
+    chosen = None if target.is_host else target
+    library = build_library([(graph, w.payload)], path, F32, target=chosen).library
+    x = w.x.astype(F32)
+    runners: dict[str, tuple] = {"tlc ctypes": (tlc_ctypes_runner, library, name, x)}
+    for threads in (1,) if CLOCK[0] == "cpu" else (1, 2):
+        runners[f"tlc.load {threads}t"] = (tlc_load_runner, library, threads, x)
+        runners[f"tlc jit {threads}t"] = (tlc_jit_runner, w.text, w.payload, threads, target, x)
     return runners
 
 
@@ -472,26 +483,31 @@ def hand_c_runner(tmp: str) -> Callable[[], np.ndarray]:
 
 
 def bench_workload(w: Workload, repeats: int, tmp: str, hand_c: bool, target: Target) -> None:
-    runners: dict[str, Callable[[], np.ndarray] | None] = dict(tlc_runners(w, tmp, target))
+    """Every runner on `w`, each in a process of its own (`Isolated`), one after the other
+    with nothing else alive: in one process the peers' threads spin on after their calls
+    (numpy's OpenBLAS for 100 ms, ORT's pool for 40-50 ms) and took a two-thread runner's
+    second core."""
+    builds: dict[str, tuple] = dict(tlc_runners(w, tmp, target))
     if hand_c:
-        runners["C ctypes"] = hand_c_runner(tmp)
-    runners["numpy"] = numpy_runner(w)
-    expected = runners["numpy"]()
+        builds["C ctypes"] = (hand_c_runner, tmp)
+    builds["numpy"] = (numpy_runner, w)
+    expected = numpy_runner(w)()
     model = onnx_model(w, np.shape(expected))
     vmfb = iree_module(model, tmp, f"w{len(os.listdir(tmp))}")
-    for threads in (1,) if CLOCK[0] is time.thread_time else (1, 2):
-        runners[f"torch {threads}t"] = torch_runner(w, threads)
-        runners[f"onnxruntime {threads}t"] = onnx_runner(model, w, threads)
-        runners[f"iree {threads}t"] = iree_runner(vmfb, w, threads)
-    if CLOCK[0] is time.thread_time:  # OpenBLAS's threads are not on this thread's clock
-        del runners["numpy"]
+    for threads in (1,) if CLOCK[0] == "cpu" else (1, 2):
+        builds[f"torch {threads}t"] = (torch_runner, w, threads)
+        builds[f"onnxruntime {threads}t"] = (onnx_runner, model, w, threads)
+        builds[f"iree {threads}t"] = (iree_runner, vmfb, w, threads)
+    if CLOCK[0] == "cpu":  # OpenBLAS's threads are not on this thread's clock
+        del builds["numpy"]
     times = {}
-    for name, run in runners.items():
-        if run is None:
-            continue
-        got = np.asarray(run(), dtype=np.float64).reshape(np.shape(expected))
-        np.testing.assert_allclose(got, expected, rtol=2e-3, atol=2e-3, err_msg=name)
-        times[name] = timeit(run, repeats)
+    for name, (build, *args) in builds.items():
+        with Isolated(build, *args) as runner:
+            if not runner.available:
+                continue
+            got = np.asarray(runner.call(), dtype=np.float64).reshape(np.shape(expected))
+            np.testing.assert_allclose(got, expected, rtol=2e-3, atol=2e-3, err_msg=name)
+            times[name] = timeit(runner, repeats)
     ours, load_t = times["tlc ctypes"][0], times["tlc.load 1t"][0]
     print(f"\n## {w.name}  ({w.flops / 1e6:.3f} MFLOP)")
     print(f"{'runner':<16} {'median':>11} {'best':>11} {'GFLOP/s':>8} {'ORT/runner':>10} "
@@ -634,7 +650,7 @@ def main() -> int:
     args = parser.parse_args()
     target = resolve_target(args.target_cpu)
     if args.cpu_time:
-        CLOCK[0] = time.thread_time
+        CLOCK[0] = "cpu"
     rng = np.random.default_rng(0)
     workloads = [mlp_seed()]
     if not args.quick:
