@@ -65,3 +65,16 @@ def test_the_stolen_share_is_a_share_of_the_turns_ticks() -> None:
         runner.time(2, "wall")
         assert 0.0 <= runner.stolen() <= 1.0
         assert runner._ticks[1] > 0  # the turn's ticks were counted
+
+
+def nothing() -> None:
+    """A build with no runner here (as a peer whose package is missing)."""
+    return None
+
+
+def test_a_loop_is_timed_whole_and_a_missing_runner_is_said() -> None:
+    with Isolated(busy, 0.01) as runner:
+        assert runner.available
+        assert 0.039 < runner.loop(4, "cpu") < 2.0
+    with Isolated(nothing) as runner:
+        assert not runner.available
