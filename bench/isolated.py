@@ -89,8 +89,8 @@ class Isolated:
     `available` whether it built a runner at all (a build may return None), `call()`
     runs it once and returns what it returned, `time(n, clock)` runs it n times after
     `SETTLE_S` and returns each call's seconds on `clock` ("cpu": the child's calling
-    thread's CPU time, or "wall"); `stolen()` is the share of the machine's CPU time stolen
-    by the hypervisor during its turns so far."""
+    thread's CPU time, or "wall"), `loop(n, clock)` their sum; `stolen()` is the share of the
+    machine's CPU time stolen by the hypervisor during its turns so far."""
 
     def __init__(self, build: Callable[..., Callable[[], Any]], *args: Any) -> None:
         context = multiprocessing.get_context("spawn")
@@ -114,21 +114,26 @@ class Isolated:
         return self._answer()
 
     def time(self, n: int, clock: str) -> list[float]:
-        time.sleep(SETTLE_S)
+        return self._turn("time", n, clock, settle=True)
+
+    def loop(self, n: int, clock: str, settle: bool = True) -> float:
+        """Seconds of n calls in one loop on `clock`: one clock read around them, for calls
+        too short for a read around each (`settle=False`: no pause first, for a loop that only
+        calibrates n)."""
+        return self._turn("loop", n, clock, settle)
+
+    def _turn(self, what: str, n: int, clock: str, settle: bool) -> Any:
+        """Ask the child for a `time` or `loop` turn, after `SETTLE_S` if `settle`, and count
+        the machine's stolen ticks during it."""
+        if settle:
+            time.sleep(SETTLE_S)
         steal, ticks = stolen_ticks()
-        self._conn.send(("time", n, clock))
-        times = self._answer()
+        self._conn.send((what, n, clock))
+        answer = self._answer()
         steal_after, ticks_after = stolen_ticks()
         self._ticks[0] += steal_after - steal
         self._ticks[1] += ticks_after - ticks
-        return times
-
-    def loop(self, n: int, clock: str) -> float:
-        """Seconds of n calls in one loop on `clock` (after `SETTLE_S`): one clock read around
-        them, for calls too short for a read around each."""
-        time.sleep(SETTLE_S)
-        self._conn.send(("loop", n, clock))
-        return self._answer()
+        return answer
 
     def stolen(self) -> float:
         return self._ticks[0] / max(self._ticks[1], 1)

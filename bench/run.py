@@ -81,7 +81,7 @@ def timeit(runner: Isolated, repeats: int, budget: float = 0.05) -> tuple[float,
     clock = CLOCK[0]
     n, t = 1, 0.0
     while True:
-        t = runner.loop(n, clock)
+        t = runner.loop(n, clock, settle=False)
         if t > budget / 4 or n > 1_000_000:
             break
         n *= 4
@@ -230,9 +230,6 @@ def torch_runner(w: Workload, threads: int) -> Callable[[], np.ndarray] | None:
     x = torch.tensor(w.x, dtype=torch.float32)
 
     def run() -> np.ndarray:
-        # The thread count is process-wide: set it for this runner (cheap when unchanged).
-        if torch.get_num_threads() != threads:
-            torch.set_num_threads(threads)
         with torch.inference_mode():
             return model(x).numpy()
 
