@@ -148,6 +148,23 @@ def test_output_over_the_element_budget_is_refused_before_allocating(tmp_path: P
     )
 
 
+def test_output_budget_is_read_at_each_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An entry point computes its output's weight once, but reads the budget on every call
+    (limits.max_elements): lowering it later refuses the next call, raising it lets it run."""
+    entry = tlc.compile(tlc.parse(
+        "tl.graph @g {\n  %0 = input : [2, 3]\n  %1 = relu(%0) : [2, 3]\n  output %1\n}\n"
+    ))  # fmt: skip
+    x = np.ones((2, 3))
+    assert entry(x).shape == (2, 3)
+    monkeypatch.setenv("TLC_MAX_ELEMENTS", "5")
+    with pytest.raises(DiagnosticError, match=r"tlc_g: output: tensor of shape \[2, 3\] has 6 "):
+        entry(x)
+    out = np.empty((2, 3), np.float32)
+    assert entry(x, out=out) is out  # a given `out` allocates nothing, so no budget applies
+    monkeypatch.setenv("TLC_MAX_ELEMENTS", "6")
+    assert (entry(x) == 1.0).all()
+
+
 def test_llvm_backend_output_over_the_budget_is_a_diagnostic(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
