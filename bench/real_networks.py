@@ -189,17 +189,6 @@ def tlc_runner(model: bytes, xs: np.ndarray, threads: int, target_cpu: str,
     return lambda: compiled(xs)
 
 
-def ort_runner(model: bytes, xs: np.ndarray, threads: int) -> Callable[[], object]:
-    """ONNX Runtime on the ONNX file, `threads` intra-op threads (its default spinning)."""
-    import onnxruntime as ort
-
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
-    session = ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
-    feed = {session.get_inputs()[0].name: xs}
-    return lambda: session.run(None, feed)[0]
-
-
 def torch_runner(saved: bytes, xs: np.ndarray, threads: int) -> Callable[[], object]:
     """PyTorch eager on `threads` threads, in inference mode: the model as `torch.save` wrote
     it (a module or tensor sent as itself would go by torch's shared-memory reduction, which
@@ -220,6 +209,7 @@ def speed_rows(name: str, size: int, batch: int, threads: list[int], target_cpu:
     """One row per thread count: tlc, ONNX Runtime and PyTorch on model `name` at `batch`,
     each in a process of its own (`Isolated`), taking turns."""
     from isolated import Isolated
+    from peers import ort_runner
 
     work = workload(name, size, batch)
     rows = []

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import importlib.util
 import os
 import platform
 import re
@@ -45,6 +46,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from isolated import Isolated
+from peers import ort_runner
 
 import tlc
 from tlc.api.evaluate import checked_graph
@@ -291,23 +293,9 @@ def onnx_model(w: Workload, out_shape: tuple[int, ...]) -> bytes | None:
 
 
 def onnx_runner(model: bytes | None, w: Workload, threads: int) -> Callable[[], np.ndarray] | None:
-    try:
-        import onnxruntime as ort
-    except ImportError:
+    if model is None or importlib.util.find_spec("onnxruntime") is None:
         return None
-    if model is None:
-        return None
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = threads
-    opts.inter_op_num_threads = 1
-    opts.log_severity_level = 3  # no warnings about initializers the optimiser folded away
-    sess = ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
-    feed = {"x": w.x.astype(F32)}
-
-    def run() -> np.ndarray:
-        return sess.run(None, feed)[0]
-
-    return run
+    return ort_runner(model, w.x.astype(F32), threads)
 
 
 #: Why the IREE columns are missing, once (None: they are there).
