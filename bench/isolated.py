@@ -18,20 +18,60 @@ were stolen from unequally shows it. (This VM also has phases in which two-threa
 nearly twice as long, both threads on their own vCPU and busy: mobilenet_v2 at batch 1 8.5 ms
 a call in one process and 4.9 in the next, the same code. Whether the steal counter sees them
 is not known yet; many short turns in alternation spread them over the runners.)
+
+The steal counter does not see every slow phase. A fixed float32 matrix product loop, timed
+by its thread's CPU time, ran at 94-99 GFLOP/s here minute after minute, and at 44 in one
+minute, single-threaded, with its CPU time accounted in full: the vCPU itself ran at half
+speed, so even a CPU-time figure halves. The parent therefore runs that loop on each of its
+CPUs before every timed turn (`vcpu_speed`, about 1 ms a CPU) and keeps the rates for the
+runner whose turn follows (`Isolated.vcpu`): a cell whose runners' turns saw different
+speeds is not a comparison.
 """
 
 from __future__ import annotations
 
 import contextlib
 import multiprocessing
+import os
+import statistics
 import time
 import traceback
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
-#: Seconds the parent waits before each turn: longer than ONNX Runtime's 50 ms of spinning.
+import numpy as np
+
+#: Seconds the parent waits before each turn: after a turn ONNX Runtime's pool threads spin
+#: for about 50 ms, libgomp's (PyTorch's) and OpenBLAS's (numpy's) for 25-100 ms (their
+#: processes' CPU time, read every 25 ms after a turn), IREE's not at all.
 SETTLE_S = 0.1
+#: The probe of `vcpu_speed`: products of float32 matrices of this order (numpy computes one
+#: this small on the calling thread: OpenBLAS threads only larger ones), this many a CPU.
+PROBE_ORDER, PROBE_PRODUCTS = 96, 60
+
+
+def vcpu_speed() -> float:
+    """GFLOP/s of a fixed, FMA-bound loop of matrix products on the slowest of the CPUs this
+    process may run on, the calling thread moved to each in turn and timed by its CPU clock:
+    how fast the VM's vCPUs run right now, whatever else holds them."""
+    a = np.full((PROBE_ORDER, PROBE_ORDER), 0.5, np.float32)
+    flops = 2 * PROBE_ORDER**3 * PROBE_PRODUCTS
+    pin = getattr(os, "sched_setaffinity", None)
+    allowed = os.sched_getaffinity(0) if pin else set()
+    rates = []
+    try:
+        for cpu in sorted(allowed) or [None]:
+            if pin and cpu is not None:
+                pin(0, {cpu})
+            start = time.thread_time()
+            for _ in range(PROBE_PRODUCTS):
+                a @ a
+            rates.append(flops / max(time.thread_time() - start, 1e-9) / 1e9)
+    finally:
+        if pin:
+            pin(0, allowed)
+    return min(rates)
 
 
 def stolen_ticks() -> tuple[int, int]:
@@ -90,7 +130,8 @@ class Isolated:
     runs it once and returns what it returned, `time(n, clock)` runs it n times after
     `SETTLE_S` and returns each call's seconds on `clock` ("cpu": the child's calling
     thread's CPU time, or "wall"), `loop(n, clock)` their sum; `stolen()` is the share of the
-    machine's CPU time stolen by the hypervisor during its turns so far."""
+    machine's CPU time stolen by the hypervisor during its turns so far, and `vcpu()` the mean
+    `vcpu_speed` measured before its timed turns."""
 
     def __init__(self, build: Callable[..., Callable[[], Any]], *args: Any) -> None:
         context = multiprocessing.get_context("spawn")
@@ -101,6 +142,7 @@ class Isolated:
         self._conn.send((build, args))
         self.built_s, self.available = self._answer()
         self._ticks = [0, 0]  # steal, all, over the turns
+        self._speeds: list[float] = []  # vcpu_speed before each timed turn
 
     def _answer(self) -> Any:
         status, value = self._conn.recv()
@@ -123,10 +165,11 @@ class Isolated:
         return self._turn("loop", n, clock, settle)
 
     def _turn(self, what: str, n: int, clock: str, settle: bool) -> Any:
-        """Ask the child for a `time` or `loop` turn, after `SETTLE_S` if `settle`, and count
-        the machine's stolen ticks during it."""
+        """Ask the child for a `time` or `loop` turn, after `SETTLE_S` and a `vcpu_speed`
+        probe if `settle`, and count the machine's stolen ticks during it."""
         if settle:
             time.sleep(SETTLE_S)
+            self._speeds.append(vcpu_speed())
         steal, ticks = stolen_ticks()
         self._conn.send((what, n, clock))
         answer = self._answer()
@@ -137,6 +180,11 @@ class Isolated:
 
     def stolen(self) -> float:
         return self._ticks[0] / max(self._ticks[1], 1)
+
+    def vcpu(self) -> float | None:
+        """The mean vCPU speed (GFLOP/s, `vcpu_speed`) before this runner's timed turns, or
+        None before the first."""
+        return statistics.fmean(self._speeds) if self._speeds else None
 
     def close(self) -> None:
         if self._process.is_alive():

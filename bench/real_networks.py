@@ -35,8 +35,11 @@ on a shared machine hits them alike. A row per model, batch and thread count giv
 time per call in ms over every turn's calls, `ORT/tlc` of those medians (above 1: tlc is
 faster), the same ratio of the mean times per call (`by means`: a shared VM's stolen bursts
 weigh in it), the share of the machine's CPU time the hypervisor stole during tlc's and ORT's
-turns (/proc/stat: a cell whose runners were stolen from unequally is not a comparison), and
-tlc's import + compile seconds. Outputs are checked against PyTorch first.
+turns (/proc/stat: a cell whose runners were stolen from unequally is not a comparison), the
+mean speed of the vCPUs measured before their turns (`isolated.vcpu_speed`, GFLOP/s of a fixed
+matrix product loop by its CPU time: a slow phase of the VM halves it, and the steal counter
+does not always see one), and tlc's import + compile seconds. Outputs are checked against
+PyTorch first.
 
 `--profile` says where the time goes: tlc's code built with per-node clocks
 (`build_graph_module(profile=...)`: each node's computation, in the whole network's run,
@@ -236,12 +239,14 @@ def speed_rows(name: str, size: int, batch: int, threads: list[int], target_cpu:
                 for label, runner in runners.items():
                     calls[label] += runner.time(n, clock)
             stolen = " / ".join(f"{100 * runners[k].stolen():.0f}" for k in ("tlc", "ort"))
+            speeds = " / ".join(f"{runners[k].vcpu():.0f}" for k in ("tlc", "ort"))
         ms = {label: statistics.median(v) * 1e3 for label, v in calls.items()}
         means = {label: statistics.fmean(v) for label, v in calls.items()}
         eager_ms = f"{ms['torch']:.2f}" if "torch" in ms else "-"
         rows.append(f"| {name} | {batch} | {t} | {ms['tlc']:.2f} | {ms['ort']:.2f} | "
                     f"{eager_ms} | {ms['ort'] / ms['tlc']:.2f} | "
-                    f"{means['ort'] / means['tlc']:.2f} | {stolen} | {built:.1f} |")  # fmt: skip
+                    f"{means['ort'] / means['tlc']:.2f} | {stolen} | {speeds} | "
+                    f"{built:.1f} |")  # fmt: skip
     return rows
 
 
@@ -419,8 +424,8 @@ def speed(args: argparse.Namespace) -> None:
         f"turns each; medians per call; {clock}"
     )
     print("| model | batch | threads | tlc ms | ORT ms | PyTorch ms | ORT/tlc | by means | "
-          "stolen % tlc / ORT | compile s |")  # fmt: skip
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "stolen % tlc / ORT | vCPU GF/s tlc / ORT | compile s |")  # fmt: skip
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     threads = [int(t) for t in (args.threads or "1,2").split(",")]
     for name in args.models.split(","):
         for batch in (int(b) for b in args.batches.split(",")):

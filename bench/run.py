@@ -11,10 +11,13 @@ IREE run the same ONNX model (IREE: imported with iree-import-onnx, compiled by 
 for the llvm-cpu backend and this CPU; its columns are skipped, with the reason, when IREE is
 not installed). Peers run with 1 and 2 threads (torch.set_num_threads, ORT's
 intra_op_num_threads, IREE's local-sync / local-task). Each runner runs in a process of its
-own, alone (`bench/isolated.py`: in one process the peers' threads spin on after their calls
-and took a two-thread runner's second core). Times are medians over repeats of a timed loop,
-each after a 0.1 s pause; `ORT/runner` is ONNX Runtime's time at the runner's thread count over the
-runner's (above 1: faster than ORT), the other ratios tlc / peer (below 1: tlc is faster).
+own (`bench/isolated.py`: in one process the peers' threads spin on after their calls and took
+a two-thread runner's second core), and the runners take turns: `--repeats` rounds of one
+timed loop (about 50 ms) each, every loop after a 0.1 s pause. Times are the medians and bests
+of those loops; `ORT/runner` is ONNX Runtime's time at the runner's thread count over the
+runner's (above 1: faster than ORT), the other ratios tlc / peer (below 1: tlc is faster);
+`vCPU GF/s` is the mean speed of the vCPUs measured before the runner's loops
+(`isolated.vcpu_speed`: a slow phase of the VM halves it).
 
 tlc runners: `tlc ctypes` calls the compiled entry point through ctypes with preallocated
 buffers and integer addresses (the cheapest Python call); `tlc.load` is the checked Python
@@ -30,6 +33,7 @@ on the host's.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import importlib.util
 import os
@@ -69,17 +73,16 @@ F32 = np.float32
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-#: The clock of `timeit`: wall time, or (--cpu-time) the calling thread's CPU time, which
+#: The clock of the timed loops: wall time, or (--cpu-time) the calling thread's CPU time, which
 #: on a shared, loaded machine leaves out the time other processes hold the core (only
 #: meaningful for runners on the calling thread: the 2-thread peers and numpy, whose
 #: OpenBLAS runs threads of its own, are then left out). `Isolated`'s clock names.
 CLOCK = ["wall"]
 
 
-def timeit(runner: Isolated, repeats: int, budget: float = 0.05) -> tuple[float, float]:
-    """(median, best) seconds per call of the runner in its process: calibrate a loop to
-    ~`budget` s, time it `repeats` times. The best is the figure least disturbed by other load
-    on a shared machine."""
+def calls_per_turn(runner: Isolated, budget: float = 0.05) -> int:
+    """How many calls of the runner take about `budget` s on `CLOCK`: a loop calibrated by
+    doubling (no settle pause: these loops only count)."""
     clock = CLOCK[0]
     n, t = 1, 0.0
     while True:
@@ -87,9 +90,19 @@ def timeit(runner: Isolated, repeats: int, budget: float = 0.05) -> tuple[float,
         if t > budget / 4 or n > 1_000_000:
             break
         n *= 4
-    n = max(1, int(n * budget / max(t, 1e-9)))
-    samples = [runner.loop(n, clock) / n for _ in range(repeats)]
-    return statistics.median(samples), min(samples)
+    return max(1, int(n * budget / max(t, 1e-9)))
+
+
+def time_in_turns(runners: dict[str, Isolated], repeats: int) -> dict[str, tuple[float, float]]:
+    """(median, best) seconds per call of each runner: `repeats` rounds in which every runner
+    times one calibrated loop in turn, so that a phase of the VM (load, a slow vCPU) falls on
+    every runner alike instead of on the one timed then."""
+    counts = {name: calls_per_turn(runner) for name, runner in runners.items()}
+    samples: dict[str, list[float]] = {name: [] for name in runners}
+    for _ in range(repeats):
+        for name, runner in runners.items():
+            samples[name].append(runner.loop(counts[name], CLOCK[0]) / counts[name])
+    return {name: (statistics.median(v), min(v)) for name, v in samples.items()}
 
 
 # --------------------------------------------------------------------------------------------
@@ -468,10 +481,9 @@ def hand_c_runner(tmp: str) -> Callable[[], np.ndarray]:
 
 
 def bench_workload(w: Workload, repeats: int, tmp: str, hand_c: bool, target: Target) -> None:
-    """Every runner on `w`, each in a process of its own (`Isolated`), one after the other
-    with nothing else alive: in one process the peers' threads spin on after their calls
-    (numpy's OpenBLAS for 100 ms, ORT's pool for 40-50 ms) and took a two-thread runner's
-    second core."""
+    """Every runner on `w`, each in a process of its own (`Isolated`; in one process the peers'
+    threads spin on after their calls, numpy's OpenBLAS for 100 ms and ORT's pool for 40-50
+    ms, and took a two-thread runner's second core), timed in turns (`time_in_turns`)."""
     builds: dict[str, tuple] = dict(tlc_runners(w, tmp, target))
     if hand_c:
         builds["C ctypes"] = (hand_c_runner, tmp)
@@ -485,25 +497,28 @@ def bench_workload(w: Workload, repeats: int, tmp: str, hand_c: bool, target: Ta
         builds[f"iree {threads}t"] = (iree_runner, vmfb, w, threads)
     if CLOCK[0] == "cpu":  # OpenBLAS's threads are not on this thread's clock
         del builds["numpy"]
-    times = {}
-    for name, (build, *args) in builds.items():
-        with Isolated(build, *args) as runner:
+    with contextlib.ExitStack() as stack:
+        runners = {}
+        for name, (build, *args) in builds.items():
+            runner = stack.enter_context(Isolated(build, *args))
             if not runner.available:
                 continue
             got = np.asarray(runner.call(), dtype=np.float64).reshape(np.shape(expected))
             np.testing.assert_allclose(got, expected, rtol=2e-3, atol=2e-3, err_msg=name)
-            times[name] = timeit(runner, repeats)
+            runners[name] = runner
+        times = time_in_turns(runners, repeats)
+        speeds = {name: runner.vcpu() for name, runner in runners.items()}
     ours, load_t = times["tlc ctypes"][0], times["tlc.load 1t"][0]
     print(f"\n## {w.name}  ({w.flops / 1e6:.3f} MFLOP)")
     print(f"{'runner':<16} {'median':>11} {'best':>11} {'GFLOP/s':>8} {'ORT/runner':>10} "
-          f"{'tlc ctypes/peer':>16} {'tlc.load/peer':>14}")  # fmt: skip
+          f"{'tlc ctypes/peer':>16} {'tlc.load/peer':>14} {'vCPU GF/s':>9}")  # fmt: skip
     for name, (t, best) in times.items():
         # The ratio to ONNX Runtime at the runner's thread count (`tlc ctypes`: one thread).
         match = re.search(r" (\d+)t$", name)
         ort = times.get(f"onnxruntime {match.group(1) if match else 1}t")
         ratio = f"{ort[0] / t:10.2f}" if ort else f"{'':>10}"
         print(f"{name:<16} {fmt_time(t):>11} {fmt_time(best):>11} {w.flops / t / 1e9:8.2f} "
-              f"{ratio} {ours / t:16.2f} {load_t / t:14.2f}")  # fmt: skip
+              f"{ratio} {ours / t:16.2f} {load_t / t:14.2f} {speeds[name]:9.0f}")  # fmt: skip
 
 
 def cpu_model() -> str:

@@ -14,7 +14,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 
-from isolated import Isolated, stolen_ticks  # noqa: E402
+from isolated import Isolated, stolen_ticks, vcpu_speed  # noqa: E402
 
 
 def doubling(xs: np.ndarray) -> Callable[[], object]:
@@ -78,3 +78,19 @@ def test_a_loop_is_timed_whole_and_a_missing_runner_is_said() -> None:
         assert 0.039 < runner.loop(4, "cpu") < 2.0
     with Isolated(nothing) as runner:
         assert not runner.available
+
+
+def test_the_vcpu_probe_runs_before_each_timed_turn_and_leaves_the_affinity() -> None:
+    """The probe is a speed (GFLOP/s: a fixed loop over its thread's CPU time), taken before
+    timed turns only, and the parent is back on all its CPUs after it."""
+    allowed = os.sched_getaffinity(0)
+    assert 0.5 < vcpu_speed() < 100_000
+    assert os.sched_getaffinity(0) == allowed
+    with Isolated(busy, 0.01) as runner:
+        assert runner.vcpu() is None
+        runner.loop(2, "cpu", settle=False)  # a calibration loop: no probe
+        assert runner.vcpu() is None
+        runner.time(2, "wall")
+        runner.loop(1, "cpu")
+        assert len(runner._speeds) == 2
+        assert runner.vcpu() == sum(runner._speeds) / 2
