@@ -12,9 +12,11 @@ def ort_runner(model: bytes, x: np.ndarray, threads: int) -> Callable[[], np.nda
     threads (its default spinning), one inter-op thread."""
     import onnxruntime as ort
 
+    # No warnings about initializers its optimiser folded away (a zoo model prints hundreds):
+    # they come from the default logger, which the session's log_severity_level leaves alone.
+    ort.set_default_logger_severity(3)
     opts = ort.SessionOptions()
     opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
-    opts.log_severity_level = 3  # no warnings about initializers the optimiser folded away
     session = ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
     feed = {session.get_inputs()[0].name: x}
     return lambda: session.run(None, feed)[0]

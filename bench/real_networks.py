@@ -152,9 +152,8 @@ def workload(name: str, size: int, batch: int) -> Workload:
     wheel's zoo (`bench/zoo.py`'s `zoo_model`: random weights, 224 x 224 whatever `size`),
     its output computed by ONNX Runtime, beside PyTorch's `ZOO_TORCH` model."""
     if name.startswith("zoo:"):
-        import onnxruntime as ort
-
         sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from peers import ort_runner
         from zoo import zoo_model
 
         proto = zoo_model(name.removeprefix("zoo:"), batch)
@@ -163,8 +162,7 @@ def workload(name: str, size: int, batch: int) -> Workload:
         (data,) = [i for i in proto.graph.input if i.name not in initializers]
         shape = [d.dim_value for d in data.type.tensor_type.shape.dim]
         xs = np.random.default_rng(1).standard_normal(shape, np.float32)
-        session = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
-        (expected,) = session.run(None, {data.name: xs})
+        expected = ort_runner(model, xs, 1)()
         twin = ZOO_TORCH.get(name.removeprefix("zoo:"))
         net = network(twin)[0] if twin else None
         return Workload(model, tlc.from_onnx(proto), xs, expected, net, torch.from_numpy(xs),
