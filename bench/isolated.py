@@ -20,12 +20,13 @@ a call in one process and 4.9 in the next, the same code. Whether the steal coun
 is not known yet; many short turns in alternation spread them over the runners.)
 
 The steal counter does not see every slow phase. A fixed float32 matrix product loop, timed
-by its thread's CPU time, ran at 94-99 GFLOP/s here minute after minute, and at 44 in one
-minute, single-threaded, with its CPU time accounted in full: the vCPU itself ran at half
-speed, so even a CPU-time figure halves. The parent therefore runs that loop on each of its
-CPUs before every timed turn (`vcpu_speed`, about 1 ms a CPU) and keeps the rates for the
-runner whose turn follows (`Isolated.vcpu`): a cell whose runners' turns saw different
-speeds is not a comparison.
+by its thread's CPU time, ran at 87-100 GFLOP/s here minute after minute; in one minute it ran
+at 44 on one vCPU alone, with its CPU time accounted in full (the vCPU itself ran at half
+speed, so even a CPU-time figure halves), and in another at 96 alone but 63-64 on both vCPUs
+at once. The parent therefore runs that loop on all of its CPUs at once before every timed
+turn (`vcpu_speed`, about 1 ms) and keeps the slowest CPU's rate for the runner whose turn
+follows (`Isolated.vcpu`): a cell whose runners' turns saw different speeds is not a
+comparison.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ import contextlib
 import multiprocessing
 import os
 import statistics
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -53,24 +55,30 @@ PROBE_ORDER, PROBE_PRODUCTS = 96, 60
 
 def vcpu_speed() -> float:
     """GFLOP/s of a fixed, FMA-bound loop of matrix products on the slowest of the CPUs this
-    process may run on, the calling thread moved to each in turn and timed by its CPU clock:
-    how fast the VM's vCPUs run right now, whatever else holds them."""
-    a = np.full((PROBE_ORDER, PROBE_ORDER), 0.5, np.float32)
+    process may run on, one thread pinned to each, all at once, each timed by its own CPU
+    clock: how fast the VM's vCPUs run together right now, whatever else holds them (numpy
+    leaves the GIL during a product)."""
+    pinned = hasattr(os, "sched_setaffinity")
+    cpus: list[int | None] = sorted(os.sched_getaffinity(0)) if pinned else [None]
     flops = 2 * PROBE_ORDER**3 * PROBE_PRODUCTS
-    pin = getattr(os, "sched_setaffinity", None)
-    allowed = os.sched_getaffinity(0) if pin else set()
-    rates = []
-    try:
-        for cpu in sorted(allowed) or [None]:
-            if pin and cpu is not None:
-                pin(0, {cpu})
-            start = time.thread_time()
-            for _ in range(PROBE_PRODUCTS):
-                a @ a
-            rates.append(flops / max(time.thread_time() - start, 1e-9) / 1e9)
-    finally:
-        if pin:
-            pin(0, allowed)
+    together = threading.Barrier(len(cpus))
+    rates = [0.0] * len(cpus)
+
+    def probe(slot: int, cpu: int | None) -> None:
+        if cpu is not None:
+            os.sched_setaffinity(0, {cpu})  # this thread's
+        a = np.full((PROBE_ORDER, PROBE_ORDER), 0.5, np.float32)
+        together.wait()
+        start = time.thread_time()
+        for _ in range(PROBE_PRODUCTS):
+            a @ a
+        rates[slot] = flops / max(time.thread_time() - start, 1e-9) / 1e9
+
+    threads = [threading.Thread(target=probe, args=(i, cpu)) for i, cpu in enumerate(cpus)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
     return min(rates)
 
 

@@ -81,8 +81,8 @@ def test_a_loop_is_timed_whole_and_a_missing_runner_is_said() -> None:
 
 
 def test_the_vcpu_probe_runs_before_each_timed_turn_and_leaves_the_affinity() -> None:
-    """The probe is a speed (GFLOP/s: a fixed loop over its thread's CPU time), taken before
-    timed turns only, and the parent is back on all its CPUs after it."""
+    """The probe is a speed (GFLOP/s: a fixed loop over its threads' CPU time), taken before
+    timed turns only; only its own threads were pinned, the parent's is not."""
     allowed = os.sched_getaffinity(0)
     assert 0.5 < vcpu_speed() < 100_000
     assert os.sched_getaffinity(0) == allowed
