@@ -155,27 +155,28 @@ def test_avx2_code_gives_the_same_bits_on_one_and_two_threads(
 @pytest.mark.parametrize(
     ("cpu", "cin", "cout", "size", "chunk"),
     [
-        ("znver3", 128, 128, 28, 192),  # 1 x 6 x 2 tiles, 140 a block: 6 chunks of 12 KiB
-        ("znver3", 256, 256, 14, 144),  # 2 x 2 x 3, 49 a block: 16 chunks of 13.5 KiB
-        ("znver3", 512, 512, 7, 4608),  # 1 x 4 x 3, 14 a block (< CHUNK_TILES): K whole
-        ("znver4", 128, 128, 28, 1152),  # AVX-512 and SSE: K whole
-        ("x86-64-v2", 128, 128, 28, 1152),
+        ("znver3", 128, 128, (28, 28), 192),  # 1 x 6 x 2 tiles, 140 a block: 6 chunks of 12 KiB
+        ("znver3", 256, 256, (14, 14), 128),  # 2 x 2 x 3, 49 a block: 18 chunks of 12 KiB
+        ("znver3", 131, 40, (15, 13), 118),  # 4 x 1 x 3: 10 chunks, the last of 117 rows
+        ("znver3", 512, 512, (7, 7), 4608),  # 1 x 4 x 3, 14 a block (< CHUNK_TILES): K whole
+        ("znver4", 128, 128, (28, 28), 1152),  # AVX-512 and SSE: K whole
+        ("x86-64-v2", 128, 128, (28, 28), 1152),
     ],
 )
 def test_avx2_direct_tiles_take_k_in_chunks_of_l1(
-    cpu: str, cin: int, cout: int, size: int, chunk: int
+    cpu: str, cin: int, cout: int, size: tuple[int, int], chunk: int
 ) -> None:
     info = target_info(Target(cpu, triple=X86_64))
-    tile = direct_tile(info, 4, size, size, cout)
-    assert direct_chunk(info, tile, 4, cin * 9, (size, size)) == chunk
+    tile = direct_tile(info, 4, *size, cout)
+    assert direct_chunk(info, tile, 4, cin * 9, size) == chunk
     if chunk < cin * 9:
         assert chunk * tile.nr * 4 <= conv_direct.CHUNK_BYTES
 
 
 @pytest.mark.parametrize(
     ("batch", "cin", "cout", "size", "attrs"),
-    [(2, 67, 40, (15, 13), "padding = [1, 1]"),  # 4 x 1 x 3 tiles, a partial channel block,
-     # chunks of 151, 151, 151 and 150 patch rows; 2 x 3 x 2 tiles, chunks of 192:
+    [(2, 131, 40, (15, 13), "padding = [1, 1]"),  # 4 x 1 x 3 tiles, a partial channel
+     # block, 9 chunks of 118 patch rows and one of 117; 2 x 3 x 2 tiles, chunks of 192:
      (3, 64, 32, (28, 28), "stride = [2, 2], padding = [1, 1]")],
 )  # fmt: skip
 def test_avx2_k_chunks_keep_the_bits(

@@ -65,9 +65,12 @@ MAX_NV = 4
 #: Output channels (f32 lanes of MAX_NV 32-byte vectors) of the partial sums a position of
 #: a K-chunked tile keeps in scratch (`direct_chunk`).
 PARTIAL_CHANNELS = MAX_NV * 8
-#: The bytes of packed weights one K chunk of an AVX2 tile's patch rows spans
-#: (`direct_chunk`): half of Zen 3's and Zen 4's 32 KiB L1, beside the chunk's inputs.
-CHUNK_BYTES = 16 * 1024
+#: The most bytes of packed weights one K chunk of an AVX2 tile's patch rows spans
+#: (`direct_chunk`): of Zen 3's and Zen 4's 32 KiB L1, beside the chunk's input rows. Measured
+#: on Zen 4 (znver3 code, one thread, against K whole in the same process, medians of the
+#: paired rounds): 128 -> 128 on 28 x 28 8 KiB 0.925-0.956, 12 KiB 0.934-0.945, 16 KiB
+#: 0.935, 24 KiB 1.004 (the chunk and its inputs no longer fit L1).
+CHUNK_BYTES = 12 * 1024
 #: The fewest tiles an image's plane takes per block of channels for the AVX2 tiles to run
 #: in K chunks (`direct_chunk`).
 CHUNK_TILES = 32
