@@ -1,10 +1,9 @@
 """The AVX2 code's own rules (`--target-cpu znver3`: 16 ymm registers, no mask registers): the
 product tiles of more than one vector of columns (`gemm.avx2_tiles`), 1x1 convolutions' 6 x 2
-tiles (`convolution.AVX2_CONV_TILE`), stores of one run of lanes as plain stores of
-pieces instead of `vmaskmovps` (`gemm.PIECE_STORES`), and the direct tiles' K chunks
-(`conv_direct.direct_chunk`). The rules change no AVX-512 or SSE choice. Execution checks run
-the AVX2 code when this CPU has AVX2, and compare bits exactly where the rule changes only how
-the same values are stored or summed in the same order; against the
+tiles (`convolution.AVX2_CONV_TILE`), and stores of one run of lanes as plain stores of
+pieces instead of `vmaskmovps` (`gemm.PIECE_STORES`). The rules
+change no AVX-512 or SSE choice. Execution checks run the AVX2 code when this CPU has AVX2, and
+compare bits exactly where the rule changes only how the same values are stored; against the
 reference the tolerance is tests/test_conv_direct.py's (f32 rtol 2e-5 of the output's scale:
 the kernels sum each patch row in their own order).
 """
@@ -24,8 +23,6 @@ from tlc.api.evaluate import checked_graph
 from tlc.codegen import gemm, objcache
 from tlc.codegen.builder import I1
 from tlc.codegen.gemm import _lane_run, micro_kernel
-from tlc.codegen.lower import conv_direct
-from tlc.codegen.lower.conv_direct import direct_chunk, direct_tile
 from tlc.codegen.lower.convolution import kernel_name
 from tlc.codegen.module import build_graph_module
 from tlc.codegen.target import Target, compile_ir, emit_assembly, target_info
@@ -149,54 +146,4 @@ def test_avx2_code_gives_the_same_bits_on_one_and_two_threads(
     one = tlc.compile(text, payload, "f32", target_cpu="znver3", threads=1)(x)
     two = tlc.compile(text, payload, "f32", target_cpu="znver3", threads=2)(x)
     np.testing.assert_array_equal(one, two)
-    close(one, reference(text, payload, x, np.float32), np.float32)
-
-
-@pytest.mark.parametrize(
-    ("cpu", "cin", "cout", "size", "chunk"),
-    [
-        ("znver3", 128, 128, (28, 28), 192),  # 1 x 6 x 2 tiles, 140 a block: 6 chunks of 12 KiB
-        ("znver3", 256, 256, (14, 14), 128),  # 2 x 2 x 3, 49 a block: 18 chunks of 12 KiB
-        ("znver3", 131, 40, (15, 13), 118),  # 4 x 1 x 3: 10 chunks, the last of 117 rows
-        ("znver3", 512, 512, (7, 7), 4608),  # 1 x 4 x 3, 14 a block (< CHUNK_TILES): K whole
-        ("znver4", 128, 128, (28, 28), 1152),  # AVX-512 and SSE: K whole
-        ("x86-64-v2", 128, 128, (28, 28), 1152),
-    ],
-)
-def test_avx2_direct_tiles_take_k_in_chunks_of_l1(
-    cpu: str, cin: int, cout: int, size: tuple[int, int], chunk: int
-) -> None:
-    info = target_info(Target(cpu, triple=X86_64))
-    tile = direct_tile(info, 4, *size, cout)
-    assert direct_chunk(info, tile, 4, cin * 9, size) == chunk
-    if chunk < cin * 9:
-        assert chunk * tile.nr * 4 <= conv_direct.CHUNK_BYTES
-
-
-@pytest.mark.parametrize(
-    ("batch", "cin", "cout", "size", "attrs"),
-    [(2, 131, 40, (15, 13), "padding = [1, 1]"),  # 4 x 1 x 3 tiles, a partial channel
-     # block, 9 chunks of 118 patch rows and one of 117; 2 x 3 x 2 tiles, chunks of 192:
-     (3, 64, 32, (28, 28), "stride = [2, 2], padding = [1, 1]")],
-)  # fmt: skip
-def test_avx2_k_chunks_keep_the_bits(
-    batch: int, cin: int, cout: int, size: tuple[int, int], attrs: str
-) -> None:
-    """The partial sums go through scratch between chunks, each accumulator summing its patch
-    row in the same order: the bits of the tiles with K whole, on 1 and 2 threads (a split
-    call's parts start and end inside blocks of channels)."""
-    text, payload, x = conv_case(batch, cin, cout, size, attrs, (3, 3), seed=cin)
-    f = frame(text)
-    info = target_info(Target("znver3", triple=X86_64))
-    tile = direct_tile(info, 4, *f.window.out_sp, cout)
-    assert direct_chunk(info, tile, 4, f.depth, f.window.out_sp) < f.depth
-    runnable("znver3")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv(objcache.ENV_SWITCH, "0")
-        one = tlc.compile(text, payload, "f32", target_cpu="znver3", threads=1)(x)
-        two = tlc.compile(text, payload, "f32", target_cpu="znver3", threads=2)(x)
-        patch.setattr(conv_direct, "CHUNK_TILES", 1 << 30)
-        whole = tlc.compile(text, payload, "f32", target_cpu="znver3", threads=1)(x)
-    np.testing.assert_array_equal(one, two)
-    np.testing.assert_array_equal(one, whole)
     close(one, reference(text, payload, x, np.float32), np.float32)

@@ -30,7 +30,6 @@ from tlc.codegen.builder import I1, I32, I64, Buf, KernelBuilder
 from tlc.codegen.gemm import (
     Epilogue,
     MicroKernel,
-    avx2_tiles,
     packed_tile,
     reserved_registers,
     splat,
@@ -59,21 +58,6 @@ DIRECT_DEPTH = 256
 #: 7 x 7 36.5 -> 34.3 (4 x 7), 256 -> 512 s2 on 14 x 14 20.3 -> 18.1; 28 accumulators and the
 #: weights' vector leave LLVM 3 registers (no spills in the loop).
 FOLDED_POSITIONS = 28
-
-#: The most vectors of output channels of a tile in AVX2 and SSE code.
-MAX_NV = 4
-#: Output channels (f32 lanes of MAX_NV 32-byte vectors) of the partial sums a position of
-#: a K-chunked tile keeps in scratch (`direct_chunk`).
-PARTIAL_CHANNELS = MAX_NV * 8
-#: The most bytes of packed weights one K chunk of an AVX2 tile's patch rows spans
-#: (`direct_chunk`): of Zen 3's and Zen 4's 32 KiB L1, beside the chunk's input rows. Measured
-#: on Zen 4 (znver3 code, one thread, against K whole in the same process, medians of the
-#: paired rounds): 128 -> 128 on 28 x 28 8 KiB 0.925-0.956, 12 KiB 0.934-0.945, 16 KiB
-#: 0.935, 24 KiB 1.004 (the chunk and its inputs no longer fit L1).
-CHUNK_BYTES = 12 * 1024
-#: The fewest tiles an image's plane takes per block of channels for the AVX2 tiles to run
-#: in K chunks (`direct_chunk`).
-CHUNK_TILES = 32
 
 
 @dataclass(frozen=True)
@@ -117,7 +101,7 @@ def direct_tile(info: TargetInfo, itemsize: int, oh: int, ow: int, cout: int) ->
     regs = info.vector_registers
     folded = info.vector_bytes >= 64  # AVX-512: single-vector tiles (`FOLDED_POSITIONS`)
     shapes = [DirectTile(rows, cols, nv, lanes)
-              for nv in ((1,) if folded else range(1, MAX_NV + 1))
+              for nv in ((1,) if folded else range(1, 5))
               for rows in range(1, min(oh, TILE_ROWS) + 1) for cols in range(1, ow + 1)
               if (rows * cols <= FOLDED_POSITIONS if folded
                   else rows * cols * nv + reserved_registers(nv) <= regs)]  # fmt: skip
@@ -160,9 +144,8 @@ class DirectPlane:
     input planes, or their staged copies, `step` elements from one image to the next),
     `base` (the first image's first element there), `extent` (elements between the rows of
     those planes), `taps` (an i32 table: patch row p's offset, `ConvFrame.tap_table`),
-    `depth` (patch rows), `first` (the first image's first output plane in `out`), `out_sp`,
-    `cout`, `edges` (in-place reads) and `partials` (scratch for the partial sums of K-chunked
-    tiles, `direct_chunk`: images x out_sp positions x NR channels)."""
+    `depth` (patch rows), `first` (the first image's first output plane in `out`), `out_sp`
+    and `cout`."""
 
     source: Buf
     base: ir.Value
@@ -175,26 +158,6 @@ class DirectPlane:
     out_sp: tuple[int, int]
     cout: int
     edges: EdgeReads | None = None
-    partials: Buf | None = None
-
-
-def direct_chunk(
-    info: TargetInfo, tile: DirectTile, itemsize: int, depth: int, out_sp: tuple[int, int]
-) -> int:
-    """The patch rows of one K chunk of the direct tiles: in AVX2 code (`gemm.avx2_tiles`),
-    as many as CHUNK_BYTES of packed weights hold, spread evenly; depth (one chunk) on the
-    other targets. Every tile of a block's units runs over a chunk before the next chunk
-    starts, its partial sums kept in scratch, so a block's weights come from L2 once per
-    block, not once per tile (a 1 x 4 x 3 tile of 512 -> 512 on 7 x 7 reads its block's 442
-    KB for 12 FMAs per 96 bytes, 14 tiles a block)."""
-    tiles = -(-out_sp[0] // tile.rows) * -(-out_sp[1] // tile.cols)
-    if not avx2_tiles(info) or tiles < CHUNK_TILES:
-        return depth
-    chunks = max(-(-depth * tile.nr * itemsize // CHUNK_BYTES), 1)
-    # Chunks of one length where a count up to twice as many divides depth (a constant trip
-    # count), else even ones and a shorter last.
-    even = next((c for c in range(chunks, 2 * chunks + 1) if depth % c == 0), chunks)
-    return -(-depth // even)
 
 
 def direct_units(tile: DirectTile, out_sp: tuple[int, int], cout: int) -> int:
@@ -241,13 +204,9 @@ def emit_direct(
     w, bias = params
     source = plane.source
     lo, hi = units
-    chunk = direct_chunk(k.info, tile, k.dtype.itemsize, plane.depth, plane.out_sp)
-    chunks = -(-plane.depth // chunk)
-    assert chunks == 1 or (plane.partials is not None
-                           and plane.partials.size >= oh * ow * nr)  # fmt: skip
 
     def micro(block: ir.Value, oy: ir.Value, ox: ir.Value, height: int, width: int,
-              image: ir.Value, c: ir.Value | None) -> None:  # fmt: skip
+              image: ir.Value) -> None:  # fmt: skip
         base = b.add(plane.base, b.mul(image, k.i64(plane.step)))
         positions = height * width
         start = b.add(base, b.add(b.mul(oy, k.i64(extent)), ox))
@@ -271,43 +230,7 @@ def emit_direct(
             accs[r, v] = acc
 
         mk = MicroKernel(positions, tile.nv, lanes, 0)
-        if c is None:
-            packed_tile(k, mk, positions, a_at, b_at, k.i64(plane.depth), lambda r, v: zero,
-                        finish)  # fmt: skip
-            store(block, oy, ox, width, image, accs)
-            return
-        # Chunk c of the patch rows: from the partial sums of chunk c - 1 (zeros for the
-        # first), to the partial sums again or, after the last, the stores.
-        assert plane.partials is not None
-        partials = plane.partials
-        p0, last = b.mul(c, k.i64(chunk)), b.icmp_signed("==", c, k.i64(chunks - 1))
-        rest = plane.depth - (chunks - 1) * chunk
-        klen = k.i64(chunk) if rest == chunk else b.select(last, k.i64(rest), k.i64(chunk))
-        corner = b.add(b.mul(image, k.i64(oh * ow)), b.add(b.mul(oy, k.i64(ow)), ox))
-
-        def slot(r: int, v: int) -> ir.Value:  # position r's partial sums of vector v
-            at = b.add(corner, k.i64((r // width) * ow + r % width))
-            ptr = k.at(partials, b.add(b.mul(at, k.i64(nr)), k.i64(v * lanes)))
-            return b.bitcast(ptr, vec.as_pointer())
-
-        first = b.icmp_signed("==", c, k.i64(0))
-        align = k.dtype.itemsize
-        packed_tile(k, mk, positions, lambda r, p: a_at(r, b.add(p, p0)),
-                    lambda v, p: b_at(v, b.add(p, p0)), klen,
-                    lambda r, v: b.select(first, zero, b.load(slot(r, v), align=align)),
-                    finish)  # fmt: skip
-        with b.if_else(last) as (done, partial):
-            with done:
-                store(block, oy, ox, width, image, accs)
-            with partial:
-                for (r, v), acc in accs.items():
-                    b.store(acc, slot(r, v), align=align)
-
-    def store(block: ir.Value, oy: ir.Value, ox: ir.Value, width: int, image: ir.Value,
-              accs: dict[tuple[int, int], ir.Value]) -> None:  # fmt: skip
-        """A tile's finished accumulators: the bias and the maps, transposed, stored."""
-        positions = len(accs) // tile.nv
-        zero = ir.Constant(vec, [0.0] * lanes)
+        packed_tile(k, mk, positions, a_at, b_at, k.i64(plane.depth), lambda r, v: zero, finish)
         for v in range(tile.nv):
             if stage is not None:  # the bias, then the maps, on vectors of channels
                 c0 = b.add(b.mul(block, k.i64(nr)), k.i64(v * lanes))
@@ -329,40 +252,26 @@ def emit_direct(
                                          None if stage is not None else k.load(bias, oc),
                                          fn)  # fmt: skip
 
-    def row_of_tiles(block: ir.Value, oy: ir.Value, height: int, c: ir.Value | None) -> None:
+    def row_of_tiles(block: ir.Value, oy: ir.Value, height: int) -> None:
         whole = ow // tile.cols
         with k.loop(plane.images, "im") as image:
             with k.loop(whole, "ct") as ct:
-                micro(block, oy, b.mul(ct, k.i64(tile.cols)), height, tile.cols, image, c)
+                micro(block, oy, b.mul(ct, k.i64(tile.cols)), height, tile.cols, image)
             if ow % tile.cols:
-                micro(block, oy, k.i64(whole * tile.cols), height, ow % tile.cols, image, c)
+                micro(block, oy, k.i64(whole * tile.cols), height, ow % tile.cols, image)
 
-    def run_units(u_lo: ir.Value, u_hi: ir.Value, c: ir.Value | None) -> None:
-        with k.loop(u_hi, "u", start=u_lo) as u:
-            block, rt = b.udiv(u, k.i64(row_tiles)), b.urem(u, k.i64(row_tiles))
-            oy = b.mul(rt, k.i64(tile.rows))
-            if oh % tile.rows:
-                last = b.icmp_signed("==", rt, k.i64(row_tiles - 1))
-                with b.if_else(last) as (edge, inner):
-                    with edge:
-                        row_of_tiles(block, oy, oh % tile.rows, c)
-                    with inner:
-                        row_of_tiles(block, oy, tile.rows, c)
-            else:
-                row_of_tiles(block, oy, tile.rows, c)
-
-    if chunks == 1:
-        run_units(lo, hi, None)
-        return
-    # K-chunked: per block of channels, each chunk over all of the block's units in turn.
-    rows = k.i64(row_tiles)
-    end = b.udiv(b.add(hi, k.i64(row_tiles - 1)), rows)
-    with k.loop(end, "ub", start=b.udiv(lo, rows)) as block:
-        u_lo, u_hi = b.mul(block, rows), b.mul(b.add(block, k.i64(1)), rows)
-        u_lo = b.select(b.icmp_signed(">", lo, u_lo), lo, u_lo)
-        u_hi = b.select(b.icmp_signed("<", hi, u_hi), hi, u_hi)
-        with k.loop(chunks, "kc") as c:
-            run_units(u_lo, u_hi, c)
+    with k.loop(hi, "u", start=lo) as u:
+        block, rt = b.udiv(u, k.i64(row_tiles)), b.urem(u, k.i64(row_tiles))
+        oy = b.mul(rt, k.i64(tile.rows))
+        if oh % tile.rows:
+            last = b.icmp_signed("==", rt, k.i64(row_tiles - 1))
+            with b.if_else(last) as (edge, inner):
+                with edge:
+                    row_of_tiles(block, oy, oh % tile.rows)
+                with inner:
+                    row_of_tiles(block, oy, tile.rows)
+        else:
+            row_of_tiles(block, oy, tile.rows)
 
 
 def _edge_reads(

@@ -40,11 +40,9 @@ from tlc.codegen.gemm import (
 )
 from tlc.codegen.lower.conv_direct import (
     DIRECT_DEPTH,
-    PARTIAL_CHANNELS,
     DirectPlane,
     DirectTile,
     EdgeReads,
-    direct_chunk,
     direct_tile,
     direct_units,
     edge_flags,
@@ -467,9 +465,8 @@ def _conv_scratch(node: NodeOp, parents: list[Shape], out: Shape) -> int:
     plan = ConvPlan.of(f, 8)
     staging = plan.images * f.cin_g * f.staged_plane
     normal = (plan.columns + MAX_PANEL) * f.depth + staging + MAX_PANEL + plan.partials(f)
-    if _direct(f):  # staged planes, then the partial sums of K-chunked tiles (AVX2)
-        normal = max(normal, _direct_images(f) * (f.cin * f.staged_plane
-                                                  + f.positions * PARTIAL_CHANNELS))  # fmt: skip
+    if _direct(f):
+        normal = max(normal, _direct_images(f) * f.cin * f.staged_plane)
     if not _transposable(f):
         return normal
     rows = f.lead * f.positions
@@ -580,10 +577,6 @@ def _conv_direct(k: KernelBuilder, s: Step, f: ConvFrame, tile: DirectTile) -> N
         return
     taps = k.global_constant("taps", f.tap_table(), I32)
     staging = Buf(s.scratch.ptr, (group * f.cin, f.staged_plane))
-    partials = None  # after the staged planes, for K-chunked tiles (AVX2)
-    if direct_chunk(k.info, tile, k.dtype.itemsize, f.depth, out_sp) < f.depth:
-        partials = Buf(k.at(s.scratch, staging.size), (group * f.positions * PARTIAL_CHANNELS,))
-        assert s.scratch.size >= staging.size + partials.size
     rows = None
     if f.staged and s.parts > 1 and f.lead == 1:
         e_lo, e_hi, i_lo, i_hi = f.stage_rows(k, *unit_rows(k, tile, units, out_sp))
@@ -602,8 +595,7 @@ def _conv_direct(k: KernelBuilder, s: Step, f: ConvFrame, tile: DirectTile) -> N
                         Buf(at, (f.cin, f.staged_plane)), rows)  # fmt: skip
             source, base, step = staging, k.i64(0), f.cin * f.staged_plane
         plane = DirectPlane(source, base, step, images, f.extents[-1], taps, f.depth,
-                            b.mul(b0, k.i64(f.cout)), out_sp, f.cout,
-                            partials=partials)  # fmt: skip
+                            b.mul(b0, k.i64(f.cout)), out_sp, f.cout)  # fmt: skip
         emit_direct(k, tile, plane, (s.params["weight"], s.params["bias"]), s.out, units,
                     epilogue(k, s), stage)  # fmt: skip
 
