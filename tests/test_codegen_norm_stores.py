@@ -5,14 +5,14 @@ its conv -> batch norm -> add(., shortcut) -> relu only when the convolution is 
 stores read the shortcut, prefetched tile by tile: `module.RESIDUAL_STORES`,
 `convolution.SHORTCUT_PREFETCH`), else the batch norm keeps the add and relu in its pass; and
 only when every convolution of its attributes and shapes takes the same (they share one node
-function), unless one of them is such a 1x1 convolution. The batch norm is then a view of the convolution's value and
-no kernel of its own runs. Each element goes through the same operations in the same order
-as unfused (the sum and bias, then (x - mean) * scale + beta, then the epilogue), so the bits
-are the unfused build's, on every convolution kernel (the product kernel's in-place, wide,
-packed and cut-panel stores, the direct kernel, C^T, a runtime payload's row-major path, the
-JIT's held payload) and at any thread count; against the reference interpreter, the op records' f32
-tolerance for convolutions and normalisations (rtol 2e-5, docs/codegen.md "Numerical
-policy").
+function), unless one of them is such a 1x1 convolution. The batch norm is then a view of
+the convolution's value and no kernel of its own runs. Each element goes through the same
+operations in the same order as unfused (the sum and bias, then (x - mean) * scale + beta,
+then the epilogue), so the bits are the unfused build's, on every convolution kernel (the
+product kernel's in-place, wide, packed and cut-panel stores, the direct kernel, C^T, a
+runtime payload's row-major path, the JIT's held payload) and at any thread count; against
+the reference interpreter, the op records' f32 tolerance for convolutions and
+normalisations (rtol 2e-5, docs/codegen.md "Numerical policy").
 """
 
 from __future__ import annotations
