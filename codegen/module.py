@@ -23,7 +23,6 @@ packed layout for the target (`bound_params`: what the JIT passes for payloads o
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -364,7 +363,6 @@ def norm_stores(
     nodes, users = graph.nodes, users_of(graph)
     taken: dict[int, tuple[NodeOp, tuple]] = {}  # conv id -> (its batch norm, its kernel)
     kinds: dict[tuple, set[tuple | None]] = {}  # a kernel -> what each of its convs would take
-    residual: set[tuple] = set()  # kernels of a 1x1 convolution whose chain reads a shortcut
     for conv in nodes:
         if not isinstance(conv, ops.ConvOp):
             continue
@@ -374,12 +372,10 @@ def norm_stores(
         if norm is not None:
             code = (tuple(type(m) for m in maps.get(norm.id, ())), chain.key() if chain else ())
             taken[conv.id] = (norm, kernel)
-            if chain is not None and chain.operands:
-                residual.add(kernel)
         kinds.setdefault(kernel, set()).add(code)
     maps, fused = dict(maps), dict(fused)
     for conv_id, (norm, kernel) in taken.items():
-        if len(kinds[kernel]) != 1 and kernel not in residual:
+        if len(kinds[kernel]) != 1:
             continue
         maps[conv_id] = (norm, *maps.pop(norm.id, ()))
         if norm.id in fused:
@@ -406,20 +402,10 @@ def _norm_after(
         or norm.parent_ids()[0] != conv.id
         or conv.meta("channel_axis") != norm.meta("channel_axis")
         or (conv.meta("groups") > 1 and conv.meta("in_channels") == conv.meta("groups"))
-        or (chain is not None and bool(chain.operands) and not _residual_stores(conv))
+        or (chain is not None and bool(chain.operands))
     ):
         return None, None
     return norm, chain
-
-
-#: Whether a 1x1 convolution's stores may apply its batch norm's chain when that reads a
-#: shortcut (`norm_stores`): read there, the shortcut is prefetched tile by tile
-#: (`convolution.SHORTCUT_PREFETCH`).
-RESIDUAL_STORES = True
-
-
-def _residual_stores(conv: NodeOp) -> bool:
-    return RESIDUAL_STORES and math.prod(conv.meta("kernel")) == 1
 
 
 #: The value padding has in each pooling: it never wins (max) or adds nothing (average).

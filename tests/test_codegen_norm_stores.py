@@ -1,18 +1,16 @@
 """A batch norm whose operand is a convolution read by nothing else is applied in the
 convolution's stores (`module.norm_stores`, `reductions.norm_stage`): ONNX zoo resnet50's
 conv -> batch norm -> relu and its projection shortcut conv -> batch norm read by the add;
-its conv -> batch norm -> add(., shortcut) -> relu only when the convolution is 1x1 (the
-stores read the shortcut, prefetched tile by tile: `module.RESIDUAL_STORES`,
-`convolution.SHORTCUT_PREFETCH`), else the batch norm keeps the add and relu in its pass; and
-only when every convolution of its attributes and shapes takes the same (they share one node
-function), unless one of them is such a 1x1 convolution. The batch norm is then a view of
-the convolution's value and no kernel of its own runs. Each element goes through the same
-operations in the same order as unfused (the sum and bias, then (x - mean) * scale + beta,
-then the epilogue), so the bits are the unfused build's, on every convolution kernel (the
-product kernel's in-place, wide, packed and cut-panel stores, the direct kernel, C^T, a
-runtime payload's row-major path, the JIT's held payload) and at any thread count; against
-the reference interpreter, the op records' f32 tolerance for convolutions and
-normalisations (rtol 2e-5, docs/codegen.md "Numerical policy").
+not its conv -> batch norm -> add(., shortcut) -> relu, whose batch norm keeps the add and
+relu in its pass; and only when every convolution of its attributes and shapes takes the same
+(they share one node function). The batch norm is then a view of the convolution's value and
+no kernel of its own runs. Each element goes through the same operations in the same order
+as unfused (the sum and bias, then (x - mean) * scale + beta, then the epilogue), so the bits
+are the unfused build's, on every convolution kernel (the product kernel's in-place, wide,
+packed and cut-panel stores, the direct kernel, C^T, a runtime payload's row-major path, the
+JIT's held payload) and at any thread count; against the reference interpreter, the op records' f32
+tolerance for convolutions and normalisations (rtol 2e-5, docs/codegen.md "Numerical
+policy").
 """
 
 from __future__ import annotations
@@ -24,7 +22,6 @@ import tlc
 from tlc.api.evaluate import checked_graph
 from tlc.codegen import module as codegen_module
 from tlc.codegen.jit import compile_graph
-from tlc.codegen.lower import convolution
 from tlc.codegen.lower.convolution import ConvFrame, kernel_name
 from tlc.codegen.module import build_graph_module, pack_params
 from tlc.codegen.target import HOST, target_info
@@ -123,12 +120,9 @@ def test_the_batch_norms_run_in_the_convolutions_stores(
         assert [type(m).__name__ for m in plan.nodes[conv].maps] == ["BatchNormEvalOp"]
         assert plan.nodes[norm].fused_into == conv and f'.n{norm}"' not in built.ir
     assert plan.nodes[3].epilogue is not None and plan.nodes[5].fused_into == 3
-    if kernel == 1:  # a 1x1 conv b's stores read the shortcut (`module.RESIDUAL_STORES`)
-        assert [type(m).__name__ for m in plan.nodes[6].maps] == ["BatchNormEvalOp"]
-        assert plan.nodes[7].fused_into == 6 and plan.nodes[9].fused_into == 6
-    else:  # the residual add reads the shortcut in the batch norm's pass
-        assert plan.nodes[6].maps == () and plan.nodes[7].fused_into is None
-        assert plan.nodes[7].epilogue is not None and plan.nodes[9].fused_into == 7
+    # The residual add reads the shortcut in the batch norm's pass, not in conv b's stores.
+    assert plan.nodes[6].maps == () and plan.nodes[7].fused_into is None
+    assert plan.nodes[7].epilogue is not None and plan.nodes[9].fused_into == 7
     plane = (lead, channels, size, size)
     wider = (lead, mid, size, size)
     chosen = kernel_name(target_info(HOST), 4, ConvFrame.of(graph.nodes[3], plane, wider))
@@ -237,62 +231,3 @@ def test_the_maps_after_the_batch_norm_and_an_output_batch_norm(
     np.testing.assert_allclose(got, expected, rtol=2e-5, atol=2e-5)
     unfused(monkeypatch)
     assert got.tobytes() == compile_graph(graph, weights, np.float32)(x).tobytes()
-
-
-def residual_pair(channels: int, size: int, lead: int) -> str:
-    """Two 1x1 convolutions of the same attributes and shapes: a -> bn -> relu, then b -> bn
-    -> add(., x) -> relu (zoo resnet50's expansions: the first block's batch norm alone, the
-    later blocks' read the shortcut)."""
-    one = f"kernel = [1, 1], channel_axis = 1, in_channels = {channels}, out_channels = {channels}"
-    return f"""tl.graph @pair {{
-  %0 = input : [{lead}, {channels}, {size}, {size}]
-  %1 = conv(%0) {{{one}}}
-  %2 = batch_norm_eval(%1) {{channel_axis = 1, channels = {channels}}}
-  %3 = relu(%2)
-  %4 = conv(%3) {{{one}}}
-  %5 = batch_norm_eval(%4) {{channel_axis = 1, channels = {channels}}}
-  %6 = add(%5, %0)
-  %7 = relu(%6)
-  output %7
-}}
-"""
-
-
-@pytest.mark.parametrize(("channels", "size", "lead"), [(32, 16, 1), (32, 14, 1), (16, 16, 3)])
-def test_a_1x1_convolution_stores_its_residual_add(
-    channels: int, size: int, lead: int, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Both convolutions take their batch norms, b its add and relu too, though that makes a
-    second node function of their kernel (`RESIDUAL_STORES`: zoo resnet50 at batch 1, one
-    thread, 84.98 -> 84.06 ms per node sum); b's tiles prefetch the shortcut's lines their stores
-    read (`SHORTCUT_PREFETCH`), in place on whole-vector planes (16 x 16) and on cut ones
-    (14 x 14), or packed (a batch of 3). The bits are the unfused build's and the
-    unprefetched one's at 1 and 2 threads."""
-    graph = checked_graph(tlc.parse(residual_pair(channels, size, lead)))
-    rng = np.random.default_rng(3)
-    weights = Payload({1: conv_fields(rng, 1, channels, channels), 2: norm_fields(rng, channels),
-                       4: conv_fields(rng, 1, channels, channels),
-                       5: norm_fields(rng, channels)})  # fmt: skip
-    monkeypatch.setenv("TLC_OBJECT_CACHE", "0")  # the constants are not in the caches' keys
-    built = build_graph_module(graph, weights, np.float32)
-    nodes = built.plan.nodes
-    assert [type(m).__name__ for m in nodes[1].maps] == ["BatchNormEvalOp"]
-    assert [type(m).__name__ for m in nodes[4].maps] == ["BatchNormEvalOp"]
-    assert nodes[3].fused_into == 1 and nodes[6].fused_into == nodes[7].fused_into == 4
-    assert "llvm.prefetch" in built.ir
-    x = rng.normal(size=(lead, channels, size, size)).astype(np.float32)
-    got = [compile_graph(graph, weights, np.float32, threads=t)(x) for t in (1, 2)]
-    expected = interpret(graph, weights, x, np.float32).output
-    np.testing.assert_allclose(got[0], expected, rtol=2e-5, atol=2e-5)
-    monkeypatch.setattr(convolution, "SHORTCUT_PREFETCH", False)
-    plain = build_graph_module(graph, weights, np.float32)
-    assert "llvm.prefetch" not in plain.ir
-    assert plain.ir.count("define internal") == built.ir.count("define internal")
-    unprefetched = compile_graph(graph, weights, np.float32)(x)
-    monkeypatch.setattr(codegen_module, "RESIDUAL_STORES", False)
-    alone = build_graph_module(graph, weights, np.float32)
-    # one function for both convolutions, the batch norms passes of their own
-    assert alone.plan.nodes[1].maps == () and alone.plan.nodes[4].maps == ()
-    assert alone.ir.count("define internal") == built.ir.count("define internal") + 1
-    want = compile_graph(graph, weights, np.float32)(x)
-    assert all(g.tobytes() == want.tobytes() == unprefetched.tobytes() for g in got)

@@ -400,7 +400,12 @@ CONV_KC = 256
 #: squeezes took the same time with and without.
 IN_PLACE_AHEAD, AHEAD_BYTES = 96, 2 * 1024 * 1024
 #: Whether each tile of C = W patches prefetches, before its k loop, the lines of a fused
-#: chain's operands (a residual add's shortcut) that its stores read.
+#: chain's operands (a residual add's shortcut) that its stores read. The tiles run panel by
+#: panel across every output plane, so the shortcut is read a tile's rows of 1-2 vectors at a
+#: time, one plane apart: no stream the hardware prefetchers follow, and each read waited on
+#: L3 or memory in the stores (zoo resnet50 at batch 1 with its batch norm, add and relu in
+#: the 1x1 expansions' stores: 64 -> 256 on 56 x 56, four layers, 6.21 -> 5.61 ms; 128 -> 512
+#: on 28 x 28 5.13 -> 4.61; the network 89.39 -> 87.71 ms). The bits are the same.
 SHORTCUT_PREFETCH = True
 
 
