@@ -738,7 +738,7 @@ def emit_packed_linear(
         k_block(pc, klen, first, last)
 
 
-def prefetch_read(k: KernelBuilder, at: ir.Value) -> None:
+def _prefetch(k: KernelBuilder, at: ir.Value) -> None:
     """A read prefetch of `at` into every cache level (it never faults: `at` may lie past
     the buffer, and is not claimed in bounds)."""
     name = "llvm.prefetch.p0"
@@ -766,7 +766,6 @@ def emit_packed_block(
     b_mask: Callable[[ir.Value, int], ir.Value] | None = None,
     b_whole: Callable[[ir.Value], ir.Value] | None = None,
     prefetch: int = 0,
-    before: Callable[[ir.Value, ir.Value, int], None] | None = None,
 ) -> None:
     """C = A B over `panels` panels of NR columns of B (filled at run time: convolution's
     patches), `klen` steps along k: for each panel, every tile of MR rows of A (the last one
@@ -783,8 +782,7 @@ def emit_packed_block(
     have free, so LLVM reloaded the masks from the stack at every step. With `prefetch`, the
     first row tile of each panel (of the part's `tiles`) prefetches every vector of B it loads that
     many elements ahead (B read in place from long rows: the tiles read it from as many rows
-    as k steps, more streams than the hardware prefetchers follow). `before(first row, panel,
-    rows)` runs before each tile's k loop (a fused epilogue's operand prefetches)."""
+    as k steps, more streams than the hardware prefetchers follow)."""
     b, lanes = k.b, mk.lanes
     vec = ir.VectorType(k.T, lanes)
     zero = ir.Constant(vec, [0.0] * lanes)
@@ -805,12 +803,10 @@ def emit_packed_block(
             if prefetch:  # the other row tiles prefetch what they read (in L1 by then)
                 lead = k.i64(0) if tiles is None else tiles[0]
                 ahead = b.select(b.icmp_signed("==", ib, lead), k.i64(prefetch), k.i64(0))
-                prefetch_read(k, b.gep(at, [ahead]))
+                _prefetch(k, b.gep(at, [ahead]))
             return at
 
         mask = None if b_mask is None or not masked else (lambda v: b_mask(jp, v))
-        if before is not None:
-            before(row(0), jp, mr)
 
         if partial is None:
             packed_tile(k, mk, mr, a, bv, klen, lambda r, v: zero, done, mask)

@@ -312,58 +312,6 @@ def test_1x1_convolutions_read_in_place_prefetch_ahead(monkeypatch: pytest.Monke
     assert compile_graph(graph, payload, np.float32)(x).tobytes() == prefetched.tobytes()
 
 
-def shortcut_block(channels: int, size: int, lead: int) -> str:
-    """x -> 1x1 conv -> relu -> 1x1 conv -> add(., x) -> relu: the second convolution's stores
-    read the shortcut (`module.fusions`), as a bottleneck's expansion does once its batch
-    norm is folded (torchvision's resnet50 through its ONNX export)."""
-    one = f"kernel = [1, 1], channel_axis = 1, in_channels = {channels}, out_channels = {channels}"
-    return f"""tl.graph @shortcut {{
-  %0 = input : [{lead}, {channels}, {size}, {size}]
-  %1 = conv(%0) {{{one}}}
-  %2 = relu(%1)
-  %3 = conv(%2) {{{one}}}
-  %4 = add(%3, %0)
-  %5 = relu(%4)
-  output %5
-}}
-"""
-
-
-@pytest.mark.parametrize(("size", "lead"), [(16, 1), (14, 1), (16, 3)])
-def test_fused_shortcuts_are_prefetched(
-    size: int, lead: int, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Each tile of a convolution whose stores read a residual add's shortcut prefetches the
-    shortcut's lines its stores read before its k loop (`SHORTCUT_PREFETCH`): the tiles run
-    across the planes, so those reads have no stream the hardware prefetchers follow (zoo
-    resnet50's 64 -> 256 on 56 x 56 with the add in its stores: 6.21 -> 5.61 ms for its four
-    layers). In place on whole-vector planes (16 x 16), on cut ones (14 x 14) and over a
-    group of images (a batch of 3); the first convolution, which reads no shortcut, prefetches
-    nothing. The same bits without the prefetch, at 1 and 2 threads."""
-    graph = checked_graph(tlc.parse(shortcut_block(32, size, lead)))
-    rng = np.random.default_rng(4)
-    weights = Payload({q: {"weight": rng.normal(size=(32, 32, 1, 1)) / 6,
-                           "bias": rng.normal(size=32)} for q in (1, 3)})  # fmt: skip
-    monkeypatch.setenv("TLC_OBJECT_CACHE", "0")  # the constants are not in the caches' keys
-    monkeypatch.setattr("tlc.codegen.jit._graph_cache", {})
-    built = build_graph_module(graph, weights, np.float32)
-    assert built.plan.nodes[3].epilogue is not None and built.plan.nodes[5].fused_into == 3
-    for cpu in ("znver4", "znver3", "x86-64-v2"):
-        ir_text = build_graph_module(graph, weights, np.float32,
-                                     target=Target(cpu, triple=X86_64)).ir  # fmt: skip
-        functions = re.split(r"^define ", ir_text, flags=re.M)
-        prefetching = [f.split("(")[0] for f in functions if "llvm.prefetch" in f]
-        assert prefetching and all(".n3" in name for name in prefetching), cpu
-    x = rng.normal(size=(lead, 32, size, size)).astype(np.float32)
-    got = [compile_graph(graph, weights, np.float32, threads=t)(x) for t in (1, 2)]
-    np.testing.assert_allclose(got[0], interpret(graph, weights, x, np.float32).output,
-                               rtol=2e-5, atol=2e-5)  # fmt: skip
-    monkeypatch.setattr(convolution, "SHORTCUT_PREFETCH", False)
-    assert "llvm.prefetch" not in build_graph_module(graph, weights, np.float32).ir
-    want = compile_graph(graph, weights, np.float32)(x)
-    assert all(g.tobytes() == want.tobytes() for g in got)
-
-
 @pytest.mark.parametrize("name", ["conv_wide", "conv_wide_s2"])
 def test_wide_rows_are_read_in_place(name: str) -> None:
     """A staged convolution whose output rows are a few columns short of the staged rows runs

@@ -31,7 +31,6 @@ from tlc.codegen.gemm import (
     multiply_add,
     pack_panels,
     pad_to,
-    prefetch_read,
     product_cycles,
     splat,
     store_lanes,
@@ -399,14 +398,6 @@ CONV_KC = 256
 #: 384 bytes of float32 ahead, 2 of its panels). At batch 1 (1.1-1.5 MB, in L2 and L3) its
 #: squeezes took the same time with and without.
 IN_PLACE_AHEAD, AHEAD_BYTES = 96, 2 * 1024 * 1024
-#: Whether each tile of C = W patches prefetches, before its k loop, the lines of a fused
-#: chain's operands (a residual add's shortcut) that its stores read. The tiles run panel by
-#: panel across every output plane, so the shortcut is read a tile's rows of 1-2 vectors at a
-#: time, one plane apart: no stream the hardware prefetchers follow, and each read waited on
-#: L3 or memory in the stores (zoo resnet50 at batch 1 with its batch norm, add and relu in
-#: the 1x1 expansions' stores: 64 -> 256 on 56 x 56, four layers, 6.21 -> 5.61 ms; 128 -> 512
-#: on 28 x 28 5.13 -> 4.61; the network 89.39 -> 87.71 ms). The bits are the same.
-SHORTCUT_PREFETCH = True
 
 
 @dataclass(frozen=True)
@@ -949,7 +940,6 @@ def _conv_product(k: KernelBuilder, s: Step, f: ConvFrame, parts: int) -> None:
     w, bias = s.params["weight"], s.params["bias"]
     tiles_m = -(-f.cout_g // mk.mr)
     fn = epilogue(k, s)
-    shortcut = s.args[len(s.inputs) :] if SHORTCUT_PREFETCH else []
     stage = norm_stage(k, s, f.cout)
     vec = ir.VectorType(k.T, mk.lanes)
     # Whole vectors of columns never straddle two output planes: plain stores.
@@ -1100,22 +1090,6 @@ def _conv_product(k: KernelBuilder, s: Step, f: ConvFrame, parts: int) -> None:
                 at = b.mul(b.add(b.mul(jp, k.i64(tiles_m * mk.mr)), row), k.i64(mk.nr))
                 return k.at(sums, b.add(at, k.i64(v * mk.lanes)))
 
-            def warm(row: ir.Value, jp: ir.Value, rows: int) -> None:
-                """Prefetch the lines the tile's stores read of the fused chain's operands
-                (`SHORTCUT_PREFETCH`): the first and last lane of each vector, in the last K
-                block only (the one that stores)."""
-                last_block = b.icmp_signed("<=", b.sub(k.i64(f.depth), pc), k.i64(kc))
-                with b.if_then(last_block):
-                    for r in range(rows):
-                        channel = b.add(b.mul(g, k.i64(f.cout_g)), b.add(row, k.i64(r)))
-                        for v in range(mk.nv):
-                            at = _plane_offset(k, f, b0, channel, column(jp, k.i64(v)))
-                            for buf in shortcut:  # past the buffer in a last panel: no fault
-                                prefetch_read(k, b.gep(buf.ptr, [at]))
-                                if not aligned:
-                                    end = b.add(at, k.i64(mk.lanes - 1))
-                                    prefetch_read(k, b.gep(buf.ptr, [end]))
-
             blocked = f.depth > kc
             with k.loop(f.depth, "pc", step=kc) as pc:
                 left_k = b.sub(k.i64(f.depth), pc)
@@ -1129,7 +1103,6 @@ def _conv_product(k: KernelBuilder, s: Step, f: ConvFrame, parts: int) -> None:
                     last=b.icmp_signed("<=", left_k, k.i64(kc)), tiles=share,
                     b_mask=inside if flat else None, b_whole=before_cut,
                     prefetch=IN_PLACE_AHEAD if ahead else 0,
-                    before=warm if shortcut and not wide else None,
                 )  # fmt: skip
 
 
