@@ -253,9 +253,8 @@ def test_1x1_convolutions_in_place_take_k_whole(monkeypatch: pytest.MonkeyPatch)
     assert convolution.ConvPlan.of(ConvFrame.of(node, shape, out), 8) == convolution.ConvPlan(
         1, 729, 384
     )
-    # Its parts share out runs of panels of its 729 columns (`_column_parts`: 12 panels of 64
-    # in 6 parts), none counted as re-packing the block.
-    assert convolution._conv_parts(node, [shape], out) == 6
+    # Its parts share out tiles of output channels, none counted as re-packing the block.
+    assert convolution._conv_parts(node, [shape], out) == convolution.MAX_PARTS
     two = ConvFrame.of(*_conv_node([2, 384, 27, 27], "kernel = [1, 1]", 64))
     assert convolution.ConvPlan.of(two, 8).kc == convolution.CONV_KC
     staged = ConvFrame.of(*_conv_node([1, 384, 28, 28], "kernel = [1, 1], stride = [2, 2]", 64))

@@ -663,18 +663,19 @@ def part_writes(monkeypatch: pytest.MonkeyPatch, graph: ops.GraphOp, payload: Pa
 @pytest.mark.parametrize(
     ("x", "cout", "by_columns"),
     [((1, 96, 54, 54), 16, True), ((1, 128, 54, 54), 32, True), ((1, 256, 27, 27), 32, True),
-     ((1, 16, 54, 54), 64, True), ((1, 512, 13, 13), 64, False)],
+     ((1, 384, 27, 27), 48, True), ((1, 16, 54, 54), 64, False), ((1, 512, 13, 13), 48, False)],
 )  # fmt: skip
 def test_thin_1x1_layers_split_by_columns(
     monkeypatch: pytest.MonkeyPatch, x: tuple[int, ...], cout: int, by_columns: bool
 ) -> None:
-    """A 1x1 convolution read in place with at least MAX_PARTS panels of MAX_PANEL columns
-    splits into runs of whole panels of columns, every output channel in each part
-    (`convolution._column_parts`): squeezenet1_0's squeezes to 16 and 32 channels split into
-    6 parts, not 2 and 4 tiles of output channels (which at two threads left no part to
-    take from a thread that lost its core), and each part reads only its columns of the
-    input. Its parts are consecutive runs of columns covering the plane once, the two
-    threads' ranges about equal; a 13 x 13 plane (169 columns) keeps its tiles of channels.
+    """A 1x1 convolution read in place with fewer than MAX_PARTS tiles of 8 output channels
+    and at least MAX_PARTS panels of MAX_PANEL columns splits into runs of whole panels of
+    columns, every output channel in each part (`convolution._column_parts`):
+    squeezenet1_0's squeezes to 16, 32 and 48 channels split into 6 parts, not 2, 4 and 6
+    tiles of output channels (2 left no part to take from a thread that lost its core), and
+    each part reads only its columns of the input. Its parts are consecutive runs of columns
+    covering the plane once, the two threads' ranges about equal; 64 channels (8 tiles) and
+    a 13 x 13 plane (169 columns) keep their tiles of channels.
     The bits are the same at 1-4 threads, whether each range runs in halves or part by part
     from its end, and match the reference (f32 summation order: the op records'
     tolerance)."""
