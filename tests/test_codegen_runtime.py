@@ -536,20 +536,32 @@ def task_shares(monkeypatch: pytest.MonkeyPatch, graph: ops.GraphOp, payload: Pa
     each thread's range of a region's parts (thread t's: [t parts / n, (t + 1) parts / n) of
     n = min(threads, parts)) in turn on the calling thread, in the calls of `schedule`: the
     output elements each thread's range wrote, and the output."""
-    out = np.empty(tuple(graph.nodes[1].infer([x.shape])), x.dtype)
     shares: list[int] = []
 
-    def parallel_parts(task: int, ctx: int, parts: int, wanted: int) -> int:
-        assert wanted == threads
-        n = min(threads, parts)
-        for t in range(n):
-            before = np.isnan(out).sum()
-            for first, end in schedule(t * parts // n, (t + 1) * parts // n):
-                assert PARTS_TASK(task)(ctx, first, end, 0) == 0
-            shares.append(int(before - np.isnan(out).sum()))
-        return 0
+    def region(out: np.ndarray) -> Callable[[int, int, int, int], int]:
+        def parallel_parts(task: int, ctx: int, parts: int, wanted: int) -> int:
+            assert wanted == threads
+            n = min(threads, parts)
+            for t in range(n):
+                before = np.isnan(out).sum()
+                for first, end in schedule(t * parts // n, (t + 1) * parts // n):
+                    assert PARTS_TASK(task)(ctx, first, end, 0) == 0
+                shares.append(int(before - np.isnan(out).sum()))
+            return 0
 
-    hook = PARALLEL_PARTS(parallel_parts)
+        return parallel_parts
+
+    return shares, hooked_run(monkeypatch, graph, payload, x, threads, region)
+
+
+def hooked_run(monkeypatch: pytest.MonkeyPatch, graph: ops.GraphOp, payload: Payload,
+               x: np.ndarray, threads: int,
+               region: Callable[[np.ndarray], Callable[[int, int, int, int], int]]
+               ) -> np.ndarray:  # fmt: skip
+    """The output of the graph of `one_conv` (NaN before the call) compiled for `threads`,
+    run with `region(out)` as its `tlc_rt_parallel_parts`."""
+    out = np.empty(tuple(graph.nodes[1].infer([x.shape])), x.dtype)
+    hook = PARALLEL_PARTS(region(out))
     symbols = dict(runtime.helper_symbols())
     symbols["tlc_rt_parallel_parts"] = ctypes.cast(hook, ctypes.c_void_p).value
     monkeypatch.setenv("TLC_OBJECT_CACHE", "0")
@@ -557,7 +569,7 @@ def task_shares(monkeypatch: pytest.MonkeyPatch, graph: ops.GraphOp, payload: Pa
     compiled = compile_graph(graph, payload, x.dtype.type, threads=threads)
     out[...] = np.nan
     compiled(x, out=out)
-    return shares, out
+    return out
 
 
 def test_nodes_from_part_work_on_are_split() -> None:
@@ -639,24 +651,19 @@ def part_writes(monkeypatch: pytest.MonkeyPatch, graph: ops.GraphOp, payload: Pa
     """Run the graph of `one_conv` at two threads through a `tlc_rt_parallel_parts` that runs
     each part of a region alone, in order, on the calling thread: per part, the mask of the
     output elements it wrote."""
-    out = np.empty(tuple(graph.nodes[1].infer([x.shape])), x.dtype)
     masks: list[np.ndarray] = []
 
-    def parallel_parts(task: int, ctx: int, parts: int, wanted: int) -> int:
-        for part in range(parts):
-            before = np.isnan(out)
-            assert PARTS_TASK(task)(ctx, part, part + 1, 0) == 0
-            masks.append(before & ~np.isnan(out))
-        return 0
+    def region(out: np.ndarray) -> Callable[[int, int, int, int], int]:
+        def parallel_parts(task: int, ctx: int, parts: int, wanted: int) -> int:
+            for part in range(parts):
+                before = np.isnan(out)
+                assert PARTS_TASK(task)(ctx, part, part + 1, 0) == 0
+                masks.append(before & ~np.isnan(out))
+            return 0
 
-    hook = PARALLEL_PARTS(parallel_parts)
-    symbols = dict(runtime.helper_symbols())
-    symbols["tlc_rt_parallel_parts"] = ctypes.cast(hook, ctypes.c_void_p).value
-    monkeypatch.setenv("TLC_OBJECT_CACHE", "0")
-    monkeypatch.setattr(jit, "helper_symbols", lambda: symbols)
-    compiled = compile_graph(graph, payload, x.dtype.type, threads=2)
-    out[...] = np.nan
-    compiled(x, out=out)
+        return parallel_parts
+
+    hooked_run(monkeypatch, graph, payload, x, 2, region)
     return masks
 
 
