@@ -536,20 +536,32 @@ def task_shares(monkeypatch: pytest.MonkeyPatch, graph: ops.GraphOp, payload: Pa
     each thread's range of a region's parts (thread t's: [t parts / n, (t + 1) parts / n) of
     n = min(threads, parts)) in turn on the calling thread, in the calls of `schedule`: the
     output elements each thread's range wrote, and the output."""
-    out = np.empty(tuple(graph.nodes[1].infer([x.shape])), x.dtype)
     shares: list[int] = []
 
-    def parallel_parts(task: int, ctx: int, parts: int, wanted: int) -> int:
-        assert wanted == threads
-        n = min(threads, parts)
-        for t in range(n):
-            before = np.isnan(out).sum()
-            for first, end in schedule(t * parts // n, (t + 1) * parts // n):
-                assert PARTS_TASK(task)(ctx, first, end, 0) == 0
-            shares.append(int(before - np.isnan(out).sum()))
-        return 0
+    def region(out: np.ndarray) -> Callable[[int, int, int, int], int]:
+        def parallel_parts(task: int, ctx: int, parts: int, wanted: int) -> int:
+            assert wanted == threads
+            n = min(threads, parts)
+            for t in range(n):
+                before = np.isnan(out).sum()
+                for first, end in schedule(t * parts // n, (t + 1) * parts // n):
+                    assert PARTS_TASK(task)(ctx, first, end, 0) == 0
+                shares.append(int(before - np.isnan(out).sum()))
+            return 0
 
-    hook = PARALLEL_PARTS(parallel_parts)
+        return parallel_parts
+
+    return shares, hooked_run(monkeypatch, graph, payload, x, threads, region)
+
+
+def hooked_run(monkeypatch: pytest.MonkeyPatch, graph: ops.GraphOp, payload: Payload,
+               x: np.ndarray, threads: int,
+               region: Callable[[np.ndarray], Callable[[int, int, int, int], int]]
+               ) -> np.ndarray:  # fmt: skip
+    """The output of the graph of `one_conv` (NaN before the call) compiled for `threads`,
+    run with `region(out)` as its `tlc_rt_parallel_parts`."""
+    out = np.empty(tuple(graph.nodes[1].infer([x.shape])), x.dtype)
+    hook = PARALLEL_PARTS(region(out))
     symbols = dict(runtime.helper_symbols())
     symbols["tlc_rt_parallel_parts"] = ctypes.cast(hook, ctypes.c_void_p).value
     monkeypatch.setenv("TLC_OBJECT_CACHE", "0")
@@ -557,7 +569,7 @@ def task_shares(monkeypatch: pytest.MonkeyPatch, graph: ops.GraphOp, payload: Pa
     compiled = compile_graph(graph, payload, x.dtype.type, threads=threads)
     out[...] = np.nan
     compiled(x, out=out)
-    return shares, out
+    return out
 
 
 def test_nodes_from_part_work_on_are_split() -> None:
@@ -632,6 +644,94 @@ def test_threads_take_balanced_ranges_of_parts(
         if threads == 2:  # (3 and 4 threads: as balanced as the path's parts allow)
             assert max(shares) <= 1.25 * out.size / threads, shares
     assert len({bits(v) for v in outputs.values()}) == 1
+
+
+def part_writes(monkeypatch: pytest.MonkeyPatch, graph: ops.GraphOp, payload: Payload,
+                x: np.ndarray) -> list[np.ndarray]:  # fmt: skip
+    """Run the graph of `one_conv` at two threads through a `tlc_rt_parallel_parts` that runs
+    each part of a region alone, in order, on the calling thread: per part, the mask of the
+    output elements it wrote."""
+    masks: list[np.ndarray] = []
+
+    def region(out: np.ndarray) -> Callable[[int, int, int, int], int]:
+        def parallel_parts(task: int, ctx: int, parts: int, wanted: int) -> int:
+            for part in range(parts):
+                before = np.isnan(out)
+                assert PARTS_TASK(task)(ctx, part, part + 1, 0) == 0
+                masks.append(before & ~np.isnan(out))
+            return 0
+
+        return parallel_parts
+
+    hooked_run(monkeypatch, graph, payload, x, 2, region)
+    return masks
+
+
+@pytest.mark.parametrize(
+    ("x", "cout", "by_columns"),
+    [((1, 96, 54, 54), 16, True), ((1, 128, 54, 54), 32, True), ((1, 256, 27, 27), 32, True),
+     ((1, 384, 27, 27), 48, True), ((1, 16, 54, 54), 64, False), ((1, 512, 13, 13), 48, False)],
+)  # fmt: skip
+def test_thin_1x1_layers_split_by_columns(
+    monkeypatch: pytest.MonkeyPatch, x: tuple[int, ...], cout: int, by_columns: bool
+) -> None:
+    """A 1x1 convolution read in place with fewer than MAX_PARTS tiles of 8 output channels
+    and at least MAX_PARTS panels of MAX_PANEL columns splits into runs of whole panels of
+    columns, every output channel in each part (`convolution._column_parts`):
+    squeezenet1_0's squeezes to 16, 32 and 48 channels split into 6 parts, not 2, 4 and 6
+    tiles of output channels (2 left no part to take from a thread that lost its core), and
+    each part reads only its columns of the input. Its parts are consecutive runs of columns
+    covering the plane once, the two threads' ranges about equal; 64 channels (8 tiles) and
+    a 13 x 13 plane (169 columns) keep their tiles of channels.
+    The bits are the same at 1-4 threads, whether each range runs in halves or part by part
+    from its end, and match the reference (f32 summation order: the op records'
+    tolerance)."""
+    from tlc.codegen.lower.convolution import MAX_PARTS
+
+    graph, payload = one_conv(x, cout, "kernel = [1, 1]", np.random.default_rng(6))
+    parts = build_graph_module(graph, payload, np.float32).plan.nodes[1].parts
+    inputs = np.random.default_rng(7).normal(size=x).astype(np.float32)
+    masks = part_writes(monkeypatch, graph, payload, inputs)
+    assert len(masks) == parts and sum(int(m.sum()) for m in masks) == np.prod(masks[0].shape)
+    planes = [m.reshape(cout, -1) for m in masks]
+    whole = [bool((p == p[:1]).all()) for p in planes]  # every channel over the same columns
+    assert all(whole) == by_columns and (parts >= MAX_PARTS * 3 // 4 or not by_columns), whole
+    if by_columns:
+        columns = [np.flatnonzero(p[0]) for p in planes]
+        runs = np.concatenate(columns)
+        assert (runs == np.arange(x[2] * x[3])).all()  # consecutive runs, in order, once
+    outputs = {}
+    for threads, schedule in [(t, halves) for t in (1, 2, 3, 4)] + [(2, singles_backwards)]:
+        shares, outputs[threads, schedule] = task_shares(monkeypatch, graph, payload, inputs,
+                                                         threads, schedule)  # fmt: skip
+        if threads == 2:
+            assert max(shares) <= 1.25 * outputs[threads, schedule].size / 2, shares
+    assert len({bits(v) for v in outputs.values()}) == 1
+    expected = interpret(graph, payload, inputs, np.float32).output
+    np.testing.assert_allclose(outputs[1, halves], expected, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("cpu", ["x86-64-v2", "znver3"])
+@pytest.mark.parametrize(("x", "cout"), [((1, 96, 54, 54), 16), ((1, 256, 27, 27), 32)])
+def test_thin_1x1_layers_keep_their_bits_on_every_target(
+    cpu: str, x: tuple[int, ...], cout: int
+) -> None:
+    """The split by columns of thin 1x1 layers (`convolution._column_parts`) in AVX2 code, and
+    in SSE code, where a 27 x 27 plane (729 columns, not whole vectors of 4) is packed and
+    its parts stay tiles of channels: the same bits at 1, 2 and 3 threads, close to the
+    reference (the op records' tolerance)."""
+    from tlc.codegen.target import Target, host_lacks
+
+    target = Target(cpu)
+    if host_lacks(target):
+        pytest.skip(f"this CPU cannot run {target.describe()}")
+    graph, payload = one_conv(x, cout, "kernel = [1, 1]", np.random.default_rng(8))
+    inputs = np.random.default_rng(9).normal(size=x).astype(np.float32)
+    outputs = {t: compile_graph(graph, payload, np.float32, target=target, threads=t)(inputs)
+               for t in (1, 2, 3)}  # fmt: skip
+    assert bits(outputs[1]) == bits(outputs[2]) == bits(outputs[3])
+    expected = interpret(graph, payload, inputs, np.float32).output
+    np.testing.assert_allclose(outputs[2], expected, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize(
