@@ -20,13 +20,13 @@ a call in one process and 4.9 in the next, the same code. Whether the steal coun
 is not known yet; many short turns in alternation spread them over the runners.)
 
 The steal counter does not see every slow phase. A fixed float32 matrix product loop, timed
-by its thread's CPU time, ran at 87-100 GFLOP/s here minute after minute; in one minute it ran
-at 44 on one vCPU alone, with its CPU time accounted in full (the vCPU itself ran at half
-speed, so even a CPU-time figure halves), and in another at 96 alone but 63-64 on both vCPUs
-at once. The parent therefore runs that loop on all of its CPUs at once before every timed
-turn (`vcpu_speed`, about 1 ms) and keeps the slowest CPU's rate for the runner whose turn
-follows (`Isolated.vcpu`): a cell whose runners' turns saw different speeds is not a
-comparison.
+by its thread's CPU time, ran at 93-107 GFLOP/s here in 64 of 66 minutes logged; in one it
+ran at 44 on one vCPU alone, with its CPU time accounted in full (the vCPU itself ran at half
+speed, so even a CPU-time figure halves), and in five it ran at 40-75 on both vCPUs at once,
+once while it ran at 96 alone. The parent therefore runs that loop on all of its CPUs at
+once before every timed turn (`vcpu_speed`, about 1 ms) and keeps the slowest CPU's rate for
+the runner whose turn follows (`Isolated.vcpu`): a cell whose runners' turns saw different
+speeds is not a comparison.
 """
 
 from __future__ import annotations
