@@ -16,8 +16,8 @@ takes in whole). Each runner also keeps the share of the machine's CPU time the 
 reported stolen during its turns (`steal` of /proc/stat), so that a cell whose runners' turns
 were stolen from unequally shows it. (This VM also has phases in which two-thread calls take
 nearly twice as long, both threads on their own vCPU and busy: mobilenet_v2 at batch 1 8.5 ms
-a call in one process and 4.9 in the next, the same code. Whether the steal counter sees them
-is not known yet; many short turns in alternation spread them over the runners.)
+a call in one process and 4.9 in the next, the same code; many short turns in alternation
+spread them over the runners.)
 
 The steal counter does not see every slow phase. A fixed float32 matrix product loop, timed
 by its thread's CPU time, ran at 93-107 GFLOP/s here in 64 of 66 minutes logged; in one it

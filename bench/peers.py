@@ -12,8 +12,9 @@ def ort_runner(model: bytes, x: np.ndarray, threads: int) -> Callable[[], np.nda
     threads (its default spinning), one inter-op thread."""
     import onnxruntime as ort
 
-    # No warnings about initializers its optimiser folded away (a zoo model prints hundreds):
-    # they come from the default logger, which the session's log_severity_level leaves alone.
+    # No warnings about unused initializers (the zoo's old models list theirs as graph inputs,
+    # densenet121 hundreds): they come from the default logger, which the session's
+    # log_severity_level leaves alone.
     ort.set_default_logger_severity(3)
     opts = ort.SessionOptions()
     opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1

@@ -73,6 +73,8 @@ class EntryPoint:
     _func: Callable = field(init=False, repr=False)
     #: The output's weight against the element budget (`tlc.core.limits.check_elements`).
     _output_weight: int = field(init=False, repr=False)
+    #: The thread count as the last argument (empty for a library's entry point).
+    _count_arg: tuple[int, ...] = field(init=False, repr=False)
     #: The arguments after (in, out) that are the same on every call (bound params' address,
     #: thread count), or None when the params come with each call.
     _fixed_tail: tuple[int, ...] | None = field(init=False, repr=False)
@@ -83,11 +85,11 @@ class EntryPoint:
         proto = ctypes.CFUNCTYPE(ctypes.c_int32, *([ctypes.c_void_p] * n_args), *counts)
         self._func = proto(self.address)
         self._output_weight = prod(max(d, 1) for d in self.output_shape)
-        threads = () if self.threads is None else (self.threads,)
+        self._count_arg = () if self.threads is None else (self.threads,)
         if self.bound is not None:
-            self._fixed_tail = (_address(self.bound), *threads)
+            self._fixed_tail = (_address(self.bound), *self._count_arg)
         else:
-            self._fixed_tail = None if self.params_size is not None else threads
+            self._fixed_tail = None if self.params_size is not None else self._count_arg
 
     def __repr__(self) -> str:
         payload = "" if self.params_size is None else f", params [{self.params_size}]"
@@ -146,8 +148,7 @@ class EntryPoint:
             if params is None:
                 raise ValueError(f"{self.symbol}: this build takes its parameters at call time")
             flat = self.check(params, (self.params_size,), "params")
-            threads = () if self.threads is None else (self.threads,)
-            tail = (_address(flat), *threads)
+            tail = (_address(flat), *self._count_arg)
         elif params is not None:
             raise ValueError(f"{self.symbol}: parameters are compiled in; params must be None")
         status = self._func(_address(x), _address(out), *tail)
