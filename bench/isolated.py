@@ -24,9 +24,10 @@ by its thread's CPU time, ran at 93-107 GFLOP/s here in 64 of 66 minutes logged;
 ran at 44 on one vCPU alone, with its CPU time accounted in full (the vCPU itself ran at half
 speed, so even a CPU-time figure halves), and in five it ran at 40-75 on both vCPUs at once,
 once while it ran at 96 alone. The parent therefore runs that loop on all of its CPUs at
-once before every timed turn (`vcpu_speed`, about 1 ms) and keeps the slowest CPU's rate for
-the runner whose turn follows (`Isolated.vcpu`): a cell whose runners' turns saw different
-speeds is not a comparison.
+once before every timed turn (`vcpu_speed`, about 3 ms with the read below) and keeps the
+slowest CPU's rate for the runner whose turn follows (`Isolated.vcpu`): a cell whose runners'
+turns saw different speeds is not a comparison. The same probe reads an 8 MiB array on every
+CPU at once, for phases in which the caches are slow and the FMA loop in L1 is not.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -51,35 +53,65 @@ SETTLE_S = 0.1
 #: The probe of `vcpu_speed`: products of float32 matrices of this order (numpy computes one
 #: this small on the calling thread: OpenBLAS threads only larger ones), this many a CPU.
 PROBE_ORDER, PROBE_PRODUCTS = 96, 60
+#: Its memory half: this many reads of a float32 array of this many bytes a CPU, beyond any L2
+#: of these machines (1 MiB a core on Zen 4, 512 KiB on Zen 3) and, for two CPUs, half the L3
+#: (32 MiB): the reach of the MLP's 7.3 MB of weights at batch 1.
+PROBE_BYTES, PROBE_READS = 8 << 20, 4
 
 
-def vcpu_speed() -> float:
-    """GFLOP/s of a fixed, FMA-bound loop of matrix products on the slowest of the CPUs this
-    process may run on, one thread pinned to each, all at once, each timed by its own CPU
-    clock: how fast the VM's vCPUs run together right now, whatever else holds them (numpy
-    leaves the GIL during a product)."""
+@dataclass(frozen=True)
+class VcpuSpeed:
+    """What `vcpu_speed` measured: `gflops` of the FMA loop and `l3_gbs`, GB/s read from L3,
+    each on the slowest CPU."""
+
+    gflops: float
+    l3_gbs: float
+
+
+#: Each CPU's L3 probe array, kept between probes: allocating 8 MiB faults its pages in again.
+_l3_arrays: dict[int | None, np.ndarray] = {}
+
+
+def vcpu_speed() -> VcpuSpeed:
+    """How fast the VM's vCPUs run together right now, whatever else holds them: on every CPU
+    this process may run on at once, one thread pinned to each and timed by its own CPU clock,
+    a fixed FMA-bound loop of matrix products and a read of an L3-sized array (`max`, which
+    streams at the cache's rate), each CPU's slowest rate. Why both: the FMA loop runs in L1
+    and misses a phase in which only the caches and memory are slow (the MLP at batch 1 took
+    83-98 us a call in one stop's runs against 48 in the last, ONNX Runtime alike, while the
+    loop read its usual rate). numpy leaves the GIL during a product and a reduction."""
     pinned = hasattr(os, "sched_setaffinity")
     cpus: list[int | None] = sorted(os.sched_getaffinity(0)) if pinned else [None]
     flops = 2 * PROBE_ORDER**3 * PROBE_PRODUCTS
     together = threading.Barrier(len(cpus))
-    rates = [0.0] * len(cpus)
+    rates = [(0.0, 0.0)] * len(cpus)
 
     def probe(slot: int, cpu: int | None) -> None:
         if cpu is not None:
             os.sched_setaffinity(0, {cpu})  # this thread's
         a = np.full((PROBE_ORDER, PROBE_ORDER), 0.5, np.float32)
+        line = _l3_arrays.get(cpu)
+        if line is None:
+            line = _l3_arrays[cpu] = np.ones(PROBE_BYTES // 4, np.float32)
         together.wait()
         start = time.thread_time()
         for _ in range(PROBE_PRODUCTS):
             a @ a
-        rates[slot] = flops / max(time.thread_time() - start, 1e-9) / 1e9
+        gflops = flops / max(time.thread_time() - start, 1e-9) / 1e9
+        line.max()  # back into L3 after the runner's turn
+        together.wait()
+        start = time.thread_time()
+        for _ in range(PROBE_READS):
+            line.max()
+        gbs = PROBE_BYTES * PROBE_READS / max(time.thread_time() - start, 1e-9) / 1e9
+        rates[slot] = (gflops, gbs)
 
     threads = [threading.Thread(target=probe, args=(i, cpu)) for i, cpu in enumerate(cpus)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    return min(rates)
+    return VcpuSpeed(min(r[0] for r in rates), min(r[1] for r in rates))
 
 
 def stolen_ticks() -> tuple[int, int]:
@@ -150,7 +182,7 @@ class Isolated:
         self._conn.send((build, args))
         self.built_s, self.available = self._answer()
         self._ticks = [0, 0]  # steal, all, over the turns
-        self._speeds: list[float] = []  # vcpu_speed before each timed turn
+        self._speeds: list[VcpuSpeed] = []  # vcpu_speed before each timed turn
 
     def _answer(self) -> Any:
         status, value = self._conn.recv()
@@ -189,10 +221,13 @@ class Isolated:
     def stolen(self) -> float:
         return self._ticks[0] / max(self._ticks[1], 1)
 
-    def vcpu(self) -> float | None:
-        """The mean vCPU speed (GFLOP/s, `vcpu_speed`) before this runner's timed turns, or
-        None before the first."""
-        return statistics.fmean(self._speeds) if self._speeds else None
+    def vcpu(self) -> VcpuSpeed | None:
+        """The mean vCPU speeds (`vcpu_speed`) before this runner's timed turns, or None
+        before the first."""
+        if not self._speeds:
+            return None
+        return VcpuSpeed(statistics.fmean(s.gflops for s in self._speeds),
+                         statistics.fmean(s.l3_gbs for s in self._speeds))  # fmt: skip
 
     def close(self) -> None:
         if self._process.is_alive():

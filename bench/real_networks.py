@@ -38,7 +38,8 @@ weigh in it), the share of the machine's CPU time the hypervisor stole during tl
 turns (/proc/stat: a cell whose runners were stolen from unequally is not a comparison), the
 mean speed of the vCPUs measured before their turns (`isolated.vcpu_speed`, GFLOP/s of a fixed
 matrix product loop by its CPU time: a slow phase of the VM halves it, and the steal counter
-does not always see one), and tlc's import + compile seconds. Outputs are checked against
+does not always see one) and the rate they read an L3-sized array at then (GB/s: a phase in
+which only the caches are slow), and tlc's import + compile seconds. Outputs are checked against
 PyTorch first.
 
 `--profile` says where the time goes: tlc's code built with per-node clocks
@@ -237,13 +238,15 @@ def speed_rows(name: str, size: int, batch: int, threads: list[int], target_cpu:
                 for label, runner in runners.items():
                     calls[label] += runner.time(n, clock)
             stolen = " / ".join(f"{100 * runners[k].stolen():.0f}" for k in ("tlc", "ort"))
-            speeds = " / ".join(f"{runners[k].vcpu():.0f}" for k in ("tlc", "ort"))
+            probes = [runners[k].vcpu() for k in ("tlc", "ort")]
+            speeds = " / ".join(f"{p.gflops:.0f}" for p in probes)
+            l3 = " / ".join(f"{p.l3_gbs:.0f}" for p in probes)
         ms = {label: statistics.median(v) * 1e3 for label, v in calls.items()}
         means = {label: statistics.fmean(v) for label, v in calls.items()}
         eager_ms = f"{ms['torch']:.2f}" if "torch" in ms else "-"
         rows.append(f"| {name} | {batch} | {t} | {ms['tlc']:.2f} | {ms['ort']:.2f} | "
                     f"{eager_ms} | {ms['ort'] / ms['tlc']:.2f} | "
-                    f"{means['ort'] / means['tlc']:.2f} | {stolen} | {speeds} | "
+                    f"{means['ort'] / means['tlc']:.2f} | {stolen} | {speeds} | {l3} | "
                     f"{built:.1f} |")  # fmt: skip
     return rows
 
@@ -422,8 +425,8 @@ def speed(args: argparse.Namespace) -> None:
         f"turns each; medians per call; {clock}"
     )
     print("| model | batch | threads | tlc ms | ORT ms | PyTorch ms | ORT/tlc | by means | "
-          "stolen % tlc / ORT | vCPU GF/s tlc / ORT | compile s |")  # fmt: skip
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "stolen % tlc / ORT | vCPU GF/s tlc / ORT | L3 GB/s tlc / ORT | compile s |")  # fmt: skip
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     threads = [int(t) for t in (args.threads or "1,2").split(",")]
     for name in args.models.split(","):
         for batch in (int(b) for b in args.batches.split(",")):

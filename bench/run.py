@@ -17,7 +17,8 @@ timed loop (about 50 ms) each, every loop after a 0.1 s pause. Times are the med
 of those loops; `ORT/runner` is ONNX Runtime's time at the runner's thread count over the
 runner's (above 1: faster than ORT), the other ratios tlc / peer (below 1: tlc is faster);
 `vCPU GF/s` is the mean speed of the vCPUs measured before the runner's loops
-(`isolated.vcpu_speed`: a slow phase of the VM halves it).
+(`isolated.vcpu_speed`: a slow phase of the VM halves it), `L3 GB/s` the rate they read an
+L3-sized array at then (a phase in which only the caches are slow).
 
 tlc runners: `tlc ctypes` calls the compiled entry point through ctypes with preallocated
 buffers and integer addresses (the cheapest Python call); `tlc.load` is the checked Python
@@ -511,14 +512,16 @@ def bench_workload(w: Workload, repeats: int, tmp: str, hand_c: bool, target: Ta
     ours, load_t = times["tlc ctypes"][0], times["tlc.load 1t"][0]
     print(f"\n## {w.name}  ({w.flops / 1e6:.3f} MFLOP)")
     print(f"{'runner':<16} {'median':>11} {'best':>11} {'GFLOP/s':>8} {'ORT/runner':>10} "
-          f"{'tlc ctypes/peer':>16} {'tlc.load/peer':>14} {'vCPU GF/s':>9}")  # fmt: skip
+          f"{'tlc ctypes/peer':>16} {'tlc.load/peer':>14} {'vCPU GF/s':>9} "
+          f"{'L3 GB/s':>7}")  # fmt: skip
     for name, (t, best) in times.items():
         # The ratio to ONNX Runtime at the runner's thread count (`tlc ctypes`: one thread).
         match = re.search(r" (\d+)t$", name)
         ort = times.get(f"onnxruntime {match.group(1) if match else 1}t")
         ratio = f"{ort[0] / t:10.2f}" if ort else f"{'':>10}"
         print(f"{name:<16} {fmt_time(t):>11} {fmt_time(best):>11} {w.flops / t / 1e9:8.2f} "
-              f"{ratio} {ours / t:16.2f} {load_t / t:14.2f} {speeds[name]:9.0f}")  # fmt: skip
+              f"{ratio} {ours / t:16.2f} {load_t / t:14.2f} {speeds[name].gflops:9.0f} "
+              f"{speeds[name].l3_gbs:7.0f}")  # fmt: skip
 
 
 def cpu_model() -> str:

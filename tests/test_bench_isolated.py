@@ -14,7 +14,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 
-from isolated import Isolated, stolen_ticks, vcpu_speed  # noqa: E402
+from isolated import Isolated, VcpuSpeed, stolen_ticks, vcpu_speed  # noqa: E402
 
 
 def doubling(xs: np.ndarray) -> Callable[[], object]:
@@ -81,10 +81,13 @@ def test_a_loop_is_timed_whole_and_a_missing_runner_is_said() -> None:
 
 
 def test_the_vcpu_probe_runs_before_each_timed_turn_and_leaves_the_affinity() -> None:
-    """The probe is a speed (GFLOP/s: a fixed loop over its threads' CPU time), taken before
-    timed turns only; only its own threads were pinned, the parent's is not."""
+    """The probe is two speeds (GFLOP/s of a fixed loop and GB/s of a fixed read, over its
+    threads' CPU time), taken before timed turns only; only its own threads were pinned, the
+    parent's is not."""
     allowed = os.sched_getaffinity(0)
-    assert 0.5 < vcpu_speed() < 100_000
+    speed = vcpu_speed()
+    assert 0.5 < speed.gflops < 100_000
+    assert 0.5 < speed.l3_gbs < 100_000
     assert os.sched_getaffinity(0) == allowed
     with Isolated(busy, 0.01) as runner:
         assert runner.vcpu() is None
@@ -93,4 +96,6 @@ def test_the_vcpu_probe_runs_before_each_timed_turn_and_leaves_the_affinity() ->
         runner.time(2, "wall")
         runner.loop(1, "cpu")
         assert len(runner._speeds) == 2
-        assert runner.vcpu() == sum(runner._speeds) / 2
+        speeds = runner._speeds
+        assert runner.vcpu() == VcpuSpeed((speeds[0].gflops + speeds[1].gflops) / 2,
+                                          (speeds[0].l3_gbs + speeds[1].l3_gbs) / 2)  # fmt: skip
