@@ -9,15 +9,10 @@ import numpy as np
 
 def ort_runner(model: bytes, x: np.ndarray, threads: int) -> Callable[[], np.ndarray]:
     """ONNX Runtime on the ONNX file `model`, fed `x` as its first input: `threads` intra-op
-    threads (its default spinning), one inter-op thread."""
-    import onnxruntime as ort
+    threads (its default spinning), one inter-op thread, its warnings off (tlc's zoo tool's
+    session)."""
+    from tlc.tools.onnx_models import ort_session
 
-    # No warnings about unused initializers (the zoo's old models list theirs as graph inputs,
-    # densenet121 hundreds): they come from the default logger, which the session's
-    # log_severity_level leaves alone.
-    ort.set_default_logger_severity(3)
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
-    session = ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
+    session = ort_session(model, threads)
     feed = {session.get_inputs()[0].name: x}
     return lambda: session.run(None, feed)[0]

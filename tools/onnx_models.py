@@ -148,7 +148,7 @@ def _scale_logits(model: onnx.ModelProto, rng: np.random.Generator) -> None:
     probe.graph.output.append(onnx.ValueInfoProto(name=logits))
     (data,) = [i for i in graph.input if i.name not in initializers]
     x = rng.normal(size=[d.dim_value for d in data.type.tensor_type.shape.dim])
-    session = _ort_session(probe.SerializeToString())
+    session = ort_session(probe.SerializeToString())
     (values,) = session.run([logits], {data.name: x.astype(np.float32)})
     spread = float(np.std(values.reshape(values.shape[0], -1), axis=1).mean())
     if not spread > 0:
@@ -244,17 +244,22 @@ def _light_data(model: onnx.ModelProto) -> tuple[list[np.ndarray], list[np.ndarr
     (data,) = [i for i in model.graph.input if i.name not in initializers]
     shape = [d.dim_value for d in data.type.tensor_type.shape.dim]
     x = np.random.default_rng(1).normal(size=shape).astype(np.float32)
-    return [x], _ort_session(model.SerializeToString()).run(None, {data.name: x})
+    return [x], ort_session(model.SerializeToString()).run(None, {data.name: x})
 
 
-def _ort_session(model: bytes) -> Any:
+def ort_session(model: bytes, threads: int | None = None) -> Any:
     """An ONNX Runtime CPU session on `model`, its warnings off: the zoo's old models list
     their initializers as graph inputs, and ORT's default logger printed a line for each it
-    removed (39 for squeezenet, hundreds for densenet121), which no session option silences."""
+    removed (39 for squeezenet, hundreds for densenet121), which no session option silences.
+    `threads`: that many intra-op threads and one inter-op (the benches' matched counts);
+    None leaves ORT's defaults."""
     import onnxruntime
 
     onnxruntime.set_default_logger_severity(3)
-    return onnxruntime.InferenceSession(model, providers=["CPUExecutionProvider"])
+    options = onnxruntime.SessionOptions()
+    if threads is not None:
+        options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
+    return onnxruntime.InferenceSession(model, options, providers=["CPUExecutionProvider"])
 
 
 def _reason(message: str) -> str:
