@@ -736,19 +736,22 @@ def test_thin_1x1_layers_keep_their_bits_on_every_target(
 
 @pytest.mark.parametrize("cpu", ["host", "znver3", "x86-64-v2"])
 @pytest.mark.parametrize(
-    ("x", "cout"), [((1, 512, 13, 13), 1000), ((3, 300, 5, 5), 1000), ((1, 64, 5, 5), 238)]
-)
+    ("x", "cout", "stride"),
+    [((1, 512, 13, 13), 1000, 1), ((3, 300, 5, 5), 1000, 1), ((1, 64, 5, 5), 238, 1),
+     ((2, 64, 10, 10), 238, 2)],
+)  # fmt: skip
 def test_c_transposed_1x1_reads_its_rows_in_place(
-    monkeypatch: pytest.MonkeyPatch, cpu: str, x: tuple[int, ...], cout: int
+    monkeypatch: pytest.MonkeyPatch, cpu: str, x: tuple[int, ...], cout: int, stride: int
 ) -> None:
-    """A 1x1 convolution computed as C^T broadcasts its rows of patches from the input planes
-    in place (`convolution._rows_in_place`), so its parts repeat no packing, and writes its
-    product out transposed in blocks of vectors (`_write_transposed`): squeezenet1_0's
-    classifier, 3 images of 5 x 5 (tiles of rows across two images), 64 -> 238 on 5 x 5; plane
-    sizes and channel counts that are not whole vectors (the last block of positions and of
-    channels under masks). The bits are those of rows packed per call and one element
-    written at a time, the same at 1, 2 and 3 threads, and close to the reference (the op
-    records' tolerance), in AVX-512, AVX2 and SSE code."""
+    """A 1x1 convolution computed as C^T broadcasts its rows of patches from the planes it
+    reads in place (`convolution._rows_in_place`: the input, or a stride-2 layer's staged
+    phase 0), so its parts repeat no packing, and writes its product out transposed in
+    blocks of vectors (`_write_transposed`): squeezenet1_0's classifier, 3 images of 5 x 5
+    (tiles of rows across two images), 64 -> 238 on 5 x 5, and with stride 2 over 2 images
+    (over both images C^T on AVX-512 and AVX2 only); plane sizes and channel counts that are not
+    whole vectors (the last block of positions and of channels under masks). The bits are
+    those of rows packed per call and one element written at a time, the same at 1, 2 and 3
+    threads, and close to the reference (the op records' tolerance)."""
     from tlc.codegen.lower import convolution
     from tlc.codegen.lower.convolution import ConvFrame, _transposed_mk, _write_transposed
     from tlc.codegen.target import Target, host_lacks, target_info
@@ -756,10 +759,12 @@ def test_c_transposed_1x1_reads_its_rows_in_place(
     target = Target(cpu)
     if host_lacks(target):
         pytest.skip(f"this CPU cannot run {target.describe()}")
-    graph, payload = one_conv(x, cout, "kernel = [1, 1]", np.random.default_rng(10))
+    fields = f"kernel = [1, 1], stride = [{stride}, {stride}]"
+    graph, payload = one_conv(x, cout, fields, np.random.default_rng(10))
     node = graph.nodes[1]
     frame = ConvFrame.of(node, x, node.infer([x]))
-    assert _transposed_mk(target_info(target), 4, frame) is not None
+    transposed = _transposed_mk(target_info(target), 4, frame) is not None
+    assert transposed == (stride == 1 or cpu != "x86-64-v2")
     inputs = np.random.default_rng(11).normal(size=x).astype(np.float32)
     outputs = {t: compile_graph(graph, payload, np.float32, target=target, threads=t)(inputs)
                for t in (1, 2, 3)}  # fmt: skip

@@ -1171,8 +1171,8 @@ def _conv_transposed(k: KernelBuilder, s: Step, f: ConvFrame, mk: MicroKernel, p
 
     def x_at(i: ir.Value, p: ir.Value) -> ir.Value:
         start = b.sext(b.load(b.gep(bases, [i], inbounds=True)), I64)
-        if in_place:  # patch row p is input plane p
-            return k.at(source, b.add(start, b.mul(p, k.i64(f.in_plane))))
+        if in_place:  # patch row p is plane p: no table load per step
+            return k.at(source, b.add(start, b.mul(p, k.i64(f.plane))))
         return k.at(source, b.add(start, b.sext(b.load(b.gep(taps, [p], inbounds=True)), I64)))
 
     panels = -(-f.cout // mk.nr)
@@ -1240,10 +1240,11 @@ def _write_transposed(
 
 
 def _rows_in_place(f: ConvFrame) -> bool:
-    """Whether C^T's tiles broadcast their rows of patches from the input planes in place
-    (`emit_packed_linear`'s `in_place`) rather than from rows packed per call: a 1x1 window
-    read unstaged, whose patch row p is input plane p."""
-    return f.window.taps == 1 and not f.staged
+    """Whether C^T's tiles broadcast their rows of patches from the planes im2col reads (the
+    input, or its staged copy: a 1x1 stride-2 layer's phase 0) rather than from rows packed
+    per call (`emit_packed_linear`'s `in_place`): a 1x1 window, whose patch row p is plane p.
+    Wider windows keep their packed rows: a 3x3 layer's C^T reads 9 taps of each plane."""
+    return f.window.taps == 1
 
 
 def _column_bases(f: ConvFrame, images: int, nc: int, chunk: int, image: int) -> np.ndarray:
