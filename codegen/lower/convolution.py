@@ -1165,13 +1165,12 @@ def _conv_transposed(k: KernelBuilder, s: Step, f: ConvFrame, mk: MicroKernel, p
             f.stage(k, f.input_block(k, x, bi, k.i64(0)), Buf(at, (f.cin, f.staged_plane)))
         source, image = staging, f.cin * f.staged_plane
     bases = k.global_constant("rows", _column_bases(f, f.lead, 1, 1, image), I32)
-    taps = k.global_constant("taps", f.tap_table(), I32)
-
     in_place = _rows_in_place(f)
+    taps = None if in_place else k.global_constant("taps", f.tap_table(), I32)
 
     def x_at(i: ir.Value, p: ir.Value) -> ir.Value:
         start = b.sext(b.load(b.gep(bases, [i], inbounds=True)), I64)
-        if in_place:  # patch row p is plane p: no table load per step
+        if taps is None:  # patch row p is plane p: no table load per step
             return k.at(source, b.add(start, b.mul(p, k.i64(f.plane))))
         return k.at(source, b.add(start, b.sext(b.load(b.gep(taps, [p], inbounds=True)), I64)))
 
@@ -1209,7 +1208,9 @@ def _write_transposed(
     zero = ir.Constant(vec, [0.0] * lanes)
     whole = b.add(lo, b.mul(b.udiv(b.sub(hi, lo), k.i64(lanes)), k.i64(lanes)))
 
-    def block(img: ir.Value, oc0: ir.Value, pos0: ir.Value, count: int, mask: ir.Value | None):
+    def block(
+        img: ir.Value, oc0: ir.Value, pos0: ir.Value, count: int, mask: ir.Value | None
+    ) -> None:
         first = b.add(b.mul(img, k.i64(P)), pos0)
         rows = [load_vector(k, vec, k.at(product, b.add(b.mul(b.add(first, k.i64(r)),
                                                               k.i64(f.cout)), oc0)),
