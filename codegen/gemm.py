@@ -637,6 +637,7 @@ def emit_packed_linear(
     epilogue: Epilogue | None,
     share: Share | None = None,
     x_at: Callable[[ir.Value, ir.Value], ir.Value] | None = None,
+    in_place: bool = False,
 ) -> None:
     """out[i, j] = epilogue(sum_p x[i, p] W[j, p] + bias[j]) with W^T packed at compile time
     (`pack_panels(W.T, NR)`, bias zero-padded to whole panels).
@@ -658,7 +659,7 @@ def emit_packed_linear(
     full, tail = divmod(n, nr)
     m_main = m - m % MR
     mc = max(L2_BLOCK // (max(kc, 1) * k.dtype.itemsize) // MR, 1) * MR
-    assert min(mc, -(-m // MR) * MR) * kc <= scratch.size <= linear_scratch(m, kk)
+    assert in_place or min(mc, -(-m // MR) * MR) * kc <= scratch.size <= linear_scratch(m, kk)
     blocked = kk > kc
     panel_share = share(full + (tail > 0)) if share is not None else None
 
@@ -678,6 +679,9 @@ def emit_packed_linear(
 
         def tile(i0: ir.Value, t: ir.Value, mr: int, jr: ir.Value, cols: int) -> None:
             def a_at(r: int, p: ir.Value) -> ir.Value:
+                if in_place:
+                    assert x_at is not None
+                    return x_at(b.add(i0, k.i64(r)), b.add(pc, p))
                 at = b.mul(b.add(b.mul(t, k.i64(kc)), p), k.i64(MR))
                 return k.at(scratch, b.add(at, k.i64(r)))
 
@@ -712,7 +716,8 @@ def emit_packed_linear(
 
         def row_block(i_lo: ir.Value, tiles: ir.Value, mr: int) -> None:
             """Rows [i_lo, i_lo + tiles * mr) (mr = MR, or one tile of the remainder)."""
-            pack(i_lo, tiles, mr)
+            if not in_place:
+                pack(i_lo, tiles, mr)
             for j_lo, j_hi, cols in ((0, full, nr), (full, full + (tail > 0), tail)):
                 if j_hi > j_lo:
                     start, end = _clip(k, panel_share, j_lo, j_hi)

@@ -734,6 +734,54 @@ def test_thin_1x1_layers_keep_their_bits_on_every_target(
     np.testing.assert_allclose(outputs[2], expected, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("cpu", ["host", "znver3", "x86-64-v2"])
+@pytest.mark.parametrize(
+    ("x", "cout", "stride"),
+    [((1, 512, 13, 13), 1000, 1), ((3, 300, 5, 5), 1000, 1), ((1, 64, 5, 5), 238, 1),
+     ((2, 64, 10, 10), 238, 2)],
+)  # fmt: skip
+def test_c_transposed_1x1_reads_its_rows_in_place(
+    monkeypatch: pytest.MonkeyPatch, cpu: str, x: tuple[int, ...], cout: int, stride: int
+) -> None:
+    """A 1x1 convolution computed as C^T broadcasts its rows of patches from the planes it
+    reads in place (`convolution._rows_in_place`: the input, or a stride-2 layer's staged
+    phase 0), so its parts repeat no packing, and writes its product out transposed in
+    blocks of vectors (`_write_transposed`): squeezenet1_0's classifier, 3 images of 5 x 5
+    (tiles of rows across two images), 64 -> 238 on 5 x 5, and with stride 2 over 2 images
+    (over both images C^T on AVX-512 and AVX2 only); plane sizes and channel counts that are not
+    whole vectors (the last block of positions and of channels under masks). The bits are
+    those of rows packed per call and one element written at a time, the same at 1, 2 and 3
+    threads, and close to the reference (the op records' tolerance)."""
+    from tlc.codegen.lower import convolution
+    from tlc.codegen.lower.convolution import ConvFrame, _transposed_mk, _write_transposed
+    from tlc.codegen.target import Target, host_lacks, target_info
+
+    target = Target(cpu)
+    if host_lacks(target):
+        pytest.skip(f"this CPU cannot run {target.describe()}")
+    fields = f"kernel = [1, 1], stride = [{stride}, {stride}]"
+    graph, payload = one_conv(x, cout, fields, np.random.default_rng(10))
+    node = graph.nodes[1]
+    frame = ConvFrame.of(node, x, node.infer([x]))
+    transposed = _transposed_mk(target_info(target), 4, frame) is not None
+    assert transposed == (stride == 1 or cpu != "x86-64-v2")
+    inputs = np.random.default_rng(11).normal(size=x).astype(np.float32)
+    outputs = {t: compile_graph(graph, payload, np.float32, target=target, threads=t)(inputs)
+               for t in (1, 2, 3)}  # fmt: skip
+    assert bits(outputs[1]) == bits(outputs[2]) == bits(outputs[3])
+
+    def one_at_a_time(k, f, product, out, channels, lanes, stage, fn) -> None:  # noqa: ANN001
+        _write_transposed(k, f, product, out, channels, 1, stage, fn)
+
+    monkeypatch.setenv("TLC_OBJECT_CACHE", "0")  # the patched rules are in no cache key
+    monkeypatch.setattr(convolution, "_rows_in_place", lambda f: False)
+    monkeypatch.setattr(convolution, "_write_transposed", one_at_a_time)
+    packed = compile_graph(graph, payload, np.float32, target=target, threads=2)(inputs)
+    assert bits(packed) == bits(outputs[1])
+    expected = interpret(graph, payload, inputs, np.float32).output
+    np.testing.assert_allclose(outputs[2], expected, rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize(
     ("x", "fields", "cout"),
     [((1, 64, 56, 56), "kernel = [3, 3], stride = [2, 2], padding = [1, 1]", 512),

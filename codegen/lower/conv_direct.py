@@ -11,8 +11,8 @@ AVX-512, where a tap past the plane's edge reads zeros instead: `EdgeReads`): po
 compile-time offset, so the loop is loads and FMAs with nothing packed (no im2col, no patch
 panels) and no position computed past the plane's edge (the tiles at the right and bottom
 edges have their own, smaller shape). The finished accumulators (vectors of channels) are
-transposed in registers (`_transpose`: two-vector shuffles) into one vector of positions per
-output channel, and stored one tile row at a time, with the bias and the fused epilogue
+transposed in registers (`transpose_lanes`: two-vector shuffles) into one vector of positions
+per output channel, and stored one tile row at a time, with the bias and the fused epilogue
 applied to those vectors as every convolution store applies them. `convolution._conv`
 chooses this kernel by `_direct_tile`, a measured rule (`DIRECT_DEPTH`), and stages the
 input for it (or not: `_in_place_direct`).
@@ -240,7 +240,7 @@ def emit_direct(
                     accs[r, v] = stage.apply(b.fadd(accs[r, v], shift), operands)
             for g in range(0, positions, lanes):
                 group = [accs.get((g + lane, v), zero) for lane in range(lanes)]
-                for c, value in enumerate(_transpose(k, group)):
+                for c, value in enumerate(transpose_lanes(k, group)):
                     oc = b.add(b.mul(block, k.i64(nr)), k.i64(v * lanes + c))
                     first = b.add(b.add(plane.first, b.mul(image, k.i64(cout))), oc)
                     # Channels past cout (a last, partial block) are not stored.
@@ -322,7 +322,7 @@ def _edge_reads(
     return read
 
 
-def _transpose(k: KernelBuilder, rows: list[ir.Value]) -> list[ir.Value]:
+def transpose_lanes(k: KernelBuilder, rows: list[ir.Value]) -> list[ir.Value]:
     """The lanes x lanes transpose of `rows` (vectors of `lanes` lanes): out[c][r] = rows[r][c],
     by log2(lanes) rounds of two-vector shuffles exchanging blocks of h lanes (h = lanes/2,
     ..., 1), lanes / 2 pairs a round."""
