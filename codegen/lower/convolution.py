@@ -1277,15 +1277,24 @@ def _pack_runs(
 PACK_AHEAD = 8
 
 
+#: The most bytes of input planes (in doubles) a 1x1 convolution read in place may have to run
+#: its row tiles outer (`_rows_outer`): each row tile reads them again, from L2 while they
+#: stay there.
+ROWS_OUTER_PLANES = 512 * 1024
+
+
 def _rows_outer(f: ConvFrame) -> bool:
     """Whether a 1x1 convolution read in place (`_whole_in_place`) runs each row tile over
     every panel of columns (`emit_packed_block`'s `rows_outer`): where its weights are larger
-    than its input planes (more output channels than positions), which are then what the
-    tiles read again, from L2, instead of the weights, from L3 or memory (zoo resnet50 at
-    batch 1 on Zen 4, per node: 256 -> 1024 on 14 x 14, 1 MiB of weights and 200 KiB of
-    planes, 6.52 -> 6.21 ms in 6 layers; 1024 -> 256, 800 KiB of planes, 5.21 -> 5.07 in 5;
-    warm and alone, where the weights stay in L3, level)."""
-    return _whole_in_place(f, 8) and f.cout_g > f.positions
+    than its input planes (more output channels than positions) and the planes are at most
+    ROWS_OUTER_PLANES bytes: the planes are then what the tiles read again, from L2,
+    instead of the weights, from L3 or memory. zoo resnet50 at batch 1 on Zen 4, per node in
+    the network: 256 -> 1024 on 14 x 14 (1 MiB of weights, 200 KiB of planes) 6.89 -> 6.64
+    and 6.52 -> 6.21 ms in 6 layers, in AVX2 code 8.19 -> 7.75; 1024 -> 256 (800 KiB of
+    planes) 5.21 -> 5.07 but in AVX2 code, whose 6-row tiles read the planes 43 times, 6.67 ->
+    6.93, so it keeps panels outer. Warm and alone, where the weights stay in L3, level."""
+    planes = f.depth * f.positions * 8
+    return _whole_in_place(f, 8) and f.cout_g > f.positions and planes <= ROWS_OUTER_PLANES
 
 
 def _planar(f: ConvFrame, lanes: int) -> bool:
