@@ -836,54 +836,43 @@ def emit_packed_block(
             if after is not None:
                 after(row(0), jp, mr)
 
-    def panel(jp: ir.Value, masked: bool) -> None:
+    def each_tile(visit: Callable[[ir.Value, int], None]) -> None:
+        """visit(tile, its rows) for every row tile (of the part's `tiles`), the short one last."""
         if tiles is None:
             if whole:
                 with k.loop(whole, "ib") as ib:
-                    tile(jp, ib, mk.mr, masked)
+                    visit(ib, mk.mr)
             if rest:
-                tile(jp, k.i64(whole), rest, masked)
-        else:
-            lo, hi = tiles
-            if whole:
-                end = b.select(b.icmp_signed("<", hi, k.i64(whole)), hi, k.i64(whole))
-                with k.loop(end, "ib", start=lo) as ib:
-                    tile(jp, ib, mk.mr, masked)
-            if rest:
-                short = b.and_(b.icmp_signed("<=", lo, k.i64(whole)),
-                               b.icmp_signed(">", hi, k.i64(whole)))  # fmt: skip
-                with b.if_then(short):
-                    tile(jp, k.i64(whole), rest, masked)
-
-    def each_panel(ib: ir.Value, mr: int) -> None:
-        with k.loop(panels, "jp") as jp:
-            if b_mask is None or b_whole is None:
-                tile(jp, ib, mr, b_mask is not None)
-            else:
-                with b.if_else(b_whole(jp)) as (unmasked, cut):
-                    with unmasked:
-                        tile(jp, ib, mr, False)
-                    with cut:
-                        tile(jp, ib, mr, True)
-
-    if rows_outer:
-        lo, hi = tiles if tiles is not None else (k.i64(0), k.i64(whole + (rest > 0)))
+                visit(k.i64(whole), rest)
+            return
+        lo, hi = tiles
         if whole:
             end = b.select(b.icmp_signed("<", hi, k.i64(whole)), hi, k.i64(whole))
             with k.loop(end, "ib", start=lo) as ib:
-                each_panel(ib, mk.mr)
+                visit(ib, mk.mr)
         if rest:
             short = b.and_(b.icmp_signed("<=", lo, k.i64(whole)),
                            b.icmp_signed(">", hi, k.i64(whole)))  # fmt: skip
             with b.if_then(short):
-                each_panel(k.i64(whole), rest)
+                visit(k.i64(whole), rest)
+
+    def by_mask(jp: ir.Value, run: Callable[[bool], None]) -> None:
+        """run(masked) for panel jp: unmasked where `b_whole` says every lane is B's."""
+        if b_mask is None or b_whole is None:
+            run(b_mask is not None)
+            return
+        with b.if_else(b_whole(jp)) as (unmasked, cut):
+            with unmasked:
+                run(False)
+            with cut:
+                run(True)
+
+    def each_panel(ib: ir.Value, mr: int) -> None:
+        with k.loop(panels, "jp") as jp:
+            by_mask(jp, lambda masked: tile(jp, ib, mr, masked))
+
+    if rows_outer:
+        each_tile(each_panel)
         return
     with k.loop(panels, "jp") as jp:
-        if b_mask is None or b_whole is None:
-            panel(jp, b_mask is not None)
-        else:
-            with b.if_else(b_whole(jp)) as (unmasked, cut):
-                with unmasked:
-                    panel(jp, False)
-                with cut:
-                    panel(jp, True)
+        by_mask(jp, lambda masked: each_tile(lambda ib, mr: tile(jp, ib, mr, masked)))
