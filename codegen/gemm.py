@@ -743,7 +743,7 @@ def emit_packed_linear(
         k_block(pc, klen, first, last)
 
 
-def _prefetch(k: KernelBuilder, at: ir.Value) -> None:
+def prefetch_read(k: KernelBuilder, at: ir.Value) -> None:
     """A read prefetch of `at` into every cache level (it never faults: `at` may lie past
     the buffer, and is not claimed in bounds)."""
     name = "llvm.prefetch.p0"
@@ -771,6 +771,7 @@ def emit_packed_block(
     b_mask: Callable[[ir.Value, int], ir.Value] | None = None,
     b_whole: Callable[[ir.Value], ir.Value] | None = None,
     prefetch: int = 0,
+    rows_outer: bool = False,
 ) -> None:
     """C = A B over `panels` panels of NR columns of B (filled at run time: convolution's
     patches), `klen` steps along k: for each panel, every tile of MR rows of A (the last one
@@ -787,7 +788,10 @@ def emit_packed_block(
     have free, so LLVM reloaded the masks from the stack at every step. With `prefetch`, the
     first row tile of each panel (of the part's `tiles`) prefetches every vector of B it loads that
     many elements ahead (B read in place from long rows: the tiles read it from as many rows
-    as k steps, more streams than the hardware prefetchers follow)."""
+    as k steps, more streams than the hardware prefetchers follow). With `rows_outer`, each
+    row tile runs over every panel before the next tile starts (the tiles of A stay in L1 and A
+    is read once; B is read again by every tile): for a product whose A is larger than B
+    (`convolution._rows_outer`)."""
     b, lanes = k.b, mk.lanes
     vec = ir.VectorType(k.T, lanes)
     zero = ir.Constant(vec, [0.0] * lanes)
@@ -808,7 +812,7 @@ def emit_packed_block(
             if prefetch:  # the other row tiles prefetch what they read (in L1 by then)
                 lead = k.i64(0) if tiles is None else tiles[0]
                 ahead = b.select(b.icmp_signed("==", ib, lead), k.i64(prefetch), k.i64(0))
-                _prefetch(k, b.gep(at, [ahead]))
+                prefetch_read(k, b.gep(at, [ahead]))
             return at
 
         mask = None if b_mask is None or not masked else (lambda v: b_mask(jp, v))
@@ -837,31 +841,43 @@ def emit_packed_block(
             if after is not None:
                 after(row(0), jp, mr)
 
-    def panel(jp: ir.Value, masked: bool) -> None:
+    def each_tile(visit: Callable[[ir.Value, int], None]) -> None:
+        """visit(tile, its rows) for every row tile (of the part's `tiles`), the short one last."""
         if tiles is None:
             if whole:
                 with k.loop(whole, "ib") as ib:
-                    tile(jp, ib, mk.mr, masked)
+                    visit(ib, mk.mr)
             if rest:
-                tile(jp, k.i64(whole), rest, masked)
-        else:
-            lo, hi = tiles
-            if whole:
-                end = b.select(b.icmp_signed("<", hi, k.i64(whole)), hi, k.i64(whole))
-                with k.loop(end, "ib", start=lo) as ib:
-                    tile(jp, ib, mk.mr, masked)
-            if rest:
-                short = b.and_(b.icmp_signed("<=", lo, k.i64(whole)),
-                               b.icmp_signed(">", hi, k.i64(whole)))  # fmt: skip
-                with b.if_then(short):
-                    tile(jp, k.i64(whole), rest, masked)
+                visit(k.i64(whole), rest)
+            return
+        lo, hi = tiles
+        if whole:
+            end = b.select(b.icmp_signed("<", hi, k.i64(whole)), hi, k.i64(whole))
+            with k.loop(end, "ib", start=lo) as ib:
+                visit(ib, mk.mr)
+        if rest:
+            short = b.and_(b.icmp_signed("<=", lo, k.i64(whole)),
+                           b.icmp_signed(">", hi, k.i64(whole)))  # fmt: skip
+            with b.if_then(short):
+                visit(k.i64(whole), rest)
 
-    with k.loop(panels, "jp") as jp:
+    def by_mask(jp: ir.Value, run: Callable[[bool], None]) -> None:
+        """run(masked) for panel jp: unmasked where `b_whole` says every lane is B's."""
         if b_mask is None or b_whole is None:
-            panel(jp, b_mask is not None)
-        else:
-            with b.if_else(b_whole(jp)) as (unmasked, cut):
-                with unmasked:
-                    panel(jp, False)
-                with cut:
-                    panel(jp, True)
+            run(b_mask is not None)
+            return
+        with b.if_else(b_whole(jp)) as (unmasked, cut):
+            with unmasked:
+                run(False)
+            with cut:
+                run(True)
+
+    def each_panel(ib: ir.Value, mr: int) -> None:
+        with k.loop(panels, "jp") as jp:
+            by_mask(jp, lambda masked: tile(jp, ib, mr, masked))
+
+    if rows_outer:
+        each_tile(each_panel)
+        return
+    with k.loop(panels, "jp") as jp:
+        by_mask(jp, lambda masked: each_tile(lambda ib, mr: tile(jp, ib, mr, masked)))

@@ -101,6 +101,23 @@ GRAPHS = {
         conv([1, 600, 9, 7], "kernel = [1, 1]", 600, 20),
         {"weight": (20, 600, 1, 1), "bias": (20,)},
     ),
+    # 1x1 convolutions over 3 images of 9 x 11 (297 columns, too many for C^T), at stride 1
+    # and 2 (phase 0 staged): packed from their planes by whole vectors, those reaching into
+    # the next image in two masked loads (`convolution._pack_planes`).
+    "conv_1x1_batch": (
+        conv([3, 20, 9, 11], "kernel = [1, 1]", 20, 24),
+        {"weight": (24, 20, 1, 1), "bias": (24,)},
+    ),
+    "conv_1x1_s2_batch": (
+        conv([3, 12, 18, 22], "kernel = [1, 1], stride = [2, 2]", 12, 16),
+        {"weight": (16, 12, 1, 1), "bias": (16,)},
+    ),
+    # A 1x1 convolution read in place with more output channels (320) than positions (300):
+    # each row tile runs over every panel (`convolution._rows_outer`).
+    "conv_1x1_tall": (
+        conv([1, 16, 15, 20], "kernel = [1, 1]", 16, 320),
+        {"weight": (320, 16, 1, 1), "bias": (320,)},
+    ),
     # A 1x1 convolution whose weights have more than TRANSPOSE_WEIGHTS elements (260 x 1010):
     # C^T whatever the cycles, over 2 images of 3 x 3.
     "conv_1x1_wide": (
@@ -278,12 +295,14 @@ def test_1x1_convolutions_read_their_input_in_place() -> None:
     """On AVX2 and AVX-512 a 1x1 convolution's planes are its columns: the tiles load them
     from the input (the vectors reaching past the plane's end under a mask) instead of packing
     them by runs (a squeeze 96 -> 16 on 54 x 54 went from 65 to 92 GFLOP/s on AVX-512, 31 to
-    58 in AVX2 code; ORT 66-71); SSE has no masked loads, and packs."""
+    58 in AVX2 code; ORT 66-71); SSE has no masked loads, and packs (whole vectors from the
+    planes: `_pack_planes`, its loop over the vectors of a patch row named `slot`)."""
     _, graph, payload, _, _ = case("conv_1x1", np.float32)
     for cpu, lanes in (("znver4", 16), ("znver3", 8), ("x86-64-v2", 0)):
         ir_text = build_graph_module(graph, payload, np.float32,
                                      target=Target(cpu, triple=X86_64)).ir  # fmt: skip
-        assert ("run_first" not in ir_text) == bool(lanes), cpu
+        assert "run_first" not in ir_text, cpu
+        assert ("slot.body" not in ir_text) == bool(lanes), cpu
         if lanes:
             assert f"llvm.masked.load.v{lanes}f32" in ir_text, cpu
 
@@ -296,6 +315,7 @@ def test_1x1_convolutions_read_in_place_prefetch_ahead(monkeypatch: pytest.Monke
     The prefetch changes no bits."""
     _, graph, payload, x, _ = case("conv_1x1", np.float32)
     assert "llvm.prefetch" not in build_graph_module(graph, payload, np.float32).ir  # 13 KiB
+    monkeypatch.setattr(convolution, "PACK_AHEAD", 0)  # SSE's packing prefetches on its own
     monkeypatch.setattr(convolution, "AHEAD_BYTES", 0)
     monkeypatch.setenv("TLC_OBJECT_CACHE", "0")  # the constants are not in the caches' keys
     monkeypatch.setattr("tlc.codegen.jit._graph_cache", {})
@@ -310,6 +330,60 @@ def test_1x1_convolutions_read_in_place_prefetch_ahead(monkeypatch: pytest.Monke
     monkeypatch.setattr(convolution, "IN_PLACE_AHEAD", 0)
     assert "llvm.prefetch" not in build_graph_module(graph, payload, np.float32).ir
     assert compile_graph(graph, payload, np.float32)(x).tobytes() == prefetched.tobytes()
+
+
+@pytest.mark.parametrize("name", ["conv_1x1_batch", "conv_1x1_s2_batch"])
+def test_1x1_convolutions_over_a_batch_pack_whole_vectors(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A 1x1 convolution packing the columns of several images (or the phase 0 a stride-2 one
+    stages) reads each image's columns as consecutive elements of its planes: whole vectors,
+    no table of runs, the next `PACK_AHEAD` planes prefetched (zoo resnet50's 1024 -> 256
+    on 14 x 14 at batch 16: 18.66 -> 17.75 ms). The same bits as the packing by runs, for
+    any thread count."""
+    _, graph, payload, x, _ = case(name, np.float32)
+    shape = graph.nodes[0].declared_shape
+    frame = ConvFrame.of(graph.nodes[1], shape, graph.nodes[1].infer([shape]))
+    assert convolution.ConvPlan.of(frame, 8).images == 3
+    for cpu in CPUS:
+        ir_text = build_graph_module(graph, payload, np.float32,
+                                     target=Target(cpu, triple=X86_64)).ir  # fmt: skip
+        assert "run_first" not in ir_text and "llvm.prefetch" in ir_text, cpu
+    runnable("haswell")
+    planes = [compile_graph(graph, payload, np.float32, threads=t)(x) for t in (1, 2)]
+    assert planes[0].tobytes() == planes[1].tobytes()
+    monkeypatch.setattr(convolution, "_planar", lambda f, lanes: False)
+    monkeypatch.setenv("TLC_OBJECT_CACHE", "0")  # the rules are not in the caches' keys
+    monkeypatch.setattr("tlc.codegen.jit._graph_cache", {})
+    assert "run_first" in build_graph_module(graph, payload, np.float32).ir
+    assert compile_graph(graph, payload, np.float32)(x).tobytes() == planes[0].tobytes()
+
+
+def test_1x1_convolutions_with_more_channels_than_positions_run_rows_outer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A 1x1 convolution read in place with more output channels than positions, and input
+    planes of at most ROWS_OUTER_PLANES bytes, runs each row tile over every panel: the
+    weights, larger than the planes, are read once (zoo resnet50 at batch 1, in the network:
+    256 -> 1024 on 14 x 14 6.52 -> 6.21 ms in 6 layers); 1024 -> 256 (800 KiB of planes, read
+    again by every row tile) and 28 x 28 planes keep panels outer. The same bits either
+    way, for any thread count."""
+    for shape, cout, outer in (((1, 256, 14, 14), 1024, True), ((1, 1024, 14, 14), 256, False),
+                               ((1, 512, 28, 28), 128, False), ((1, 128, 28, 28), 512, False),
+                               ((2, 256, 14, 14), 1024, False)):  # fmt: skip
+        node, shape_in, out = _conv_node(list(shape), "kernel = [1, 1]", cout)
+        assert convolution._rows_outer(ConvFrame.of(node, shape_in, out)) == outer, shape
+    _, graph, payload, x, _ = case("conv_1x1_tall", np.float32)
+    shape = graph.nodes[0].declared_shape
+    frame = ConvFrame.of(graph.nodes[1], shape, graph.nodes[1].infer([shape]))
+    assert convolution._rows_outer(frame)
+    runnable("haswell")
+    outer = [compile_graph(graph, payload, np.float32, threads=t)(x) for t in (1, 2)]
+    assert outer[0].tobytes() == outer[1].tobytes()
+    monkeypatch.setattr(convolution, "_rows_outer", lambda f: False)
+    monkeypatch.setenv("TLC_OBJECT_CACHE", "0")  # the rules are not in the caches' keys
+    monkeypatch.setattr("tlc.codegen.jit._graph_cache", {})
+    assert compile_graph(graph, payload, np.float32)(x).tobytes() == outer[0].tobytes()
 
 
 @pytest.mark.parametrize("name", ["conv_wide", "conv_wide_s2"])
