@@ -155,22 +155,25 @@ def test_avx2_code_gives_the_same_bits_on_one_and_two_threads(
     [
         # bench/run.py's CNN's 16 -> 32 stride 2 to 16 x 16: 256 columns in blocks of 227,
         # 240 and 16 before (a pass over the weights for one panel two-thirds full)
-        ("znver3", 16, 32, "stride = [2, 2], padding = [1, 1]", 264),
-        ("znver4", 16, 32, "stride = [2, 2], padding = [1, 1]", 256),  # one block already
-        ("x86-64-v2", 16, 32, "stride = [2, 2], padding = [1, 1]", 228),  # SSE as before
+        ("znver3", 16, (32, 32), "stride = [2, 2], padding = [1, 1]", 264),
+        ("znver4", 16, (32, 32), "stride = [2, 2], padding = [1, 1]", 256),  # one block
+        ("x86-64-v2", 16, (32, 32), "stride = [2, 2], padding = [1, 1]", 228),  # SSE as before
         # 17 x 17 (289 columns) in blocks of 240: the last block of 49 is two panels, kept
-        ("znver3", 16, 34, "stride = [2, 2], padding = [1, 1]", 240),
+        ("znver3", 16, (34, 34), "stride = [2, 2], padding = [1, 1]", 240),
+        # rows of 19 and 22 columns, packed: 247 columns in one block, 484 in two, not three
+        ("znver3", 16, (13, 19), "padding = [1, 1]", 264),
+        ("znver3", 16, (22, 22), "padding = [1, 1]", 264),
     ],
 )
 def test_avx2_blocks_take_a_short_last_block_into_the_others(
-    cpu: str, cin: int, size: int, attrs: str, columns: int
+    cpu: str, cin: int, size: tuple[int, int], attrs: str, columns: int
 ) -> None:
-    """In AVX2 code a group's last block of C = W patches under one panel (24 columns) is
-    spread over the others (`convolution._block_columns`); the same bits as the blocks
-    before, at 1 and 2 threads, and the reference's values."""
+    """In AVX2 code a group's last block of C = W patches under one panel is spread over the
+    others (`convolution._block_columns`), read in place or packed; the same bits as the
+    blocks before, at 1 and 2 threads, and the reference's values."""
     from tlc.codegen.lower import convolution
 
-    text, payload, x = conv_case(1, cin, 32, (size, size), attrs, (3, 3), seed=size)
+    text, payload, x = conv_case(1, cin, 32, size, attrs, (3, 3), seed=size[1])
     f = frame(text)
     info = target_info(Target(cpu, triple=X86_64))
     mk = convolution._conv_mk(info, 4, f)
