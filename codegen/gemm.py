@@ -78,6 +78,13 @@ def emit_dot_tiles(
         done = (b.mul(cols[0], k.i64(NR)),
                 b.select(b.icmp_signed("==", cols[1], k.i64(units)), k.i64(n),
                          b.mul(cols[1], k.i64(NR))))  # fmt: skip
+    if m_main == 0 and cols is None and avx2_tiles(k.info):
+        wide = row_columns(k.info, m, n)
+        for j_lo, j_hi, nr in ((0, n - n % wide, wide), (n - n % wide, n, n % wide)):
+            if j_hi > j_lo:
+                with k.loop(j_hi, "j", start=j_lo, step=nr) as j0:
+                    _tile(k, vec, a, w, out, k.i64(0), j0, m, nr, kk, n, bias)
+        return done
     for j_lo, j_hi, nr in ((0, n_main, NR), (n_main, n, n % NR)):
         if j_hi <= j_lo:
             continue
@@ -101,6 +108,14 @@ def emit_dot_tiles(
             with k.loop(j_hi, "j", start=j_lo, step=nr) as j0:
                 _tile(k, vec, a, w, out, k.i64(m_main), j0, m - m_main, nr, kk, n, bias)
     return done
+
+
+def row_columns(info: TargetInfo, m: int, n: int) -> int:
+    """The rows of W a dot tile over all `m` rows of A (fewer than the tile's MR) takes in
+    AVX2 code: the fewest passes over A the registers allow (m x NR accumulators, m rows of A
+    and NR of W loaded), in equal tiles."""
+    widest = max(1, (info.vector_registers - m) // (m + 1))
+    return -(-n // -(-n // widest))
 
 
 def dot_columns(info: TargetInfo, tiles: Tiles, n: int) -> int:

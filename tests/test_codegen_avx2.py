@@ -26,6 +26,7 @@ from tlc.codegen.gemm import _lane_run, micro_kernel
 from tlc.codegen.lower.convolution import kernel_name
 from tlc.codegen.module import build_graph_module
 from tlc.codegen.target import Target, compile_ir, emit_assembly, target_info
+from tlc.core.payload import Payload
 
 X86_64 = "x86_64-unknown-linux-gnu"
 
@@ -147,3 +148,86 @@ def test_avx2_code_gives_the_same_bits_on_one_and_two_threads(
     two = tlc.compile(text, payload, "f32", target_cpu="znver3", threads=2)(x)
     np.testing.assert_array_equal(one, two)
     close(one, reference(text, payload, x, np.float32), np.float32)
+
+
+@pytest.mark.parametrize(
+    ("cpu", "cin", "size", "attrs", "columns"),
+    [
+        # bench/run.py's CNN's 16 -> 32 stride 2 to 16 x 16: 256 columns in blocks of 227,
+        # 240 and 16 before (a pass over the weights for one panel two-thirds full)
+        ("znver3", 16, (32, 32), "stride = [2, 2], padding = [1, 1]", 264),
+        ("znver4", 16, (32, 32), "stride = [2, 2], padding = [1, 1]", 256),  # one block
+        ("x86-64-v2", 16, (32, 32), "stride = [2, 2], padding = [1, 1]", 228),  # SSE as before
+        # 17 x 17 (289 columns) in blocks of 240: the last block of 49 is two panels, kept
+        ("znver3", 16, (34, 34), "stride = [2, 2], padding = [1, 1]", 240),
+        # rows of 19 and 22 columns, packed: 247 columns in one block, 484 in two, not three
+        ("znver3", 16, (13, 19), "padding = [1, 1]", 264),
+        ("znver3", 16, (22, 22), "padding = [1, 1]", 264),
+    ],
+)
+def test_avx2_blocks_take_a_short_last_block_into_the_others(
+    cpu: str, cin: int, size: tuple[int, int], attrs: str, columns: int
+) -> None:
+    """In AVX2 code a group's last block of C = W patches under one panel is spread over the
+    others (`convolution._block_columns`), read in place or packed; the same bits as the
+    blocks before, at 1 and 2 threads, and the reference's values."""
+    from tlc.codegen.lower import convolution
+
+    text, payload, x = conv_case(1, cin, 32, size, attrs, (3, 3), seed=size[1])
+    f = frame(text)
+    info = target_info(Target(cpu, triple=X86_64))
+    mk = convolution._conv_mk(info, 4, f)
+    assert convolution._block_columns(info, f, convolution.ConvPlan.of(f, 8), mk) == columns
+    if cpu != "znver3":
+        return
+    runnable("znver3")
+    one = tlc.compile(text, payload, "f32", target_cpu="znver3", threads=1)(x)
+    two = tlc.compile(text, payload, "f32", target_cpu="znver3", threads=2)(x)
+    np.testing.assert_array_equal(one, two)
+    close(one, reference(text, payload, x, np.float32), np.float32)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(objcache.ENV_SWITCH, "0")
+        patch.setattr(convolution, "_block_columns",
+                      lambda info, f, plan, mk: -(-plan.columns // mk.nr) * mk.nr)  # fmt: skip
+        before = tlc.compile(text, payload, "f32", target_cpu="znver3", threads=2)(x)
+    np.testing.assert_array_equal(one, before)
+
+
+def _linear_case(batch: int, n_in: int, n_out: int) -> tuple[str, Payload, np.ndarray]:
+    rng = np.random.default_rng(n_in)
+    text = (f"tl.graph @l {{\n  %0 = input : [{batch}, {n_in}]\n"
+            f"  %1 = linear(%0) : [{batch}, {n_out}]\n  output %1\n}}\n")  # fmt: skip
+    payload = Payload({1: {"weight": rng.normal(size=(n_out, n_in)) / np.sqrt(n_in),
+                           "bias": rng.normal(size=n_out)}})  # fmt: skip
+    return text, payload, rng.normal(size=(batch, n_in))
+
+
+def test_avx2_dot_tiles_over_few_rows_take_the_widest_tiles() -> None:
+    """In AVX2 code the dot tiles of a product with fewer rows than the tile's (batch 1 and
+    2: a linear layer of under 4 panels, bench/run.py's 8192 -> 10 and the MLP's 1024 -> 10)
+    take as many rows of W as the registers allow, in equal tiles (`gemm.row_columns`): 10
+    columns in two passes over x of 5, not four of 3, 3, 3 and 1 (8192 -> 10: 5.4 -> 4.2 us
+    on Zen 4, one thread). Each output is still one accumulator: the same bits as the tiles of
+    3, at any count of rows; AVX-512 and SSE code is unchanged."""
+    avx2 = target_info(Target("znver3", triple=X86_64))
+    assert [gemm.row_columns(avx2, 1, n) for n in (1, 7, 8, 10, 14, 15)] == [1, 7, 4, 5, 7, 5]
+    assert gemm.row_columns(avx2, 2, 10) == 4  # 8 accumulators, 2 + 4 loads: 14 registers
+    for cpu in ("znver4", "x86-64-v2"):
+        text, payload, _ = _linear_case(1, 300, 10)
+        target = Target(cpu, triple=X86_64)
+        graph = checked_graph(tlc.parse(text))
+        before = str(build_graph_module(graph, payload, np.float32, target=target).ir)
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(gemm, "row_columns", lambda info, m, n: 1)
+            assert str(build_graph_module(graph, payload, np.float32, target=target).ir) == before
+    runnable("znver3")
+    for batch, n_in in ((1, 8192), (1, 300), (2, 1027)):  # 300, 1027: a tail of k past vectors
+        text, payload, x = _linear_case(batch, n_in, 10)
+        got = tlc.compile(text, payload, "f32", target_cpu="znver3")(x)
+        expected = x @ payload[1]["weight"].T + payload[1]["bias"]
+        np.testing.assert_allclose(got, expected, rtol=2e-5, atol=2e-5 * np.abs(expected).max())
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setenv(objcache.ENV_SWITCH, "0")
+            patch.setattr(gemm, "row_columns", lambda info, m, n: 3)  # the tiles before
+            before = tlc.compile(text, payload, "f32", target_cpu="znver3")(x)
+        np.testing.assert_array_equal(got, before)

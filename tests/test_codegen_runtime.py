@@ -782,6 +782,46 @@ def test_c_transposed_1x1_reads_its_rows_in_place(
     np.testing.assert_allclose(outputs[2], expected, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("cpu", ["host", "znver3", "x86-64-v2"])
+def test_whole_vector_rows_split_counting_no_packed_block(
+    monkeypatch: pytest.MonkeyPatch, cpu: str
+) -> None:
+    """A convolution whose output rows are whole vectors on every target
+    (`convolution.WHOLE_ROWS`) packs no block, so its parts' shared block is no repeated copy
+    (`_product_parts`): bench/run.py's CNN's first layer, 3 -> 16 3x3 on 32 x 32, was one part
+    (its 27 x 1024 block counted as re-packed by each) and is two, a tile of 8 channels each.
+    Each part writes its own channels once; the bits are the same at 1, 2 and 3 threads,
+    whether a range runs in halves or part by part from its end, and on every target close to
+    the reference (f32 summation order: the op records' tolerance)."""
+    from tlc.codegen.lower import convolution
+    from tlc.codegen.target import Target, host_lacks
+
+    graph, payload = one_conv((1, 3, 32, 32), 16, "kernel = [3, 3], padding = [1, 1]",
+                              np.random.default_rng(10))  # fmt: skip
+    inputs = np.random.default_rng(11).normal(size=(1, 3, 32, 32)).astype(np.float32)
+    expected = interpret(graph, payload, inputs, np.float32).output
+    if cpu != "host":
+        target = Target(cpu)
+        if host_lacks(target):
+            pytest.skip(f"this CPU cannot run {target.describe()}")
+        outputs = [compile_graph(graph, payload, np.float32, target=target, threads=t)(inputs)
+                   for t in (1, 2, 3)]  # fmt: skip
+        assert len({bits(v) for v in outputs}) == 1
+        np.testing.assert_allclose(outputs[0], expected, rtol=1e-4, atol=1e-5)
+        return
+    assert build_graph_module(graph, payload, np.float32).plan.nodes[1].parts == 2
+    masks = part_writes(monkeypatch, graph, payload, inputs)
+    assert len(masks) == 2 and (masks[0] ^ masks[1]).all()
+    assert masks[0][0, :8].all() and masks[1][0, 8:].all()
+    outputs = [task_shares(monkeypatch, graph, payload, inputs, threads, schedule)[1]
+               for threads, schedule in [(1, halves), (2, halves), (3, halves),
+                                         (2, singles_backwards)]]  # fmt: skip
+    assert len({bits(v) for v in outputs}) == 1
+    np.testing.assert_allclose(outputs[0], expected, rtol=1e-4, atol=1e-5)
+    monkeypatch.setattr(convolution, "WHOLE_ROWS", 1 << 30)  # counted as re-packed: one part
+    assert build_graph_module(graph, payload, np.float32).plan.nodes[1].parts == 1
+
+
 @pytest.mark.parametrize(
     ("x", "fields", "cout"),
     [((1, 64, 56, 56), "kernel = [3, 3], stride = [2, 2], padding = [1, 1]", 512),

@@ -768,6 +768,12 @@ def _split(units: int, repeated: Callable[[int], float], work: int) -> int:
     return balanced_parts(units, allowed)
 
 
+#: Output rows of a multiple of WHOLE_ROWS columns are whole vectors on every target (16
+#: float32 lanes on AVX-512): `_conv_product`'s tiles read their columns in place from the
+#: input or its staged planes and pack no block, so parts that share a block repeat no copy.
+WHOLE_ROWS = 16
+
+
 def _product_parts(f: ConvFrame) -> int:
     """C = W patches splits into (block of columns, tile of output channels) pairs, as many
     as the copies the parts repeat allow: on one thread a split call does that extra work
@@ -784,10 +790,11 @@ def _product_parts(f: ConvFrame) -> int:
     stage = f.groups * plan.images * f.cin_g * f.staged_plane
     limited = f.staged and plan.images == 1 and len(w.in_sp) >= 2
     # A 1x1 convolution read in place packs nothing on AVX2 and AVX-512 (`_whole_in_place`:
-    # one block of columns, which every part would count as re-packed).
+    # one block of columns, which every part would count as re-packed), nor does one whose
+    # output rows are whole vectors on every target (`WHOLE_ROWS`).
     pack = (
         0
-        if _whole_in_place(f, 8)
+        if _whole_in_place(f, 8) or w.out_sp[-1] % WHOLE_ROWS == 0
         else f.groups * f.depth * plan.columns * -(-f.lead // plan.images)
     )
     row, halo = numel(w.out_sp[1:]), (w.kernel[0] - 1) * w.dilation[0] // w.stride[0]
@@ -911,6 +918,24 @@ def _unit_starts(columns: int, nc: int, nr: int, rows: int, mr: int, parts: int)
     return np.abs(done[None, :] - share[:, None]).argmin(axis=1).astype(np.int64)
 
 
+def _block_columns(info: TargetInfo, f: ConvFrame, plan: ConvPlan, mk: MicroKernel) -> int:
+    """The columns of a block of C = W patches: `plan.columns` rounded up to whole panels. In
+    AVX2 code (`avx2_tiles`), whose panels are 24 columns, a group's last block of less than
+    a panel is spread over the others (as long as their columns fit the block's scratch): a
+    16 x 16 output plane, 256 columns in blocks of 227, was a block of 240 and one of 16, so a
+    second pass over the weights for one panel two-thirds full, and at batch 1 on two threads
+    the part holding it ran both blocks: its parts took 12.4 and 14.4 us against 12.7 and 12.7
+    on AVX-512 (bench/run.py's CNN, its 16 -> 32 stride-2 layer); in one block of 264, 13.2
+    and 13.6 (CPU time, Zen 4)."""
+    nc = -(-plan.columns // mk.nr) * mk.nr
+    total = plan.images * max(f.positions, 1)
+    blocks = total // nc
+    if not avx2_tiles(info) or blocks == 0 or total - blocks * nc >= mk.nr:
+        return nc
+    merged = -(-total // blocks // mk.nr) * mk.nr
+    return merged if merged <= plan.columns + MAX_PANEL else nc
+
+
 def _conv_product(k: KernelBuilder, s: Step, f: ConvFrame, parts: int) -> None:
     """C = W patches over `parts` of the call's parts (`_product_parts`)."""
     x, out = s.args[0], s.out
@@ -918,7 +943,7 @@ def _conv_product(k: KernelBuilder, s: Step, f: ConvFrame, parts: int) -> None:
     b, P = k.b, f.positions
     mk = _conv_mk(k.info, k.dtype.itemsize, f)
     plan = ConvPlan.of(f, 8)
-    nc = -(-plan.columns // mk.nr) * mk.nr
+    nc = _block_columns(k.info, f, plan, mk)
     block = Buf(s.scratch.ptr, (nc * f.depth,))
     # The staged planes and MAX_PANEL elements after them, zeroed: what a wide column's tap
     # reads past the last plane.
