@@ -107,12 +107,24 @@ def test_bad_targets_are_diagnosed(options: dict[str, str], message: str) -> Non
         tlc.compile(MLP_PATH.read_text(), **options)
 
 
+#: Features GCC 12's `__builtin_cpu_supports` checks and that no x86-64 CPU has both of: AMX
+#: tiles (Intel's server cores since Sapphire Rapids) and VP2INTERSECT (Tiger Lake, AMD Zen 5).
+ABSENT_SOMEWHERE = ("amx-tile", "avx512vp2intersect")
+
+
+def feature_this_cpu_lacks() -> str:
+    """One of `ABSENT_SOMEWHERE` this machine lacks, so the refusal tests run on every CPU."""
+    host = {name for name, on in llvm.get_host_cpu_features().items() if on}
+    lacking = [f for f in ABSENT_SOMEWHERE if f not in host]
+    if not lacking:
+        pytest.skip(f"this CPU has every feature of {ABSENT_SOMEWHERE}")
+    return lacking[0]
+
+
 def test_jit_refuses_a_target_this_cpu_cannot_run() -> None:
-    if "amx-tile" not in {f for f, on in llvm.get_host_cpu_features().items() if on}:
-        with pytest.raises(DiagnosticError, match="this CPU lacks amx-tile"):
-            tlc.compile(MLP_PATH.read_text(), target_features="+amx-tile")
-    else:
-        pytest.skip("this CPU has AMX")
+    feature = feature_this_cpu_lacks()
+    with pytest.raises(DiagnosticError, match=f"this CPU lacks {feature}"):
+        tlc.compile(MLP_PATH.read_text(), target_features=f"+{feature}")
 
 
 def build(tmp_path: Path, *options: str, name: str = "libmlp.so") -> Path:
@@ -162,20 +174,18 @@ def test_single_target_libraries_agree(tmp_path: Path, cpu: str) -> None:
 @needs_x86
 @needs_cc
 def test_library_for_missing_features_refuses_instead_of_crashing(tmp_path: Path) -> None:
-    """A library built for a feature this CPU lacks (AMX tiles, absent from AMD CPUs and from
-    most Intel ones) is refused by tlc.load, its check names the feature, and its entry returns
-    TLC_ERR_UNSUPPORTED_CPU without executing anything."""
-    target = Target("x86-64-v4", "+amx-tile")
-    if not host_lacks(target):
-        pytest.skip("this CPU has AMX and AVX-512: no feature to miss")
-    path = build(tmp_path, "--target-cpu", "x86-64-v4", "--target-features", "+amx-tile")
-    assert "Built for: x86-64-v4 +amx-tile." in (tmp_path / "libmlp.h").read_text()
+    """A library built for a feature this CPU lacks (`feature_this_cpu_lacks`) is refused by
+    tlc.load, its check names the feature, and its entry returns TLC_ERR_UNSUPPORTED_CPU
+    without executing anything."""
+    feature = feature_this_cpu_lacks()
+    path = build(tmp_path, "--target-cpu", "x86-64-v4", "--target-features", f"+{feature}")
+    assert f"Built for: x86-64-v4 +{feature}." in (tmp_path / "libmlp.h").read_text()
     with pytest.raises(DiagnosticError, match=r"built for CPU features this machine lacks \("):
         tlc.load(str(path))
     raw = raw_library(path)
     missing = ctypes.c_char_p()
     assert raw.tlc_mlp_cpu_check(ctypes.byref(missing)) == 4
-    assert missing.value in (b"amx-tile", b"x86-64-v4")
+    assert missing.value in (feature.encode(), b"x86-64-v4")
     assert raw.tlc_mlp_cpu_variant() is None
     x, y = np.zeros(4), np.zeros(1)
     assert raw.tlc_mlp(x.ctypes.data_as(ctypes.c_void_p), y.ctypes.data_as(ctypes.c_void_p)) == 4
