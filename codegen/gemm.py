@@ -400,10 +400,10 @@ def tile_kernel(info: TargetInfo, itemsize: int, mr: int, nv: int) -> MicroKerne
     return MicroKernel(mr, nv, lanes, min(max(PANEL_BYTES // (nv * lanes * itemsize), 8), 1024))
 
 
-def step_cycles(mr: int, nv: int) -> float:
+def step_cycles(mr: int, nv: int, fmas: float = FMA_PER_CYCLE) -> float:
     """The issue model's cycles per step along k of one tile of MR broadcasts by NV vectors
-    (the direct convolution's tiles are scored by it too)."""
-    return max(mr * nv / FMA_PER_CYCLE, (mr + nv) / LOADS_PER_CYCLE, MIN_STEP)
+    (the direct convolution's tiles are scored by it too, with `fmas` FMAs a cycle)."""
+    return max(mr * nv / fmas, (mr + nv) / LOADS_PER_CYCLE, MIN_STEP)
 
 
 def _cycles(mr: int, nv: int, lanes: int, m: int, n: int) -> float:

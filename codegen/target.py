@@ -97,6 +97,12 @@ class TargetInfo:
     vector_bytes: int
     vector_registers: int
     level: str | None
+    #: Whether each core starts two full-width 512-bit FMAs a cycle, as Intel's server cores
+    #: do (Zen 4 starts one, in two 256-bit halves): there the FMAs outrun a tile that loads
+    #: one operand per FMA (`conv_direct.direct_tile`). Read off AVX512-FP16, which only
+    #: Intel's Sapphire Rapids and later Xeons have (each of them with two FMA units); the
+    #: CPU's name is no guide, as a VM's CPUID model often names a client core.
+    dual_fma512: bool = False
 
 
 @cache
@@ -227,6 +233,10 @@ define i64 @popcnt(i64 %a) {
   %b = call i64 @llvm.ctpop.i64(i64 %a)
   ret i64 %b
 }
+define <32 x half> @fp16(<32 x half> %a, <32 x half> %b) #0 {
+  %c = fadd <32 x half> %a, %b
+  ret <32 x half> %c
+}
 declare double @llvm.fma.f64(double, double, double)
 declare i64 @llvm.ctpop.i64(i64)
 attributes #0 = { "min-legal-vector-width"="512" }
@@ -253,7 +263,8 @@ def target_info(target: Target = HOST) -> TargetInfo:
         "x86-64-v2": "popcnt" in bodies.get("popcnt", ""),
     }
     level = next((name for name in X86_LEVELS if has[name]), X86_BASELINE)
-    return TargetInfo(vector_bytes, 32 if has["x86-64-v4"] else 16, level)
+    dual = has["x86-64-v4"] and re.search(r"vaddph\s+%zmm", bodies.get("fp16", "")) is not None
+    return TargetInfo(vector_bytes, 32 if has["x86-64-v4"] else 16, level, dual)
 
 
 def required_features(target: Target) -> tuple[str, ...]:

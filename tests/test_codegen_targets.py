@@ -53,21 +53,32 @@ def runnable(cpu: str, features: str = "") -> Target:
 
 
 @pytest.mark.parametrize(
-    ("cpu", "vector_bytes", "registers", "level"),
+    ("cpu", "vector_bytes", "registers", "level", "dual_fma512"),
     [
-        ("x86-64-v2", 16, 16, "x86-64-v2"),
-        ("haswell", 32, 16, "x86-64-v3"),
-        ("znver3", 32, 16, "x86-64-v3"),
-        ("znver4", 64, 32, "x86-64-v4"),
-        ("skylake-avx512", 64, 32, "x86-64-v4"),
+        ("x86-64-v2", 16, 16, "x86-64-v2", False),
+        ("haswell", 32, 16, "x86-64-v3", False),
+        ("znver3", 32, 16, "x86-64-v3", False),
+        ("znver4", 64, 32, "x86-64-v4", False),
+        ("skylake-avx512", 64, 32, "x86-64-v4", False),
+        ("sapphirerapids", 64, 32, "x86-64-v4", True),  # AVX512-FP16
+        ("graniterapids", 64, 32, "x86-64-v4", True),
+        ("rocketlake", 64, 32, "x86-64-v4", False),  # a client core: one 512-bit FMA unit
     ],
 )
 def test_target_info_comes_from_the_target(
-    cpu: str, vector_bytes: int, registers: int, level: str
+    cpu: str, vector_bytes: int, registers: int, level: str, dual_fma512: bool
 ) -> None:
     info = target_info(Target(cpu, triple="x86_64-unknown-linux-gnu"))
-    got = (info.vector_bytes, info.vector_registers, info.level)
-    assert got == (vector_bytes, registers, level)
+    got = (info.vector_bytes, info.vector_registers, info.level, info.dual_fma512)
+    assert got == (vector_bytes, registers, level, dual_fma512)
+
+
+def test_dual_fma_units_follow_the_features_not_the_name() -> None:
+    """A CPU named for a client core with AVX512-FP16 added (what a VM on a Sapphire Rapids
+    host reports) is read as two FMA units; the server core without it is not."""
+    x86 = "x86_64-unknown-linux-gnu"
+    assert target_info(Target("rocketlake", "+avx512fp16", x86)).dual_fma512
+    assert not target_info(Target("sapphirerapids", "-avx512fp16", x86)).dual_fma512
 
 
 @pytest.mark.parametrize("cpu", ["x86-64-v2", "haswell", "znver4"])

@@ -13,6 +13,8 @@ tolerances of tests/op_records.py: the kernel sums the patch row in its own orde
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -26,10 +28,10 @@ from tlc.codegen import objcache
 from tlc.codegen.gemm import reserved_registers
 from tlc.codegen.jit import compile_graph
 from tlc.codegen.lower import convolution
-from tlc.codegen.lower.conv_direct import FOLDED_POSITIONS, direct_tile
+from tlc.codegen.lower.conv_direct import FOLDED_POSITIONS, DirectTile, direct_tile
 from tlc.codegen.lower.convolution import ConvFrame, kernel_name
 from tlc.codegen.module import build_graph_module, pack_params
-from tlc.codegen.target import Target, target_info
+from tlc.codegen.target import Target, TargetInfo, target_info
 from tlc.core.payload import Payload
 from tlc.semantics.interpret import interpret
 
@@ -100,7 +102,7 @@ def test_direct_kernel_computes_the_reference(conv: tuple, dtype: type) -> None:
     close(got, reference(text, payload, x, dtype), dtype)
 
 
-@pytest.mark.parametrize("cpu", ["x86-64-v2", "haswell", "znver4"])
+@pytest.mark.parametrize("cpu", ["x86-64-v2", "haswell", "znver4", "sapphirerapids"])
 @pytest.mark.parametrize(
     ("batch", "cin", "cout", "size", "attrs"),
     [(1, 32, 64, (14, 14), "padding = [1, 1]"),
@@ -111,14 +113,16 @@ def test_the_rule_runs_the_direct_kernel_on_every_target(
     cpu: str, batch: int, cin: int, cout: int, size: tuple[int, int], attrs: str
 ) -> None:
     """3x3 over 29 channels or more (patch rows of at least DIRECT_DEPTH), f32 and f64, on
-    SSE, AVX2 and AVX-512 code."""
+    SSE, AVX2 and AVX-512 code, and with two 512-bit FMA units (`DUAL_FMA_STAGED`; run where
+    the CPU has AVX512-FP16, which names them)."""
     text, payload, x = conv_case(batch, cin, cout, size, attrs, (3, 3), seed=cin)
-    info = target_info(Target(cpu, triple=X86_64))
+    features = "+avx512fp16" if cpu == "sapphirerapids" else ""
+    info = target_info(Target(cpu, features, triple=X86_64))
     assert kernel_name(info, 4, frame(text)).startswith("direct"), cpu
-    runnable(cpu)
+    runnable(cpu, features)
     for dtype in (np.float32, np.float64):
         got = tlc.compile(text, payload, "f32" if dtype == np.float32 else "f64",
-                          target_cpu=cpu)(x)  # fmt: skip
+                          target_cpu=cpu, target_features=features or None)(x)  # fmt: skip
         close(got, reference(text, payload, x, dtype), dtype)
 
 
@@ -150,23 +154,28 @@ def test_runtime_payloads_run_the_product_kernel() -> None:
 
 
 @pytest.mark.parametrize(
-    ("cpu", "oh", "ow", "cout", "tile"),
-    [("znver4", 14, 14, 256, (2, 14, 1)),  # one vector: broadcasts folded into the FMAs
-     ("znver4", 7, 7, 512, (4, 7, 1)),  # 28 positions: a tile of 4 rows and one of 3
-     ("znver4", 56, 56, 64, (1, 28, 1)),
-     ("znver3", 28, 28, 128, (1, 6, 2)),  # 12 of 16 ymm registers
-     ("znver3", 14, 14, 256, (2, 2, 3))],
+    ("cpu", "oh", "ow", "cout", "staged", "tile"),
+    [("znver4", 14, 14, 256, False, (2, 14, 1)),  # one vector: broadcasts folded into the FMAs
+     ("znver4", 7, 7, 512, False, (4, 7, 1)),  # 28 positions: a tile of 4 rows and one of 3
+     ("znver4", 56, 56, 64, False, (1, 28, 1)),
+     ("znver4", 28, 28, 128, True, (1, 28, 1)),  # one FMA unit: staged or not
+     ("sapphirerapids", 56, 56, 64, False, (1, 28, 1)),  # in place: as Zen 4
+     ("sapphirerapids", 28, 28, 128, True, (1, 14, 2)),  # two FMA units, staged: two vectors
+     ("sapphirerapids", 7, 7, 512, True, (2, 7, 2)),  # not 1 x 7 x 2: 14 positions at least
+     ("sapphirerapids", 27, 27, 128, True, (1, 14, 2)),
+     ("znver3", 28, 28, 128, False, (1, 6, 2)),  # 12 of 16 ymm registers
+     ("znver3", 14, 14, 256, True, (2, 2, 3))],  # no AVX-512: `staged` changes nothing
 )  # fmt: skip
 def test_tiles_come_from_the_target(
-    cpu: str, oh: int, ow: int, cout: int, tile: tuple[int, int, int]
+    cpu: str, oh: int, ow: int, cout: int, staged: bool, tile: tuple[int, int, int]
 ) -> None:
     info = target_info(Target(cpu, triple=X86_64))
-    got = direct_tile(info, 4, oh, ow, cout)
+    got = direct_tile(info, 4, oh, ow, cout, staged=staged)
     assert (got.rows, got.cols, got.nv) == tile
-    if info.vector_bytes < 64:
+    if info.vector_bytes < 64 or got.nv > 1:
         assert got.rows * got.cols * got.nv + reserved_registers(got.nv) <= info.vector_registers
     else:  # one vector of weights, the broadcasts in the FMAs: FOLDED_POSITIONS accumulators
-        assert got.nv == 1 and got.rows * got.cols <= FOLDED_POSITIONS < info.vector_registers
+        assert got.rows * got.cols <= FOLDED_POSITIONS < info.vector_registers
 
 
 @pytest.mark.parametrize("batch", [1, 3])
@@ -204,27 +213,65 @@ def test_a_payload_over_the_bake_limit_is_held_in_the_kernels_layout() -> None:
 
 
 @pytest.mark.parametrize(
-    ("cpu", "attrs", "size", "cout", "in_place"),
-    [("znver4", "padding = [1, 1]", (56, 56), 64, True),  # 1 x 28 tiles
-     ("znver4", "padding = [1, 1]", (14, 14), 256, True),  # 2 x 14
-     ("znver4", "padding = [1, 1]", (7, 7), 512, False),  # 4 x 7: over IN_PLACE_ROWS
-     ("znver4", "stride = [2, 2], padding = [1, 1]", (56, 56), 128, False),
-     ("znver4", "padding = [2, 2]", (13, 13), 64, False),
-     ("znver4", "padding = [2, 2], dilation = [2, 2]", (14, 14), 64, False),
-     ("znver4", "padding = [0, 0]", (16, 16), 64, False),
-     ("znver3", "padding = [1, 1]", (28, 28), 128, False),  # AVX2: 1 x 6 x 2 vectors
-     ("znver3", "padding = [1, 1]", (7, 7), 512, False)],  # 1 x 4 x 3
+    ("cpu", "attrs", "size", "cout", "in_place", "nv"),
+    [("znver4", "padding = [1, 1]", (56, 56), 64, True, 1),  # 1 x 28 tiles
+     ("znver4", "padding = [1, 1]", (14, 14), 256, True, 1),  # 2 x 14
+     ("znver4", "padding = [1, 1]", (7, 7), 512, False, 1),  # 4 x 7: over IN_PLACE_ROWS
+     ("znver4", "stride = [2, 2], padding = [1, 1]", (56, 56), 128, False, 1),
+     ("znver4", "padding = [2, 2]", (13, 13), 64, False, 1),
+     ("znver4", "padding = [2, 2], dilation = [2, 2]", (14, 14), 64, False, 1),
+     ("znver4", "padding = [0, 0]", (16, 16), 64, False, 1),
+     ("znver3", "padding = [1, 1]", (28, 28), 128, False, 2),  # AVX2: 1 x 6 x 2 vectors
+     ("znver3", "padding = [1, 1]", (7, 7), 512, False, 3),  # 1 x 4 x 3
+     ("sapphirerapids", "padding = [1, 1]", (56, 56), 64, True, 1),  # 1 x 28 x 1, as Zen 4
+     # 4 x 7 x 1 would be staged: two FMA units take 2 x 7 x 2, which reads in place
+     ("sapphirerapids", "padding = [1, 1]", (7, 7), 512, True, 2),
+     ("sapphirerapids", "stride = [2, 2], padding = [1, 1]", (56, 56), 128, False, 2)],
 )  # fmt: skip
 def test_which_direct_convolutions_read_in_place(
-    cpu: str, attrs: str, size: tuple[int, int], cout: int, in_place: bool
+    cpu: str, attrs: str, size: tuple[int, int], cout: int, in_place: bool, nv: int
 ) -> None:
     """3x3, stride 1, dilation 1, padding 1, tiles of at most `IN_PLACE_ROWS` rows, on AVX-512
-    read the input planes in place; the others read the staged copy."""
+    read the input planes in place; the others read the staged copy. On a target with two
+    512-bit FMA units, a convolution the single-vector tiles would stage takes tiles of two
+    vectors (`DUAL_FMA_STAGED`), and reads in place if those have few enough rows."""
     text, _, _ = conv_case(1, 64, cout, size, attrs, (3, 3))
     f, info = frame(text), target_info(Target(cpu, triple=X86_64))
     tile = convolution._direct_tile(info, 4, f)
     assert tile is not None
-    assert convolution._in_place_direct(f, tile, 4) == in_place
+    assert (convolution._in_place_direct(f, tile, 4), tile.nv) == (in_place, nv)
+
+
+@pytest.mark.parametrize(
+    ("batch", "cin", "cout", "size", "attrs"),
+    [(1, 64, 128, (28, 28), "stride = [2, 2], padding = [1, 1]"),  # 1 x 14 x 2
+     (2, 32, 40, (14, 14), "stride = [2, 2], padding = [1, 1]"),  # 7 x 7: 2 x 7 x 2
+     (1, 48, 64, (7, 7), "padding = [1, 1]"),  # 4 x 7 x 1 would stage; 2 x 7 x 2 in place
+     (1, 32, 24, (27, 27), "padding = [2, 2], dilation = [2, 2]"),  # 1 x 14 and 1 x 13 tiles
+     (1, 30, 20, (3, 2), "stride = [2, 2], padding = [1, 1]")],  # a 2 x 1 plane
+)  # fmt: skip
+def test_two_vector_staged_tiles_compute_the_reference(
+    batch: int, cin: int, cout: int, size: tuple[int, int], attrs: str
+) -> None:
+    """The tiles of a target with two 512-bit FMA units (`DUAL_FMA_STAGED`), run on any
+    AVX-512 CPU by reading its `target_info` as such (the object cache off, so the patched
+    rule builds), f32 and f64, against the reference."""
+    target = runnable("x86-64-v4")
+    text, payload, x = conv_case(batch, cin, cout, size, attrs, (3, 3), seed=cout)
+    chosen = convolution._direct_tile
+
+    def dual(info: TargetInfo, itemsize: int, f: ConvFrame) -> DirectTile | None:
+        return chosen(replace(info, dual_fma512=True), itemsize, f)
+
+    for dtype in (np.float32, np.float64):
+        tile = dual(target_info(target), np.dtype(dtype).itemsize, frame(text))
+        assert tile is not None and tile.nv == 2, tile
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setenv(objcache.ENV_SWITCH, "0")
+            patch.setattr(convolution, "_direct_tile", dual)
+            got = tlc.compile(text, payload, "f32" if dtype == np.float32 else "f64",
+                              target_cpu="x86-64-v4")(x)  # fmt: skip
+        close(got, reference(text, payload, x, dtype), dtype)
 
 
 def staged_and_in_place(text: str, payload: Payload, x: np.ndarray, dtype: type,

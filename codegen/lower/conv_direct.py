@@ -28,6 +28,7 @@ from llvmlite import ir
 
 from tlc.codegen.builder import I1, I32, I64, Buf, KernelBuilder
 from tlc.codegen.gemm import (
+    FMA_PER_CYCLE,
     Epilogue,
     MicroKernel,
     packed_tile,
@@ -58,6 +59,23 @@ DIRECT_DEPTH = 256
 #: 7 x 7 36.5 -> 34.3 (4 x 7), 256 -> 512 s2 on 14 x 14 20.3 -> 18.1; 28 accumulators and the
 #: weights' vector leave LLVM 3 registers (no spills in the loop).
 FOLDED_POSITIONS = 28
+#: On a target with two 512-bit FMA units (`TargetInfo.dual_fma512`), a convolution whose
+#: single-vector tile would stage its input (strided, padded other than by 1, or tiles of
+#: more rows than `convolution.IN_PLACE_ROWS`) chooses again among tiles of one and two
+#: vectors (`staged`), scored at this many times the issue model's FMA rate (the tile it
+#: gets reads in place if it may: 2 x 7 x 2 over a 7 x 7 plane, padding 1): a
+#: single-vector tile's one load per FMA then bounds it, and so does a two-vector tile of
+#: few positions (1 x 7 x 2 over a 7 x 7 plane), so the model picks two vectors over 14 or
+#: more positions. Measured on a Sapphire Rapids-class Xeon (one thread, batch 1, the tiles
+#: in random order in one process, GFLOP/s): resnet18's stride-2 layers 64 -> 128 on 56 x 56
+#: 1 x 28 x 1 48.7, 1 x 14 x 2 59.5; 128 -> 256 on 28 x 28 50.8 (2 x 14 x 1 54.9), 1 x 14 x 2
+#: 67.1; 256 -> 512 on 14 x 14 4 x 7 x 1 54.5, 1 x 7 x 2 54.6, 2 x 7 x 2 60.4; 512 -> 512 on
+#: 7 x 7 4 x 7 x 1 (staged) 54.5-59.7, 1 x 7 x 2 49.2-52.4, 2 x 7 x 2 (in place) 53.8-61.6.
+#: Three and four vectors (1 x 7 x 3, 1 x 6 x 4, 2 x 3 x 4) ran 3-22% below the best
+#: two-vector tile on each of those layers, so they are not candidates. The in-place tiles
+#: keep the single-vector rule there: 64 -> 64 on 56 x 56 1 x 28 x 1 70.4, 1 x 14 x 2 63.1;
+#: 128 -> 128 on 28 x 28 77.0, 74.2; 256 -> 256 on 14 x 14 2 x 14 x 1 73.7, 1 x 14 x 2 71.2.
+DUAL_FMA_STAGED = 2
 
 
 @dataclass(frozen=True)
@@ -81,34 +99,41 @@ def _tiles(extent: int, size: int) -> list[tuple[int, int]]:
     return [(n, s) for n, s in ((whole, size), (1 if rest else 0, rest)) if n]
 
 
-def tile_cycles(tile: DirectTile, oh: int, ow: int, cout: int) -> float:
+def tile_cycles(
+    tile: DirectTile, oh: int, ow: int, cout: int, fmas: float = FMA_PER_CYCLE
+) -> float:
     """Cycles per patch row of the tiles covering an oh x ow output plane of cout channels
-    (`gemm.step_cycles`, the GEMM tiles' issue model, per tile)."""
+    (`gemm.step_cycles`, the GEMM tiles' issue model, per tile, at `fmas` FMAs a cycle)."""
     rows, cols = _tiles(oh, tile.rows), _tiles(ow, tile.cols)
-    per_block = sum(nr * nc * step_cycles(r * c, tile.nv) for nr, r in rows for nc, c in cols)
+    per_block = sum(nr * nc * step_cycles(r * c, tile.nv, fmas)
+                    for nr, r in rows for nc, c in cols)  # fmt: skip
     return -(-cout // tile.nr) * per_block
 
 
-def direct_tile(info: TargetInfo, itemsize: int, oh: int, ow: int, cout: int) -> DirectTile:
+def direct_tile(
+    info: TargetInfo, itemsize: int, oh: int, ow: int, cout: int, *, staged: bool = False
+) -> DirectTile:
     """The tile for an oh x ow plane of cout channels on the target: every rows x cols x nv
     whose accumulators and `reserved_registers` (as the GEMM tiles count them) fit the
     target's vector registers (on AVX-512, every single-vector tile of at most
-    `FOLDED_POSITIONS` positions) is scored by `tile_cycles`; ties go to fewer tile shapes (each
-    edge tile is code of its own: 2 x 7 tiles over a 7 x 7 plane compiled 0.4 s slower than
-    1 x 7 and ran no faster), then more accumulators (fewer loads of the weights), then
-    fewer rows."""
+    `FOLDED_POSITIONS` positions, and only those: `DUAL_FMA_STAGED` is the exception) is
+    scored by `tile_cycles`; ties go to fewer tile shapes (each edge tile is code of its own:
+    2 x 7 tiles over a 7 x 7 plane compiled 0.4 s slower than 1 x 7 and ran no faster), then
+    more accumulators (fewer loads of the weights), then fewer rows."""
     lanes = max(info.vector_bytes // itemsize, 1)
     regs = info.vector_registers
     folded = info.vector_bytes >= 64  # AVX-512: single-vector tiles (`FOLDED_POSITIONS`)
+    dual = staged and info.dual_fma512
+    fmas = FMA_PER_CYCLE * (DUAL_FMA_STAGED if dual else 1)
     shapes = [DirectTile(rows, cols, nv, lanes)
-              for nv in ((1,) if folded else range(1, 5))
+              for nv in ((1, 2) if dual else (1,) if folded else range(1, 5))
               for rows in range(1, min(oh, TILE_ROWS) + 1) for cols in range(1, ow + 1)
-              if (rows * cols <= FOLDED_POSITIONS if folded
+              if (rows * cols <= FOLDED_POSITIONS if folded and nv == 1
                   else rows * cols * nv + reserved_registers(nv) <= regs)]  # fmt: skip
 
     def score(t: DirectTile) -> tuple[float, int, int, int]:
         edges = len(_tiles(oh, t.rows)) * len(_tiles(ow, t.cols))
-        return tile_cycles(t, oh, ow, cout), edges, -t.rows * t.cols * t.nv, t.rows
+        return tile_cycles(t, oh, ow, cout, fmas), edges, -t.rows * t.cols * t.nv, t.rows
 
     return min(shapes, key=score)
 

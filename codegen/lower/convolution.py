@@ -567,7 +567,10 @@ def _direct_tile(info: TargetInfo, itemsize: int, f: ConvFrame) -> DirectTile | 
     out_sp = f.window.out_sp
     if not _direct(f) or out_sp[-1] % max(info.vector_bytes // itemsize, 1) == 0:
         return None
-    return direct_tile(info, itemsize, out_sp[0], out_sp[1], f.cout)
+    tile = direct_tile(info, itemsize, out_sp[0], out_sp[1], f.cout)
+    if info.dual_fma512 and not _in_place_direct(f, tile, itemsize):
+        return direct_tile(info, itemsize, out_sp[0], out_sp[1], f.cout, staged=True)
+    return tile
 
 
 def _direct(f: ConvFrame) -> bool:
