@@ -27,6 +27,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+import textwrap
 from collections.abc import Callable, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, replace
@@ -47,6 +48,7 @@ from tlc.codegen.runtime import CFLAGS as RUNTIME_CFLAGS
 from tlc.codegen.runtime import SOURCE as RUNTIME_SOURCE
 from tlc.codegen.target import (
     AARCH64_HWCAPS,
+    APX,
     X86_BASELINE,
     X86_LEVELS,
     Target,
@@ -56,6 +58,10 @@ from tlc.core.diagnostics import DiagnosticError, error
 from tlc.core.payload import Payload
 from tlc.dialect.ops import GraphOp
 from tlc.dialect.shapes import fmt_shape, numel
+
+#: Features `required_features` may name that GCC 12's `__builtin_cpu_supports` cannot check,
+#: with the LLVM features that turn each off: a library using one is refused.
+UNCHECKABLE = {"avxneconvert": ("avxneconvert",), "avx10.2": ("avx10.2",), "apxf": APX}
 
 C_TYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
 IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
@@ -334,11 +340,23 @@ def _supports(feature: str, x86: bool) -> str:
 
 def check_library_target(target: Target) -> None:
     """Refuse a library target whose CPU requirements the library could not check when it
-    loads. On x86-64 CPUID tells every level and feature. Elsewhere a named CPU's extensions
+    loads. On x86-64 CPUID tells every level and feature GCC 12's `__builtin_cpu_supports`
+    knows, which is all but `UNCHECKABLE` (a named CPU's code may use those: the newest Intel
+    cores' AVX-NE-CONVERT, AVX10.2 and APX). Elsewhere a named CPU's extensions
     are not known to tlc (LLVM implies them from the name), so a library is built for the
     architecture's `generic` CPU, with the features AArch64's HWCAP bits tell
     (`AARCH64_HWCAPS`)."""
     if target.arch == "x86_64":
+        cannot = [name for name in required_features(target) if name in UNCHECKABLE]
+        if cannot:
+            off = [f"-{f}" for name in cannot for f in UNCHECKABLE[name]]
+            features = ",".join(filter(None, [target.features, *off]))
+            raise DiagnosticError.simple(
+                f"tlc-compile: code for {target.describe()} uses {', '.join(cannot)}, which "
+                "a library cannot check when it loads (GCC 12's __builtin_cpu_supports does "
+                f"not know {'it' if len(cannot) == 1 else 'them'}); build with "
+                f"--target-features={features}"
+            )
         return
     if target.cpu != "generic":
         raise DiagnosticError.simple(
@@ -425,11 +443,17 @@ def render_header(
         if len(variants) > 1
         else "Every entry point runs it on a CPU that supports it"
     )
+    checks = required_features(variants[0]) if len(variants) == 1 else ()
     lines += [
         "",
         f"/* Built for: {built_for}. {runs},",
-        " * or returns TLC_ERR_UNSUPPORTED_CPU without executing anything. */",
+        " * or returns TLC_ERR_UNSUPPORTED_CPU without executing anything."
+        + (" It checks for:" if checks else " */"),
     ]
+    if checks:
+        # A named CPU's extensions: the name alone does not say what the library checks.
+        text = textwrap.wrap(", ".join(checks) + ". */", 86)
+        lines += [f" * {line}" for line in text]
     lines += [
         "",
         "/* The library's description of its entry points, NUL-terminated JSON: per graph",
