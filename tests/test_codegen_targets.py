@@ -22,12 +22,15 @@ from test_codegen import MATRICES  # the tile-edge graphs, one definition
 
 import tlc
 from tlc.api.evaluate import checked_graph
-from tlc.codegen.shared_lib import build_library, library_variants
+from tlc.codegen.shared_lib import UNCHECKABLE, build_library, library_variants
 from tlc.codegen.target import (
+    APX,
+    EXTENSIONS,
     X86_BASELINE,
     X86_LEVELS,
     Target,
     host_lacks,
+    required_features,
     resolve_target,
     target_info,
 )
@@ -79,6 +82,78 @@ def test_dual_fma_units_follow_the_features_not_the_name() -> None:
     x86 = "x86_64-unknown-linux-gnu"
     assert target_info(Target("rocketlake", "+avx512fp16", x86)).dual_fma512
     assert not target_info(Target("sapphirerapids", "-avx512fp16", x86)).dual_fma512
+
+
+X86_TRIPLE = "x86_64-unknown-linux-gnu"
+AVX512_ICELAKE = ("avx512vbmi", "avx512vbmi2", "avx512vpopcntdq", "avx512bitalg", "avx512vnni")
+
+
+@pytest.mark.parametrize(
+    ("cpu", "features", "required"),
+    [
+        ("x86-64-v4", "", ("x86-64-v4",)),
+        ("skylake-avx512", "", ("x86-64-v4",)),
+        ("haswell", "", ("x86-64-v3",)),
+        ("x86-64", "", ()),
+        ("knl", "", ("x86-64-v3", "avx512f", "avx512cd")),
+        ("icelake-server", "", ("x86-64-v4", *AVX512_ICELAKE, "gfni")),
+        ("sapphirerapids", "",
+         ("x86-64-v4", "avx512fp16", "avx512bf16", *AVX512_ICELAKE, "avxvnni", "gfni")),
+        ("sapphirerapids", "-avx512fp16",
+         ("x86-64-v4", "avx512bf16", *AVX512_ICELAKE, "avxvnni", "gfni")),
+        ("znver4", "", ("x86-64-v4", "avx512bf16", *AVX512_ICELAKE, "gfni", "sse4a")),
+        ("znver5", "",
+         ("x86-64-v4", "avx512bf16", *AVX512_ICELAKE, "avxvnni", "gfni", "sse4a")),
+        ("alderlake", "", ("x86-64-v3", "avxvnni", "gfni")),
+        ("sierraforest", "", ("x86-64-v3", "avxvnni", "avxneconvert", "gfni")),
+        ("x86-64-v4", "+avx512fp16", ("x86-64-v4", "avx512fp16")),
+        ("x86-64-v4", "+amx-tile,+avx512fp16", ("x86-64-v4", "avx512fp16", "amx-tile")),
+    ],
+)  # fmt: skip
+def test_required_features_include_a_named_cpus_extensions(
+    cpu: str, features: str, required: tuple[str, ...]
+) -> None:
+    """The level, the extensions LLVM's code for the CPU uses, then the explicit features
+    (each once): what a library's dispatcher checks and the JIT asks of this machine."""
+    assert required_features(Target(cpu, features, X86_TRIPLE)) == required
+
+
+#: For each probed extension: a CPU LLVM gives it and the level that CPU is at.
+EXTENSION_CPUS = {
+    "avx512f": ("knl", "x86-64-v3"),
+    "avx512cd": ("knl", "x86-64-v3"),
+    "avx512fp16": ("sapphirerapids", "x86-64-v4"),
+    "avx512bf16": ("cooperlake", "x86-64-v4"),
+    "avx512vbmi": ("cannonlake", "x86-64-v4"),
+    "avx512vbmi2": ("icelake-server", "x86-64-v4"),
+    "avx512vpopcntdq": ("icelake-server", "x86-64-v4"),
+    "avx512bitalg": ("icelake-server", "x86-64-v4"),
+    "avx512vnni": ("cascadelake", "x86-64-v4"),
+    "avxvnni": ("alderlake", "x86-64-v3"),
+    "avxneconvert": ("sierraforest", "x86-64-v3"),
+    "gfni": ("alderlake", "x86-64-v3"),
+    "avx10.2": ("diamondrapids", "x86-64-v4"),
+    "apxf": ("diamondrapids", "x86-64-v4"),
+    "sse4a": ("znver3", "x86-64-v3"),
+    "xop": ("bdver2", "x86-64-v2"),
+    "fma4": ("bdver2", "x86-64-v2"),
+    "tbm": ("bdver2", "x86-64-v2"),
+}
+
+
+def test_every_probe_has_a_cpu() -> None:
+    assert set(EXTENSION_CPUS) == set(EXTENSIONS)
+
+
+@pytest.mark.parametrize("feature", list(EXTENSION_CPUS))
+def test_each_probe_fires_only_where_llvm_uses_the_extension(feature: str) -> None:
+    """On a CPU LLVM gives the extension, not on its plain level, and not with -feature."""
+    cpu, level = EXTENSION_CPUS[feature]
+    off = ",".join(f"-{f}" for f in (APX if feature == "apxf" else [feature]))
+    assert target_info(Target(cpu, triple=X86_TRIPLE)).level == level
+    assert feature in target_info(Target(cpu, triple=X86_TRIPLE)).extensions
+    assert feature not in target_info(Target(level, triple=X86_TRIPLE)).extensions
+    assert feature not in target_info(Target(cpu, off, X86_TRIPLE)).extensions
 
 
 @pytest.mark.parametrize("cpu", ["x86-64-v2", "haswell", "znver4"])
@@ -200,6 +275,32 @@ def test_library_for_missing_features_refuses_instead_of_crashing(tmp_path: Path
     assert raw.tlc_mlp_cpu_variant() is None
     x, y = np.zeros(4), np.zeros(1)
     assert raw.tlc_mlp(x.ctypes.data_as(ctypes.c_void_p), y.ctypes.data_as(ctypes.c_void_p)) == 4
+
+
+#: Named CPUs whose libraries check extensions beyond their level, newest Intel and AMD
+#: first: on most x86-64 machines one of them needs an extension it lacks (sse4a on an Intel
+#: core, avx512fp16 on Zen 4, AVX-512 itself on a client core).
+NAMED_CPUS = ("sapphirerapids", "znver5", "znver4", "icelake-server", "cooperlake",
+              "alderlake", "znver3", "bdver2")  # fmt: skip
+
+
+@needs_x86
+@needs_cc
+def test_named_cpu_library_refuses_a_cpu_lacking_its_extensions(tmp_path: Path) -> None:
+    """A library for a named CPU whose extensions (not just its level) this machine lacks is
+    refused by tlc.load, and its check names an extension it lacks."""
+    lacking = {cpu: host_lacks(Target(cpu)) for cpu in NAMED_CPUS}
+    cpu = next((cpu for cpu, missing in lacking.items()
+                if missing and set(missing) <= set(EXTENSIONS)), None)  # fmt: skip
+    if cpu is None:
+        pytest.skip(f"this CPU has every extension of {', '.join(NAMED_CPUS)} beyond its level")
+    assert not set(lacking[cpu]) & set(UNCHECKABLE)
+    path = build(tmp_path, "--target-cpu", cpu)
+    with pytest.raises(DiagnosticError, match=rf"lacks \({re.escape(lacking[cpu][0])}\)"):
+        tlc.load(str(path))
+    missing = ctypes.c_char_p()
+    assert raw_library(path).tlc_mlp_cpu_check(ctypes.byref(missing)) == 4
+    assert (missing.value or b"").decode() in lacking[cpu]
 
 
 def tool(name: str, *args: str) -> subprocess.CompletedProcess[str]:
