@@ -22,10 +22,9 @@ from test_codegen import MATRICES  # the tile-edge graphs, one definition
 
 import tlc
 from tlc.api.evaluate import checked_graph
+from tlc.codegen.isa_extensions import APX, EXTENSIONS
 from tlc.codegen.shared_lib import UNCHECKABLE, build_library, library_variants
 from tlc.codegen.target import (
-    APX,
-    EXTENSIONS,
     X86_BASELINE,
     X86_LEVELS,
     Target,
