@@ -15,7 +15,7 @@ import re
 import numpy as np
 import pytest
 from llvmlite import ir
-from test_codegen_targets import runnable
+from test_codegen_targets import options, runnable
 from test_conv_direct import close, conv_case, frame, reference
 
 import tlc
@@ -123,13 +123,13 @@ def test_avx2_direct_tiles_store_their_partial_rows_without_masks() -> None:
         patch.setattr(gemm, "PIECE_STORES", 0)
         masked = build_graph_module(checked_graph(graph), payload, np.float32, target=target)
     assert _masked_stores(emit_assembly(compile_ir(masked.ir, target), target))
-    runnable("znver3")
-    got = tlc.compile(text, payload, "f32", target_cpu="znver3")(x)
+    znver3 = options(runnable("znver3"))
+    got = tlc.compile(text, payload, "f32", **znver3)(x)
     close(got, reference(text, payload, x, np.float32), np.float32)
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv(objcache.ENV_SWITCH, "0")
         patch.setattr(gemm, "PIECE_STORES", 0)
-        before = tlc.compile(text, payload, "f32", target_cpu="znver3")(x)
+        before = tlc.compile(text, payload, "f32", **znver3)(x)
     np.testing.assert_array_equal(got, before)
 
 
@@ -143,9 +143,9 @@ def test_avx2_code_gives_the_same_bits_on_one_and_two_threads(
     cin: int, cout: int, size: tuple[int, int], attrs: str, kernel: tuple[int, int]
 ) -> None:
     text, payload, x = conv_case(2, cin, cout, size, attrs, kernel, seed=cin)
-    runnable("znver3")
-    one = tlc.compile(text, payload, "f32", target_cpu="znver3", threads=1)(x)
-    two = tlc.compile(text, payload, "f32", target_cpu="znver3", threads=2)(x)
+    znver3 = options(runnable("znver3"))
+    one = tlc.compile(text, payload, "f32", **znver3, threads=1)(x)
+    two = tlc.compile(text, payload, "f32", **znver3, threads=2)(x)
     np.testing.assert_array_equal(one, two)
     close(one, reference(text, payload, x, np.float32), np.float32)
 
@@ -180,16 +180,16 @@ def test_avx2_blocks_take_a_short_last_block_into_the_others(
     assert convolution._block_columns(info, f, convolution.ConvPlan.of(f, 8), mk) == columns
     if cpu != "znver3":
         return
-    runnable("znver3")
-    one = tlc.compile(text, payload, "f32", target_cpu="znver3", threads=1)(x)
-    two = tlc.compile(text, payload, "f32", target_cpu="znver3", threads=2)(x)
+    znver3 = options(runnable("znver3"))
+    one = tlc.compile(text, payload, "f32", **znver3, threads=1)(x)
+    two = tlc.compile(text, payload, "f32", **znver3, threads=2)(x)
     np.testing.assert_array_equal(one, two)
     close(one, reference(text, payload, x, np.float32), np.float32)
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv(objcache.ENV_SWITCH, "0")
         patch.setattr(convolution, "_block_columns",
                       lambda info, f, plan, mk: -(-plan.columns // mk.nr) * mk.nr)  # fmt: skip
-        before = tlc.compile(text, payload, "f32", target_cpu="znver3", threads=2)(x)
+        before = tlc.compile(text, payload, "f32", **znver3, threads=2)(x)
     np.testing.assert_array_equal(one, before)
 
 
@@ -220,14 +220,14 @@ def test_avx2_dot_tiles_over_few_rows_take_the_widest_tiles() -> None:
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(gemm, "row_columns", lambda info, m, n: 1)
             assert str(build_graph_module(graph, payload, np.float32, target=target).ir) == before
-    runnable("znver3")
+    znver3 = options(runnable("znver3"))
     for batch, n_in in ((1, 8192), (1, 300), (2, 1027)):  # 300, 1027: a tail of k past vectors
         text, payload, x = _linear_case(batch, n_in, 10)
-        got = tlc.compile(text, payload, "f32", target_cpu="znver3")(x)
+        got = tlc.compile(text, payload, "f32", **znver3)(x)
         expected = x @ payload[1]["weight"].T + payload[1]["bias"]
         np.testing.assert_allclose(got, expected, rtol=2e-5, atol=2e-5 * np.abs(expected).max())
         with pytest.MonkeyPatch.context() as patch:
             patch.setenv(objcache.ENV_SWITCH, "0")
             patch.setattr(gemm, "row_columns", lambda info, m, n: 3)  # the tiles before
-            before = tlc.compile(text, payload, "f32", target_cpu="znver3")(x)
+            before = tlc.compile(text, payload, "f32", **znver3)(x)
         np.testing.assert_array_equal(got, before)

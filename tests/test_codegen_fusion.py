@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_codegen_targets import runnable
+from test_codegen_targets import options, runnable
 
 import tlc
 from tlc.api.evaluate import checked_graph
@@ -324,8 +324,7 @@ def test_max_pool_has_the_references_nans_and_signed_zeros(
     (a NaN anywhere in the window), every other result bit for bit the reference's (numpy's
     maximum folded over the taps in row-major order: of equal values the later wins, so a
     window of -0.0 and +0.0 gives the sign of its last zero), on AVX-512, AVX2 and SSE."""
-    if cpu != "host":
-        runnable(cpu)
+    target = options(runnable(cpu)) if cpu != "host" else {}
     padding = [k // 2 for k in kernel] if pad else [0, 0]
     text = (f"tl.graph @p {{\n  %0 = input : [2, {c}, {h}, {w}]\n"
             f"  %1 = max_pool(%0) {{kernel = {list(kernel)}, stride = {list(stride)}, "
@@ -333,7 +332,7 @@ def test_max_pool_has_the_references_nans_and_signed_zeros(
     x = SPECIAL[np.random.default_rng(seed).integers(0, len(SPECIAL), size=(2, c, h, w))]
     graph = checked_graph(tlc.parse(text))
     expected = interpret(graph, None, x, np.float32).output
-    got = tlc.compile(text, dtype="f32", target_cpu=cpu)(x)
+    got = tlc.compile(text, dtype="f32", **target)(x)
     np.testing.assert_array_equal(np.isnan(got), np.isnan(expected))
     real = ~np.isnan(expected)
     assert got[real].tobytes() == expected[real].tobytes()
@@ -365,8 +364,7 @@ def test_a_max_pool_reads_its_input_in_place(cpu: str) -> None:
     padding concatenations read around) included. Rows wide enough for unmasked strips
     between the masked ones, NaN and signed zeros in places: the reference's bits, for 1-3
     threads, on AVX-512, AVX2 and SSE."""
-    if cpu != "host":
-        runnable(cpu)
+    target = HOST if cpu == "host" else runnable(cpu)
     rng = np.random.default_rng(11)
     x = rng.normal(size=(2, 5, 36, 74)).astype(np.float32)
     x.reshape(-1)[rng.integers(0, x.size, 40)] = np.nan
@@ -389,7 +387,6 @@ def test_a_max_pool_reads_its_input_in_place(cpu: str) -> None:
 }
 """
     fills = {1: {"value": np.full(740, -np.inf)}, 3: {"value": np.full(370, -np.inf)}}
-    target = Target(cpu=cpu)
     for text, payload in ((padded, None), (ceil, Payload(fills))):
         graph = checked_graph(tlc.parse(text))
         pool = build_graph_module(graph, payload, np.float32, target=target).plan.nodes[-1]

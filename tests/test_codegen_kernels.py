@@ -19,7 +19,7 @@ import re
 
 import numpy as np
 import pytest
-from test_codegen_targets import runnable
+from test_codegen_targets import options, runnable
 
 import tlc
 from tlc.api.evaluate import checked_graph
@@ -184,9 +184,9 @@ def close(got: np.ndarray, expected: np.ndarray, dtype: type) -> None:
 @pytest.mark.parametrize("dtype", sorted(DTYPES))
 @pytest.mark.parametrize("name", sorted(GRAPHS))
 def test_packed_kernels_compute_the_reference(name: str, dtype: str, cpu: str) -> None:
-    runnable(cpu)
+    target = options(runnable(cpu))
     text, _, payload, x, expected = case(name, DTYPES[dtype])
-    close(tlc.compile(text, payload, dtype, target_cpu=cpu)(x), expected, DTYPES[dtype])
+    close(tlc.compile(text, payload, dtype, **target)(x), expected, DTYPES[dtype])
 
 
 @pytest.mark.parametrize("name", sorted(GRAPHS))

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_codegen_targets import runnable
+from test_codegen_targets import options, runnable
 
 import tlc
 from tlc.api.evaluate import checked_graph
@@ -106,7 +106,8 @@ def compiled_and_reference(op: str, x: np.ndarray, other: np.ndarray, swap: bool
     payload = Payload({1: {"value": other}}) if op in BINARY else None
     expected = interpret(checked_graph(tlc.parse(text)), payload, x, dtype).output
     name = "f32" if dtype is np.float32 else "f64"
-    got = tlc.compile(text, payload, dtype=name, target_cpu=cpu, threads=threads)(x)
+    target = options(runnable(cpu)) if cpu != "host" else {}
+    got = tlc.compile(text, payload, dtype=name, threads=threads, **target)(x)
     return got, expected
 
 

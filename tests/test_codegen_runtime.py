@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_codegen_targets import runnable  # skips, or drops the extensions this CPU lacks
 
 import tlc
 from tlc.api.evaluate import checked_graph
@@ -720,11 +721,7 @@ def test_thin_1x1_layers_keep_their_bits_on_every_target(
     in SSE code, where a 27 x 27 plane (729 columns, not whole vectors of 4) is packed and
     its parts stay tiles of channels: the same bits at 1, 2 and 3 threads, close to the
     reference (the op records' tolerance)."""
-    from tlc.codegen.target import Target, host_lacks
-
-    target = Target(cpu)
-    if host_lacks(target):
-        pytest.skip(f"this CPU cannot run {target.describe()}")
+    target = runnable(cpu)
     graph, payload = one_conv(x, cout, "kernel = [1, 1]", np.random.default_rng(8))
     inputs = np.random.default_rng(9).normal(size=x).astype(np.float32)
     outputs = {t: compile_graph(graph, payload, np.float32, target=target, threads=t)(inputs)
@@ -754,11 +751,9 @@ def test_c_transposed_1x1_reads_its_rows_in_place(
     threads, and close to the reference (the op records' tolerance)."""
     from tlc.codegen.lower import convolution
     from tlc.codegen.lower.convolution import ConvFrame, _transposed_mk, _write_transposed
-    from tlc.codegen.target import Target, host_lacks, target_info
+    from tlc.codegen.target import target_info
 
-    target = Target(cpu)
-    if host_lacks(target):
-        pytest.skip(f"this CPU cannot run {target.describe()}")
+    target = runnable(cpu)
     fields = f"kernel = [1, 1], stride = [{stride}, {stride}]"
     graph, payload = one_conv(x, cout, fields, np.random.default_rng(10))
     node = graph.nodes[1]
@@ -794,16 +789,13 @@ def test_whole_vector_rows_split_counting_no_packed_block(
     whether a range runs in halves or part by part from its end, and on every target close to
     the reference (f32 summation order: the op records' tolerance)."""
     from tlc.codegen.lower import convolution
-    from tlc.codegen.target import Target, host_lacks
 
     graph, payload = one_conv((1, 3, 32, 32), 16, "kernel = [3, 3], padding = [1, 1]",
                               np.random.default_rng(10))  # fmt: skip
     inputs = np.random.default_rng(11).normal(size=(1, 3, 32, 32)).astype(np.float32)
     expected = interpret(graph, payload, inputs, np.float32).output
     if cpu != "host":
-        target = Target(cpu)
-        if host_lacks(target):
-            pytest.skip(f"this CPU cannot run {target.describe()}")
+        target = runnable(cpu)
         outputs = [compile_graph(graph, payload, np.float32, target=target, threads=t)(inputs)
                    for t in (1, 2, 3)]  # fmt: skip
         assert len({bits(v) for v in outputs}) == 1

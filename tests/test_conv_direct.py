@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_codegen_targets import runnable
+from test_codegen_targets import options, runnable
 
 import tlc
 from tlc.api.evaluate import checked_graph
@@ -119,10 +119,9 @@ def test_the_rule_runs_the_direct_kernel_on_every_target(
     features = "+avx512fp16" if cpu == "sapphirerapids" else ""
     info = target_info(Target(cpu, features, triple=X86_64))
     assert kernel_name(info, 4, frame(text)).startswith("direct"), cpu
-    runnable(cpu, features)
+    target = options(runnable(cpu, features))
     for dtype in (np.float32, np.float64):
-        got = tlc.compile(text, payload, "f32" if dtype == np.float32 else "f64",
-                          target_cpu=cpu, target_features=features or None)(x)  # fmt: skip
+        got = tlc.compile(text, payload, "f32" if dtype == np.float32 else "f64", **target)(x)
         close(got, reference(text, payload, x, dtype), dtype)
 
 
@@ -275,7 +274,7 @@ def test_two_vector_staged_tiles_compute_the_reference(
 
 
 def staged_and_in_place(text: str, payload: Payload, x: np.ndarray, dtype: type,
-                        cpu: str) -> tuple[bytes, bytes]:  # fmt: skip
+                        target: Target) -> tuple[bytes, bytes]:  # fmt: skip
     """The outputs of the direct kernel with the in-place reads and with the staged copy."""
     outputs = []
     for rule in (convolution._in_place_direct, lambda f, tile, itemsize: False):
@@ -283,7 +282,7 @@ def staged_and_in_place(text: str, payload: Payload, x: np.ndarray, dtype: type,
             patch.setenv(objcache.ENV_SWITCH, "0")
             patch.setattr(convolution, "_in_place_direct", rule)
             name = "f32" if dtype == np.float32 else "f64"
-            outputs.append(tlc.compile(text, payload, name, target_cpu=cpu)(x).tobytes())
+            outputs.append(tlc.compile(text, payload, name, **options(target))(x).tobytes())
     return outputs[0], outputs[1]
 
 
@@ -299,13 +298,13 @@ def test_in_place_reads_give_the_staged_bits(
     same FMAs, the same bytes, for planes of one or two rows or columns, AVX-512 tiles of one
     and two rows, f32 and f64; and both are the reference's values."""
     text, payload, x = conv_case(batch, cin, cout, size, "padding = [1, 1]", (3, 3), seed=cout)
-    runnable("znver4")
+    znver4 = runnable("znver4")
     f, info = frame(text), target_info(Target("znver4", triple=X86_64))
     for dtype in (np.float32, np.float64):
         itemsize = np.dtype(dtype).itemsize
         tile = convolution._direct_tile(info, itemsize, f)
         assert tile is not None and convolution._in_place_direct(f, tile, itemsize)
-        in_place, staged = staged_and_in_place(text, payload, x.astype(dtype), dtype, "znver4")
+        in_place, staged = staged_and_in_place(text, payload, x.astype(dtype), dtype, znver4)
         assert in_place == staged, dtype
         got = np.frombuffer(in_place, dtype).reshape(batch, cout, *size)
         close(got, reference(text, payload, x, dtype), dtype)
