@@ -31,6 +31,7 @@ import textwrap
 from collections.abc import Callable, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, replace
+from functools import cache
 
 import numpy as np
 
@@ -59,9 +60,9 @@ from tlc.core.payload import Payload
 from tlc.dialect.ops import GraphOp
 from tlc.dialect.shapes import fmt_shape, numel
 
-#: Features `required_features` may name that GCC 12's `__builtin_cpu_supports` cannot check,
-#: with the LLVM features that turn each off: a library using one is refused.
-UNCHECKABLE = {"avxneconvert": ("avxneconvert",), "avx10.2": ("avx10.2",), "apxf": APX}
+#: The LLVM features that turn off a name `required_features` gives for several of them
+#: (APX's one CPUID bit); any other name is turned off by itself.
+TURNED_OFF_BY = {"apxf": APX}
 
 C_TYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
 IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
@@ -192,6 +193,25 @@ def library_compiler(target: Target) -> str:
         f"no cross compiler ({' or '.join(dict.fromkeys(names))}) on PATH; tlc-opt --emit asm "
         "or --emit llvm emit code for it"
     )
+
+
+@cache
+def unknown_to_compiler(cc: str, names: tuple[str, ...]) -> tuple[str, ...]:
+    """The feature names of `names` the C compiler `cc`'s `__builtin_cpu_supports` does not
+    know, so that a dispatcher cannot check them. The compiler is asked (`-fsyntax-only` on a
+    call per name) rather than a list kept: GCC learns names release by release (GCC 12 has
+    no avxneconvert, avx10.2 or apxf; GCC 14 has them). One compile when it knows them all."""
+
+    def known(batch: tuple[str, ...]) -> bool:
+        calls = "".join(f' + __builtin_cpu_supports("{name}")' for name in batch)
+        source = f"int tlc_probe(void) {{ __builtin_cpu_init(); return 0{calls}; }}\n"
+        done = subprocess.run([cc, "-x", "c", "-fsyntax-only", "-"], input=source,
+                              capture_output=True, text=True, check=False)  # fmt: skip
+        return done.returncode == 0
+
+    if known(names):
+        return ()
+    return tuple(name for name in names if not known((name,)))
 
 
 def _weights_object(tmp: str, symbol: str, params: np.ndarray, arch: str) -> str:
@@ -340,22 +360,26 @@ def _supports(feature: str, x86: bool) -> str:
 
 def check_library_target(target: Target) -> None:
     """Refuse a library target whose CPU requirements the library could not check when it
-    loads. On x86-64 CPUID tells every level and feature GCC 12's `__builtin_cpu_supports`
-    knows, which is all but `UNCHECKABLE` (a named CPU's code may use those: the newest Intel
-    cores' AVX-NE-CONVERT, AVX10.2 and APX). Elsewhere a named CPU's extensions
+    loads. On x86-64 CPUID tells every level and feature the C compiler linking the library
+    knows (`unknown_to_compiler`: GCC 12 has no avxneconvert, avx10.2 or apxf,
+    which the newest Intel cores' code uses). Elsewhere a named CPU's extensions
     are not known to tlc (LLVM implies them from the name), so a library is built for the
     architecture's `generic` CPU, with the features AArch64's HWCAP bits tell
     (`AARCH64_HWCAPS`)."""
     if target.arch == "x86_64":
-        cannot = [name for name in required_features(target) if name in UNCHECKABLE]
+        cc = library_compiler(target)
+        cannot = unknown_to_compiler(cc, required_features(target))
         if cannot:
-            off = [f"-{f}" for name in cannot for f in UNCHECKABLE[name]]
-            features = ",".join(filter(None, [target.features, *off]))
+            flags = target.features.split(",")
+            kept = [f for f in flags if f and f[1:] not in cannot]
+            implied = [name for name in cannot if f"+{name}" not in flags]
+            off = [f"-{f}" for name in implied for f in TURNED_OFF_BY.get(name, (name,))]
+            fix = ",".join([*kept, *off])
             raise DiagnosticError.simple(
-                f"tlc-compile: code for {target.describe()} uses {', '.join(cannot)}, which "
-                "a library cannot check when it loads (GCC 12's __builtin_cpu_supports does "
-                f"not know {'it' if len(cannot) == 1 else 'them'}); build with "
-                f"--target-features={features}"
+                f"tlc-compile: code for {target.describe()} needs {', '.join(cannot)}, which "
+                f"a library cannot check when it loads (the C compiler {os.path.basename(cc)}'s "
+                f"__builtin_cpu_supports does not know {'it' if len(cannot) == 1 else 'them'}); "
+                f"build with {f'--target-features={fix}' if fix else 'no --target-features'}"
             )
         return
     if target.cpu != "generic":

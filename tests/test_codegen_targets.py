@@ -23,7 +23,12 @@ from test_codegen import MATRICES  # the tile-edge graphs, one definition
 import tlc
 from tlc.api.evaluate import checked_graph
 from tlc.codegen.isa_extensions import APX, EXTENSIONS
-from tlc.codegen.shared_lib import UNCHECKABLE, build_library, library_variants
+from tlc.codegen.shared_lib import (
+    build_library,
+    library_compiler,
+    library_variants,
+    unknown_to_compiler,
+)
 from tlc.codegen.target import (
     X86_BASELINE,
     X86_LEVELS,
@@ -296,6 +301,31 @@ NAMED_CPUS = ("sapphirerapids", "znver5", "znver4", "icelake-server", "cooperlak
 
 @needs_x86
 @needs_cc
+def test_a_library_refuses_what_its_compiler_cannot_check(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The C compiler is asked which feature names its `__builtin_cpu_supports` knows: every
+    x86-64 level and the common extensions, never a name no CPUID bit has. A target needing
+    one it does not know is refused before anything is built, with the flags that turn the
+    implied ones off (a newer GCC knows more: then the library builds and checks it)."""
+    cc = library_compiler(Target())
+    assert unknown_to_compiler(cc, (*X86_LEVELS, "avx512fp16", "gfni", "sse4a")) == ()
+    assert unknown_to_compiler(cc, ("x86-64-v3", "no-such-feature", "avx2")) == ("no-such-feature",)
+    target = Target("sierraforest")
+    unknown = unknown_to_compiler(cc, required_features(target))
+    if not unknown:
+        build(tmp_path, "--target-cpu", "sierraforest")
+        return
+    out = tmp_path / "libsrf.so"
+    assert compile_main([str(MLP_PATH), "-o", str(out), "--target-cpu", "sierraforest"]) == 1
+    err = capsys.readouterr().err
+    assert f"code for sierraforest needs {', '.join(unknown)}, which a library cannot" in err
+    assert "--target-features=-avxneconvert" in err
+    assert not out.exists()
+
+
+@needs_x86
+@needs_cc
 def test_named_cpu_library_refuses_a_cpu_lacking_its_extensions(tmp_path: Path) -> None:
     """A library for a named CPU whose extensions (not just its level) this machine lacks is
     refused by tlc.load, and its check names an extension it lacks."""
@@ -304,7 +334,7 @@ def test_named_cpu_library_refuses_a_cpu_lacking_its_extensions(tmp_path: Path) 
                 if missing and set(missing) <= set(EXTENSIONS)), None)  # fmt: skip
     if cpu is None:
         pytest.skip(f"this CPU has every extension of {', '.join(NAMED_CPUS)} beyond its level")
-    assert not set(lacking[cpu]) & set(UNCHECKABLE)
+    assert not unknown_to_compiler(library_compiler(Target(cpu)), required_features(Target(cpu)))
     path = build(tmp_path, "--target-cpu", cpu)
     with pytest.raises(DiagnosticError, match=rf"lacks \({re.escape(lacking[cpu][0])}\)"):
         tlc.load(str(path))
