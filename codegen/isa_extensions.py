@@ -181,3 +181,10 @@ EXTENSIONS = {
 #: flag-less forms (ndd, nf) without any special IR; `apxf` in `required_features` needs them
 #: all.
 APX = ("egpr", "push2pop2", "ppx", "ndd", "ccmp", "nf", "cf", "zu")
+
+
+def llvm_features(name: str) -> tuple[str, ...]:
+    """The LLVM features an extension of `EXTENSIONS` (or an explicit feature) stands for, as a
+    CPU must have them and `-feature` flags turn them off: `apxf` for all of `APX`, any other
+    name for itself."""
+    return APX if name == "apxf" else (name,)

@@ -36,6 +36,7 @@ from functools import cache
 import numpy as np
 
 from tlc.codegen.builder import Status
+from tlc.codegen.isa_extensions import llvm_features
 from tlc.codegen.loader import METADATA_FORMAT, METADATA_SYMBOL
 from tlc.codegen.module import (
     GraphModule,
@@ -49,7 +50,6 @@ from tlc.codegen.runtime import CFLAGS as RUNTIME_CFLAGS
 from tlc.codegen.runtime import SOURCE as RUNTIME_SOURCE
 from tlc.codegen.target import (
     AARCH64_HWCAPS,
-    APX,
     X86_BASELINE,
     X86_LEVELS,
     Target,
@@ -59,10 +59,6 @@ from tlc.core.diagnostics import DiagnosticError, error
 from tlc.core.payload import Payload
 from tlc.dialect.ops import GraphOp
 from tlc.dialect.shapes import fmt_shape, numel
-
-#: The LLVM features that turn off a name `required_features` gives for several of them
-#: (APX's one CPUID bit); any other name is turned off by itself.
-TURNED_OFF_BY = {"apxf": APX}
 
 C_TYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
 IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
@@ -373,7 +369,7 @@ def check_library_target(target: Target) -> None:
             flags = target.features.split(",")
             kept = [f for f in flags if f and f[1:] not in cannot]
             implied = [name for name in cannot if f"+{name}" not in flags]
-            off = [f"-{f}" for name in implied for f in TURNED_OFF_BY.get(name, (name,))]
+            off = [f"-{f}" for name in implied for f in llvm_features(name)]
             fix = ",".join([*kept, *off])
             raise DiagnosticError.simple(
                 f"tlc-compile: code for {target.describe()} needs {', '.join(cannot)}, which "

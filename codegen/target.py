@@ -30,7 +30,7 @@ from functools import cache
 
 import llvmlite.binding as llvm
 
-from tlc.codegen.isa_extensions import APX, EXTENSIONS
+from tlc.codegen.isa_extensions import EXTENSIONS, llvm_features
 from tlc.codegen.isa_extensions import PROBES as EXTENSION_PROBES
 from tlc.core.diagnostics import DiagnosticError
 
@@ -288,9 +288,9 @@ def target_info(target: Target = HOST) -> TargetInfo:
 
 def required_features(target: Target) -> tuple[str, ...]:
     """Feature names a CPU needs to run code for `target` (LLVM's, which are also GCC's
-    `__builtin_cpu_supports` names where GCC 12 has one; `apxf` stands for `APX`): its x86-64
-    level, the extensions beyond it its code uses (a named
-    CPU's, read off probes: `EXTENSIONS`), then each feature it enables explicitly."""
+    `__builtin_cpu_supports` names where GCC has one; `apxf` stands for `APX`): its x86-64
+    level, the extensions beyond it its code uses (a named CPU's, read off probes:
+    `EXTENSIONS`), then each feature it enables explicitly."""
     info = target_info(target)
     needed = [info.level] if info.level not in (None, X86_BASELINE) else []
     needed += info.extensions
@@ -307,7 +307,7 @@ def host_lacks(target: Target) -> list[str]:
     host = {name for name, on in llvm.get_host_cpu_features().items() if on}
     missing = []
     for name in required_features(target):
-        needs = level_features(name) or set(APX if name == "apxf" else [name])
+        needs = level_features(name) or set(llvm_features(name))
         if not needs <= host:
             missing.append(name)
     return missing

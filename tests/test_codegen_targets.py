@@ -22,7 +22,7 @@ from test_codegen import MATRICES  # the tile-edge graphs, one definition
 
 import tlc
 from tlc.api.evaluate import checked_graph
-from tlc.codegen.isa_extensions import APX, EXTENSIONS
+from tlc.codegen.isa_extensions import EXTENSIONS, llvm_features
 from tlc.codegen.shared_lib import (
     build_library,
     library_compiler,
@@ -164,7 +164,7 @@ def test_every_probe_has_a_cpu() -> None:
 def test_each_probe_fires_only_where_llvm_uses_the_extension(feature: str) -> None:
     """On a CPU LLVM gives the extension, not on its plain level, and not with -feature."""
     cpu, level = EXTENSION_CPUS[feature]
-    off = ",".join(f"-{f}" for f in (APX if feature == "apxf" else [feature]))
+    off = ",".join(f"-{f}" for f in llvm_features(feature))
     assert target_info(Target(cpu, triple=X86_TRIPLE)).level == level
     assert feature in target_info(Target(cpu, triple=X86_TRIPLE)).extensions
     assert feature not in target_info(Target(level, triple=X86_TRIPLE)).extensions
