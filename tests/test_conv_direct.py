@@ -28,8 +28,10 @@ from tlc.codegen import objcache
 from tlc.codegen.gemm import reserved_registers
 from tlc.codegen.jit import compile_graph
 from tlc.codegen.lower import convolution
+from tlc.codegen.lower.channel_blocks import ChannelBlocks
 from tlc.codegen.lower.conv_direct import FOLDED_POSITIONS, DirectTile, direct_tile
 from tlc.codegen.lower.convolution import ConvFrame, kernel_name
+from tlc.codegen.lower.windows import Window
 from tlc.codegen.module import build_graph_module, pack_params
 from tlc.codegen.target import Target, TargetInfo, target_info
 from tlc.core.payload import Payload
@@ -86,15 +88,18 @@ def convolutions(draw: st.DrawFn) -> tuple:
 
 
 @settings(max_examples=30, deadline=None)
-@given(convolutions(), st.sampled_from([np.float32, np.float64]))
-def test_direct_kernel_computes_the_reference(conv: tuple, dtype: type) -> None:
+@given(convolutions(), st.sampled_from([np.float32, np.float64]), st.booleans())
+def test_direct_kernel_computes_the_reference(conv: tuple, dtype: type, blocked: bool) -> None:
     """Any batch, channels, plane, stride, padding, dilation and kernel, with the rule taking
-    every patch row length (`DIRECT_DEPTH` = 1)."""
+    every patch row length (`DIRECT_DEPTH` = 1), reading the input in planes or in channel
+    blocks (`channel_blocks`, on any target: blocks of its vector's lanes)."""
     text, payload, x = conv_case(*conv)
     f = frame(text)
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv(objcache.ENV_SWITCH, "0")
         patch.setattr(convolution, "DIRECT_DEPTH", 1)
+        if blocked:
+            patch.setattr(convolution, "_channel_blocked", lambda info, f: True)
         info, itemsize = target_info(), np.dtype(dtype).itemsize
         if f.window.taps > 1 and f.window.out_sp[-1] % (info.vector_bytes // itemsize):
             assert kernel_name(info, itemsize, f).startswith("direct")
@@ -177,20 +182,31 @@ def test_tiles_come_from_the_target(
         assert got.rows * got.cols <= FOLDED_POSITIONS < info.vector_registers
 
 
-@pytest.mark.parametrize("batch", [1, 3])
-def test_split_calls_give_the_same_bits(batch: int) -> None:
+@pytest.mark.parametrize("blocked", [False, True])
+@pytest.mark.parametrize(("batch", "attrs", "size"),
+                         [(1, "padding = [1, 1]", 20), (3, "padding = [1, 1]", 20),
+                          (1, "stride = [2, 2], padding = [2, 2]", 44)])  # fmt: skip
+def test_split_calls_give_the_same_bits(batch: int, attrs: str, size: int, blocked: bool) -> None:
     """At batch 1 the call is split into parts over (block of channels, row of tiles) units,
-    each staging only the input rows it reads; at batch 3 into row tasks of images: the bytes
-    are those of one thread either way."""
-    text, payload, x = conv_case(batch, 64, 96, (20, 20), "padding = [1, 1]", (3, 3))
+    each staging only the input rows it reads (of planes or of channel blocks); at batch 3
+    into row tasks of images: the bytes are those of one thread either way."""
+    text, payload, x = conv_case(batch, 64, 96, (size, size), attrs, (3, 3))
     graph = checked_graph(tlc.parse(text))
-    plan = build_graph_module(graph, payload, np.float32).plan
-    assert plan is not None
-    node = next(p for p in plan.nodes if p.node.id == 1)
-    assert (node.parts > 1) if batch == 1 else node.rows is not None, node
-    xs = x.astype(np.float32)
-    outputs = [tlc.compile(text, payload, "f32", threads=t)(xs).tobytes() for t in (1, 2, 3)]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(objcache.ENV_SWITCH, "0")
+        patch.setattr(convolution, "_channel_blocked", lambda info, f: blocked)
+        plan = build_graph_module(graph, payload, np.float32).plan
+        assert plan is not None
+        node = next(p for p in plan.nodes if p.node.id == 1)
+        assert (node.parts > 1) if batch == 1 else node.rows is not None, node
+        xs = x.astype(np.float32)
+        outputs = [tlc.compile(text, payload, "f32", threads=t)(xs).tobytes() for t in (1, 2, 3)]
     assert outputs[0] == outputs[1] == outputs[2]
+    close(
+        np.frombuffer(outputs[0], np.float32).reshape(batch, 96, -1),
+        reference(text, payload, x, np.float32).reshape(batch, 96, -1),
+        np.float32,
+    )
 
 
 def test_a_payload_over_the_bake_limit_is_held_in_the_kernels_layout() -> None:
@@ -221,40 +237,61 @@ def test_a_payload_over_the_bake_limit_is_held_in_the_kernels_layout() -> None:
      ("znver4", "padding = [2, 2], dilation = [2, 2]", (14, 14), 64, False, 1),
      ("znver4", "padding = [0, 0]", (16, 16), 64, False, 1),
      ("znver3", "padding = [1, 1]", (28, 28), 128, False, 2),  # AVX2: 1 x 6 x 2 vectors
-     ("znver3", "padding = [1, 1]", (7, 7), 512, False, 3),  # 1 x 4 x 3
-     ("sapphirerapids", "padding = [1, 1]", (56, 56), 64, True, 1),  # 1 x 28 x 1, as Zen 4
-     # 4 x 7 x 1 would be staged: two FMA units take 2 x 7 x 2, which reads in place
-     ("sapphirerapids", "padding = [1, 1]", (7, 7), 512, True, 2),
-     ("sapphirerapids", "stride = [2, 2], padding = [1, 1]", (56, 56), 128, False, 2)],
+     ("znver3", "padding = [1, 1]", (7, 7), 512, False, 3)],  # 1 x 4 x 3
 )  # fmt: skip
 def test_which_direct_convolutions_read_in_place(
     cpu: str, attrs: str, size: tuple[int, int], cout: int, in_place: bool, nv: int
 ) -> None:
     """3x3, stride 1, dilation 1, padding 1, tiles of at most `IN_PLACE_ROWS` rows, on AVX-512
-    read the input planes in place; the others read the staged copy. On a target with two
-    512-bit FMA units, a convolution the single-vector tiles would stage takes tiles of two
-    vectors (`DUAL_FMA_STAGED`), and reads in place if those have few enough rows."""
+    read the input planes in place; the others read the staged copy."""
     text, _, _ = conv_case(1, 64, cout, size, attrs, (3, 3))
     f, info = frame(text), target_info(Target(cpu, triple=X86_64))
     tile = convolution._direct_tile(info, 4, f)
-    assert tile is not None
+    assert tile is not None and not convolution._channel_blocked(info, f)
     assert (convolution._in_place_direct(f, tile, 4), tile.nv) == (in_place, nv)
+
+
+@pytest.mark.parametrize(
+    ("cpu", "features", "attrs", "size", "cout", "blocked", "tile"),
+    [("sapphirerapids", "", "padding = [1, 1]", (56, 56), 64, True, (1, 14, 2)),
+     ("sapphirerapids", "", "padding = [1, 1]", (7, 7), 512, True, (2, 7, 2)),
+     ("graniterapids", "", "stride = [2, 2], padding = [1, 1]", (56, 56), 128, True, (1, 14, 2)),
+     ("rocketlake", "+avx512fp16", "padding = [2, 2], dilation = [2, 2]", (27, 27), 64, True,
+      (1, 14, 2)),
+     ("znver4", "", "padding = [1, 1]", (56, 56), 64, False, (1, 28, 1)),
+     ("skylake-avx512", "", "stride = [2, 2], padding = [1, 1]", (56, 56), 128, False,
+      (1, 28, 1)),
+     ("znver3", "", "padding = [1, 1]", (28, 28), 128, False, (1, 6, 2))],
+)  # fmt: skip
+def test_two_fma_units_read_channel_blocks(
+    cpu: str, features: str, attrs: str, size: tuple[int, int], cout: int, blocked: bool,
+    tile: tuple[int, int, int],
+) -> None:  # fmt: skip
+    """With two 512-bit FMA units (`TargetInfo.dual_fma512`) every direct convolution reads
+    its input staged in channel blocks, with tiles of one or two vectors (`DUAL_FMA_STAGED`);
+    other targets keep the planes and their tiles."""
+    text, _, _ = conv_case(1, 64, cout, size, attrs, (3, 3))
+    f, info = frame(text), target_info(Target(cpu, features, triple=X86_64))
+    got = convolution._direct_tile(info, 4, f)
+    assert got is not None and (got.rows, got.cols, got.nv) == tile
+    assert convolution._channel_blocked(info, f) == blocked
+    assert kernel_name(info, 4, f).endswith("channel blocks") == blocked
 
 
 @pytest.mark.parametrize(
     ("batch", "cin", "cout", "size", "attrs"),
     [(1, 64, 128, (28, 28), "stride = [2, 2], padding = [1, 1]"),  # 1 x 14 x 2
      (2, 32, 40, (14, 14), "stride = [2, 2], padding = [1, 1]"),  # 7 x 7: 2 x 7 x 2
-     (1, 48, 64, (7, 7), "padding = [1, 1]"),  # 4 x 7 x 1 would stage; 2 x 7 x 2 in place
+     (1, 48, 64, (7, 7), "padding = [1, 1]"),  # 2 x 7 x 2
      (1, 32, 24, (27, 27), "padding = [2, 2], dilation = [2, 2]"),  # 1 x 14 and 1 x 13 tiles
      (1, 30, 20, (3, 2), "stride = [2, 2], padding = [1, 1]")],  # a 2 x 1 plane
 )  # fmt: skip
 def test_two_vector_staged_tiles_compute_the_reference(
     batch: int, cin: int, cout: int, size: tuple[int, int], attrs: str
 ) -> None:
-    """The tiles of a target with two 512-bit FMA units (`DUAL_FMA_STAGED`), run on any
-    AVX-512 CPU by reading its `target_info` as such (the object cache off, so the patched
-    rule builds), f32 and f64, against the reference."""
+    """The tiles of a target with two 512-bit FMA units (`DUAL_FMA_STAGED`) over its input
+    in channel blocks, run on any AVX-512 CPU by reading its `target_info` as such (the
+    object cache off, so the patched rule builds), f32 and f64, against the reference."""
     target = runnable("x86-64-v4")
     text, payload, x = conv_case(batch, cin, cout, size, attrs, (3, 3), seed=cout)
     chosen = convolution._direct_tile
@@ -268,6 +305,7 @@ def test_two_vector_staged_tiles_compute_the_reference(
         with pytest.MonkeyPatch.context() as patch:
             patch.setenv(objcache.ENV_SWITCH, "0")
             patch.setattr(convolution, "_direct_tile", dual)
+            patch.setattr(convolution, "_channel_blocked", lambda info, f: True)
             got = tlc.compile(text, payload, "f32" if dtype == np.float32 else "f64",
                               target_cpu="x86-64-v4")(x)  # fmt: skip
         close(got, reference(text, payload, x, dtype), dtype)
@@ -316,11 +354,49 @@ def test_an_in_place_read_copies_nothing() -> None:
     the edge flags and zeros tables instead."""
     text, payload, _ = conv_case(1, 32, 40, (14, 14), "padding = [1, 1]", (3, 3))
     graph = checked_graph(tlc.parse(text))
+    znver4 = Target("znver4", triple=X86_64)
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv(objcache.ENV_SWITCH, "0")
-        ir_in_place = build_graph_module(graph, payload, np.float32).ir
+        ir_in_place = build_graph_module(graph, payload, np.float32, target=znver4).ir
         patch.setattr(convolution, "_in_place_direct", lambda f, tile, itemsize: False)
-        ir_staged = build_graph_module(graph, payload, np.float32).ir
+        ir_staged = build_graph_module(graph, payload, np.float32, target=znver4).ir
     copies = [text.count('call void @"llvm.memcpy') for text in (ir_in_place, ir_staged)]
     assert copies[0] == 0 < copies[1], copies
     assert '@"edges"' not in ir_staged and '@"edges"' in ir_in_place
+
+
+@pytest.mark.parametrize(
+    ("cin", "kernel", "stride", "dilation", "padding", "lanes"),
+    [(64, (3, 3), (1, 1), (1, 1), (1, 1), 16), (29, (3, 3), (2, 2), (1, 1), (1, 1), 16),
+     (20, (5, 3), (1, 2), (2, 1), (2, 0), 8), (3, (2, 2), (2, 1), (1, 1), (0, 1), 4)],
+)  # fmt: skip
+def test_channel_blocks_are_the_convolution(
+    cin: int, kernel: tuple[int, int], stride: tuple[int, int], dilation: tuple[int, int],
+    padding: tuple[int, int], lanes: int,
+) -> None:  # fmt: skip
+    """The layout `channel_blocks` stages, its tap table, position steps and weight order,
+    taken as numpy takes them: every output position (oy, ox) is the sum over the patch rows
+    q of W_blocked[q] * staged[taps[q] + oy * steps[0] + ox * steps[1]], which is the
+    convolution (float64, against torch's; channels past cin are zero in the copy and in
+    the weights)."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(cin)
+    size = (11, 9)
+    geometry = zip(size, padding, dilation, kernel, stride, strict=True)
+    out_sp = tuple((n + 2 * p - d * (k - 1) - 1) // s + 1 for n, p, d, k, s in geometry)
+    window = Window(size, out_sp, stride, dilation, padding, kernel)
+    blocks = ChannelBlocks.of(window, cin, lanes)
+    x, w = rng.normal(size=(cin, *size)), rng.normal(size=(5, cin, *kernel))
+    staged = np.zeros((blocks.blocks * lanes, blocks.rows, blocks.cols))
+    staged[:cin, padding[0] : padding[0] + size[0], padding[1] : padding[1] + size[1]] = x
+    staged = staged.reshape(blocks.blocks, lanes, blocks.rows, blocks.cols).transpose(0, 2, 3, 1)
+    assert staged.size == blocks.plane
+    flat, taps, steps = staged.reshape(-1), blocks.tap_table(window), blocks.steps(window)
+    rows = blocks.blocked_rows(w.reshape(5, -1).T, window.taps)
+    assert rows.shape == (blocks.depth(window), 5) == (taps.size, 5)
+    got = np.stack([flat[taps + oy * steps[0] + ox * steps[1]] @ rows
+                    for oy in range(out_sp[0]) for ox in range(out_sp[1])], axis=1)  # fmt: skip
+    expected = torch.nn.functional.conv2d(torch.tensor(x[None]), torch.tensor(w), stride=stride,
+                                          padding=padding, dilation=dilation)  # fmt: skip
+    np.testing.assert_allclose(got.reshape(5, *out_sp), expected[0].numpy(), rtol=1e-12,
+                               atol=1e-12)  # fmt: skip

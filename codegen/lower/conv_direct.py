@@ -167,8 +167,10 @@ class EdgeReads:
 class DirectPlane:
     """Where a group of `images` images' direct convolution reads and writes: `source` (their
     input planes, or their staged copies, `step` elements from one image to the next),
-    `base` (the first image's first element there), `extent` (elements between the rows of
-    those planes), `taps` (an i32 table: patch row p's offset, `ConvFrame.tap_table`),
+    `base` (the first image's first element there), `steps` (elements between the reads of
+    output positions one row and one column apart: the planes' row length and 1, or in
+    channel blocks the block's row and position strides, `channel_blocks`), `taps` (an i32
+    table: patch row p's offset, `ConvFrame.tap_table`),
     `depth` (patch rows), `first` (the first image's first output plane in `out`), `out_sp`
     and `cout`."""
 
@@ -176,7 +178,7 @@ class DirectPlane:
     base: ir.Value
     step: int
     images: ir.Value
-    extent: int
+    steps: tuple[int, int]
     taps: ir.Value
     depth: int
     first: ir.Value
@@ -223,7 +225,7 @@ def emit_direct(
     Each unit runs over every image of the group, so a block's weights are read from memory
     once per group, not once per image (512 -> 512 on 7 x 7: 9.4 MB)."""
     b, lanes, nr = k.b, tile.lanes, tile.nr
-    (oh, ow), cout, extent, taps = plane.out_sp, plane.cout, plane.extent, plane.taps
+    (oh, ow), cout, (row_step, col_step), taps = plane.out_sp, plane.cout, plane.steps, plane.taps
     row_tiles = -(-oh // tile.rows)
     vec = ir.VectorType(k.T, lanes)
     w, bias = params
@@ -234,8 +236,8 @@ def emit_direct(
               image: ir.Value) -> None:  # fmt: skip
         base = b.add(plane.base, b.mul(image, k.i64(plane.step)))
         positions = height * width
-        start = b.add(base, b.add(b.mul(oy, k.i64(extent)), ox))
-        offsets = [(r // width) * extent + r % width for r in range(positions)]
+        start = b.add(base, b.add(b.mul(oy, k.i64(row_step)), b.mul(ox, k.i64(col_step))))
+        offsets = [(r // width) * row_step + r % width * col_step for r in range(positions)]
         zero = ir.Constant(vec, [0.0] * lanes)
 
         def a_at(r: int, p: ir.Value) -> ir.Value:
@@ -243,6 +245,7 @@ def emit_direct(
             return k.at(source, b.add(b.add(start, tap), k.i64(offsets[r])))
 
         if plane.edges is not None:
+            assert col_step == 1, "in-place reads are of planes"
             a_at = _edge_reads(k, plane.edges, a_at, (oy, ox), (height, width), (oh, ow))
 
         def b_at(v: int, p: ir.Value) -> ir.Value:

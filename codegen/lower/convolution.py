@@ -39,6 +39,7 @@ from tlc.codegen.gemm import (
     stride_phase,
     tile_kernel,
 )
+from tlc.codegen.lower.channel_blocks import WIDEST_BLOCK, ChannelBlocks
 from tlc.codegen.lower.conv_direct import (
     DIRECT_DEPTH,
     DirectPlane,
@@ -484,7 +485,8 @@ def _conv_scratch(node: NodeOp, parents: list[Shape], out: Shape) -> int:
     staging = plan.images * f.cin_g * f.staged_plane
     normal = (plan.columns + MAX_PANEL) * f.depth + staging + MAX_PANEL + plan.partials(f)
     if _direct(f):
-        normal = max(normal, _direct_images(f) * f.cin * f.staged_plane)
+        blocked = _blocked_images(f) * ChannelBlocks.of(f.window, f.cin, WIDEST_BLOCK).plane
+        normal = max(normal, _direct_images(f) * f.cin * f.staged_plane, blocked)
     if not _transposable(f):
         return normal
     rows = f.lead * f.positions
@@ -567,10 +569,23 @@ def _direct_tile(info: TargetInfo, itemsize: int, f: ConvFrame) -> DirectTile | 
     out_sp = f.window.out_sp
     if not _direct(f) or out_sp[-1] % max(info.vector_bytes // itemsize, 1) == 0:
         return None
-    tile = direct_tile(info, itemsize, out_sp[0], out_sp[1], f.cout)
-    if info.dual_fma512 and not _in_place_direct(f, tile, itemsize):
-        return direct_tile(info, itemsize, out_sp[0], out_sp[1], f.cout, staged=True)
-    return tile
+    return direct_tile(info, itemsize, out_sp[0], out_sp[1], f.cout,
+                       staged=_channel_blocked(info, f))  # fmt: skip
+
+
+def _channel_blocked(info: TargetInfo, f: ConvFrame) -> bool:
+    """Whether the direct kernel reads its input staged in blocks of channels
+    (`channel_blocks`) rather than in planes: on targets with two 512-bit FMA units
+    (`TargetInfo.dual_fma512`), every direct convolution, with `DUAL_FMA_STAGED`'s tiles.
+    Measured on a Sapphire Rapids-class Xeon (one thread, batch 1, in one process, 11 rounds
+    in random order; the median of each round's time ratio, against the planes' rule as it
+    was: in place 1 x 28 x 1 for 3x3 stride 1, staged two-vector tiles for stride 2):
+    resnet18's 64 -> 64 on 56 x 56 1.12 (1 x 14 x 2), 128 -> 128 on 28 x 28 1.12, 256 -> 256
+    on 14 x 14 1.08, 512 -> 512 on 7 x 7 0.98 (2 x 7 x 2; its 9.4 MB of weights bound it),
+    stride 2: 64 -> 128 on 56 x 56 1.15, 128 -> 256 on 28 x 28 1.06, 256 -> 512 on 14 x 14
+    1.07. Elsewhere the planes stay (unmeasured there: Zen 4's one FMA unit ran the in-place
+    single-vector tiles at 0.96-0.98 of the staged copy's time)."""
+    return info.dual_fma512
 
 
 def _direct(f: ConvFrame) -> bool:
@@ -593,6 +608,9 @@ def _conv_direct(k: KernelBuilder, s: Step, f: ConvFrame, tile: DirectTile) -> N
     out_sp = (f.window.out_sp[0], f.window.out_sp[1])
     units = s.part_range(k, direct_units(tile, out_sp, f.cout))
     stage = norm_stage(k, s, f.cout, -(-f.cout // tile.nr) * tile.nr)
+    if _channel_blocked(k.info, f):
+        _direct_blocked(k, s, f, tile, units, stage)
+        return
     if _in_place_direct(f, tile, k.dtype.itemsize):
         _direct_in_place(k, s, f, tile, units, stage)
         return
@@ -605,9 +623,7 @@ def _conv_direct(k: KernelBuilder, s: Step, f: ConvFrame, tile: DirectTile) -> N
         rows = (i_lo, i_hi)
     elif f.staged:
         zero(k, staging)
-    with k.loop(f.lead, "b0", step=group) as b0:
-        left = b.sub(k.i64(f.lead), b0)
-        images = b.select(b.icmp_signed("<", left, k.i64(group)), left, k.i64(group))
+    with _image_groups(k, f, group) as (b0, images):
         source, base, step = x, b.mul(b0, k.i64(f.cin * f.in_plane)), f.cin * f.in_plane
         if f.staged:
             with k.loop(images, "bi") as bi:
@@ -615,7 +631,7 @@ def _conv_direct(k: KernelBuilder, s: Step, f: ConvFrame, tile: DirectTile) -> N
                 f.stage(k, f.input_block(k, x, b.add(b0, bi), k.i64(0)),
                         Buf(at, (f.cin, f.staged_plane)), rows)  # fmt: skip
             source, base, step = staging, k.i64(0), f.cin * f.staged_plane
-        plane = DirectPlane(source, base, step, images, f.extents[-1], taps, f.depth,
+        plane = DirectPlane(source, base, step, images, (f.extents[-1], 1), taps, f.depth,
                             b.mul(b0, k.i64(f.cout)), out_sp, f.cout)  # fmt: skip
         emit_direct(k, tile, plane, (s.params["weight"], s.params["bias"]), s.out, units,
                     epilogue(k, s), stage)  # fmt: skip
@@ -666,14 +682,66 @@ def _direct_in_place(
     edges = EdgeReads(k.global_constant("edges", edge_flags(f.cin), ir.IntType(8)),
                       k.global_constant("zeros", np.zeros(tile.cols, k.dtype)))  # fmt: skip
     group, step = _direct_images(f), f.cin * f.in_plane
-    with k.loop(f.lead, "b0", step=group) as b0:
-        left = b.sub(k.i64(f.lead), b0)
-        images = b.select(b.icmp_signed("<", left, k.i64(group)), left, k.i64(group))
+    with _image_groups(k, f, group) as (b0, images):
         base = b.sub(b.mul(b0, k.i64(step)), k.i64(ow + 1))
-        plane = DirectPlane(s.args[0], base, step, images, ow, table, f.depth,
+        plane = DirectPlane(s.args[0], base, step, images, (ow, 1), table, f.depth,
                             b.mul(b0, k.i64(f.cout)), (oh, ow), f.cout, edges)  # fmt: skip
         emit_direct(k, tile, plane, (s.params["weight"], s.params["bias"]), s.out, units,
                     epilogue(k, s), stage)  # fmt: skip
+
+
+@contextmanager
+def _image_groups(
+    k: KernelBuilder, f: ConvFrame, group: int
+) -> Iterator[tuple[ir.Value, ir.Value]]:
+    """A loop over the groups of `group` images: (the first image, the images in the group,
+    the last group's the rest)."""
+    b = k.b
+    with k.loop(f.lead, "b0", step=group) as b0:
+        left = b.sub(k.i64(f.lead), b0)
+        yield b0, b.select(b.icmp_signed("<", left, k.i64(group)), left, k.i64(group))
+
+
+def _direct_blocked(
+    k: KernelBuilder,
+    s: Step,
+    f: ConvFrame,
+    tile: DirectTile,
+    units: tuple[ir.Value, ir.Value],
+    stage: NormStage | None,
+) -> None:
+    """The direct kernel over groups of images (`_blocked_images`) whose input is staged in
+    blocks of channels (`channel_blocks`); a split call over one image stages only the rows
+    its units read."""
+    w, b = f.window, k.b
+    blocks = ChannelBlocks.of(w, f.cin, tile.lanes)
+    group = _blocked_images(f)
+    assert s.scratch is not None and s.scratch.size >= group * blocks.plane
+    taps = k.global_constant("taps", blocks.tap_table(w), I32)
+    staging = Buf(s.scratch.ptr, (group, blocks.plane))
+    rows = None
+    if s.parts > 1 and f.lead == 1:
+        first, end = unit_rows(k, tile, units, (w.out_sp[0], w.out_sp[1]))
+        reach = b.add(b.mul(b.sub(end, k.i64(1)), k.i64(w.stride[0])),
+                      k.i64((w.kernel[0] - 1) * w.dilation[0] + 1))  # fmt: skip
+        rows = (b.mul(first, k.i64(w.stride[0])), reach)
+    with _image_groups(k, f, group) as (b0, images):
+        with k.loop(images, "bi") as bi:
+            at = k.at(staging, b.mul(bi, k.i64(blocks.plane)))
+            blocks.stage(k, w, f.cin, f.input_block(k, s.args[0], b.add(b0, bi), k.i64(0)),
+                         Buf(at, (blocks.plane,)), rows)  # fmt: skip
+        plane = DirectPlane(staging, k.i64(0), blocks.plane, images, blocks.steps(w), taps,
+                            blocks.depth(w), b.mul(b0, k.i64(f.cout)), (w.out_sp[0], w.out_sp[1]),
+                            f.cout)  # fmt: skip
+        emit_direct(k, tile, plane, (s.params["weight"], s.params["bias"]), s.out, units,
+                    epilogue(k, s), stage)  # fmt: skip
+
+
+def _blocked_images(f: ConvFrame) -> int:
+    """The images `_direct_blocked` stages and runs together: as many as STAGE_BLOCK bytes of
+    their staged input hold (of doubles, in the widest blocks), at least one."""
+    plane = ChannelBlocks.of(f.window, f.cin, WIDEST_BLOCK).plane
+    return max(1, min(f.lead, STAGE_BLOCK // max(plane * 8, 1)))
 
 
 def _direct_images(f: ConvFrame) -> int:
@@ -692,7 +760,8 @@ def kernel_name(info: TargetInfo, itemsize: int, f: ConvFrame) -> str:
         return "depthwise window strips"
     direct = _direct_tile(info, itemsize, f)
     if direct is not None:
-        return f"direct {direct.rows}x{direct.cols} positions x {direct.nr} channels"
+        reads = ", channel blocks" if _channel_blocked(info, f) else ""
+        return f"direct {direct.rows}x{direct.cols} positions x {direct.nr} channels{reads}"
     transposed = _transposed_mk(info, itemsize, f)
     if transposed is not None:
         return f"C^T {transposed.mr}x{transposed.nr}"
@@ -720,9 +789,14 @@ def _conv_params(node: NodeOp, parents: list[Shape], out: Shape) -> dict[str, Pa
     f = ConvFrame.of(node, parents[0], out)
 
     def pack(value: np.ndarray, info: TargetInfo) -> np.ndarray:
-        nr = _channel_panels(info, value.dtype.itemsize, f)
+        itemsize = value.dtype.itemsize
+        nr = _channel_panels(info, itemsize, f)
         if nr is not None:  # W^T [depth, cout] in panels of NR channels
-            return pack_panels(value.reshape(cout, f.depth).T, nr)
+            patches = value.reshape(cout, f.depth).T
+            if _direct_tile(info, itemsize, f) is not None and _channel_blocked(info, f):
+                blocks = ChannelBlocks.of(f.window, f.cin, max(info.vector_bytes // itemsize, 1))
+                patches = blocks.blocked_rows(patches, f.window.taps)
+            return pack_panels(patches, nr)
         mr = _conv_mk(info, value.dtype.itemsize, f).mr
         per_group = value.reshape(f.groups, f.cout_g, f.depth)
         return np.concatenate([pack_panels(w.T, mr).reshape(-1) for w in per_group])
