@@ -118,16 +118,22 @@ def test_the_rule_runs_the_direct_kernel_on_every_target(
     cpu: str, batch: int, cin: int, cout: int, size: tuple[int, int], attrs: str
 ) -> None:
     """3x3 over 29 channels or more (patch rows of at least DIRECT_DEPTH), f32 and f64, on
-    SSE, AVX2 and AVX-512 code, and with two 512-bit FMA units (`DUAL_FMA_STAGED`; run where
-    the CPU has AVX512-FP16, which names them)."""
+    SSE, AVX2 and AVX-512 code, and with two 512-bit FMA units (`DUAL_FMA_STAGED`, channel
+    blocks; run where the CPU has AVX512-FP16, which names them); and every target's code
+    reading channel blocks (blocks of its lanes: 4, 8 or 16 float32)."""
     text, payload, x = conv_case(batch, cin, cout, size, attrs, (3, 3), seed=cin)
     features = "+avx512fp16" if cpu == "sapphirerapids" else ""
     info = target_info(Target(cpu, features, triple=X86_64))
     assert kernel_name(info, 4, frame(text)).startswith("direct"), cpu
     target = options(runnable(cpu, features))
-    for dtype in (np.float32, np.float64):
-        got = tlc.compile(text, payload, "f32" if dtype == np.float32 else "f64", **target)(x)
-        close(got, reference(text, payload, x, dtype), dtype)
+    for blocked in (convolution._channel_blocked, lambda info, f: True):
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setenv(objcache.ENV_SWITCH, "0")
+            patch.setattr(convolution, "_channel_blocked", blocked)
+            for dtype in (np.float32, np.float64):
+                name = "f32" if dtype == np.float32 else "f64"
+                got = tlc.compile(text, payload, name, **target)(x)
+                close(got, reference(text, payload, x, dtype), dtype)
 
 
 @pytest.mark.parametrize(
