@@ -10,7 +10,9 @@ its own: a 1 x 14 tile over 64 channels reads about 400 short runs. Staged in bl
 read one cache line per position and use all of it; the padding is in the copy, so no tap
 reads past an edge (no selects), and a stride only lengthens the step between positions (no
 stride phases). The copy is a transpose of `lanes` x `lanes` blocks in registers
-(`conv_direct.transpose_lanes`), about 1% of a 3x3 layer's time.
+(`conv_direct.transpose_lanes`): with the call, 0.7-4% of a 3x3 layer's time on a Sapphire
+Rapids-class Xeon (resnet18's, batch 1: 2.6% for 64 -> 64 on 56 x 56, 0.7% on 7 x 7, 4% for
+its 64 -> 128 stride 2, which computes a quarter of the positions).
 """
 
 from __future__ import annotations
