@@ -273,7 +273,7 @@ def test_two_fma_units_read_channel_blocks(
     cpu: str, features: str, attrs: str, size: tuple[int, int], cout: int, blocked: bool,
     tile: tuple[int, int, int],
 ) -> None:  # fmt: skip
-    """With two 512-bit FMA units (`TargetInfo.dual_fma512`) every direct convolution reads
+    """With two 512-bit FMA units (`TargetInfo.dual_fma512`) a direct convolution reads
     its input staged in channel blocks, with tiles of one or two vectors (`DUAL_FMA_STAGED`);
     other targets keep the planes and their tiles."""
     text, _, _ = conv_case(1, 64, cout, size, attrs, (3, 3))
@@ -282,6 +282,27 @@ def test_two_fma_units_read_channel_blocks(
     assert got is not None and (got.rows, got.cols, got.nv) == tile
     assert convolution._channel_blocked(info, f) == blocked
     assert kernel_name(info, 4, f).endswith("channel blocks") == blocked
+
+
+@pytest.mark.parametrize(
+    ("cin", "kernel", "attrs", "blocked"),
+    [(3, (11, 11), "stride = [4, 4], padding = [2, 2]", False),  # 3 of 16: 5.3 times the FMAs
+     (29, (3, 3), "padding = [1, 1]", True),  # 32 for 29: 10% more
+     (40, (3, 3), "padding = [1, 1]", False),  # 48 for 40: 20% more
+     (144, (3, 3), "padding = [1, 1]", True)],
+)  # fmt: skip
+def test_channel_blocks_waste_few_fmas(
+    cin: int, kernel: tuple[int, int], attrs: str, blocked: bool
+) -> None:
+    """Blocks pad the input channels to whole blocks of 16: where that would add more than
+    BLOCK_WASTE of the FMAs, a two-FMA-unit target keeps the planes (and still runs the
+    direct kernel: an 11x11 stem's patch rows of 363)."""
+    text, _, _ = conv_case(1, cin, 64, (224 if kernel[0] == 11 else 28,) * 2, attrs, kernel)
+    f, info = frame(text), target_info(Target("sapphirerapids", triple=X86_64))
+    tile = convolution._direct_tile(info, 4, f)
+    assert tile is not None and convolution._channel_blocked(info, f) == blocked
+    # staged in blocks, or in planes the single-vector tile does not read in place: two vectors
+    assert tile.nv == (2 if blocked or not convolution._in_place_direct(f, tile, 4) else 1)
 
 
 @pytest.mark.parametrize(

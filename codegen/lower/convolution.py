@@ -565,12 +565,17 @@ def _direct_tile(info: TargetInfo, itemsize: int, f: ConvFrame) -> DirectTile | 
     are not whole vectors of the target; None: the product kernels. Whole-vector rows are
     read in place by the product kernel, with no packing and nothing past the edge, and
     there it measured as fast or faster (3x3 64 -> 64 on 56 x 56 in AVX2 code: 90 GFLOP/s
-    against 73 direct; on 32 x 32: 98 against 89, on AVX-512 105 against 102)."""
+    against 73 direct; on 32 x 32: 98 against 89, on AVX-512 105 against 102). With two
+    512-bit FMA units, `DUAL_FMA_STAGED`'s tiles wherever the input is staged: in channel
+    blocks (`_channel_blocked`), or in planes the single-vector tile would not read in place."""
     out_sp = f.window.out_sp
     if not _direct(f) or out_sp[-1] % max(info.vector_bytes // itemsize, 1) == 0:
         return None
-    return direct_tile(info, itemsize, out_sp[0], out_sp[1], f.cout,
-                       staged=_channel_blocked(info, f))  # fmt: skip
+    tile = direct_tile(info, itemsize, out_sp[0], out_sp[1], f.cout)
+    staged = _channel_blocked(info, f) or not _in_place_direct(f, tile, itemsize)
+    if info.dual_fma512 and staged:
+        return direct_tile(info, itemsize, out_sp[0], out_sp[1], f.cout, staged=True)
+    return tile
 
 
 def _channel_blocked(info: TargetInfo, f: ConvFrame) -> bool:
@@ -584,8 +589,17 @@ def _channel_blocked(info: TargetInfo, f: ConvFrame) -> bool:
     on 14 x 14 1.08, 512 -> 512 on 7 x 7 0.98 (2 x 7 x 2; its 9.4 MB of weights bound it),
     stride 2: 64 -> 128 on 56 x 56 1.15, 128 -> 256 on 28 x 28 1.06, 256 -> 512 on 14 x 14
     1.07. Elsewhere the planes stay (unmeasured there: Zen 4's one FMA unit ran the in-place
-    single-vector tiles at 0.96-0.98 of the staged copy's time)."""
-    return info.dual_fma512
+    single-vector tiles at 0.96-0.98 of the staged copy's time). Not where the last block's
+    padding channels would add more than BLOCK_WASTE of the FMAs (counted in blocks of 16,
+    float32's): an 11x11 stride-4 stem over 3 channels (AlexNet's) ran 0.26 times as fast in
+    blocks, 29 channels (in blocks of 32) 1.27."""
+    padded = -(-f.cin // WIDEST_BLOCK) * WIDEST_BLOCK
+    return info.dual_fma512 and padded <= f.cin * (1 + BLOCK_WASTE)
+
+
+#: The share of a convolution's FMAs the padding channels of channel blocks may add
+#: (`_channel_blocked`).
+BLOCK_WASTE = 1 / 8
 
 
 def _direct(f: ConvFrame) -> bool:
