@@ -170,7 +170,7 @@ class DirectPlane:
     `base` (the first image's first element there), `steps` (elements between the reads of
     output positions one row and one column apart: the planes' row length and 1, or in
     channel blocks the block's row and position strides, `channel_blocks`), `taps` (an i32
-    table: patch row p's offset, `ConvFrame.tap_table`),
+    table: patch row p's offset, `ConvFrame.tap_table` or `ChannelBlocks.tap_table`),
     `depth` (patch rows), `first` (the first image's first output plane in `out`), `out_sp`
     and `cout`."""
 

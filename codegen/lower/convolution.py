@@ -613,12 +613,11 @@ def _direct(f: ConvFrame) -> bool:
 def _conv_direct(k: KernelBuilder, s: Step, f: ConvFrame, tile: DirectTile) -> None:
     """The direct kernel over groups of images (`_direct_images`), their input planes staged
     together in scratch when padded or strided (read in place by `_direct_in_place` when
-    `_in_place_direct`); a split call shares out the units of each
+    `_in_place_direct`, staged in blocks of channels by `_direct_blocked` when
+    `_channel_blocked`); a split call shares out the units of each
     group (`direct_units`), and a part over one image stages only the input rows its units
     read (`unit_rows`)."""
     x, b = s.args[0], k.b
-    group = _direct_images(f)
-    assert s.scratch is not None and s.scratch.size >= group * f.cin * f.staged_plane
     out_sp = (f.window.out_sp[0], f.window.out_sp[1])
     units = s.part_range(k, direct_units(tile, out_sp, f.cout))
     stage = norm_stage(k, s, f.cout, -(-f.cout // tile.nr) * tile.nr)
@@ -628,6 +627,8 @@ def _conv_direct(k: KernelBuilder, s: Step, f: ConvFrame, tile: DirectTile) -> N
     if _in_place_direct(f, tile, k.dtype.itemsize):
         _direct_in_place(k, s, f, tile, units, stage)
         return
+    group = _direct_images(f)
+    assert s.scratch is not None and s.scratch.size >= group * f.cin * f.staged_plane
     taps = k.global_constant("taps", f.tap_table(), I32)
     staging = Buf(s.scratch.ptr, (group * f.cin, f.staged_plane))
     rows = None
@@ -728,6 +729,7 @@ def _direct_blocked(
     blocks of channels (`channel_blocks`); a split call over one image stages only the rows
     its units read."""
     w, b = f.window, k.b
+    out_sp = (w.out_sp[0], w.out_sp[1])
     blocks = ChannelBlocks.of(w, f.cin, tile.lanes)
     group = _blocked_images(f)
     assert s.scratch is not None and s.scratch.size >= group * blocks.plane
@@ -735,7 +737,7 @@ def _direct_blocked(
     staging = Buf(s.scratch.ptr, (group, blocks.plane))
     rows = None
     if s.parts > 1 and f.lead == 1:
-        first, end = unit_rows(k, tile, units, (w.out_sp[0], w.out_sp[1]))
+        first, end = unit_rows(k, tile, units, out_sp)
         reach = b.add(b.mul(b.sub(end, k.i64(1)), k.i64(w.stride[0])),
                       k.i64((w.kernel[0] - 1) * w.dilation[0] + 1))  # fmt: skip
         rows = (b.mul(first, k.i64(w.stride[0])), reach)
@@ -745,8 +747,7 @@ def _direct_blocked(
             blocks.stage(k, w, f.cin, f.input_block(k, s.args[0], b.add(b0, bi), k.i64(0)),
                          Buf(at, (blocks.plane,)), rows)  # fmt: skip
         plane = DirectPlane(staging, k.i64(0), blocks.plane, images, blocks.steps(w), taps,
-                            blocks.depth(w), b.mul(b0, k.i64(f.cout)), (w.out_sp[0], w.out_sp[1]),
-                            f.cout)  # fmt: skip
+                            blocks.depth(w), b.mul(b0, k.i64(f.cout)), out_sp, f.cout)  # fmt: skip
         emit_direct(k, tile, plane, (s.params["weight"], s.params["bias"]), s.out, units,
                     epilogue(k, s), stage)  # fmt: skip
 
