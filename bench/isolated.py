@@ -45,13 +45,16 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 #: Seconds the parent waits before each turn: after a turn ONNX Runtime's pool threads spin
 #: for about 50 ms, libgomp's (PyTorch's) and OpenBLAS's (numpy's) for 25-100 ms (their
 #: processes' CPU time, read every 25 ms after a turn), IREE's not at all.
 SETTLE_S = 0.1
-#: The probe of `vcpu_speed`: products of float32 matrices of this order (numpy computes one
-#: this small on the calling thread: OpenBLAS threads only larger ones), this many a CPU.
+#: The probe of `vcpu_speed`: products of float32 matrices of this order, this many a CPU, each
+#: on its calling thread (OpenBLAS held to one thread: its Haswell kernels, which it runs on
+#: Zen 3, thread a product this small, and two probes' products then fought over both pools
+#: there, reading 5-17 GFLOP/s where each vCPU alone ran 60-70).
 PROBE_ORDER, PROBE_PRODUCTS = 96, 60
 #: Its memory half: this many reads of a float32 array of this many bytes a CPU, beyond any L2
 #: of these machines (1 MiB a core on Zen 4, 512 KiB on Zen 3) and, for two CPUs, half the L3
@@ -107,10 +110,11 @@ def vcpu_speed() -> VcpuSpeed:
         rates[slot] = (gflops, gbs)
 
     threads = [threading.Thread(target=probe, args=(i, cpu)) for i, cpu in enumerate(cpus)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    with threadpool_limits(limits=1, user_api="blas"):
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
     return VcpuSpeed(min(r[0] for r in rates), min(r[1] for r in rates))
 
 
