@@ -74,7 +74,7 @@ def test_few_positions_run_c_transposed_on_avx2(
         ("znver3", 384, 64, 27, 1, "C 6x16"),  # the model's 4 x 3 before: 61.4 -> 69.7 GFLOP/s
         ("znver3", 96, 16, 54, 1, "C 6x16"),
         ("znver3", 16, 64, 54, 1, "C 4x24"),  # a patch row of 16: the model's tile
-        ("znver3", 64, 64, 56, 3, "C 4x24"),  # 3x3: the model's tile
+        ("znver3", 24, 64, 56, 3, "C 4x24"),  # 3x3 under DIRECT_DEPTH: the model's tile
         ("znver4", 384, 64, 27, 1, "C 8x32"),
         ("x86-64-v2", 384, 64, 27, 1, "C 4x12"),
     ],

@@ -249,11 +249,12 @@ def test_which_direct_convolutions_read_in_place(
     cpu: str, attrs: str, size: tuple[int, int], cout: int, in_place: bool, nv: int
 ) -> None:
     """3x3, stride 1, dilation 1, padding 1, tiles of at most `IN_PLACE_ROWS` rows, on AVX-512
-    read the input planes in place; the others read the staged copy."""
+    read the input planes in place; the others read a staged copy (AVX2's in channel blocks:
+    `test_avx2_and_two_fma_units_read_channel_blocks`)."""
     text, _, _ = conv_case(1, 64, cout, size, attrs, (3, 3))
     f, info = frame(text), target_info(Target(cpu, triple=X86_64))
     tile = convolution._direct_tile(info, 4, f)
-    assert tile is not None and not convolution._channel_blocked(info, f)
+    assert tile is not None and convolution._channel_blocked(info, f) == (cpu == "znver3")
     assert (convolution._in_place_direct(f, tile, 4), tile.nv) == (in_place, nv)
 
 
@@ -267,15 +268,20 @@ def test_which_direct_convolutions_read_in_place(
      ("znver4", "", "padding = [1, 1]", (56, 56), 64, False, (1, 28, 1)),
      ("skylake-avx512", "", "stride = [2, 2], padding = [1, 1]", (56, 56), 128, False,
       (1, 28, 1)),
-     ("znver3", "", "padding = [1, 1]", (28, 28), 128, False, (1, 6, 2))],
+     ("znver3", "", "padding = [1, 1]", (28, 28), 128, True, (1, 6, 2)),
+     ("haswell", "", "stride = [2, 2], padding = [1, 1]", (56, 56), 128, True, (1, 6, 2)),
+     # rows of whole AVX2 vectors: direct in blocks, not the product kernel
+     ("znver3", "", "padding = [1, 1]", (56, 56), 64, True, (2, 3, 2)),
+     ("x86-64-v3", "", "padding = [1, 1]", (7, 7), 512, True, (1, 4, 3))],
 )  # fmt: skip
-def test_two_fma_units_read_channel_blocks(
+def test_avx2_and_two_fma_units_read_channel_blocks(
     cpu: str, features: str, attrs: str, size: tuple[int, int], cout: int, blocked: bool,
     tile: tuple[int, int, int],
 ) -> None:  # fmt: skip
     """With two 512-bit FMA units (`TargetInfo.dual_fma512`) a direct convolution reads
     its input staged in channel blocks, with tiles of one or two vectors (`DUAL_FMA_STAGED`);
-    other targets keep the planes and their tiles."""
+    AVX2 code reads blocks of 8 channels with its own tiles, also where the output rows are
+    whole vectors; other targets keep the planes and their tiles."""
     text, _, _ = conv_case(1, 64, cout, size, attrs, (3, 3))
     f, info = frame(text), target_info(Target(cpu, features, triple=X86_64))
     got = convolution._direct_tile(info, 4, f)
@@ -285,24 +291,28 @@ def test_two_fma_units_read_channel_blocks(
 
 
 @pytest.mark.parametrize(
-    ("cin", "kernel", "attrs", "blocked"),
-    [(3, (11, 11), "stride = [4, 4], padding = [2, 2]", False),  # 3 of 16: 5.3 times the FMAs
-     (29, (3, 3), "padding = [1, 1]", True),  # 32 for 29: 10% more
-     (40, (3, 3), "padding = [1, 1]", False),  # 48 for 40: 20% more
-     (144, (3, 3), "padding = [1, 1]", True)],
+    ("cpu", "cin", "kernel", "attrs", "blocked"),
+    [("sapphirerapids", 3, (11, 11), "stride = [4, 4], padding = [2, 2]", False),  # 3 of 16
+     ("sapphirerapids", 29, (3, 3), "padding = [1, 1]", True),  # 32 for 29: 10% more
+     ("sapphirerapids", 40, (3, 3), "padding = [1, 1]", False),  # 48 for 40: 20% more
+     ("sapphirerapids", 144, (3, 3), "padding = [1, 1]", True),
+     ("znver3", 3, (11, 11), "stride = [4, 4], padding = [2, 2]", False),  # 3 of 8
+     ("znver3", 40, (3, 3), "padding = [1, 1]", True),  # 5 whole blocks of 8
+     ("znver3", 30, (3, 3), "padding = [1, 1]", True),  # 32 for 30: 7% more
+     ("znver3", 33, (3, 3), "padding = [1, 1]", False)],  # 40 for 33: 21% more
 )  # fmt: skip
 def test_channel_blocks_waste_few_fmas(
-    cin: int, kernel: tuple[int, int], attrs: str, blocked: bool
+    cpu: str, cin: int, kernel: tuple[int, int], attrs: str, blocked: bool
 ) -> None:
-    """Blocks pad the input channels to whole blocks of 16: where that would add more than
-    BLOCK_WASTE of the FMAs, a two-FMA-unit target keeps the planes (and still runs the
-    direct kernel: an 11x11 stem's patch rows of 363)."""
+    """Blocks pad the input channels to whole blocks of the target's float32 lanes (16 with
+    AVX-512, 8 with AVX2): where that would add more than BLOCK_WASTE of the FMAs, the target
+    keeps the planes (and still runs the direct kernel: an 11x11 stem's patch rows of 363)."""
     text, _, _ = conv_case(1, cin, 64, (224 if kernel[0] == 11 else 28,) * 2, attrs, kernel)
-    f, info = frame(text), target_info(Target("sapphirerapids", triple=X86_64))
+    f, info = frame(text), target_info(Target(cpu, triple=X86_64))
     tile = convolution._direct_tile(info, 4, f)
     assert tile is not None and convolution._channel_blocked(info, f) == blocked
-    # staged in blocks, or in planes the single-vector tile does not read in place: two vectors
-    assert tile.nv == (2 if blocked or not convolution._in_place_direct(f, tile, 4) else 1)
+    if info.dual_fma512:  # staged in blocks, or in planes not read in place: two vectors
+        assert tile.nv == (2 if blocked or not convolution._in_place_direct(f, tile, 4) else 1)
 
 
 @pytest.mark.parametrize(

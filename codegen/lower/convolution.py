@@ -567,9 +567,12 @@ def _direct_tile(info: TargetInfo, itemsize: int, f: ConvFrame) -> DirectTile | 
     there it measured as fast or faster (3x3 64 -> 64 on 56 x 56 in AVX2 code: 90 GFLOP/s
     against 73 direct; on 32 x 32: 98 against 89, on AVX-512 105 against 102). With two
     512-bit FMA units, `DUAL_FMA_STAGED`'s tiles wherever the input is staged: in channel
-    blocks (`_channel_blocked`), or in planes the single-vector tile would not read in place."""
+    blocks (`_channel_blocked`), or in planes the single-vector tile would not read in place.
+    In AVX2 code in channel blocks, whole-vector rows run the direct kernel too: 64 -> 64 on 56
+    x 56 1.10 times as fast as the product kernel on Zen 3."""
     out_sp = f.window.out_sp
-    if not _direct(f) or out_sp[-1] % max(info.vector_bytes // itemsize, 1) == 0:
+    whole_rows = out_sp[-1] % max(info.vector_bytes // itemsize, 1) == 0
+    if not _direct(f) or (whole_rows and not (avx2_tiles(info) and _channel_blocked(info, f))):
         return None
     tile = direct_tile(info, itemsize, out_sp[0], out_sp[1], f.cout)
     staged = _channel_blocked(info, f) or not _in_place_direct(f, tile, itemsize)
@@ -581,20 +584,27 @@ def _direct_tile(info: TargetInfo, itemsize: int, f: ConvFrame) -> DirectTile | 
 def _channel_blocked(info: TargetInfo, f: ConvFrame) -> bool:
     """Whether the direct kernel reads its input staged in blocks of channels
     (`channel_blocks`) rather than in planes: on targets with two 512-bit FMA units
-    (`TargetInfo.dual_fma512`), every direct convolution, with `DUAL_FMA_STAGED`'s tiles.
+    (`TargetInfo.dual_fma512`), every direct convolution, with `DUAL_FMA_STAGED`'s tiles;
+    in AVX2 code, every direct convolution, with its own tiles.
     Measured on a Sapphire Rapids-class Xeon (one thread, batch 1, in one process, 11 rounds
     in random order; the median of each round's time ratio, against the planes' rule as it
     was: in place 1 x 28 x 1 for 3x3 stride 1, staged two-vector tiles for stride 2):
     resnet18's 64 -> 64 on 56 x 56 1.12 (1 x 14 x 2), 128 -> 128 on 28 x 28 1.12, 256 -> 256
     on 14 x 14 1.08, 512 -> 512 on 7 x 7 0.98 (2 x 7 x 2; its 9.4 MB of weights bound it),
     stride 2: 64 -> 128 on 56 x 56 1.15, 128 -> 256 on 28 x 28 1.06, 256 -> 512 on 14 x 14
-    1.07. Elsewhere the planes stay (unmeasured there: Zen 4's one FMA unit ran the in-place
-    single-vector tiles at 0.96-0.98 of the staged copy's time). Not where the last block's
-    padding channels would add more than BLOCK_WASTE of the FMAs (counted in blocks of 16,
-    float32's): an 11x11 stride-4 stem over 3 channels (AlexNet's) ran 0.26 times as fast in
-    blocks, 29 channels (in blocks of 32) 1.27."""
-    padded = -(-f.cin // WIDEST_BLOCK) * WIDEST_BLOCK
-    return info.dual_fma512 and padded <= f.cin * (1 + BLOCK_WASTE)
+    1.07. And in AVX2 code (`avx2_tiles`), in blocks of 8 channels with its own tiles,
+    measured on an AMD EPYC Zen 3 the same way against the staged planes: 64 -> 128 stride 2
+    on 56 x 56 1.08-1.14, 128 -> 128 on 28 x 28 1.07, 256 -> 256 on 14 x 14 1.10-1.22,
+    256 -> 512 stride 2 on 14 x 14 1.36, 512 -> 512 on 7 x 7 0.98-0.99; squeezenet1_0's
+    32 -> 128 on 54 x 54 1.10. Elsewhere the planes stay (unmeasured there: Zen 4's one FMA
+    unit ran the in-place single-vector tiles at 0.96-0.98 of the staged copy's time). Not
+    where the last block's padding channels would add more than BLOCK_WASTE of the FMAs
+    (counted in blocks of the target's float32 lanes): an 11x11 stride-4 stem over 3
+    channels (AlexNet's) ran 0.26 times as fast in blocks of 16, 29 channels (in blocks of
+    32) 1.27."""
+    lanes = info.vector_bytes // 4
+    padded = -(-f.cin // lanes) * lanes
+    return (info.dual_fma512 or avx2_tiles(info)) and padded <= f.cin * (1 + BLOCK_WASTE)
 
 
 #: The share of a convolution's FMAs the padding channels of channel blocks may add
