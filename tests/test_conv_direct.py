@@ -88,11 +88,15 @@ def convolutions(draw: st.DrawFn) -> tuple:
 
 
 @settings(max_examples=30, deadline=None)
-@given(convolutions(), st.sampled_from([np.float32, np.float64]), st.booleans())
-def test_direct_kernel_computes_the_reference(conv: tuple, dtype: type, blocked: bool) -> None:
+@given(convolutions(), st.sampled_from([np.float32, np.float64]), st.booleans(),
+       st.sampled_from([0, 1, 5, 72]))  # fmt: skip
+def test_direct_kernel_computes_the_reference(
+    conv: tuple, dtype: type, blocked: bool, chunk: int
+) -> None:
     """Any batch, channels, plane, stride, padding, dilation and kernel, with the rule taking
     every patch row length (`DIRECT_DEPTH` = 1), reading the input in planes or in channel
-    blocks (`channel_blocks`, on any target: blocks of its vector's lanes)."""
+    blocks (`channel_blocks`, on any target: blocks of its vector's lanes), over blocks in
+    chunks of `chunk` patch rows (`DirectPlane.chunk`; 0: the target's rule)."""
     text, payload, x = conv_case(*conv)
     f = frame(text)
     with pytest.MonkeyPatch.context() as patch:
@@ -100,6 +104,8 @@ def test_direct_kernel_computes_the_reference(conv: tuple, dtype: type, blocked:
         patch.setattr(convolution, "DIRECT_DEPTH", 1)
         if blocked:
             patch.setattr(convolution, "_channel_blocked", lambda info, f: True)
+        if chunk:
+            patch.setattr(convolution, "_direct_chunk", lambda *args: chunk)
         info, itemsize = target_info(), np.dtype(dtype).itemsize
         if f.window.taps > 1 and f.window.out_sp[-1] % (info.vector_bytes // itemsize):
             assert kernel_name(info, itemsize, f).startswith("direct")
@@ -134,6 +140,45 @@ def test_the_rule_runs_the_direct_kernel_on_every_target(
                 name = "f32" if dtype == np.float32 else "f64"
                 got = tlc.compile(text, payload, name, **target)(x)
                 close(got, reference(text, payload, x, dtype), dtype)
+
+
+@pytest.mark.parametrize("cpu", ["x86-64-v2", "haswell", "znver4"])
+@pytest.mark.parametrize(
+    ("batch", "cin", "cout", "size", "attrs"),
+    [(1, 512, 48, (7, 7), "padding = [1, 1]"),  # 2 tiles a row on AVX2
+     (2, 40, 40, (9, 13), "stride = [2, 2], padding = [1, 1]"),
+     (1, 64, 32, (14, 14), "padding = [2, 2], dilation = [2, 2]")],
+)  # fmt: skip
+def test_chunks_of_patch_rows_keep_the_bits(
+    cpu: str, batch: int, cin: int, cout: int, size: tuple[int, int], attrs: str
+) -> None:
+    """The tiles of a row taking the patch rows a chunk at a time (`DirectPlane.chunk`: whole
+    channel blocks, or 5 rows, a chunk that ends mid-block and a last chunk shorter than the
+    others) give the bytes of the whole patch row tile by tile, on 1 and 2 threads; the rule
+    chunks 512 -> 512 on 7 x 7 in AVX2 code (442 KB of weights a block) and nothing smaller."""
+    text, payload, x = conv_case(batch, cin, cout, size, attrs, (3, 3), seed=cin)
+    target = options(runnable(cpu))
+    outputs = []
+    for chunk in (None, 0, 5, 9 * 8):
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setenv(objcache.ENV_SWITCH, "0")
+            patch.setattr(convolution, "_channel_blocked", lambda info, f: True)
+            if chunk is not None:
+                patch.setattr(convolution, "_direct_chunk", lambda *args, chunk=chunk: chunk)
+            for threads in (1, 2):
+                compiled = tlc.compile(text, payload, "f32", threads=threads, **target)
+                outputs.append(compiled(x))
+    for got in outputs[1:]:
+        np.testing.assert_array_equal(got, outputs[0])
+    close(outputs[0], reference(text, payload, x, np.float32), np.float32)
+    info = target_info(Target("znver3", triple=X86_64))
+    for c, n, expected in ((512, 512, 2 * 9 * 8), (512, 48, 2 * 9 * 8), (256, 256, 0)):
+        text = conv_case(1, c, n, (7, 7), "padding = [1, 1]", (3, 3))[0]
+        f = frame(text)
+        tile = convolution._direct_tile(info, 4, f)
+        assert tile is not None
+        blocks = ChannelBlocks.of(f.window, f.cin, tile.lanes)
+        assert convolution._direct_chunk(info, tile, blocks, f.window, 4) == expected, (c, n)
 
 
 @pytest.mark.parametrize(

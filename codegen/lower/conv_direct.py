@@ -78,6 +78,14 @@ FOLDED_POSITIONS = 28
 DUAL_FMA_STAGED = 2
 
 
+#: Bytes of packed weights one chunk of patch rows holds when the tiles of a row take the rows
+#: a chunk at a time (`DirectPlane.chunk`, `chunk_rows`): in L1 beside the input a chunk reads.
+CHUNK_BYTES = 16 * 1024
+#: The block's weights (depth x NR) above which AVX2 code takes its patch rows in chunks: half
+#: of Zen 3's 512 KiB L2, the other half for the input rows and the output.
+CHUNK_ABOVE = 256 * 1024
+
+
 @dataclass(frozen=True)
 class DirectTile:
     """The register tile of the direct kernel: `rows` x `cols` output positions (one
@@ -185,6 +193,20 @@ class DirectPlane:
     out_sp: tuple[int, int]
     cout: int
     edges: EdgeReads | None = None
+    #: Patch rows a row of tiles runs at a time, every tile of the row over each such chunk
+    #: before the next, their partial sums kept on the stack (0: all rows, tile by tile):
+    #: a chunk of the weights then serves every tile of the row from L1 (`chunk_rows`).
+    chunk: int = 0
+
+
+def chunk_rows(tile: DirectTile, depth: int, block_rows: int, itemsize: int) -> int:
+    """The patch rows of a chunk (`DirectPlane.chunk`) where a block's weights (`depth` rows
+    of the tile's NR channels) outgrow CHUNK_ABOVE: as many whole blocks of `block_rows` rows
+    (taps x channels of a channel block) as CHUNK_BYTES of the weights hold, at least one;
+    else 0, no chunks."""
+    if depth * tile.nr * itemsize <= CHUNK_ABOVE:
+        return 0
+    return max(CHUNK_BYTES // (tile.nr * itemsize) // block_rows, 1) * block_rows
 
 
 def direct_units(tile: DirectTile, out_sp: tuple[int, int], cout: int) -> int:
@@ -223,7 +245,11 @@ def emit_direct(
     accumulators, vectors of channels, before they are transposed) with
     `params` = (W^T packed as `pack_panels(W^T, tile.nr)`, bias padded to whole blocks).
     Each unit runs over every image of the group, so a block's weights are read from memory
-    once per group, not once per image (512 -> 512 on 7 x 7: 9.4 MB)."""
+    once per group, not once per image (512 -> 512 on 7 x 7: 9.4 MB). With `plane.chunk`,
+    the tiles of a row take the patch rows a chunk at a time, so each chunk of the block's
+    weights is read from L2 once per row of tiles and then from L1, not once per tile (a
+    block's weights, depth x NR, outgrow L2 beside the input: 442 KB for 512 -> 512 in
+    24-channel blocks); each output still sums its patch rows in order, so the same bits."""
     b, lanes, nr = k.b, tile.lanes, tile.nr
     (oh, ow), cout, (row_step, col_step), taps = plane.out_sp, plane.cout, plane.steps, plane.taps
     row_tiles = -(-oh // tile.rows)
@@ -232,33 +258,51 @@ def emit_direct(
     source = plane.source
     lo, hi = units
 
-    def micro(block: ir.Value, oy: ir.Value, ox: ir.Value, height: int, width: int,
-              image: ir.Value) -> None:  # fmt: skip
+    zero = ir.Constant(vec, [0.0] * lanes)
+
+    def accumulate(block: ir.Value, oy: ir.Value, ox: ir.Value, height: int, width: int,
+                   image: ir.Value, rows: tuple[ir.Value, ir.Value] | None,
+                   start: Callable[[int, int], ir.Value],
+                   finish: Callable[[int, int, ir.Value], None]) -> None:  # fmt: skip
+        """The tile's sums over patch rows [p0, p0 + count) (`rows`; None: all of them)."""
         base = b.add(plane.base, b.mul(image, k.i64(plane.step)))
         positions = height * width
-        start = b.add(base, b.add(b.mul(oy, k.i64(row_step)), b.mul(ox, k.i64(col_step))))
+        corner = b.add(base, b.add(b.mul(oy, k.i64(row_step)), b.mul(ox, k.i64(col_step))))
         offsets = [(r // width) * row_step + r % width * col_step for r in range(positions)]
-        zero = ir.Constant(vec, [0.0] * lanes)
+
+        def row(p: ir.Value) -> ir.Value:
+            return p if rows is None else b.add(rows[0], p)
 
         def a_at(r: int, p: ir.Value) -> ir.Value:
-            tap = b.sext(b.load(b.gep(taps, [p], inbounds=True)), I64)
-            return k.at(source, b.add(b.add(start, tap), k.i64(offsets[r])))
+            tap = b.sext(b.load(b.gep(taps, [row(p)], inbounds=True)), I64)
+            return k.at(source, b.add(b.add(corner, tap), k.i64(offsets[r])))
 
         if plane.edges is not None:
-            assert col_step == 1, "in-place reads are of planes"
+            assert col_step == 1 and rows is None, "in-place reads are of planes, whole"
             a_at = _edge_reads(k, plane.edges, a_at, (oy, ox), (height, width), (oh, ow))
 
         def b_at(v: int, p: ir.Value) -> ir.Value:
-            row = b.mul(b.add(b.mul(block, k.i64(plane.depth)), p), k.i64(nr))
-            return k.at(w, b.add(row, k.i64(v * lanes)))
+            at = b.mul(b.add(b.mul(block, k.i64(plane.depth)), row(p)), k.i64(nr))
+            return k.at(w, b.add(at, k.i64(v * lanes)))
 
+        count = k.i64(plane.depth) if rows is None else rows[1]
+        mk = MicroKernel(positions, tile.nv, lanes, 0)
+        packed_tile(k, mk, positions, a_at, b_at, count, start, finish)
+
+    def micro(block: ir.Value, oy: ir.Value, ox: ir.Value, height: int, width: int,
+              image: ir.Value) -> None:  # fmt: skip
         accs: dict[tuple[int, int], ir.Value] = {}
 
         def finish(r: int, v: int, acc: ir.Value) -> None:
             accs[r, v] = acc
 
-        mk = MicroKernel(positions, tile.nv, lanes, 0)
-        packed_tile(k, mk, positions, a_at, b_at, k.i64(plane.depth), lambda r, v: zero, finish)
+        accumulate(block, oy, ox, height, width, image, None, lambda r, v: zero, finish)
+        store_tile(block, oy, ox, height, width, image, accs)
+
+    def store_tile(block: ir.Value, oy: ir.Value, ox: ir.Value, height: int, width: int,
+                   image: ir.Value, accs: dict[tuple[int, int], ir.Value]) -> None:  # fmt: skip
+        """The finished sums of a tile, vectors of channels: bias, maps, transposed, stored."""
+        positions = height * width
         for v in range(tile.nv):
             if stage is not None:  # the bias, then the maps, on vectors of channels
                 c0 = b.add(b.mul(block, k.i64(nr)), k.i64(v * lanes))
@@ -280,13 +324,64 @@ def emit_direct(
                                          None if stage is not None else k.load(bias, oc),
                                          fn)  # fmt: skip
 
+    whole = ow // tile.cols
+    widths = [(whole, tile.cols, 0)] + ([(1, ow % tile.cols, whole * tile.cols)]
+                                        if ow % tile.cols else [])  # fmt: skip
+    chunked = 0 < plane.chunk < plane.depth and whole + (ow % tile.cols > 0) > 1
+    if chunked:  # a row of tiles' partial sums, [rows, ow, nr]
+        with b.goto_block(k.alloca_block):
+            partial = b.bitcast(b.alloca(ir.ArrayType(k.T, tile.rows * ow * nr)),
+                                k.T.as_pointer())  # fmt: skip
+
+    def tiles(each: Callable[[ir.Value, int], None]) -> None:
+        """each(ox, width) for the tiles of a row of tiles, left to right."""
+        for count, width, first in widths:
+            if count == 1:
+                each(k.i64(first), width)
+                continue
+            with k.loop(count, "ct") as ct:
+                each(b.add(k.i64(first), b.mul(ct, k.i64(tile.cols))), width)
+
+    def slot(ox: ir.Value, width: int, r: int, v: int) -> ir.Value:
+        at = b.add(b.mul(ox, k.i64(nr)), k.i64(((r // width) * ow + r % width) * nr + v * lanes))
+        return b.bitcast(b.gep(partial, [at], inbounds=True), vec.as_pointer())
+
+    def partial_sum(ox: ir.Value, width: int, r: int, v: int) -> ir.Value:
+        return b.load(slot(ox, width, r, v), align=k.dtype.itemsize)
+
     def row_of_tiles(block: ir.Value, oy: ir.Value, height: int) -> None:
-        whole = ow // tile.cols
         with k.loop(plane.images, "im") as image:
-            with k.loop(whole, "ct") as ct:
-                micro(block, oy, b.mul(ct, k.i64(tile.cols)), height, tile.cols, image)
-            if ow % tile.cols:
-                micro(block, oy, k.i64(whole * tile.cols), height, ow % tile.cols, image)
+            if chunked:
+                chunks_of_row(block, oy, height, image)
+            else:
+                tiles(lambda ox, width: micro(block, oy, ox, height, width, image))
+
+    def chunks_of_row(block: ir.Value, oy: ir.Value, height: int, image: ir.Value) -> None:
+        """A row of tiles of one image, every tile over each chunk of patch rows in turn,
+        their sums carried on the stack; then each tile's finished sums stored."""
+        with k.loop(plane.depth, "pc", step=plane.chunk) as pc:
+            rest = b.sub(k.i64(plane.depth), pc)
+            count = b.select(b.icmp_signed("<", rest, k.i64(plane.chunk)), rest,
+                             k.i64(plane.chunk))  # fmt: skip
+            first = b.icmp_signed("==", pc, k.i64(0))
+
+            def part(ox: ir.Value, width: int) -> None:
+                def start(r: int, v: int) -> ir.Value:
+                    return b.select(first, zero, partial_sum(ox, width, r, v))
+
+                def finish(r: int, v: int, acc: ir.Value) -> None:
+                    b.store(acc, slot(ox, width, r, v), align=k.dtype.itemsize)
+
+                accumulate(block, oy, ox, height, width, image, (pc, count), start, finish)
+
+            tiles(part)
+
+        def done(ox: ir.Value, width: int) -> None:
+            accs = {(r, v): partial_sum(ox, width, r, v)
+                    for r in range(height * width) for v in range(tile.nv)}  # fmt: skip
+            store_tile(block, oy, ox, height, width, image, accs)
+
+        tiles(done)
 
     with k.loop(hi, "u", start=lo) as u:
         block, rt = b.udiv(u, k.i64(row_tiles)), b.urem(u, k.i64(row_tiles))
