@@ -70,6 +70,11 @@ TASKS = 8
 #: chunks: squeezenet1_0's runs of 2-3 nodes between its concatenations gain nothing from
 #: it, and its convolutions on 13 x 13 and 27 x 27 planes group two images per panel.
 ROW_TASKS, LONG_RUN = 16, 8
+#: Payload elements above which a node stays out of row runs (`row_runs`, `_heavy`): image by
+#: image, such a layer reads its weights from memory once per image (resnet18's 512 -> 512
+#: on 7 x 7: 2.4 M, 9.4 MB of float32, 16 times a call at batch 16); in a region of its own,
+#: once per task's chunk of images.
+RUN_PARAMS = 1 << 20
 #: Fewest rows of a linear's matrix product per task: fewer would leave the register tiles of
 #: the matrix kernels mostly empty.
 MATRIX_ROWS = 16
@@ -436,9 +441,11 @@ def row_runs(plans: list[NodePlan]) -> None:
                 inside.add(p.node.id)
             continue
         rows = p.rows
+        heavy = _heavy(p)
         fits = (
             rows is not None
             and rows.parallel
+            and not heavy
             and bool(current)
             and _same_tasks(current, p)
             and all(
@@ -449,10 +456,19 @@ def row_runs(plans: list[NodePlan]) -> None:
         if not fits:
             close()
             inside = set()
-        if rows is not None and rows.parallel:
+        if rows is not None and rows.parallel and not heavy:
             current.append(p)
             inside.add(p.node.id)
     close()
+
+
+def _heavy(p: NodePlan) -> bool:
+    """Whether row region `p`'s payload fields hold more than RUN_PARAMS elements."""
+    if p.rows is None:
+        return False
+    one = p.rows.full
+    specs = LOWERINGS[type(p.node)].params(one.node, list(one.arg_shapes), one.out_shape)
+    return sum(numel(spec.shape) for spec in specs.values()) > RUN_PARAMS
 
 
 def _same_tasks(run: list[NodePlan], p: NodePlan) -> bool:

@@ -315,6 +315,31 @@ def test_long_row_runs_take_one_image_per_task(
     assert bits(runs[0]) == bits(runs[1]) == bits(alone)
 
 
+def test_heavy_layers_stay_out_of_row_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A node whose payload holds more than RUN_PARAMS elements (8 x 8 x 3 x 3 weights and 8
+    biases: 584, here over a bound of 500) joins no row run (`plan._heavy`): run image by
+    image it would read its weights once per image. Its region keeps its chunks of 2 images,
+    and the bits are those of the run of one image per task, at 1 and 2 threads."""
+    from tlc.codegen import plan as codegen_plan
+
+    text, payload = conv_chain(12, LONG_RUN, np.random.default_rng(4))
+    graph = graph_of(text)
+    x = np.random.default_rng(5).normal(size=(12, 8, 24, 24)).astype(np.float32)
+    in_runs = compile_graph(graph, payload, np.float32, threads=1)(x)
+    monkeypatch.setattr(codegen_plan, "RUN_PARAMS", 500)
+    monkeypatch.setenv("TLC_OBJECT_CACHE", "0")
+    monkeypatch.setattr("tlc.codegen.jit._graph_cache", {})
+    nodes = build_graph_module(graph, payload, np.float32).plan.nodes
+    convs = [p for p in nodes if isinstance(p.node, ops.ConvOp)]
+    assert {(p.run, p.rows.chunk) for p in convs} == {(None, 2)}
+    for threads in (1, 2):
+        alone = compile_graph(graph, payload, np.float32, threads=threads)(x)
+        assert bits(alone) == bits(in_runs)
+    monkeypatch.setattr(codegen_plan, "RUN_PARAMS", 584)  # not over it: one run again
+    assert {p.run for p in build_graph_module(graph, payload, np.float32).plan.nodes
+            if isinstance(p.node, ops.ConvOp)} == {1}  # fmt: skip
+
+
 @pytest.mark.parametrize(
     ("pool", "fill", "bypassed"),
     [("max_pool", -np.inf, True), ("avg_pool", 0.0, True), ("max_pool", 0.0, False)],
