@@ -327,7 +327,7 @@ def emit_direct(
     whole = ow // tile.cols
     widths = [(whole, tile.cols, 0)] + ([(1, ow % tile.cols, whole * tile.cols)]
                                         if ow % tile.cols else [])  # fmt: skip
-    chunked = 0 < plane.chunk < plane.depth and whole + (ow % tile.cols > 0) > 1
+    chunked = 0 < plane.chunk < plane.depth and sum(count for count, _, _ in widths) > 1
     if chunked:  # a row of tiles' partial sums, [rows, ow, nr]
         with b.goto_block(k.alloca_block):
             partial = b.bitcast(b.alloca(ir.ArrayType(k.T, tile.rows * ow * nr)),
