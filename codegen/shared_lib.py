@@ -21,6 +21,7 @@ codes and the array sizes as macros; docs/c-abi.md is the contract it implements
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -28,8 +29,7 @@ import shutil
 import subprocess
 import tempfile
 import textwrap
-from collections.abc import Callable, Sequence
-from collections.abc import Set as AbstractSet
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import cache
 
@@ -43,7 +43,6 @@ from tlc.codegen.module import (
     bakes_payload,
     build_graph_module,
     graph_symbol,
-    pack_params,
 )
 from tlc.codegen.objcache import object_codes
 from tlc.codegen.runtime import CFLAGS as RUNTIME_CFLAGS
@@ -107,7 +106,7 @@ def build_library(
     header = os.path.splitext(output)[0] + ".h"
     with tempfile.TemporaryDirectory(prefix="tlc-") as tmp:
         objects = []
-        bound: set[str] = set()
+        bound: dict[str, list[str]] = {}
         for g, p in graphs:
             # A payload over the bake limit goes in a data section of its own, passed by pointer.
             embed = not runtime_payload and not bakes_payload(g, dtype)
@@ -117,7 +116,8 @@ def build_library(
                     p,
                     dtype,
                     batch=batch,
-                    runtime_payload=runtime_payload or embed,
+                    runtime_payload=runtime_payload,
+                    bound_payload=embed,
                     target=variant,
                     entry_name=variant_symbol(graph_symbol(g), variant),
                     queries=False,
@@ -133,24 +133,18 @@ def build_library(
                     f.write(obj)
                 objects.append(path)
                 step(f"@{g.graph_name} for {variant.describe()}")
-            module = built[-1]
-            del built, jobs
             if embed:
-                objects.append(
-                    _weights_object(
-                        tmp, module.symbol, pack_params(g, p or Payload(), dtype), variants[0].arch
-                    )
-                )
-                bound.add(module.symbol)
-            modules.append(module)
-        # The public interface of an embedded-payload graph takes no params.
-        public = [replace(m, params=None) if m.symbol in bound else m for m in modules]
+                symbol = built[0].symbol
+                names, copies = _weights_objects(tmp, symbol, built, variants)
+                objects += copies
+                bound[symbol] = names
+            modules.append(replace(built[-1], bound=None))
+            del built, jobs
         dispatch = os.path.join(tmp, "dispatch.c")
         with open(dispatch, "w", encoding="utf-8") as f:
             f.write(render_dispatcher(modules, variants, bound))
-            f.write(render_queries(public))
-            f.write(render_metadata(public))
-        modules = public
+            f.write(render_queries(modules))
+            f.write(render_metadata(modules))
         command = [cc, "-shared", *RUNTIME_CFLAGS, "-o", output, dispatch, RUNTIME_SOURCE, *objects,
                    "-lm"]  # fmt: skip
         done = subprocess.run(command, capture_output=True, text=True, check=False)
@@ -210,20 +204,40 @@ def unknown_to_compiler(cc: str, names: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(name for name in names if not known((name,)))
 
 
-def _weights_object(tmp: str, symbol: str, params: np.ndarray, arch: str) -> str:
-    """An assembly file holding `params` as the symbol `<symbol>__weights`, in a large data
-    section (x86-64's `.lrodata`, placed after everything else) that the dispatcher reaches
-    through the GOT: no 32-bit offset spans the weights, however large."""
-    data = os.path.join(tmp, f"{symbol}.weights")
-    params.tofile(data)
+def _weights_objects(
+    tmp: str, symbol: str, built: Sequence[GraphModule], variants: Sequence[Target]
+) -> tuple[list[str], list[str]]:
+    """The payload arrays of a graph's `bound_payload` variants (`GraphModule.bound`: each
+    field packed in its layout for that CPU level, so the variant runs the baked build's
+    kernels) as assembly files, one per distinct array (x86-64-v2 and the baseline share
+    one): per variant the symbol holding its array, and the files."""
+    names: list[str] = []
+    paths: list[str] = []
+    seen: dict[bytes, str] = {}
+    for module, variant in zip(built, variants, strict=True):
+        assert module.bound is not None, "an embedded payload is a bound_payload build's"
+        key = hashlib.blake2b(module.bound.data, digest_size=16).digest()
+        if key not in seen:
+            seen[key] = f"{symbol}__weights__{variant.tag()}"
+            paths.append(_weights_object(tmp, seen[key], module.bound, variant.arch))
+        names.append(seen[key])
+    return names, paths
+
+
+def _weights_object(tmp: str, name: str, params: np.ndarray, arch: str) -> str:
+    """An assembly file holding `params` as the symbol `name`, in a large data section
+    (x86-64's `.lrodata`, placed after everything else) that the dispatcher reaches through
+    the GOT: no 32-bit offset spans the weights, however large."""
+    data = os.path.join(tmp, f"{name}.bin")
+    np.ascontiguousarray(params).tofile(data)
     large = ',"al"' if arch == "x86_64" else ',"a"'
     section = ".lrodata" if arch == "x86_64" else ".rodata"
-    path = os.path.join(tmp, f"{symbol}.weights.s")
+    path = os.path.join(tmp, f"{name}.s")
     with open(path, "w", encoding="utf-8") as f:
         f.write(
-            f".section {section}.{symbol}{large},@progbits\n.p2align 6\n"
-            f".globl {symbol}__weights\n.type {symbol}__weights, @object\n"
-            f'{symbol}__weights:\n.incbin "{data}"\n.size {symbol}__weights, {params.nbytes}\n'
+            f".section {section}.{name}{large},@progbits\n.p2align 6\n"
+            f".globl {name}\n.type {name}, @object\n"
+            f'{name}:\n.incbin "{data}"\n.size {name}, {params.nbytes}\n'
             '.section .note.GNU-stack,"",@progbits\n'
         )
     return path
@@ -246,11 +260,13 @@ def variant_symbol(symbol: str, variant: Target) -> str:
 def render_dispatcher(
     modules: Sequence[GraphModule],
     variants: Sequence[Target],
-    bound: AbstractSet[str] = frozenset(),
+    bound: Mapping[str, Sequence[str]] | None = None,
 ) -> str:
     """C source of the public entry points: each checks the CPU (CPUID through libgcc's
-    `__builtin_cpu_supports`) and calls the best variant it can run. A graph of `bound` takes
-    no params: its variants get the library's own copy (`<symbol>__weights`)."""
+    `__builtin_cpu_supports`) and calls the best variant it can run. A graph in `bound` takes
+    no params: each of its variants gets the library's own copy packed for it (`bound[symbol]`
+    names the copy of each variant, `_weights_objects`)."""
+    bound = bound or {}
     needs = [required_features(v) for v in variants]
     x86 = variants[0].arch == "x86_64"
     lines = [
@@ -267,14 +283,14 @@ def render_dispatcher(
         s = m.symbol
         params = [f"const {t} *in", f"{t} *out"]
         variant_params = params
-        if m.params is not None:
+        if m.params is not None or s in bound:
             variant_params = [*params, f"const {t} *params"]
             if s not in bound:
                 params = variant_params
-        names = ", ".join(p.rsplit("*", 1)[1] for p in params)
+        names = [", ".join(p.rsplit("*", 1)[1] for p in params)] * len(variants)
         if s in bound:
-            lines.append(f"extern const {t} {s}__weights[];")
-            names += f", {s}__weights"
+            lines += [f"extern const {t} {w}[];" for w in dict.fromkeys(bound[s])]
+            names = [f"{n}, {w}" for n, w in zip(names, bound[s], strict=True)]
         for v in variants:
             declared = ", ".join([*variant_params, "int32_t threads"])
             lines.append(f"int {variant_symbol(s, v)}({declared});")
@@ -314,8 +330,8 @@ def render_dispatcher(
             f"int {s}({', '.join(params)}) {{",
             f"    switch ({s}__variant()) {{",
         ]
-        for i, v in enumerate(variants):
-            lines.append(f"    case {i}: return {variant_symbol(s, v)}({names}, tlc_rt_threads());")
+        for i, (v, args) in enumerate(zip(variants, names, strict=True)):
+            lines.append(f"    case {i}: return {variant_symbol(s, v)}({args}, tlc_rt_threads());")
         lines += [f"    default: return {Status.UNSUPPORTED_CPU.value};", "    }", "}", ""]
     return "\n".join(lines)
 

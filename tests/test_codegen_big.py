@@ -9,6 +9,7 @@ different order: rtol 1e-12.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -29,6 +30,7 @@ from tlc.codegen.module import (
     pack_params,
 )
 from tlc.codegen.shared_lib import build_library
+from tlc.codegen.target import HOST, target_info
 from tlc.core.payload import Payload
 from tlc.frontends.text import parse_source
 from tlc.semantics.interpret import interpret
@@ -131,6 +133,28 @@ def test_small_payloads_stay_baked() -> None:
     source, payload = mlp([4, 5, 3])
     graph = checked_graph(parse_source(source, "s.tlir"), None)
     assert compile_graph(graph, payload).bound is None
+
+
+def test_a_library_holds_a_big_payload_packed_for_each_level(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each CPU level's variant reads its own copy of the payload, packed as its baked build
+    would be (the JIT's `bound_params`), so it runs the packed kernels and computes their
+    bits: here C^T, where a row-major copy would run C = W patches. Levels with the same
+    layout share a copy (x86-64-v2 and the baseline)."""
+    monkeypatch.setattr(codegen_module, "BAKE_LIMIT", 1024)
+    graph = checked_graph(parse_source(CONV, "c.tlir"), None)
+    rng = np.random.default_rng(4)
+    payload = Payload.from_flat({"1.weight": rng.standard_normal((128, 128, 3, 3)) / 34,
+                                 "1.bias": rng.standard_normal(128)})  # fmt: skip
+    built = build_library([(graph, payload)], str(tmp_path / "libc.so"), np.float32)
+    symbols = subprocess.run(["objdump", "-t", built.library], capture_output=True, text=True)
+    copies = sorted(set(re.findall(r"tlc_c__weights__\w+", symbols.stdout)))
+    assert copies == [f"tlc_c__weights__x86_64_v{n}" for n in (2, 3, 4)]
+    x = rng.standard_normal((1, 128, 7, 7)).astype(np.float32)
+    level = target_info(HOST).level  # the variant this CPU runs
+    jit = tlc.compile(CONV, payload, "f32", target_cpu=level)
+    assert tlc.load(built.library)(x).tobytes() == jit(x).tobytes()
 
 
 def test_library_embeds_a_big_payload(tmp_path: Path) -> None:

@@ -364,6 +364,7 @@ def emit_direct(
             count = b.select(b.icmp_signed("<", rest, k.i64(plane.chunk)), rest,
                              k.i64(plane.chunk))  # fmt: skip
             first = b.icmp_signed("==", pc, k.i64(0))
+            k.kept_in_memory(partial)  # the partial sums between chunks are memory
 
             def part(ox: ir.Value, width: int) -> None:
                 def start(r: int, v: int) -> ir.Value:
