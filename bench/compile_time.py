@@ -21,7 +21,10 @@ Python; for payloads over the bake limit, with the payload packed into the array
 pointer), `parse+opt` (LLVM parses, verifies and optimises at O3), `codegen` (LLVM emits object
 code) and `link` (the JIT links the object). Then, unless `--no-cache`, `tlc.compile`'s own
 path twice in a fresh private object cache (`tlc.codegen.objcache`): `cold` compiles and stores
-the object code, `warm` (a new in-process JIT cache, as in a new process) reads it back.
+the object code, `warm` (a new in-process JIT cache, as in a new process) reads it back; both
+in CPU seconds of this process and in wall seconds (a graph over `INLINE_NODES` nodes has its
+kernels compiled in modules of their own, the others' in worker processes at the same time:
+`build_graph_module(kernel_modules=...)`).
 `--run` also runs the compiled model once and checks it against the reference interpreter;
 `--by-pointer` passes even a small payload by pointer (the bake limit set to 0), to see what
 baking costs; `--layers` compiles every distinct layer alone (its op, attributes and input
@@ -224,19 +227,21 @@ def cold_and_warm(graph: GraphOp, payload: Payload, dtype: type) -> None:
         os.environ["XDG_CACHE_HOME"] = home
         os.environ.pop("TLC_OBJECT_CACHE", None)
         try:
-            times = []
+            times, walls = [], []
             for _ in range(2):
                 jit._graph_cache.clear()
-                start = cpu()
+                start, wall = cpu(), time.perf_counter()
                 jit.compile_graph(graph, payload, dtype)
                 times.append(cpu() - start)
+                walls.append(time.perf_counter() - wall)
         finally:
             for k, v in saved.items():
                 if v is None:
                     os.environ.pop(k, None)
                 else:
                     os.environ[k] = v
-    print(f"  tlc.compile: cold {times[0]:.2f} s, warm {times[1]:.2f} s (object cache)")
+    print(f"  tlc.compile: cold {times[0]:.2f} s ({walls[0]:.2f} s wall), warm {times[1]:.2f} s "
+          f"({walls[1]:.2f} s wall; object cache)")  # fmt: skip
 
 
 def measure(

@@ -18,7 +18,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from functools import cache
 
@@ -29,6 +29,7 @@ from tlc.codegen import objcache
 from tlc.codegen.builder import Status
 from tlc.codegen.loader import EntryPoint, raise_for_status
 from tlc.codegen.module import (
+    INLINE_NODES,
     GraphModule,
     ParamSlot,
     bakes_payload,
@@ -37,7 +38,7 @@ from tlc.codegen.module import (
     build_node_module,
 )
 from tlc.codegen.runtime import available_cpus, helper_symbols
-from tlc.codegen.target import HOST, Target, compile_ir, emit_object, host_lacks, target_machine
+from tlc.codegen.target import HOST, Target, host_lacks, target_machine
 from tlc.core.arrays import as_float_array
 from tlc.core.diagnostics import DiagnosticError
 from tlc.core.payload import Payload, Record
@@ -80,18 +81,27 @@ def _check_runnable(target: Target) -> None:
         )
 
 
+#: The most modules a graph's kernels are spread over (`build_graph_module(kernel_modules=)`),
+#: one per CPU this process may use: LLVM compiles them at the same time, in worker processes.
+MAX_KERNEL_MODULES = 4
+
+
 #: The prefix of the runtime's functions (`tlc_rt_parallel`) in generated IR (a graph whose
 #: entry point happens to start so only links the helper without need).
 RUNTIME_CALL = "tlc_rt_"
 
 
 def link_object(
-    obj: bytes, symbols: list[str], target: Target = HOST, runtime: bool = True
+    obj: bytes | Sequence[bytes], symbols: list[str], target: Target = HOST, runtime: bool = True
 ) -> llvm.ResourceTracker:
-    """Link object code into the process-wide JIT of `target` (see `jit_link`), with the
-    runtime's functions (thread pool, workspace cache) taken from its helper library when the
-    code calls them (`runtime`; small graphs do not, and need no helper and no C compiler)."""
-    builder = llvm.JITLibraryBuilder().add_object_img(obj).add_current_process()
+    """Link object code (one object, or several that call each other: a graph's modules) into
+    the process-wide JIT of `target` (see `jit_link`), with the runtime's functions (thread
+    pool, workspace cache) taken from its helper library when the code calls them (`runtime`;
+    small graphs do not, and need no helper and no C compiler)."""
+    builder = llvm.JITLibraryBuilder()
+    for one in [obj] if isinstance(obj, bytes) else obj:
+        builder.add_object_img(one)
+    builder.add_current_process()
     for name, address in helper_symbols().items() if runtime else ():
         builder.import_symbol(name, address)
     for symbol in symbols:
@@ -147,14 +157,14 @@ def compile_graph(
     # A payload over the bake limit is passed by pointer: the entry point holds it, each field
     # in the layout its kernel reads when baked (`bound_params`).
     bound = not runtime_payload and not bakes_payload(graph, dtype)
-    module, obj, runtime = _built(graph, payload, dtype, batch, runtime_payload, bound, target,
+    module, objs, runtime = _built(graph, payload, dtype, batch, runtime_payload, bound, target,
                                   key)  # fmt: skip
     held = None
     if bound:
         held = module.bound
         if held is None:  # the object code came from the cache
             held = bound_params(graph, payload or Payload(), dtype, batch, target)
-    tracker = link_object(obj, [module.symbol], target, runtime=runtime)
+    tracker = link_object(objs, [module.symbol], target, runtime=runtime)
     entry = EntryPoint(
         module.symbol,
         tracker[module.symbol],
@@ -180,24 +190,36 @@ def _built(
     bound: bool,
     target: Target,
     key: tuple,
-) -> tuple[GraphModule, bytes, bool]:
+) -> tuple[GraphModule, list[bytes], bool]:
     """The graph's module (its interface facts; `ir` empty when it came from the cache), its
-    object code and whether that calls the runtime: from the object cache when this exact
-    graph, payload and build were compiled before by the same tlc (`objcache.source_digest`)
-    for the same machine, else built, compiled and stored."""
+    object code (one object per module its kernels are spread over) and whether that calls
+    the runtime: from the object cache when this exact graph, payload and build were compiled
+    before by the same tlc (`objcache.source_digest`) for the same machine, else built,
+    compiled (the modules at the same time) and stored."""
     name = objcache.key([objcache.source_digest(), *map(str, key), str(runtime_payload),
                          str(bound)], target)  # fmt: skip
     hit = objcache.load(name)
     if hit is not None:
-        obj, facts = hit
-        return _module_of(facts), obj, facts["runtime"]
-    module = build_graph_module(graph, payload, dtype, batch=batch,
-                                runtime_payload=runtime_payload, bound_payload=bound,
-                                target=target)  # fmt: skip
-    obj = emit_object(compile_ir(module.ir, target), target)
-    runtime = RUNTIME_CALL in module.ir
-    objcache.store(name, obj, {**_facts_of(module), "runtime": runtime})
-    return module, obj, runtime
+        joined, facts = hit
+        ends = np.cumsum(facts["objects"]).tolist()
+        objs = [joined[start:end] for start, end in zip([0, *ends], ends, strict=False)]
+        return _module_of(facts), objs, facts["runtime"]
+    spread = min(available_cpus(), MAX_KERNEL_MODULES)
+    # Workers for the other modules start now, so their imports overlap the build.
+    spare = objcache.spawn_workers(spread - 1, target) if len(graph.nodes) > INLINE_NODES else []
+    try:
+        module = build_graph_module(graph, payload, dtype, batch=batch,
+                                    runtime_payload=runtime_payload, bound_payload=bound,
+                                    target=target, kernel_modules=spread)  # fmt: skip
+    except BaseException:
+        objcache.stop_workers(spare)
+        raise
+    texts = [module.ir, *module.parts]
+    objs = objcache.object_codes([(text, target) for text in texts], cached=False, spare=spare)
+    runtime = any(RUNTIME_CALL in text for text in texts)
+    facts = {**_facts_of(module), "runtime": runtime, "objects": [len(obj) for obj in objs]}
+    objcache.store(name, b"".join(objs), facts)
+    return module, objs, runtime
 
 
 def _facts_of(module: GraphModule) -> dict:

@@ -91,6 +91,9 @@ class GraphModule:
     plan: GraphPlan | None = None
     #: A `bound_payload` build's params array (`bound_params`), when its payload was given.
     bound: np.ndarray | None = None
+    #: IR of the modules holding the kernels `build_graph_module(kernel_modules=...)` moved out
+    #: of `ir`, each compiled on its own and linked with it.
+    parts: tuple[str, ...] = ()
 
     @property
     def params_size(self) -> int:
@@ -465,6 +468,7 @@ def build_graph_module(
     entry_name: str | None = None,
     queries: bool = True,
     profile: str | None = None,
+    kernel_modules: int = 1,
 ) -> GraphModule:
     """Check `graph` and its payload, and emit its module (see the module docstring) with kernels
     shaped for `target`. `entry_name` renames the entry point and `queries=False` leaves out the
@@ -475,7 +479,10 @@ def build_graph_module(
     adds the nanoseconds it took, of the calling thread's CPU time or of wall time, to element
     `node id` of the exported i64 array `<symbol>_profile` (`_Profile`; a measuring build,
     bench/real_networks.py --profile: its row regions are not merged into runs, so each node's
-    time is its own). `bound_payload`: the fields are read from a params array as for
+    time is its own). `kernel_modules` > 1: a graph that keeps its kernels apart (over
+    `INLINE_NODES` nodes) has them spread over that many modules, `ir` and `parts`, each
+    about the same size, to compile at the same time (`tlc.codegen.objcache.object_codes`)
+    and link together. `bound_payload`: the fields are read from a params array as for
     `runtime_payload`, but laid out and packed as baked fields are (`bound_params`;
     `GraphModule.bound` is that array), so the kernels take their packed paths: the JIT's build
     for a payload over `BAKE_LIMIT`."""
@@ -529,8 +536,10 @@ def build_graph_module(
     k = KernelBuilder(body, dtype, info)
     x_ptr, out_ptr, threads = body.args[0], body.args[1], body.args[-1]
     arena = _Arena(k, graph, plan, threads)
-    emitter = _NodeEmitter(module, symbol, k, plan, info, separate=len(graph.nodes) > INLINE_NODES,
-                           packed=slots is None)  # fmt: skip
+    separate = len(graph.nodes) > INLINE_NODES
+    homes = [module] + [ir.Module(name=f"{symbol}.{i}") for i in range(1, kernel_modules)]
+    emitter = _NodeEmitter(module, symbol, k, plan, info, separate=separate, packed=slots is None,
+                           homes=homes if separate else [module])  # fmt: skip
     clock = _Profile(module, symbol, len(plan.nodes), profile) if profile is not None else None
     values: list[Buf] = []
     slot_at = {(s.node, s.field): s for s in slots or ()}
@@ -622,6 +631,7 @@ def build_graph_module(
         tuple(slots) if slots is not None else None,
         plan,
         bound[1] if bound is not None else None,
+        tuple(str(home) for home in emitter.homes[1:] if home.functions),
     )
 
 
@@ -935,10 +945,13 @@ class _NodeEmitter:
     `tlc_rt_parallel` with the pointers in a context array."""
 
     def __init__(self, module: ir.Module, symbol: str, k: KernelBuilder, plan: GraphPlan,
-                 info: TargetInfo, separate: bool, packed: bool):  # fmt: skip
+                 info: TargetInfo, separate: bool, packed: bool,
+                 homes: list[ir.Module]):  # fmt: skip
         self.module, self.symbol, self.k, self.plan, self.info = module, symbol, k, plan, info
         #: Kernels no larger graph inlines; baked params in their packed layouts.
         self.separate, self.packed = separate, packed
+        #: The modules node functions go in (`module` first), and their instructions so far.
+        self.homes, self.sizes = homes, [0] * len(homes)
         self.functions: dict[tuple, ir.Function] = {}
         #: The (task, ctx) of each node of the row run being emitted (`NodePlan.run`).
         self.pending: list[tuple[ir.Function, ir.Value]] = []
@@ -990,14 +1003,20 @@ class _NodeEmitter:
                tuple(type(m) for m in p.maps))  # fmt: skip
         func = self.functions.get(key)
         if func is None:
+            home = self.sizes.index(min(self.sizes))
             func = node_function(
-                self.module, f"{self.symbol}.n{p.node.id}", kernel.node, kernel.arg_shapes,
+                self.homes[home], f"{self.symbol}.n{p.node.id}", kernel.node, kernel.arg_shapes,
                 param_shapes, kernel.out_shape, scratch, self.k.dtype.type, self.info,
                 in_place=p.in_place, packed=self.packed, fused=p.epilogue, parts=parts,
                 maps=p.maps,
             )  # fmt: skip
+            self.sizes[home] += sum(len(block.instructions) for block in func.blocks)
             if self.separate:
                 func.attributes.add("noinline")
+            if home:  # linked from another module: hidden, and declared here
+                func.linkage = "hidden"
+                func = ir.Function(self.module, func.ftype, func.name)
+                func.linkage = "hidden"
             self.functions[key] = func
         return func
 

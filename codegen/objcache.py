@@ -125,50 +125,84 @@ def object_code(ir_text: str, target: Target) -> bytes:
     return obj
 
 
-def object_codes(jobs: Sequence[tuple[str, Target]]) -> list[bytes]:
+def object_codes(
+    jobs: Sequence[tuple[str, Target]],
+    cached: bool = True,
+    spare: Sequence[Worker] = (),
+) -> list[bytes]:
     """`object_code` of each (IR text, target), the misses compiled at the same time: the first
-    in this process, each other one in a worker process of its own (`python -m
-    tlc.codegen.objcache`), when this process may use more than one CPU and they are worth a
-    process start (`PARALLEL_BYTES` of IR). A worker that fails is no loss: its job is compiled
-    here. (llvmlite serialises every LLVM call in a process behind one lock, so threads would
-    not run LLVM in parallel.)"""
+    in this process, each other one of `PARALLEL_LINES` or more in a worker process of its own
+    (`python -m tlc.codegen.objcache`) when this process may use more than one CPU. A worker
+    that fails is no loss: its job is compiled here. (llvmlite serialises every LLVM call in a
+    process behind one lock, so threads would not run LLVM in parallel.) `cached=False`: every
+    job is compiled and none is stored (a caller that keeps the objects under a key of its own:
+    the JIT's graphs). `spare`: workers `spawn_workers` started while the caller built the IR
+    (their start-up, most of a second of imports, then costs no wall time); they take the
+    jobs for their target first, and those left over are stopped."""
     names = [key([text], target) for text, target in jobs]
     results: list[bytes | None] = []
     for name in names:
-        hit = load(name)
+        hit = load(name) if cached else None
         results.append(None if hit is None else hit[0])
     misses = [i for i, r in enumerate(results) if r is None]
-    parallel = (
-        len(misses) > 1
-        and available_cpus() > 1
-        and sum(len(jobs[i][0]) for i in misses) >= PARALLEL_BYTES
-    )
-    workers = {i: _start_worker(*jobs[i]) for i in misses[1:]} if parallel else {}
+    ready = list(spare)
+    workers = {}
+    if available_cpus() > 1:
+        for i in misses[1:]:
+            text, target = jobs[i]
+            if text.count("\n") >= PARALLEL_LINES:
+                mine = next((w for w in ready if w[0] == target), None)
+                if mine is not None:
+                    ready.remove(mine)
+                workers[i] = _feed(mine[1] if mine is not None else _spawn(target), text)
+    stop_workers(ready)
     for i in misses:
         worker = workers.get(i)
         obj = _finish_worker(worker) if worker is not None else None
         if obj is None:
             text, target = jobs[i]
             obj = emit_object(compile_ir(text, target), target)
-        store(names[i], obj)
+        if cached:
+            store(names[i], obj)
         results[i] = obj
     return [r for r in results if r is not None]
 
 
-#: Misses holding less IR than this (bytes of text) are compiled one after the other: a worker
-#: process costs a Python start-up (about 0.3 s), more than LLVM spends on a small module.
-PARALLEL_BYTES = 2_000_000
+#: Misses of fewer lines of IR (about one instruction a line; a baked payload is one line) are
+#: compiled in this process: a worker's start-up, about 0.8 s of imports on a Zen 3, costs
+#: about what LLVM spends on 5,000 lines of kernels (resnet18's 22,000 lines took 3.4 s).
+PARALLEL_LINES = 5_000
 
 
-def _start_worker(text: str, target: Target) -> subprocess.Popen | None:
-    """A worker compiling `text` for `target`, the IR written to its stdin by a thread (so a
-    large module cannot block on the pipe); None when it cannot start."""
+#: A worker process started for a target, waiting for its IR (`spawn_workers`).
+Worker = tuple[Target, subprocess.Popen]
+
+
+def spawn_workers(count: int, target: Target) -> list[Worker]:
+    """`count` workers for `target` (as many as start), to pass to `object_codes` once the IR
+    is built; none when this process may use only one CPU."""
+    if available_cpus() < 2:
+        return []
+    started = (_spawn(target) for _ in range(count))
+    return [(target, proc) for proc in started if proc is not None]
+
+
+def _spawn(target: Target) -> subprocess.Popen | None:
+    """A worker compiling for `target` the IR it will read on its stdin; None when it cannot
+    start."""
     command = [sys.executable, "-m", "tlc.codegen.objcache", target.cpu, target.features,
                target.triple]  # fmt: skip
     try:
-        proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        return subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.DEVNULL)  # fmt: skip
     except OSError:
+        return None
+
+
+def _feed(proc: subprocess.Popen | None, text: str) -> subprocess.Popen | None:
+    """`proc` with `text` written to its stdin by a thread (so a large module cannot block on
+    the pipe)."""
+    if proc is None:
         return None
 
     def feed() -> None:
@@ -178,6 +212,16 @@ def _start_worker(text: str, target: Target) -> subprocess.Popen | None:
 
     threading.Thread(target=feed, daemon=True).start()
     return proc
+
+
+def stop_workers(workers: Sequence[Worker]) -> None:
+    """Workers given no job (`spawn_workers`), stopped and reaped."""
+    for _, proc in workers:
+        proc.kill()
+        for stream in (proc.stdin, proc.stdout):
+            if stream is not None:
+                stream.close()
+        proc.wait()
 
 
 def _finish_worker(proc: subprocess.Popen | None) -> bytes | None:

@@ -4,6 +4,7 @@ code back, bit for bit the same code, and the cache is private, verified and bou
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import stat
 from pathlib import Path
@@ -13,8 +14,10 @@ import pytest
 
 from tlc.api.evaluate import checked_graph
 from tlc.codegen import jit, objcache
+from tlc.codegen.module import INLINE_NODES, build_graph_module
 from tlc.codegen.shared_lib import build_library
 from tlc.codegen.target import HOST, Target
+from tlc.core.payload import Payload
 from tlc.dialect.payload_section import payload_from_module
 from tlc.frontends.text import parse_source
 
@@ -46,7 +49,6 @@ def llvm_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     def refused(*_args: object) -> None:
         raise AssertionError("LLVM ran: the object cache was not used")
 
-    monkeypatch.setattr(jit, "compile_ir", refused)
     monkeypatch.setattr(objcache, "compile_ir", refused)
 
 
@@ -174,7 +176,7 @@ def test_misses_compiled_in_worker_processes_are_the_same_code(
     object is what this process makes of the IR, and is stored."""
     from tlc.codegen.target import compile_ir, emit_object
 
-    monkeypatch.setattr(objcache, "PARALLEL_BYTES", 0)
+    monkeypatch.setattr(objcache, "PARALLEL_LINES", 0)
     monkeypatch.setattr(objcache, "available_cpus", lambda: 2)
     if python == "failing worker":
         monkeypatch.setattr(objcache.sys, "executable", "/bin/false")
@@ -188,3 +190,62 @@ def test_misses_compiled_in_worker_processes_are_the_same_code(
     assert len(entries(cache)) == 2
     llvm_refused(monkeypatch)
     assert objcache.object_codes(jobs) == want
+
+
+def chain(layers: int) -> tuple[str, Payload]:
+    """Linear + relu layers of as many widths, so over INLINE_NODES nodes with a kernel a
+    layer."""
+    rng = np.random.default_rng(0)
+    lines, fields, width = ["tl.graph @chain {", "  %0 = input : [8]"], {}, 8
+    for i in range(layers):
+        out = 9 + i
+        lines += [f"  %{2 * i + 1} = linear(%{2 * i}) : [{out}]",
+                  f"  %{2 * i + 2} = relu(%{2 * i + 1})"]  # fmt: skip
+        fields[f"{2 * i + 1}.weight"] = rng.standard_normal((out, width)) / np.sqrt(width)
+        fields[f"{2 * i + 1}.bias"] = rng.standard_normal(out)
+        width = out
+    lines += [f"  output %{2 * layers}", "}"]
+    return "\n".join(lines), Payload.from_flat(fields)
+
+
+def test_a_big_graphs_kernels_compile_in_modules_of_their_own(
+    cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A graph over INLINE_NODES nodes has its kernels spread over a module per CPU
+    (`kernel_modules`), each about the same size, compiled at the same time (here in a worker
+    started while the IR was built) and linked together: the bits of one module, and a cache
+    entry that gives all the objects back."""
+    text, payload = chain(40)
+    graph = checked_graph(parse_source(text, "chain.tlir"), None)
+    assert len(graph.nodes) > INLINE_NODES
+    module = build_graph_module(graph, payload, np.float64, kernel_modules=2)
+    (part,) = module.parts
+    kernels = [re.findall(rf"^define {linkage} i32 @\"tlc_chain\.n\d+\"", ir, re.M)
+               for ir, linkage in ((module.ir, "internal"), (part, "hidden"))]  # fmt: skip
+    assert all(len(k) >= 15 for k in kernels), [len(k) for k in kernels]
+    assert all(name.replace("define", "declare") in module.ir for name in kernels[1])
+    x = np.random.default_rng(1).standard_normal(8)
+    monkeypatch.setattr(jit, "MAX_KERNEL_MODULES", 1)
+    one = jit.compile_graph(graph, payload)(x)
+    monkeypatch.setattr(jit, "MAX_KERNEL_MODULES", 2)
+    monkeypatch.setattr(jit, "available_cpus", lambda: 2)
+    monkeypatch.setattr(objcache, "available_cpus", lambda: 2)
+    monkeypatch.setattr(objcache, "PARALLEL_LINES", 0)
+    spawned = []
+    monkeypatch.setattr(objcache, "_spawn", lambda t, s=objcache._spawn: spawned.append(t) or s(t))
+    monkeypatch.setenv("TLC_OBJECT_CACHE", "0")
+    jit._graph_cache.clear()
+    assert jit.compile_graph(graph, payload)(x).tobytes() == one.tobytes()
+    assert len(spawned) == 1
+    monkeypatch.setenv("TLC_OBJECT_CACHE", "1")
+    jit._graph_cache.clear()
+    spread = jit.compile_graph(graph, payload)(x)  # stored, then read back
+    llvm_refused(monkeypatch)
+    jit._graph_cache.clear()
+    assert jit.compile_graph(graph, payload)(x).tobytes() == spread.tobytes() == one.tobytes()
+
+
+def test_workers_given_no_job_are_stopped() -> None:
+    workers = objcache.spawn_workers(2, HOST) if objcache.available_cpus() > 1 else []
+    objcache.stop_workers(workers)
+    assert all(proc.returncode is not None for _, proc in workers)
