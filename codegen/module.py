@@ -937,7 +937,8 @@ PARTS_TASK_TYPE = ir.FunctionType(I32, [I8P, I64, I64, I64])
 class _NodeEmitter:
     """Calls of node kernels from the body: one call, or a parallel region of row tasks.
 
-    Each distinct kernel is one internal function of pointers (`node_function`), shared by the
+    Each distinct kernel is one function of pointers (`node_function`: internal, or hidden in
+    another of `homes`, the modules compiled at the same time), shared by the
     nodes that differ only in their data (in a graph of over `INLINE_NODES` nodes, an
     elementwise map of `MAP_ELEMENTS` or more calls its op kind's `map_function` with its
     length); a row region also gets a task function that offsets the pointers to its rows and
