@@ -178,9 +178,11 @@ class KernelBuilder:
         name: str = "i",
         start: int | ir.Value = 0,
         step: int = 1,
+        unroll: int = 0,
     ) -> Iterator[ir.Value]:
         """`for (i = start; i < count; i += step)`: yields the i64 index; the builder ends
-        after the loop. Bounds are constants except in blocked loops (i64 values)."""
+        after the loop. Bounds are constants except in blocked loops (i64 values). `unroll`:
+        LLVM unrolls the loop that many times (`llvm.loop.unroll.count`) on every target."""
         pre = self.b.block
         header = self.func.append_basic_block(f"{name}.header")
         body = self.func.append_basic_block(f"{name}.body")
@@ -195,8 +197,20 @@ class KernelBuilder:
         yield index
         following = self.b.add(index, self.i64(step), name=f"{name}.next", flags=("nuw", "nsw"))
         index.add_incoming(following, self.b.block)
-        self.b.branch(header)
+        latch = self.b.branch(header)
+        if unroll:
+            latch.set_metadata("llvm.loop", self._unrolled(unroll))
         self.b.position_at_end(done)
+
+    def _unrolled(self, count: int) -> ir.MDValue:
+        """A loop's own `llvm.loop` node asking for `count` unrolled copies: a new node (not
+        one `add_metadata` shares) whose first operand is itself, as LLVM requires of a loop
+        ID."""
+        hint = self.module.add_metadata([ir.MetaDataString(self.module, "llvm.loop.unroll.count"),
+                                         ir.Constant(ir.IntType(32), count)])  # fmt: skip
+        node = ir.values.MDValue(self.module, [hint], name=str(len(self.module.metadata)))
+        node.operands = (node, hint)
+        return node
 
     @contextmanager
     def nest(self, shape: Sequence[int], name: str = "i") -> Iterator[list[ir.Value]]:

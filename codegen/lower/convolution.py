@@ -1278,7 +1278,8 @@ def _conv_product(k: KernelBuilder, s: Step, f: ConvFrame, parts: int) -> None:
                 left_k = b.sub(k.i64(f.depth), pc)
                 emit_packed_block(
                     k, mk, m=f.cout_g,
-                    klen=b.select(b.icmp_signed("<", left_k, k.i64(kc)), left_k, k.i64(kc)),
+                    klen=b.select(b.icmp_signed("<", left_k, k.i64(kc)), left_k, k.i64(kc))
+                    if blocked else k.i64(f.depth),  # a constant the tile loop unrolls by
                     a_at=a_at, b_at=b_at, panels=panels, finish=finish,
                     after=None if stage is None and (aligned or wide) else after,
                     partial=partial if blocked else None,
