@@ -137,7 +137,7 @@ def object_codes(
     process behind one lock, so threads would not run LLVM in parallel.) `cached=False`: every
     job is compiled and none is stored (a caller that keeps the objects under a key of its own:
     the JIT's graphs). `spare`: workers `spawn_workers` started while the caller built the IR
-    (their start-up, most of a second of imports, then costs no wall time); they take the
+    (their start-up, about 0.45 s of imports, then costs no wall time); they take the
     jobs for their target first, and those left over are stopped."""
     names = [key([text], target) for text, target in jobs]
     results: list[bytes | None] = []
@@ -169,9 +169,11 @@ def object_codes(
 
 
 #: Misses of fewer lines of IR (about one instruction a line; a baked payload is one line) are
-#: compiled in this process: a worker's start-up, about 0.8 s of imports on a Zen 3, costs
-#: about what LLVM spends on 5,000 lines of kernels (resnet18's 22,000 lines took 3.4 s).
-PARALLEL_LINES = 5_000
+#: compiled in this process: a worker's start-up, about 0.45 s on a Zen 3 (Python, numpy and
+#: llvmlite; no xdsl, which `tlc.core.diagnostics` imports only where an op is at hand: 0.8 s
+#: before), costs about what LLVM spends on 3,000 lines of kernels (resnet18's 22,000 lines
+#: took 3.4 s).
+PARALLEL_LINES = 3_000
 
 
 #: A worker process started for a target, waiting for its IR (`spawn_workers`).

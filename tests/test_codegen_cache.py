@@ -7,6 +7,8 @@ import os
 import re
 import shutil
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -249,3 +251,13 @@ def test_workers_given_no_job_are_stopped() -> None:
     workers = objcache.spawn_workers(2, HOST) if objcache.available_cpus() > 1 else []
     objcache.stop_workers(workers)
     assert all(proc.returncode is not None for _, proc in workers)
+
+
+def test_a_worker_imports_no_xdsl() -> None:
+    """A compile worker (`python -m tlc.codegen.objcache`) needs llvmlite, not the IR's
+    dialects: `tlc.core.diagnostics` imports xdsl only where an op is at hand, so a worker
+    starts in about 0.45 s instead of 0.8 (`PARALLEL_LINES` is sized by it)."""
+    probe = "import sys, tlc.codegen.objcache; print({m.split('.')[0] for m in sys.modules})"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          check=True)  # fmt: skip
+    assert "'xdsl'" not in done.stdout and "'llvmlite'" in done.stdout

@@ -12,11 +12,11 @@ import linecache
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cache
+from typing import TYPE_CHECKING
 
-from xdsl.dialects.builtin import FileLineColLoc, StringAttr
-from xdsl.ir import Operation
-
-from tlc.core.attrs import file_loc
+if TYPE_CHECKING:  # xdsl is imported where an op is at hand: a compile worker never is
+    from xdsl.dialects.builtin import FileLineColLoc, StringAttr
+    from xdsl.ir import Operation
 
 
 @dataclass(frozen=True)
@@ -26,6 +26,8 @@ class Location:
     col: int
 
     def to_attr(self) -> FileLineColLoc:
+        from tlc.core.attrs import file_loc
+
         return file_loc(_file_attr(self.file), self.line, self.col)
 
     def __str__(self) -> str:
@@ -35,10 +37,14 @@ class Location:
 @cache
 def _file_attr(name: str) -> StringAttr:
     """One attribute per file name, shared by every location in the file."""
+    from xdsl.dialects.builtin import StringAttr
+
     return StringAttr(name)
 
 
 def location_of(op: Operation) -> Location | None:
+    from xdsl.dialects.builtin import FileLineColLoc
+
     loc = op.location
     if isinstance(loc, FileLineColLoc):
         return Location(loc.filename.data, loc.line.data, loc.column.data)
@@ -77,7 +83,7 @@ class DiagnosticError(Exception):
 
 def error(message: str, where: Operation | Location | None = None) -> DiagnosticError:
     """An error located at an op (its parsed location) or at an explicit location."""
-    loc = location_of(where) if isinstance(where, Operation) else where
+    loc = where if where is None or isinstance(where, Location) else location_of(where)
     return DiagnosticError(Diagnostic("error", message, loc))
 
 
