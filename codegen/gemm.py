@@ -643,10 +643,10 @@ def micro_unroll(info: TargetInfo, fmas: int, trips: int | None) -> int:
     `unroll`; 0: its own choice): enough for `UNROLLED_FMAS`; with `trips` known, the most
     up to that which divide it (so no copy but the last tests for the end; 0 if none from 2
     up does), else LLVM adds a remainder loop. LLVM unrolls such a loop itself only where
-    the CPU's scheduling model has a large loop buffer: for znver3, 3
-    copies of a 12-FMA tile and 2 of a 16; for x86-64-v3 (the default library's AVX2 code),
-    haswell or znver2, none, and there the loop's own instructions (the counter, the tap's
-    offset) ran between too few FMAs. Measured on a Zen 3 (11 paired rounds against znver3
+    the CPU's scheduling model has a large loop buffer: for znver3, 3 copies of a 12-FMA
+    tile and 2 of a 16; for x86-64-v3 (the default library's AVX2 code), haswell or znver2,
+    none, and there the loop's own instructions (the counter, the tap's offset) ran between
+    too few FMAs. Measured on a Zen 3 (11 paired rounds against znver3
     code, which LLVM unrolls itself), x86-64-v3 code of resnet18's 3x3 layers: 64 -> 64 on
     56 x 56 0.92 without, 1.00 with; 256 -> 256 on 14 x 14 0.91 and 1.00; 512 -> 512 on
     7 x 7 0.99 and 1.01; znver3 code with and without within 2%. Only AVX2 code

@@ -29,13 +29,13 @@ from tlc.codegen import objcache
 from tlc.codegen.builder import Status
 from tlc.codegen.loader import EntryPoint, raise_for_status
 from tlc.codegen.module import (
-    INLINE_NODES,
     GraphModule,
     ParamSlot,
     bakes_payload,
     bound_params,
     build_graph_module,
     build_node_module,
+    kernels_apart,
 )
 from tlc.codegen.runtime import available_cpus, helper_symbols
 from tlc.codegen.target import HOST, Target, host_lacks, target_machine
@@ -206,7 +206,7 @@ def _built(
         return _module_of(facts), objs, facts["runtime"]
     spread = min(available_cpus(), MAX_KERNEL_MODULES)
     # Workers for the other modules start now, so their imports overlap the build.
-    spare = objcache.spawn_workers(spread - 1, target) if len(graph.nodes) > INLINE_NODES else []
+    spare = objcache.spawn_workers(spread - 1, target) if kernels_apart(graph) else []
     try:
         module = build_graph_module(graph, payload, dtype, batch=batch,
                                     runtime_payload=runtime_payload, bound_payload=bound,

@@ -452,6 +452,12 @@ def padding_bypass(graph: GraphOp, records: dict, dtype: type, out_node: NodeOp)
     return bypass
 
 
+def kernels_apart(graph: GraphOp) -> bool:
+    """Whether `graph` keeps each kernel in a function of its own (over `INLINE_NODES`
+    nodes), so that its kernels can be spread over modules (`kernel_modules`)."""
+    return len(graph.nodes) > INLINE_NODES
+
+
 def graph_symbol(graph: GraphOp) -> str:
     return f"tlc_{graph.graph_name}"
 
@@ -536,10 +542,11 @@ def build_graph_module(
     k = KernelBuilder(body, dtype, info)
     x_ptr, out_ptr, threads = body.args[0], body.args[1], body.args[-1]
     arena = _Arena(k, graph, plan, threads)
-    separate = len(graph.nodes) > INLINE_NODES
-    homes = [module] + [ir.Module(name=f"{symbol}.{i}") for i in range(1, kernel_modules)]
+    separate = kernels_apart(graph)
+    homes = [module] + [ir.Module(name=f"{symbol}.{i}")
+                        for i in range(1, kernel_modules if separate else 1)]  # fmt: skip
     emitter = _NodeEmitter(module, symbol, k, plan, info, separate=separate, packed=slots is None,
-                           homes=homes if separate else [module])  # fmt: skip
+                           homes=homes)  # fmt: skip
     clock = _Profile(module, symbol, len(plan.nodes), profile) if profile is not None else None
     values: list[Buf] = []
     slot_at = {(s.node, s.field): s for s in slots or ()}

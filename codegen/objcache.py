@@ -139,11 +139,9 @@ def object_codes(
     the JIT's graphs). `spare`: workers `spawn_workers` started while the caller built the IR
     (their start-up, about 0.45 s of imports, then costs no wall time); they take the
     jobs for their target first, and those left over are stopped."""
-    names = [key([text], target) for text, target in jobs]
-    results: list[bytes | None] = []
-    for name in names:
-        hit = load(name) if cached else None
-        results.append(None if hit is None else hit[0])
+    names = [key([text], target) for text, target in jobs] if cached else []
+    hits = [load(name) for name in names] if cached else [None] * len(jobs)
+    results: list[bytes | None] = [None if hit is None else hit[0] for hit in hits]
     misses = [i for i, r in enumerate(results) if r is None]
     ready = list(spare)
     workers = {}
