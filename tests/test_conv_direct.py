@@ -152,19 +152,23 @@ def test_the_rule_runs_the_direct_kernel_on_every_target(
 def test_chunks_of_patch_rows_keep_the_bits(
     cpu: str, batch: int, cin: int, cout: int, size: tuple[int, int], attrs: str
 ) -> None:
-    """The tiles of a row taking the patch rows a chunk at a time (`DirectPlane.chunk`: whole
-    channel blocks, or 5 rows, a chunk that ends mid-block and a last chunk shorter than the
-    others) give the bytes of the whole patch row tile by tile, on 1 and 2 threads; the rule
-    chunks 512 -> 512 on 7 x 7 in AVX2 code (442 KB of weights a block) and nothing smaller."""
+    """The tiles of a band of rows taking the patch rows a chunk at a time
+    (`DirectPlane.chunk`: whole channel blocks, or 5 rows, a chunk that ends mid-block and a
+    last chunk shorter than the others; `DirectPlane.band`: every row of tiles, 2 rows, a
+    last band shorter than the others, or one) give the bytes of the whole patch row tile by
+    tile, on 1 and 2 threads; the rule chunks the blocks whose weights outgrow CHUNK_ABOVE in
+    AVX2 code (221 KB for 256 -> 256 on 7 x 7) and nothing smaller."""
     text, payload, x = conv_case(batch, cin, cout, size, attrs, (3, 3), seed=cin)
     target = options(runnable(cpu))
     outputs = []
-    for chunk in (None, 0, 5, 9 * 8):
+    for chunk, band in ((None, None), (0, None), (5, None), (9 * 8, None), (9 * 8, 2), (5, 1)):
         with pytest.MonkeyPatch.context() as patch:
             patch.setenv(objcache.ENV_SWITCH, "0")
             patch.setattr(convolution, "_channel_blocked", lambda info, f: True)
             if chunk is not None:
                 patch.setattr(convolution, "_direct_chunk", lambda *args, chunk=chunk: chunk)
+            if band is not None:
+                patch.setattr(convolution, "chunk_band", lambda *args, band=band: band)
             for threads in (1, 2):
                 compiled = tlc.compile(text, payload, "f32", threads=threads, **target)
                 outputs.append(compiled(x))
@@ -172,7 +176,12 @@ def test_chunks_of_patch_rows_keep_the_bits(
         np.testing.assert_array_equal(got, outputs[0])
     close(outputs[0], reference(text, payload, x, np.float32), np.float32)
     info = target_info(Target("znver3", triple=X86_64))
-    for c, n, expected in ((512, 512, 2 * 9 * 8), (512, 48, 2 * 9 * 8), (256, 256, 0)):
+    for c, n, expected in (
+        (512, 512, 2 * 9 * 8),
+        (512, 48, 2 * 9 * 8),
+        (256, 256, 2 * 9 * 8),
+        (64, 64, 0),
+    ):
         text = conv_case(1, c, n, (7, 7), "padding = [1, 1]", (3, 3))[0]
         f = frame(text)
         tile = convolution._direct_tile(info, 4, f)

@@ -78,12 +78,20 @@ FOLDED_POSITIONS = 28
 DUAL_FMA_STAGED = 2
 
 
-#: Bytes of packed weights one chunk of patch rows holds when the tiles of a row take the rows
-#: a chunk at a time (`DirectPlane.chunk`, `chunk_rows`): in L1 beside the input a chunk reads.
+#: Bytes of packed weights one chunk of patch rows holds when the tiles of a band of rows take
+#: the rows a chunk at a time (`DirectPlane.chunk`, `chunk_rows`): in L1 beside the input a
+#: chunk reads.
 CHUNK_BYTES = 16 * 1024
-#: The block's weights (depth x NR) above which AVX2 code takes its patch rows in chunks: half
-#: of Zen 3's 512 KiB L2, the other half for the input rows and the output.
-CHUNK_ABOVE = 256 * 1024
+#: The block's weights (depth x NR) above which AVX2 code takes its patch rows in chunks: a
+#: quarter of Zen 3's 512 KiB L2. Measured there (one thread, batch 1, 15 paired rounds, bands
+#: of every row against no chunks or chunks a row of tiles at a time): 256 -> 512 stride 2 on
+#: 14 x 14 (221 KB a block of 24 channels) 1.07, 256 -> 256 on 14 x 14 1.01; 128 -> 256
+#: stride 2 on 28 x 28 (110 KB) 0.98 and 64 -> 64 on 56 x 56 (37 KB) 0.98, so they take none.
+CHUNK_ABOVE = 128 * 1024
+#: The partial sums of the rows of tiles that share a chunk (`chunk_band`): with a chunk's
+#: weights, in L1. A band of every row against a row at a time, on Zen 3 (as CHUNK_ABOVE):
+#: 512 -> 512 on 7 x 7 1.12-1.18.
+BAND_BYTES = 32 * 1024
 
 
 @dataclass(frozen=True)
@@ -193,10 +201,13 @@ class DirectPlane:
     out_sp: tuple[int, int]
     cout: int
     edges: EdgeReads | None = None
-    #: Patch rows a row of tiles runs at a time, every tile of the row over each such chunk
-    #: before the next, their partial sums kept on the stack (0: all rows, tile by tile):
-    #: a chunk of the weights then serves every tile of the row from L1 (`chunk_rows`).
+    #: Patch rows a band of rows of tiles runs at a time, every tile of the band over each
+    #: such chunk before the next, their partial sums kept on the stack (0: all rows, tile by
+    #: tile): a chunk of the weights then serves every tile of the band from L1 (`chunk_rows`).
     chunk: int = 0
+    #: Rows of tiles that share each chunk (`chunk_band`; a unit's block's rows are cut into
+    #: bands, the last shorter).
+    band: int = 1
 
 
 def chunk_rows(tile: DirectTile, depth: int, block_rows: int, itemsize: int) -> int:
@@ -207,6 +218,12 @@ def chunk_rows(tile: DirectTile, depth: int, block_rows: int, itemsize: int) -> 
     if depth * tile.nr * itemsize <= CHUNK_ABOVE:
         return 0
     return max(CHUNK_BYTES // (tile.nr * itemsize) // block_rows, 1) * block_rows
+
+
+def chunk_band(tile: DirectTile, ow: int, itemsize: int) -> int:
+    """The rows of tiles that share each chunk (`DirectPlane.band`): as many as BAND_BYTES of
+    their partial sums hold, at least one."""
+    return max(BAND_BYTES // (tile.rows * ow * tile.nr * itemsize), 1)
 
 
 def direct_units(tile: DirectTile, out_sp: tuple[int, int], cout: int) -> int:
@@ -246,10 +263,11 @@ def emit_direct(
     `params` = (W^T packed as `pack_panels(W^T, tile.nr)`, bias padded to whole blocks).
     Each unit runs over every image of the group, so a block's weights are read from memory
     once per group, not once per image (512 -> 512 on 7 x 7: 9.4 MB). With `plane.chunk`,
-    the tiles of a row take the patch rows a chunk at a time, so each chunk of the block's
-    weights is read from L2 once per row of tiles and then from L1, not once per tile (a
-    block's weights, depth x NR, outgrow L2 beside the input: 442 KB for 512 -> 512 in
-    24-channel blocks); each output still sums its patch rows in order, so the same bits."""
+    the tiles of a band of `plane.band` rows take the patch rows a chunk at a time, so each
+    chunk of the block's weights is read from L2 once per band and then from L1, not once per
+    tile (a block's weights, depth x NR, outgrow L2 beside the input: 442 KB for 512 -> 512
+    in 24-channel blocks); each output still sums its patch rows in order, so the same
+    bits."""
     b, lanes, nr = k.b, tile.lanes, tile.nr
     (oh, ow), cout, (row_step, col_step), taps = plane.out_sp, plane.cout, plane.steps, plane.taps
     row_tiles = -(-oh // tile.rows)
@@ -327,10 +345,11 @@ def emit_direct(
     whole = ow // tile.cols
     widths = [(whole, tile.cols, 0)] + ([(1, ow % tile.cols, whole * tile.cols)]
                                         if ow % tile.cols else [])  # fmt: skip
-    chunked = 0 < plane.chunk < plane.depth and sum(count for count, _, _ in widths) > 1
-    if chunked:  # a row of tiles' partial sums, [rows, ow, nr]
+    band = max(min(plane.band, row_tiles), 1)  # rows of tiles sharing each chunk
+    chunked = 0 < plane.chunk < plane.depth and band * sum(n for n, _, _ in widths) > 1
+    if chunked:  # a band of rows of tiles' partial sums, [band * rows, ow, nr]
         with b.goto_block(k.alloca_block):
-            partial = b.bitcast(b.alloca(ir.ArrayType(k.T, tile.rows * ow * nr)),
+            partial = b.bitcast(b.alloca(ir.ArrayType(k.T, band * tile.rows * ow * nr)),
                                 k.T.as_pointer())  # fmt: skip
 
     def tiles(each: Callable[[ir.Value, int], None]) -> None:
@@ -342,60 +361,84 @@ def emit_direct(
             with k.loop(count, "ct") as ct:
                 each(b.add(k.i64(first), b.mul(ct, k.i64(tile.cols))), width)
 
-    def slot(ox: ir.Value, width: int, r: int, v: int) -> ir.Value:
-        at = b.add(b.mul(ox, k.i64(nr)), k.i64(((r // width) * ow + r % width) * nr + v * lanes))
+    def slot(row: ir.Value, ox: ir.Value, width: int, r: int, v: int) -> ir.Value:
+        """Where position r, vector v of the tile at (row of the band, ox) keeps its sum."""
+        at = b.add(b.mul(b.add(b.mul(row, k.i64(tile.rows * ow)), ox), k.i64(nr)),
+                   k.i64(((r // width) * ow + r % width) * nr + v * lanes))  # fmt: skip
         return b.bitcast(b.gep(partial, [at], inbounds=True), vec.as_pointer())
 
-    def partial_sum(ox: ir.Value, width: int, r: int, v: int) -> ir.Value:
-        return b.load(slot(ox, width, r, v), align=k.dtype.itemsize)
+    def partial_sum(row: ir.Value, ox: ir.Value, width: int, r: int, v: int) -> ir.Value:
+        return b.load(slot(row, ox, width, r, v), align=k.dtype.itemsize)
 
-    def row_of_tiles(block: ir.Value, oy: ir.Value, height: int) -> None:
-        with k.loop(plane.images, "im") as image:
-            if chunked:
-                chunks_of_row(block, oy, height, image)
-            else:
-                tiles(lambda ox, width: micro(block, oy, ox, height, width, image))
+    def each_row(rt: ir.Value, body: Callable[[ir.Value, int], None]) -> None:
+        """body(oy, height) for row of tiles rt: the last may be shorter."""
+        oy = b.mul(rt, k.i64(tile.rows))
+        if not oh % tile.rows:
+            body(oy, tile.rows)
+            return
+        with b.if_else(b.icmp_signed("==", rt, k.i64(row_tiles - 1))) as (edge, inner):
+            with edge:
+                body(oy, oh % tile.rows)
+            with inner:
+                body(oy, tile.rows)
 
-    def chunks_of_row(block: ir.Value, oy: ir.Value, height: int, image: ir.Value) -> None:
-        """A row of tiles of one image, every tile over each chunk of patch rows in turn,
-        their sums carried on the stack; then each tile's finished sums stored."""
+    def chunks_of_band(block: ir.Value, rows: tuple[ir.Value, ir.Value], image: ir.Value) -> None:
+        """Rows of tiles [first, end) of one image, every tile over each chunk of patch rows
+        in turn, their sums carried on the stack; then each tile's finished sums stored."""
+        first, end = rows
         with k.loop(plane.depth, "pc", step=plane.chunk) as pc:
             rest = b.sub(k.i64(plane.depth), pc)
             count = b.select(b.icmp_signed("<", rest, k.i64(plane.chunk)), rest,
                              k.i64(plane.chunk))  # fmt: skip
-            first = b.icmp_signed("==", pc, k.i64(0))
+            start_chunk = b.icmp_signed("==", pc, k.i64(0))
             k.kept_in_memory(partial)  # the partial sums between chunks are memory
 
-            def part(ox: ir.Value, width: int) -> None:
-                def start(r: int, v: int) -> ir.Value:
-                    return b.select(first, zero, partial_sum(ox, width, r, v))
+            def part(row: ir.Value, oy: ir.Value, height: int) -> None:
+                def one(ox: ir.Value, width: int) -> None:
+                    def start(r: int, v: int) -> ir.Value:
+                        return b.select(start_chunk, zero, partial_sum(row, ox, width, r, v))
 
-                def finish(r: int, v: int, acc: ir.Value) -> None:
-                    b.store(acc, slot(ox, width, r, v), align=k.dtype.itemsize)
+                    def finish(r: int, v: int, acc: ir.Value) -> None:
+                        b.store(acc, slot(row, ox, width, r, v), align=k.dtype.itemsize)
 
-                accumulate(block, oy, ox, height, width, image, (pc, count), start, finish)
+                    accumulate(block, oy, ox, height, width, image, (pc, count), start, finish)
 
-            tiles(part)
+                tiles(one)
 
-        def done(ox: ir.Value, width: int) -> None:
-            accs = {(r, v): partial_sum(ox, width, r, v)
-                    for r in range(height * width) for v in range(tile.nv)}  # fmt: skip
-            store_tile(block, oy, ox, height, width, image, accs)
+            with k.loop(end, "rt", start=first) as rt:
+                each_row(rt, lambda oy, height: part(b.sub(rt, first), oy, height))
 
-        tiles(done)
+        def done(row: ir.Value, oy: ir.Value, height: int) -> None:
+            def one(ox: ir.Value, width: int) -> None:
+                accs = {(r, v): partial_sum(row, ox, width, r, v)
+                        for r in range(height * width) for v in range(tile.nv)}  # fmt: skip
+                store_tile(block, oy, ox, height, width, image, accs)
 
-    with k.loop(hi, "u", start=lo) as u:
-        block, rt = b.udiv(u, k.i64(row_tiles)), b.urem(u, k.i64(row_tiles))
-        oy = b.mul(rt, k.i64(tile.rows))
-        if oh % tile.rows:
-            last = b.icmp_signed("==", rt, k.i64(row_tiles - 1))
-            with b.if_else(last) as (edge, inner):
-                with edge:
-                    row_of_tiles(block, oy, oh % tile.rows)
-                with inner:
-                    row_of_tiles(block, oy, tile.rows)
-        else:
-            row_of_tiles(block, oy, tile.rows)
+            tiles(one)
+
+        with k.loop(end, "rt", start=first) as rt:
+            each_row(rt, lambda oy, height: done(b.sub(rt, first), oy, height))
+
+    if not chunked:
+        with k.loop(hi, "u", start=lo) as u:
+            block, rt = b.udiv(u, k.i64(row_tiles)), b.urem(u, k.i64(row_tiles))
+            with k.loop(plane.images, "im") as image:
+                each_row(rt, lambda oy, height: tiles(
+                    lambda ox, width: micro(block, oy, ox, height, width, image)))  # fmt: skip
+        return
+    # Chunks: the units of each block in bands of `band` rows of tiles.
+    last = b.udiv(b.sub(b.select(b.icmp_signed(">", hi, lo), hi, b.add(lo, k.i64(1))),
+                        k.i64(1)), k.i64(row_tiles))  # fmt: skip
+    with k.loop(b.add(last, k.i64(1)), "blk", start=b.udiv(lo, k.i64(row_tiles))) as block:
+        at = b.mul(block, k.i64(row_tiles))
+        first = b.sub(b.select(b.icmp_signed(">", lo, at), lo, at), at)
+        end = b.sub(b.select(b.icmp_signed("<", hi, b.add(at, k.i64(row_tiles))), hi,
+                             b.add(at, k.i64(row_tiles))), at)  # fmt: skip
+        with k.loop(end, "band", start=first, step=band) as r0:
+            r1 = b.add(r0, k.i64(band))
+            r1 = b.select(b.icmp_signed("<", r1, end), r1, end)
+            with k.loop(plane.images, "im") as image:
+                chunks_of_band(block, (r0, r1), image)
 
 
 def _edge_reads(

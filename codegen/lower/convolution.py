@@ -45,6 +45,7 @@ from tlc.codegen.lower.conv_direct import (
     DirectPlane,
     DirectTile,
     EdgeReads,
+    chunk_band,
     chunk_rows,
     direct_tile,
     direct_units,
@@ -760,7 +761,8 @@ def _direct_blocked(
         chunk = _direct_chunk(k.info, tile, blocks, w, k.dtype.itemsize)
         plane = DirectPlane(staging, k.i64(0), blocks.plane, images, blocks.steps(w), taps,
                             blocks.depth(w), b.mul(b0, k.i64(f.cout)), out_sp, f.cout,
-                            chunk=chunk)  # fmt: skip
+                            chunk=chunk,
+                            band=chunk_band(tile, out_sp[1], k.dtype.itemsize))  # fmt: skip
         emit_direct(k, tile, plane, (s.params["weight"], s.params["bias"]), s.out, units,
                     epilogue(k, s), stage)  # fmt: skip
 
@@ -768,13 +770,10 @@ def _direct_blocked(
 def _direct_chunk(
     info: TargetInfo, tile: DirectTile, blocks: ChannelBlocks, window: Window, itemsize: int
 ) -> int:
-    """The patch rows the tiles of a row take at a time over channel blocks
-    (`DirectPlane.chunk`; 0: all): in AVX2 code, `chunk_rows`. Measured on Zen 3 (one thread,
-    batch 1, paired rounds in random order against no chunks): 512 -> 512 on 7 x 7 (442 KB of
-    weights a block of 24 channels) 1.03-1.08 in chunks of 16 KiB, and resnet18 1.08; layers
-    whose blocks' weights fit CHUNK_ABOVE lost 2-5% in chunks (128 -> 128 on 28 x 28, 64 -> 64
-    on 56 x 56). Unmeasured on the other targets (AVX-512's 32 registers hold tiles of up to
-    28 positions, 2 tiles to a row)."""
+    """The patch rows the tiles of a band of rows take at a time over channel blocks
+    (`DirectPlane.chunk`; 0: all): in AVX2 code, `chunk_rows` (the rule's measurements are
+    with CHUNK_ABOVE and BAND_BYTES). Unmeasured on the other targets (AVX-512's 32
+    registers hold tiles of up to 28 positions, 2 tiles to a row)."""
     if not avx2_tiles(info):
         return 0
     return chunk_rows(tile, blocks.depth(window), window.taps * blocks.lanes, itemsize)
