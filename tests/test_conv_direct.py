@@ -13,6 +13,7 @@ tolerances of tests/op_records.py: the kernel sums the patch row in its own orde
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 
 import numpy as np
@@ -437,6 +438,30 @@ def test_in_place_reads_give_the_staged_bits(
         assert in_place == staged, dtype
         got = np.frombuffer(in_place, dtype).reshape(batch, cout, *size)
         close(got, reference(text, payload, x, dtype), dtype)
+
+
+@pytest.mark.parametrize("cout", [40, 48, 56])
+def test_a_partial_last_block_runs_only_its_vectors(cout: int) -> None:
+    """A last block of channels that the tile's NR does not fill (40 and 56 channels in
+    24-channel blocks: 16 and 8 left) runs tiles of only the vectors that hold channels:
+    the tile loops' FMAs per step are positions x NR / 8 for the whole blocks and positions
+    x the vectors left for the last; 48 channels (whole blocks) have no such tiles."""
+    text, payload, _ = conv_case(1, 64, cout, (7, 7), "padding = [1, 1]", (3, 3))
+    haswell = Target("haswell", triple=X86_64)
+    tile = convolution._direct_tile(target_info(haswell), 4, frame(text))
+    assert tile is not None and tile.nr == 24
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(objcache.ENV_SWITCH, "0")
+        ir = build_graph_module(checked_graph(tlc.parse(text)), payload, np.float32,
+                                target=haswell).ir  # fmt: skip
+    steps = {
+        block.count('call <8 x float> @"llvm.fmuladd.v8f32"')
+        for block in re.split(r"\n(?=\S+:)", ir)
+    }
+    positions = {h * w for h in {tile.rows, 7 % tile.rows} - {0}
+                 for w in {tile.cols, 7 % tile.cols} - {0}}  # fmt: skip
+    vectors = {tile.nv, -(-(cout % 24) // 8) or tile.nv}
+    assert steps - {0} == {n * v for n in positions for v in vectors}
 
 
 def test_an_in_place_read_copies_nothing() -> None:
