@@ -22,9 +22,9 @@ pointer), `parse+opt` (LLVM parses, verifies and optimises at O3), `codegen` (LL
 code) and `link` (the JIT links the object). Then, unless `--no-cache`, `tlc.compile`'s own
 path twice in a fresh private object cache (`tlc.codegen.objcache`): `cold` compiles and stores
 the object code, `warm` (a new in-process JIT cache, as in a new process) reads it back; both
-in CPU seconds of this process and in wall seconds (a graph over `INLINE_NODES` nodes has its
-kernels compiled in modules of their own, the others' in worker processes at the same time:
-`build_graph_module(kernel_modules=...)`).
+in CPU seconds of this process and in wall seconds (a graph over `INLINE_NODES` nodes, or
+`APART_PRODUCTS` convolutions and products, has its kernels compiled in modules of their own,
+the others' in worker processes at the same time: `build_graph_module(kernel_modules=...)`).
 `--run` also runs the compiled model once and checks it against the reference interpreter;
 `--by-pointer` passes even a small payload by pointer (the bake limit set to 0), to see what
 baking costs; `--layers` compiles every distinct layer alone (its op, attributes and input

@@ -16,7 +16,7 @@ import pytest
 
 from tlc.api.evaluate import checked_graph
 from tlc.codegen import jit, objcache
-from tlc.codegen.module import INLINE_NODES, build_graph_module
+from tlc.codegen.module import APART_PRODUCTS, INLINE_NODES, build_graph_module, kernels_apart
 from tlc.codegen.shared_lib import build_library
 from tlc.codegen.target import HOST, Target
 from tlc.core.payload import Payload
@@ -245,6 +245,19 @@ def test_a_big_graphs_kernels_compile_in_modules_of_their_own(
     llvm_refused(monkeypatch)
     jit._graph_cache.clear()
     assert jit.compile_graph(graph, payload)(x).tobytes() == spread.tobytes() == one.tobytes()
+
+
+@pytest.mark.parametrize(("layers", "apart"), [(APART_PRODUCTS, False), (APART_PRODUCTS + 1, True)])
+def test_a_graph_of_many_products_keeps_its_kernels_apart(layers: int, apart: bool) -> None:
+    """Under INLINE_NODES nodes, a graph of more than APART_PRODUCTS matrix products or
+    convolutions still has its kernels spread over modules (their code is large: resnet18
+    from an ONNX file has 50 nodes, 21 of them convolutions); one of fewer inlines them."""
+    text, payload = chain(layers)
+    graph = checked_graph(parse_source(text, "chain.tlir"), None)
+    assert len(graph.nodes) <= INLINE_NODES
+    module = build_graph_module(graph, payload, np.float64, kernel_modules=2)
+    assert kernels_apart(graph) is apart
+    assert len(module.parts) == (1 if apart else 0)
 
 
 def test_workers_given_no_job_are_stopped() -> None:

@@ -12,10 +12,12 @@ compile-time offset, so the loop is loads and FMAs with nothing packed (no im2co
 panels) and no position computed past the plane's edge (the tiles at the right and bottom
 edges have their own, smaller shape). The finished accumulators (vectors of channels) are
 transposed in registers (`transpose_lanes`: two-vector shuffles) into one vector of positions
-per output channel, and stored one tile row at a time, with the bias and the fused epilogue
-applied to those vectors as every convolution store applies them. `convolution._conv`
-chooses this kernel by `_direct_tile`, a measured rule (`DIRECT_DEPTH`), and stages the
-input for it (or not: `_in_place_direct`).
+per output channel, put on the stack, and stored by a loop over the tile's channels one tile
+row at a time, with the bias and the fused epilogue applied to those vectors as every
+convolution store applies them: one copy of the store code per tile shape, not one per
+channel (resnet18 from an ONNX file: 3.67 MB of IR before, 2.32 MB; the same speed, paired).
+`convolution._conv` chooses this kernel by `_direct_tile`, a measured rule (`DIRECT_DEPTH`),
+and stages the input for it (or not: `_in_place_direct`).
 """
 
 from __future__ import annotations
@@ -277,6 +279,8 @@ def emit_direct(
     lo, hi = units
 
     zero = ir.Constant(vec, [0.0] * lanes)
+    with b.goto_block(k.alloca_block):  # a tile's transposed sums: a vector per channel
+        columns = b.alloca(ir.ArrayType(vec, nr), name="columns")
 
     def accumulate(block: ir.Value, nv: int, oy: ir.Value, ox: ir.Value, height: int,
                    width: int, image: ir.Value, rows: tuple[ir.Value, ir.Value] | None,
@@ -329,19 +333,25 @@ def emit_direct(
                 operands = stage.channels(c0, vec)  # once for the tile's positions
                 for r in range(positions):
                     accs[r, v] = stage.apply(b.fadd(accs[r, v], shift), operands)
-            for g in range(0, positions, lanes):
+        # Transposed, a vector of positions per channel, through the stack: one copy of
+        # the stores (and of the epilogue) serves every channel of the tile.
+        for g in range(0, positions, lanes):
+            for v in range(nv):
                 group = [accs.get((g + lane, v), zero) for lane in range(lanes)]
                 for c, value in enumerate(transpose_lanes(k, group)):
-                    oc = b.add(b.mul(block, k.i64(nr)), k.i64(v * lanes + c))
-                    first = b.add(b.add(plane.first, b.mul(image, k.i64(cout))), oc)
-                    # Channels past cout (a last, partial block) are not stored.
-                    past = cout % nr and v * lanes + c >= cout % nr
-                    with b.if_then(b.icmp_signed("<", oc, k.i64(cout)) if past
-                                   else ir.Constant(I1, 1)):  # fmt: skip
-                        _store_positions(k, out, value, first, (oy, ox), (g, width,
-                                         min(positions, g + lanes)), (oh, ow),
-                                         None if stage is not None else k.load(bias, oc),
-                                         fn)  # fmt: skip
+                    b.store(value, b.gep(columns, [k.i64(0), k.i64(v * lanes + c)]))
+            # Channels past cout (a last, partial block) are not stored.
+            left = b.sub(k.i64(cout), b.mul(block, k.i64(nr)))
+            count = b.select(b.icmp_signed("<", left, k.i64(nv * lanes)), left,
+                             k.i64(nv * lanes))  # fmt: skip
+            with k.loop(count, "oc") as c:
+                oc = b.add(b.mul(block, k.i64(nr)), c)
+                first = b.add(b.add(plane.first, b.mul(image, k.i64(cout))), oc)
+                value = b.load(b.gep(columns, [k.i64(0), c]))
+                _store_positions(k, out, value, first, (oy, ox), (g, width,
+                                 min(positions, g + lanes)), (oh, ow),
+                                 None if stage is not None else k.load(bias, oc),
+                                 fn)  # fmt: skip
 
     whole = ow // tile.cols
     widths = [(whole, tile.cols, 0)] + ([(1, ow % tile.cols, whole * tile.cols)]
