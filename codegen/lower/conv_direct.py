@@ -234,14 +234,20 @@ def direct_units(tile: DirectTile, out_sp: tuple[int, int], cout: int) -> int:
     return -(-cout // tile.nr) * -(-out_sp[0] // tile.rows)
 
 
+def last_unit(k: KernelBuilder, units: tuple[ir.Value, ir.Value]) -> ir.Value:
+    """The last of the units [lo, hi); lo when there are none."""
+    b, (lo, hi) = k.b, units
+    return b.sub(b.select(b.icmp_signed(">", hi, lo), hi, b.add(lo, k.i64(1))), k.i64(1))
+
+
 def unit_rows(
     k: KernelBuilder, tile: DirectTile, units: tuple[ir.Value, ir.Value], out_sp: tuple[int, int]
 ) -> tuple[ir.Value, ir.Value]:
     """The output rows [first, end) the units [lo, hi) read for: their rows of tiles when they
     lie in one block of channels, else every row."""
-    b, (lo, hi), oh = k.b, units, out_sp[0]
+    b, (lo, _), oh = k.b, units, out_sp[0]
     row_tiles = k.i64(-(-oh // tile.rows))
-    last = b.sub(b.select(b.icmp_signed(">", hi, lo), hi, b.add(lo, k.i64(1))), k.i64(1))
+    last = last_unit(k, units)
     same = b.icmp_signed("==", b.udiv(lo, row_tiles), b.udiv(last, row_tiles))
     first = b.mul(b.urem(lo, row_tiles), k.i64(tile.rows))
     end = b.mul(b.add(b.urem(last, row_tiles), k.i64(1)), k.i64(tile.rows))
@@ -334,16 +340,16 @@ def emit_direct(
                 for r in range(positions):
                     accs[r, v] = stage.apply(b.fadd(accs[r, v], shift), operands)
         # Transposed, a vector of positions per channel, through the stack: one copy of
-        # the stores (and of the epilogue) serves every channel of the tile.
+        # the stores (and of the epilogue) serves every channel of the tile. Channels past
+        # cout (a last, partial block) are not stored.
+        left = b.sub(k.i64(cout), b.mul(block, k.i64(nr)))
+        count = b.select(b.icmp_signed("<", left, k.i64(nv * lanes)), left,
+                         k.i64(nv * lanes))  # fmt: skip
         for g in range(0, positions, lanes):
             for v in range(nv):
                 group = [accs.get((g + lane, v), zero) for lane in range(lanes)]
                 for c, value in enumerate(transpose_lanes(k, group)):
                     b.store(value, b.gep(columns, [k.i64(0), k.i64(v * lanes + c)]))
-            # Channels past cout (a last, partial block) are not stored.
-            left = b.sub(k.i64(cout), b.mul(block, k.i64(nr)))
-            count = b.select(b.icmp_signed("<", left, k.i64(nv * lanes)), left,
-                             k.i64(nv * lanes))  # fmt: skip
             with k.loop(count, "oc") as c:
                 oc = b.add(b.mul(block, k.i64(nr)), c)
                 first = b.add(b.add(plane.first, b.mul(image, k.i64(cout))), oc)
@@ -465,8 +471,7 @@ def emit_direct(
             by_block(block, unit)
         return
     # Chunks: the units of each block in bands of `band` rows of tiles.
-    last = b.udiv(b.sub(b.select(b.icmp_signed(">", hi, lo), hi, b.add(lo, k.i64(1))),
-                        k.i64(1)), k.i64(row_tiles))  # fmt: skip
+    last = b.udiv(last_unit(k, units), k.i64(row_tiles))
     with k.loop(b.add(last, k.i64(1)), "blk", start=b.udiv(lo, k.i64(row_tiles))) as block:
         at = b.mul(block, k.i64(row_tiles))
         first = b.sub(b.select(b.icmp_signed(">", lo, at), lo, at), at)
