@@ -20,6 +20,7 @@ from op_records import (
     normal,
 )
 
+from tlc.core.payload import Payload
 from tlc.dialect.registry import NODE_OPS
 from tlc.semantics.emitter import NumpyEmitter
 from tlc.semantics.interpret import REFERENCE, interpret
@@ -76,11 +77,24 @@ def test_matches_torch_f32(rec: OpRecord, seed: int) -> None:
     np.testing.assert_allclose(got, expected, **rec.tol32.kw())
 
 
+def _rounded_to_f32(inputs: list[np.ndarray], payload: Payload) -> tuple[list, Payload]:
+    """`inputs` and `payload` with every value rounded to float32 (kept as float64)."""
+
+    def rounded(x: np.ndarray) -> np.ndarray:
+        return np.asarray(x, dtype=np.float32).astype(np.float64)
+
+    records = {nid: {k: rounded(v) for k, v in rec.items()} for nid, rec in payload.items()}
+    return [rounded(x) for x in inputs], Payload(records, dict(payload.kinds))
+
+
 @pytest.mark.parametrize("rec", RECORDS, ids=lambda r: r.name)
 @settings(max_examples=5, deadline=None)
 @given(seed=SEEDS)
 def test_f32_agrees_with_f64(rec: OpRecord, seed: int) -> None:
-    inputs, payload = rec.sample(np.random.default_rng(seed))
+    """Both interpretations see the same values (the inputs and payload rounded to float32
+    once), so the difference measured is the op's own float32 rounding, not the inputs':
+    rounding x ~ 800 alone moves it by ~3e-5, more than log_softmax's float32 tolerance."""
+    inputs, payload = _rounded_to_f32(*rec.sample(np.random.default_rng(seed)))
     graph = rec.graph()
     f64 = interpret(graph, payload, inputs, np.float64)
     f32 = interpret(graph, payload, inputs, np.float32)
