@@ -762,29 +762,33 @@ def test_thin_1x1_layers_keep_their_bits_on_every_target(
     [((1, 512, 13, 13), 1000, 1), ((3, 300, 5, 5), 1000, 1), ((1, 64, 5, 5), 238, 1),
      ((2, 64, 10, 10), 238, 2)],
 )  # fmt: skip
-def test_c_transposed_1x1_reads_its_rows_in_place(
+def test_c_transposed_1x1_reads_its_rows_in_place_or_packed(
     monkeypatch: pytest.MonkeyPatch, cpu: str, x: tuple[int, ...], cout: int, stride: int
 ) -> None:
     """A 1x1 convolution computed as C^T broadcasts its rows of patches from the planes it
     reads in place (`convolution._rows_in_place`: the input, or a stride-2 layer's staged
-    phase 0), so its parts repeat no packing, and writes its product out transposed in
-    blocks of vectors (`_write_transposed`): squeezenet1_0's classifier, 3 images of 5 x 5
-    (tiles of rows across two images), 64 -> 238 on 5 x 5, and with stride 2 over 2 images
-    (over both images C^T on AVX-512 and AVX2 only); plane sizes and channel counts that are not
-    whole vectors (the last block of positions and of channels under masks). The bits are
-    those of rows packed per call and one element written at a time, the same at 1, 2 and 3
-    threads, and close to the reference (the op records' tolerance)."""
+    phase 0) in AVX-512 and SSE code, so its parts repeat no packing, and from rows packed
+    per call in AVX2 code; it writes its product out transposed in blocks of vectors
+    (`_write_transposed`): squeezenet1_0's classifier, 3 images of 5 x 5 (tiles of rows
+    across two images), 64 -> 238 on 5 x 5, and with stride 2 over 2 images (over both
+    images C^T on AVX-512 and AVX2 only); plane sizes and channel counts that are not whole
+    vectors (the last block of positions and of channels under masks). The bits are those of
+    the other way of reading the rows with one element written at a time, the same at 1, 2
+    and 3 threads, and close to the reference (the op records' tolerance)."""
     from tlc.codegen.lower import convolution
     from tlc.codegen.lower.convolution import ConvFrame, _transposed_mk, _write_transposed
     from tlc.codegen.target import target_info
 
     target = runnable(cpu)
+    info = target_info(target)
     fields = f"kernel = [1, 1], stride = [{stride}, {stride}]"
     graph, payload = one_conv(x, cout, fields, np.random.default_rng(10))
     node = graph.nodes[1]
     frame = ConvFrame.of(node, x, node.infer([x]))
-    transposed = _transposed_mk(target_info(target), 4, frame) is not None
+    transposed = _transposed_mk(info, 4, frame) is not None
     assert transposed == (stride == 1 or cpu != "x86-64-v2")
+    in_place = convolution._rows_in_place(info, frame)
+    assert in_place == (cpu == "x86-64-v2" or info.vector_bytes == 64)
     inputs = np.random.default_rng(11).normal(size=x).astype(np.float32)
     outputs = {t: compile_graph(graph, payload, np.float32, target=target, threads=t)(inputs)
                for t in (1, 2, 3)}  # fmt: skip
@@ -794,10 +798,10 @@ def test_c_transposed_1x1_reads_its_rows_in_place(
         _write_transposed(k, f, product, out, channels, 1, stage, fn)
 
     monkeypatch.setenv("TLC_OBJECT_CACHE", "0")  # the patched rules are in no cache key
-    monkeypatch.setattr(convolution, "_rows_in_place", lambda f: False)
+    monkeypatch.setattr(convolution, "_rows_in_place", lambda info, f: not in_place)
     monkeypatch.setattr(convolution, "_write_transposed", one_at_a_time)
-    packed = compile_graph(graph, payload, np.float32, target=target, threads=2)(inputs)
-    assert bits(packed) == bits(outputs[1])
+    other = compile_graph(graph, payload, np.float32, target=target, threads=2)(inputs)
+    assert bits(other) == bits(outputs[1])
     expected = interpret(graph, payload, inputs, np.float32).output
     np.testing.assert_allclose(outputs[2], expected, rtol=1e-4, atol=1e-5)
 

@@ -936,10 +936,12 @@ def _product_parts(f: ConvFrame) -> int:
 
 def _transposed_parts(f: ConvFrame) -> int:
     """C^T splits into panels of output channels (at least 64 wide on any target); every
-    part stages the whole input and packs all rows of patches (none when it reads them in
-    place, `_rows_in_place`)."""
+    part stages the whole input and packs all rows of patches, none counted for a 1x1
+    window: the split is planned before the target is known, and the targets that read
+    such rows in place (`_rows_in_place`) copy none; AVX2 code packs them in every part,
+    at COPY_FLOPS 8 / (the part's channels) of its work, at most 1/8."""
     rows, whole = f.lead * f.positions, f.lead * f.cin * f.staged_plane
-    packed = 0 if _rows_in_place(f) else rows * f.depth
+    packed = 0 if f.window.taps == 1 else rows * f.depth
     return _split(-(-f.cout // MAX_PANEL),
                   lambda parts: (parts - 1) * (packed + whole) * COPY_FLOPS,
                   2 * f.cout * f.depth * rows)  # fmt: skip
@@ -1316,7 +1318,7 @@ def _conv_transposed(k: KernelBuilder, s: Step, f: ConvFrame, mk: MicroKernel, p
             f.stage(k, f.input_block(k, x, bi, k.i64(0)), Buf(at, (f.cin, f.staged_plane)))
         source, image = staging, f.cin * f.staged_plane
     bases = k.global_constant("rows", _column_bases(f, f.lead, 1, 1, image), I32)
-    in_place = _rows_in_place(f)
+    in_place = _rows_in_place(k.info, f)
     taps = None if in_place else k.global_constant("taps", f.tap_table(), I32)
 
     def x_at(i: ir.Value, p: ir.Value) -> ir.Value:
@@ -1391,12 +1393,21 @@ def _write_transposed(
             channel_block(whole, lane_mask(k, vec, ir.Constant(I32, 0), left))
 
 
-def _rows_in_place(f: ConvFrame) -> bool:
+def _rows_in_place(info: TargetInfo, f: ConvFrame) -> bool:
     """Whether C^T's tiles broadcast their rows of patches from the planes im2col reads (the
     input, or its staged copy: a 1x1 stride-2 layer's phase 0) rather than from rows packed
-    per call (`emit_packed_linear`'s `in_place`): a 1x1 window, whose patch row p is plane p.
-    Wider windows keep their packed rows: a 3x3 layer's C^T reads 9 taps of each plane."""
-    return f.window.taps == 1
+    per call (`emit_packed_linear`'s `in_place`): a 1x1 window, whose patch row p is plane p,
+    except in AVX2 code. Wider windows keep their packed rows: a 3x3 layer's C^T reads 9 taps
+    of each plane. In place, each step along k reads its MR elements from the next plane, a
+    new cache line from L2 (the planes of a 7 x 7 layer are 196 bytes apart); an AVX2 tile's
+    step is 5 x 2 vectors, 5 cycles of FMAs, too short to hide that, where packed rows are
+    read in order. Measured on Zen 3 (znver3 code, one thread, batch 1, 11 paired rounds,
+    packed against in place): mobilenet_v2's 960 -> 160 on 7 x 7 1.34, 960 -> 320 1.42,
+    320 -> 1280 1.44, squeezenet1_0's 512 -> 1000 on 13 x 13 1.29, resnet18's 256 -> 512
+    stride 2 on 14 x 14 1.38; whole networks mobilenet_v2 1.09, squeezenet1_0 1.09 (two
+    threads, where every part packs the rows: 1.02 and 1.02). The AVX-512 tiles (7 x 32, a
+    step of 14 FMAs) measured in place 5-8% faster on Zen 4; SSE code was mixed (0.98-1.21)."""
+    return f.window.taps == 1 and not avx2_tiles(info)
 
 
 def _column_bases(f: ConvFrame, images: int, nc: int, chunk: int, image: int) -> np.ndarray:
