@@ -683,6 +683,7 @@ def emit_packed_linear(
     share: Share | None = None,
     x_at: Callable[[ir.Value, ir.Value], ir.Value] | None = None,
     in_place: bool = False,
+    consecutive: bool = False,
 ) -> None:
     """out[i, j] = epilogue(sum_p x[i, p] W[j, p] + bias[j]) with W^T packed at compile time
     (`pack_panels(W.T, NR)`, bias zero-padded to whole panels).
@@ -696,7 +697,9 @@ def emit_packed_linear(
     height, columns past the last whole panel are computed on the zero padding and stored
     under a mask. With `share`, only its panels (of ceil(n / NR)) are computed; `x_at(i, p)`,
     when given, is the address of x[i, p] (x need not be a matrix in memory: convolution's
-    patches), else x is row-major [m, k]."""
+    patches), else x is row-major [m, k]; `consecutive`: the rows of every tile lie one after
+    the other there (x_at(i + r, p) is x_at(i, p) + r: a 1x1 convolution's positions), so
+    the packing copies a tile's step as one vector instead of element by element."""
     mk = micro_kernel(k.info, k.dtype.itemsize, m, n)
     b, lanes, nr, kc, MR = k.b, mk.lanes, mk.nr, min(mk.kc, kk), mk.mr
     vec = ir.VectorType(k.T, lanes)
@@ -711,16 +714,23 @@ def emit_packed_linear(
     def k_block(pc: ir.Value, klen: ir.Value, first: ir.Value | None, last: ir.Value | None):
         def pack(i_lo: ir.Value, tiles: ir.Value, mr: int) -> None:
             """x[i_lo + t*MR + r, pc + p] -> scratch[(t * kc + p) * MR + r]."""
+            run = ir.VectorType(k.T, mr).as_pointer()
             with k.loop(tiles, "t") as t, k.loop(klen, "p") as p:
                 row = b.add(i_lo, b.mul(t, k.i64(MR)))
                 dst = b.mul(b.add(b.mul(t, k.i64(kc)), p), k.i64(MR))
-                for r in range(mr):
-                    if x_at is not None:
-                        value = b.load(x_at(b.add(row, k.i64(r)), b.add(pc, p)))
-                    else:
-                        src = b.add(b.mul(b.add(row, k.i64(r)), k.i64(kk)), b.add(pc, p))
-                        value = k.load(x, src)
-                    k.store(value, scratch, b.add(dst, k.i64(r)))
+                if consecutive:  # the tile's step: mr elements one after the other
+                    assert x_at is not None
+                    src = b.bitcast(x_at(row, b.add(pc, p)), run)
+                    value = b.load(src, align=k.dtype.itemsize)
+                    b.store(value, b.bitcast(k.at(scratch, dst), run), align=k.dtype.itemsize)
+                else:
+                    for r in range(mr):
+                        if x_at is not None:
+                            value = b.load(x_at(b.add(row, k.i64(r)), b.add(pc, p)))
+                        else:
+                            src = b.add(b.mul(b.add(row, k.i64(r)), k.i64(kk)), b.add(pc, p))
+                            value = k.load(x, src)
+                        k.store(value, scratch, b.add(dst, k.i64(r)))
 
         def tile(i0: ir.Value, t: ir.Value, mr: int, jr: ir.Value, cols: int) -> None:
             def a_at(r: int, p: ir.Value) -> ir.Value:

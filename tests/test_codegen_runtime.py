@@ -756,6 +756,44 @@ def test_thin_1x1_layers_keep_their_bits_on_every_target(
     np.testing.assert_allclose(outputs[2], expected, rtol=1e-4, atol=1e-5)
 
 
+def test_tiles_of_consecutive_rows() -> None:
+    """`_tiles_consecutive`: each tile of MR rows (from row 0, the last shorter) starts its
+    patches at consecutive elements, whatever jump lies between tiles."""
+    from tlc.codegen.lower.convolution import _tiles_consecutive
+
+    two_images = np.r_[np.arange(6), 100 + np.arange(6)]
+    assert _tiles_consecutive(np.arange(12), 5)
+    assert _tiles_consecutive(two_images, 3) and _tiles_consecutive(two_images, 6)
+    assert not _tiles_consecutive(two_images, 4)  # rows 4-7 hold 4, 5, 100, 101
+    assert not _tiles_consecutive(np.array([0, 1, 2, 5, 6, 7]), 2)  # a padded row's end
+
+
+def test_avx2_packs_a_1x1_c_transposed_by_vectors(monkeypatch: pytest.MonkeyPatch) -> None:
+    """In AVX2 code a 1x1 C^T over one image (squeezenet1_0's classifier) packs its rows of
+    patches (`_rows_in_place` false) a tile's step at a time (`consecutive`); so does a 3x3
+    C^T whose tiles (5 x 16) are the output's rows (5 x 5), but on 7 x 7 a tile's rows jump
+    at the end of a padded row, and it packs element by element."""
+    from tlc.codegen import gemm
+    from tlc.codegen.lower import convolution
+    from tlc.codegen.target import Target
+
+    calls: list[tuple[bool, bool]] = []
+    packed_linear = gemm.emit_packed_linear
+
+    def spy(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        calls.append((kwargs["in_place"], kwargs["consecutive"]))
+        return packed_linear(*args, **kwargs)
+
+    monkeypatch.setattr(convolution, "emit_packed_linear", spy)
+    window = "kernel = [3, 3], padding = [1, 1]"
+    layers = [((1, 512, 13, 13), 1000, "kernel = [1, 1]"), ((1, 16, 5, 5), 300, window),
+              ((1, 16, 7, 7), 300, window)]  # fmt: skip
+    for x, cout, fields in layers:
+        graph, payload = one_conv(x, cout, fields, np.random.default_rng(12))
+        build_graph_module(graph, payload, np.float32, bound_payload=True, target=Target("znver3"))
+    assert calls == [(False, True), (False, True), (False, False)]
+
+
 @pytest.mark.parametrize("cpu", ["host", "znver3", "x86-64-v2"])
 @pytest.mark.parametrize(
     ("x", "cout", "stride"),

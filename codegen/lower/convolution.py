@@ -1317,8 +1317,10 @@ def _conv_transposed(k: KernelBuilder, s: Step, f: ConvFrame, mk: MicroKernel, p
             at = k.at(staging, b.mul(bi, k.i64(f.cin * f.staged_plane)))
             f.stage(k, f.input_block(k, x, bi, k.i64(0)), Buf(at, (f.cin, f.staged_plane)))
         source, image = staging, f.cin * f.staged_plane
-    bases = k.global_constant("rows", _column_bases(f, f.lead, 1, 1, image), I32)
+    starts = _column_bases(f, f.lead, 1, 1, image)
+    bases = k.global_constant("rows", starts, I32)
     in_place = _rows_in_place(k.info, f)
+    consecutive = not in_place and _tiles_consecutive(starts[:rows], mk.mr)
     taps = None if in_place else k.global_constant("taps", f.tap_table(), I32)
 
     def x_at(i: ir.Value, p: ir.Value) -> ir.Value:
@@ -1331,7 +1333,7 @@ def _conv_transposed(k: KernelBuilder, s: Step, f: ConvFrame, mk: MicroKernel, p
     share = None if parts == 1 else (lambda units: _part_share(k, s, units, parts))
     emit_packed_linear(k, source, s.params["weight"], s.params["bias"], product, packed,
                        m=rows, n=f.cout, kk=f.depth, epilogue=None if late else fn, share=share,
-                       x_at=x_at, in_place=in_place)  # fmt: skip
+                       x_at=x_at, in_place=in_place, consecutive=consecutive)  # fmt: skip
     lo, hi = k.i64(0), k.i64(f.cout)
     if share is not None:
         first, last = share(panels)
@@ -1408,6 +1410,16 @@ def _rows_in_place(info: TargetInfo, f: ConvFrame) -> bool:
     threads, where every part packs the rows: 1.02 and 1.02). The AVX-512 tiles (7 x 32, a
     step of 14 FMAs) measured in place 5-8% faster on Zen 4; SSE code was mixed (0.98-1.21)."""
     return f.window.taps == 1 and not avx2_tiles(info)
+
+
+def _tiles_consecutive(starts: np.ndarray, mr: int) -> bool:
+    """Whether each tile of `mr` rows (from row 0; the last one shorter) starts its patches at
+    consecutive elements (`starts`, a row's first element): a 1x1 convolution's positions over
+    one image, unstaged or in its staged phase 0, so C^T's packing copies a tile's step as
+    one vector (`emit_packed_linear`'s `consecutive`)."""
+    steps = np.diff(starts.astype(np.int64)) == 1
+    inside = np.arange(1, len(starts)) % mr != 0  # row i + 1 in the tile of row i
+    return bool(np.all(steps | ~inside))
 
 
 def _column_bases(f: ConvFrame, images: int, nc: int, chunk: int, image: int) -> np.ndarray:
