@@ -25,6 +25,7 @@ from tlc.codegen.jit import compile_graph
 from tlc.codegen.module import build_graph_module
 from tlc.codegen.plan import LONG_RUN, PARALLEL_WORK, ROW_TASKS, TASKS
 from tlc.codegen.shared_lib import build_library
+from tlc.codegen.target import Target
 from tlc.core.payload import Payload
 from tlc.dialect import ops
 from tlc.dialect.payload_section import payload_from_module
@@ -746,14 +747,45 @@ def test_thin_1x1_layers_keep_their_bits_on_every_target(
     in SSE code, where a 27 x 27 plane (729 columns, not whole vectors of 4) is packed and
     its parts stay tiles of channels: the same bits at 1, 2 and 3 threads, close to the
     reference (the op records' tolerance)."""
-    target = runnable(cpu)
-    graph, payload = one_conv(x, cout, "kernel = [1, 1]", np.random.default_rng(8))
-    inputs = np.random.default_rng(9).normal(size=x).astype(np.float32)
+    pointwise_on_threads(x, cout, runnable(cpu), seed=8)
+
+
+def pointwise_on_threads(x: tuple[int, ...], cout: int, target: Target, seed: int) -> None:
+    """A 1x1 convolution of x to `cout` channels (weights from `seed`, inputs from seed + 1)
+    compiled for `target`: the same bits at 1, 2 and 3 threads, close to the reference (the
+    op records' tolerance)."""
+    graph, payload = one_conv(x, cout, "kernel = [1, 1]", np.random.default_rng(seed))
+    inputs = np.random.default_rng(seed + 1).normal(size=x).astype(np.float32)
     outputs = {t: compile_graph(graph, payload, np.float32, target=target, threads=t)(inputs)
                for t in (1, 2, 3)}  # fmt: skip
     assert bits(outputs[1]) == bits(outputs[2]) == bits(outputs[3])
     expected = interpret(graph, payload, inputs, np.float32).output
     np.testing.assert_allclose(outputs[2], expected, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("cpu", ["znver3", "x86-64-v3"])
+def test_avx2_runs_deep_1x1_layers_as_c_transposed(cpu: str) -> None:
+    """In AVX2 code a 1x1 layer read in place whose C = W patches would read more than
+    `DEEP_BYTES` of input planes per panel of columns runs as C^T (`_deep_in_place`), up to
+    `DEEP_ROWS` positions and from 2 x `MAX_PANEL` output channels; at those bounds it stays
+    C, and AVX-512 and SSE code keep their rules. The C^T layer gives the same bits at 1, 2
+    and 3 threads, close to the reference."""
+    from tlc.codegen.lower.convolution import ConvFrame, kernel_name
+    from tlc.codegen.target import target_info
+
+    def kernel(x: tuple[int, ...], cout: int, target: str) -> str:
+        graph, _ = one_conv(x, cout, "kernel = [1, 1]", np.random.default_rng(13))
+        node = graph.nodes[1]
+        return kernel_name(target_info(Target(target)), 4, ConvFrame.of(node, x, node.infer([x])))
+
+    deep = [((1, 384, 14, 14), 128), ((1, 1024, 28, 28), 128)]  # planes of 784 and 3136 bytes
+    shallow = [((1, 256, 14, 14), 128), ((1, 512, 28, 28), 128),  # 32 KiB: not over
+               ((1, 384, 14, 14), 64), ((1, 1024, 33, 33), 128)]  # fmt: skip
+    assert all(kernel(x, cout, cpu).startswith("C^T") for x, cout in deep)
+    assert all(kernel(x, cout, cpu).startswith("C ") for x, cout in shallow)
+    assert all(kernel(x, cout, other).startswith("C ")
+               for x, cout in deep for other in ("znver4", "x86-64-v2"))  # fmt: skip
+    pointwise_on_threads((1, 384, 14, 14), 128, runnable(cpu), seed=14)
 
 
 def test_tiles_of_consecutive_rows() -> None:
@@ -775,7 +807,6 @@ def test_avx2_packs_a_1x1_c_transposed_by_vectors(monkeypatch: pytest.MonkeyPatc
     at the end of a padded row, and it packs element by element."""
     from tlc.codegen import gemm
     from tlc.codegen.lower import convolution
-    from tlc.codegen.target import Target
 
     calls: list[tuple[bool, bool]] = []
     packed_linear = gemm.emit_packed_linear

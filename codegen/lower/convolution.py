@@ -517,9 +517,38 @@ def _wide_weights(f: ConvFrame) -> bool:
     return f.window.taps == 1 and not f.staged and f.cout * f.depth > TRANSPOSE_WEIGHTS
 
 
+#: In AVX2 code, a 1x1 convolution read in place whose C = W patches reads more than
+#: DEEP_BYTES of input planes per panel of 16 columns (a line of each of `depth` planes, or
+#: two where the planes are not whole lines: its vectors then straddle them) runs as C^T, for
+#: up to DEEP_ROWS positions, when it has at least 2 x MAX_PANEL output channels (C^T's parts
+#: split them by MAX_PANEL: mobilenet_v2's 576 -> 96 on 14 x 14, parts of 64 and 32, left two
+#: threads uneven, the network 0.94 on two threads). C's first row tile of each panel
+#: streams those lines from L2 and the others read them again, no longer from L1; C^T packs
+#: its rows and reads them in order. Measured on Zen 3 (znver3 code, one thread, batch 1, 9
+#: paired rounds, C^T against C): 1024 -> 256 on 14 x 14 1.28-1.34, 384 -> 128 on 27 x 27
+#: 1.23, 1024 -> 256 on 28 x 28 1.17; at or under the bound 192 -> 64 on 14 x 14 1.01,
+#: 256 -> 32 on 27 x 27 1.01, 512 -> 128 on 28 x 28 (whole lines) 0.94 (kernel-design.md).
+DEEP_BYTES, DEEP_ROWS, CACHE_LINE = 32 * 1024, 1024, 64
+
+
+def _deep_in_place(f: ConvFrame) -> bool:
+    """Whether AVX2 code runs this convolution as C^T for DEEP_BYTES (float32 lines)."""
+    if f.window.taps != 1 or f.staged or f.cout < 2 * MAX_PANEL or f.groups != 1:
+        return False
+    lines = 1 if f.in_plane * 4 % CACHE_LINE == 0 else 2
+    return f.depth * lines * CACHE_LINE > DEEP_BYTES and f.lead * f.positions <= DEEP_ROWS
+
+
+def _few_rows(f: ConvFrame) -> bool:
+    """Whether every target may run the convolution as C^T by its rows: few enough for the
+    product kept whole in scratch (`TRANSPOSE_ROWS`, or `TRANSPOSE_WIDE_ROWS`)."""
+    return 0 < f.lead * f.positions <= (TRANSPOSE_WIDE_ROWS if _wide_weights(f) else TRANSPOSE_ROWS)
+
+
 def _transposable(f: ConvFrame) -> bool:
-    rows = TRANSPOSE_WIDE_ROWS if _wide_weights(f) else TRANSPOSE_ROWS
-    return f.groups == 1 and 0 < f.lead * f.positions <= rows and f.depth > 0
+    """Whether some target may run the convolution as C^T (its scratch and parts allow for
+    it)."""
+    return f.groups == 1 and (_few_rows(f) or _deep_in_place(f)) and f.depth > 0
 
 
 def _transposed_mk(info: TargetInfo, itemsize: int, f: ConvFrame) -> MicroKernel | None:
@@ -528,10 +557,15 @@ def _transposed_mk(info: TargetInfo, itemsize: int, f: ConvFrame) -> MicroKernel
     the product in fewer cycles than C = W patches: few positions, many channels (a 7x7
     plane of 512 channels: 7 x 32 tiles cover 49 positions exactly, 8 x 32 tiles over the
     positions compute 64 columns for 49), or a 1x1 convolution's weights are wide
-    (`_wide_weights`). None: C = W patches."""
+    (`_wide_weights`), or AVX2 code reads too many input planes per panel of C
+    (`_deep_in_place`). None: C = W patches."""
     if not _transposable(f):
         return None
     rows = f.lead * f.positions
+    if avx2_tiles(info) and _deep_in_place(f):
+        return micro_kernel(info, itemsize, rows, f.cout)
+    if not _few_rows(f):
+        return None
     if not _wide_weights(f) and product_cycles(
         info, itemsize, rows, f.cout
     ) >= TRANSPOSE_GAIN * kernel_cycles(_conv_mk(info, itemsize, f), f.cout, rows):
