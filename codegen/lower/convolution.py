@@ -532,7 +532,9 @@ DEEP_BYTES, DEEP_ROWS, CACHE_LINE = 32 * 1024, 1024, 64
 
 
 def _deep_in_place(f: ConvFrame) -> bool:
-    """Whether AVX2 code runs this convolution as C^T for DEEP_BYTES (float32 lines)."""
+    """Whether AVX2 code runs this convolution as C^T (`DEEP_BYTES`): a 1x1 window read in
+    place, at least 2 x MAX_PANEL output channels, at most DEEP_ROWS positions, and C's panel
+    of columns reading more than DEEP_BYTES of its planes (counted in lines of float32)."""
     if f.window.taps != 1 or f.staged or f.cout < 2 * MAX_PANEL or f.groups != 1:
         return False
     lines = 1 if f.in_plane * 4 % CACHE_LINE == 0 else 2
