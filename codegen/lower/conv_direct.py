@@ -438,6 +438,9 @@ def emit_direct(
         with k.loop(end, "rt", start=first) as rt:
             each_row(rt, lambda oy, height: done(b.sub(rt, first), oy, height))
 
+    # The vectors of a last, partial block of channels that hold channels.
+    tail = -(-(cout % nr) // lanes) if cout % nr else tile.nv
+
     def by_block(block: ir.Value, body: Callable[[int], None]) -> None:
         """body(nv) for a block of channels: a last, partial block runs only the vectors
         that hold channels (`tail`), not NR's worth of FMAs (24-channel blocks over 256 or
@@ -455,7 +458,6 @@ def emit_direct(
             with other:
                 body(tile.nv)
 
-    tail = -(-(cout % nr) // lanes) if cout % nr else tile.nv
     if not chunked:
         with k.loop(hi, "u", start=lo) as u:
             block, rt = b.udiv(u, k.i64(row_tiles)), b.urem(u, k.i64(row_tiles))
